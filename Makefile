@@ -1,0 +1,25 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both create .venv (Python 3.11, PySpark 4.3, pyarrow, pandas<3) on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# PySpark's Python workers must run this interpreter, or they cannot import pyarrow.
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+export SPARK_LOCAL_IP := 127.0.0.1
+
+.PHONY: setup demo test
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/microbatch demo
+
+test: setup
+	$(PY) -m pytest -q

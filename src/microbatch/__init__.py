@@ -1,0 +1,29 @@
+"""microbatch: Spark Structured Streaming's micro-batch engine, in Python, on Spark batch jobs.
+
+    from microbatch import StreamingSession
+    ss = StreamingSession(spark)          # or StreamingSession() for an embedded local Spark
+    q = ss.readStream.format("rate").load().writeStream.format("console").start()
+"""
+from microbatch.api.frame import StreamFrame
+from microbatch.api.manager import StreamingQueryManager
+from microbatch.api.memory import MemoryStream
+from microbatch.api.query import StreamingQuery
+from microbatch.api.reader import DataStreamReader
+from microbatch.api.session import StreamingSession, embedded_spark
+from microbatch.api.writer import DataStreamWriter
+from microbatch.errors import (AnalysisException, CheckpointError, IllegalArgumentException,
+                               StreamingQueryException, UnsupportedOperationError)
+from microbatch.execution.clock import ManualClock, SystemClock
+from microbatch.execution.events import (QueryIdleEvent, QueryProgressEvent, QueryStartedEvent,
+                                         QueryTerminatedEvent, StreamingQueryListener)
+from microbatch.execution.triggers import Trigger
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "StreamingSession", "embedded_spark", "DataStreamReader", "StreamFrame", "DataStreamWriter",
+    "StreamingQuery", "StreamingQueryManager", "MemoryStream", "Trigger", "ManualClock",
+    "SystemClock", "StreamingQueryListener", "QueryStartedEvent", "QueryProgressEvent",
+    "QueryIdleEvent", "QueryTerminatedEvent", "AnalysisException", "CheckpointError",
+    "IllegalArgumentException", "StreamingQueryException", "UnsupportedOperationError",
+]

@@ -1,0 +1,1 @@
+"""The user-facing objects, named as in PySpark's streaming API."""

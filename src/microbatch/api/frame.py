@@ -1,0 +1,320 @@
+"""StreamFrame: the streaming DataFrame users build queries with.
+
+Each method records a step in the stream's logical plan and also applies it to
+an empty *template* DataFrame, so a wrong column or a bad expression fails where
+it is written, as in Spark, and ``schema``/``columns``/``explain`` are exact.
+
+Columns: ``frame["x"]`` and ``frame.x`` give ``F.col("x")``, an unbound column
+that means the same thing in every batch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.plan.checks import not_yet, streaming_action
+from microbatch.plan.logical import (Apply, PlanNode, StaticJoin, StreamingRelation, Transform,
+                                     Union, Watermark)
+from microbatch.util import interval_to_ms
+
+if TYPE_CHECKING:
+    from microbatch.api.session import StreamingSession
+    from microbatch.api.writer import DataStreamWriter
+
+#: Spark's rules for a join of a stream with a static DataFrame.
+_STATIC_JOIN_TYPES = {
+    "inner": "inner", "cross": "cross", "outer": "full", "full": "full", "fullouter": "full",
+    "full_outer": "full", "left": "left", "leftouter": "left", "left_outer": "left",
+    "right": "right", "rightouter": "right", "right_outer": "right", "semi": "semi",
+    "leftsemi": "semi", "left_semi": "semi", "anti": "anti", "leftanti": "anti", "left_anti": "anti",
+}
+_UNSUPPORTED_STREAM_LEFT = {"full": "FullOuter", "right": "RightOuter"}
+_UNSUPPORTED_STREAM_RIGHT = {"full": "FullOuter", "left": "LeftOuter", "semi": "LeftSemi",
+                             "anti": "LeftAnti"}
+
+
+class StreamFrame:
+    def __init__(self, session: "StreamingSession", plan: PlanNode, template: DataFrame):
+        self._session = session
+        self._plan = plan
+        self._template = template
+
+    @classmethod
+    def from_relation(cls, session: "StreamingSession", relation: StreamingRelation) -> "StreamFrame":
+        template = session.spark.createDataFrame([], relation.schema)
+        return cls(session, relation, template)
+
+    # -- description --------------------------------------------------------
+    @property
+    def isStreaming(self) -> bool:
+        return True
+
+    @property
+    def schema(self) -> StructType:
+        return self._template.schema
+
+    @property
+    def columns(self) -> list[str]:
+        return self._template.columns
+
+    @property
+    def dtypes(self) -> list[tuple[str, str]]:
+        return self._template.dtypes
+
+    @property
+    def sparkSession(self):
+        return self._session.spark
+
+    def printSchema(self, level: int | None = None) -> None:
+        print(self._template._jdf.schema().treeString(level) if level else
+              self._template._jdf.schema().treeString())
+
+    def explain(self, extended: bool | str | None = None, mode: str | None = None) -> None:
+        print("== Stream Plan ==")
+        print(self._plan.tree_string())
+        print()
+        print("== Plan of one batch (over empty input) ==")
+        self._template.explain(extended=extended, mode=mode)
+
+    def __repr__(self) -> str:
+        return f"StreamFrame[{', '.join(f'{n}: {t}' for n, t in self.dtypes)}]"
+
+    # -- columns --------------------------------------------------------------
+    def __getitem__(self, item: Any):
+        if isinstance(item, str):
+            if item not in self.columns and "." not in item and item != "*":
+                raise AnalysisException(
+                    f"Cannot resolve column name \"{item}\" among ({', '.join(self.columns)})")
+            return F.col(item)
+        if isinstance(item, Column):
+            return self.filter(item)
+        if isinstance(item, (list, tuple)):
+            return self.select(*item)
+        raise TypeError(f"unexpected item type: {type(item).__name__}")
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        template = self.__dict__.get("_template")
+        if template is not None and name in template.columns:
+            return F.col(name)
+        raise AttributeError(f"'StreamFrame' object has no attribute '{name}'")
+
+    # -- stateless steps --------------------------------------------------------
+    def _derive(self, method: str, *args: Any, **kwargs: Any) -> "StreamFrame":
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, (StreamFrame, DataFrame)):
+                raise AnalysisException(f"{method}() does not take a DataFrame argument on a stream.")
+        template = getattr(self._template, method)(*args, **kwargs)
+        return StreamFrame(self._session, Transform(self._plan, method, args, kwargs), template)
+
+    def select(self, *cols: Any) -> "StreamFrame":
+        return self._derive("select", *cols)
+
+    def selectExpr(self, *expr: str) -> "StreamFrame":
+        return self._derive("selectExpr", *expr)
+
+    def filter(self, condition: Column | str) -> "StreamFrame":
+        return self._derive("filter", condition)
+
+    where = filter
+
+    def withColumn(self, colName: str, col: Column) -> "StreamFrame":
+        return self._derive("withColumn", colName, col)
+
+    def withColumns(self, *colsMap: dict) -> "StreamFrame":
+        return self._derive("withColumns", *colsMap)
+
+    def withColumnRenamed(self, existing: str, new: str) -> "StreamFrame":
+        return self._derive("withColumnRenamed", existing, new)
+
+    def withColumnsRenamed(self, colsMap: dict) -> "StreamFrame":
+        return self._derive("withColumnsRenamed", colsMap)
+
+    def withMetadata(self, columnName: str, metadata: dict) -> "StreamFrame":
+        return self._derive("withMetadata", columnName, metadata)
+
+    def drop(self, *cols: Any) -> "StreamFrame":
+        return self._derive("drop", *cols)
+
+    def toDF(self, *cols: str) -> "StreamFrame":
+        return self._derive("toDF", *cols)
+
+    def alias(self, alias: str) -> "StreamFrame":
+        return self._derive("alias", alias)
+
+    def repartition(self, numPartitions: Any, *cols: Any) -> "StreamFrame":
+        return self._derive("repartition", numPartitions, *cols)
+
+    def coalesce(self, numPartitions: int) -> "StreamFrame":
+        return self._derive("coalesce", numPartitions)
+
+    def hint(self, name: str, *parameters: Any) -> "StreamFrame":
+        return self._derive("hint", name, *parameters)
+
+    def dropna(self, how: str = "any", thresh: int | None = None, subset: Any = None) -> "StreamFrame":
+        return self._derive("dropna", how, thresh, subset)
+
+    def fillna(self, value: Any, subset: Any = None) -> "StreamFrame":
+        return self._derive("fillna", value, subset)
+
+    def replace(self, to_replace: Any, *args: Any, **kwargs: Any) -> "StreamFrame":
+        return self._derive("replace", to_replace, *args, **kwargs)
+
+    def transform(self, func: Callable[..., "StreamFrame"], *args: Any, **kwargs: Any) -> "StreamFrame":
+        result = func(self, *args, **kwargs)
+        if not isinstance(result, StreamFrame):
+            raise AnalysisException(
+                f"Func returned an instance of type {type(result).__name__}, should have been StreamFrame.")
+        return result
+
+    def mapInPandas(self, func: Callable, schema: Any, barrier: bool = False) -> "StreamFrame":
+        template = self._template.mapInPandas(func, schema, barrier)
+        node = Apply(self._plan, lambda df: df.mapInPandas(func, schema, barrier), "mapInPandas")
+        return StreamFrame(self._session, node, template)
+
+    def mapInArrow(self, func: Callable, schema: Any, barrier: bool = False) -> "StreamFrame":
+        template = self._template.mapInArrow(func, schema, barrier)
+        node = Apply(self._plan, lambda df: df.mapInArrow(func, schema, barrier), "mapInArrow")
+        return StreamFrame(self._session, node, template)
+
+    # -- combining --------------------------------------------------------------
+    def _require_stream(self, other: Any, what: str) -> "StreamFrame":
+        if isinstance(other, DataFrame):
+            raise AnalysisException(
+                f"{what} between streaming and batch DataFrames/Datasets is not supported")
+        if not isinstance(other, StreamFrame):
+            raise TypeError(f"{what} needs a StreamFrame, got {type(other).__name__}")
+        return other
+
+    def union(self, other: "StreamFrame") -> "StreamFrame":
+        other = self._require_stream(other, "Union")
+        template = self._template.union(other._template)
+        return StreamFrame(self._session, Union(self._plan, other._plan), template)
+
+    unionAll = union
+
+    def unionByName(self, other: "StreamFrame", allowMissingColumns: bool = False) -> "StreamFrame":
+        other = self._require_stream(other, "Union")
+        template = self._template.unionByName(other._template, allowMissingColumns=allowMissingColumns)
+        node = Union(self._plan, other._plan, by_name=True, allow_missing_columns=allowMissingColumns)
+        return StreamFrame(self._session, node, template)
+
+    def join(self, other: Any, on: Any = None, how: str | None = None) -> "StreamFrame":
+        if isinstance(other, StreamFrame):
+            raise not_yet("A join of two streams (stream-stream join)")
+        if not isinstance(other, DataFrame):
+            raise TypeError(f"join() needs a DataFrame, got {type(other).__name__}")
+        if other.isStreaming:
+            raise AnalysisException("Joining with a Spark streaming DataFrame is not supported: "
+                                    "read both sides with microbatch's readStream.")
+        how_key = (how or "inner").lower()
+        if how_key not in _STATIC_JOIN_TYPES:
+            raise IllegalArgumentException(f"Unsupported join type '{how}'.")
+        kind = _STATIC_JOIN_TYPES[how_key]
+        if kind in _UNSUPPORTED_STREAM_LEFT:
+            raise AnalysisException(
+                f"{_UNSUPPORTED_STREAM_LEFT[kind]} join with a streaming DataFrame/Dataset on the "
+                "left and a static DataFrame/Dataset on the right not supported")
+        template = self._template.join(other, on, how)
+        node = StaticJoin(self._plan, other, on, how or "inner", "left")
+        return StreamFrame(self._session, node, template)
+
+    def crossJoin(self, other: Any) -> "StreamFrame":
+        return self.join(other, how="cross")
+
+    def join_static_left(self, static: DataFrame, on: Any = None, how: str | None = None) -> "StreamFrame":
+        """``static.join(stream)``: the stream on the right (PySpark cannot dispatch that)."""
+        kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
+        if kind is None:
+            raise IllegalArgumentException(f"Unsupported join type '{how}'.")
+        if kind in _UNSUPPORTED_STREAM_RIGHT:
+            raise AnalysisException(
+                f"{_UNSUPPORTED_STREAM_RIGHT[kind]} join with a streaming DataFrame/Dataset on the "
+                "right and a static DataFrame/Dataset on the left not supported")
+        template = static.join(self._template, on, how)
+        node = StaticJoin(self._plan, static, on, how or "inner", "right")
+        return StreamFrame(self._session, node, template)
+
+    # -- event time ---------------------------------------------------------------
+    def withWatermark(self, eventTime: str, delayThreshold: str) -> "StreamFrame":
+        if not isinstance(eventTime, str) or not eventTime:
+            raise IllegalArgumentException("eventTime should be provided as a column name")
+        try:
+            delay_ms = interval_to_ms(delayThreshold, "delay threshold")
+        except ValueError as e:
+            raise IllegalArgumentException(str(e)) from None
+        template = self._template.withWatermark(eventTime, delayThreshold)
+        node = Watermark(self._plan, eventTime, delayThreshold, delay_ms)
+        return StreamFrame(self._session, node, template)
+
+    # -- needs state: not yet -----------------------------------------------------
+    def groupBy(self, *cols: Any):
+        raise not_yet("groupBy/aggregation")
+
+    groupby = groupBy
+
+    def rollup(self, *cols: Any):
+        raise not_yet("rollup")
+
+    def cube(self, *cols: Any):
+        raise not_yet("cube")
+
+    def agg(self, *exprs: Any):
+        raise not_yet("agg (a global aggregation)")
+
+    def dropDuplicates(self, subset: Any = None):
+        raise not_yet("dropDuplicates")
+
+    drop_duplicates = dropDuplicates
+
+    def dropDuplicatesWithinWatermark(self, subset: Any = None):
+        raise not_yet("dropDuplicatesWithinWatermark")
+
+    def distinct(self):
+        raise not_yet("distinct")
+
+    def limit(self, num: int):
+        raise not_yet("limit")
+
+    def orderBy(self, *cols: Any, **kwargs: Any):
+        raise AnalysisException(
+            "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
+            "aggregated DataFrame/Dataset in Complete output mode")
+
+    sort = orderBy
+
+    # -- actions: streams run with writeStream.start() --------------------------------
+    def _action(name: str):  # noqa: N805 - builds methods
+        def method(self, *args: Any, **kwargs: Any):
+            raise streaming_action(name)
+        method.__name__ = name
+        return method
+
+    collect = _action("collect")
+    count = _action("count")
+    show = _action("show")
+    take = _action("take")
+    head = _action("head")
+    first = _action("first")
+    toPandas = _action("toPandas")
+    foreach = _action("foreach")
+    foreachPartition = _action("foreachPartition")
+    toLocalIterator = _action("toLocalIterator")
+    cache = _action("cache")
+    persist = _action("persist")
+    del _action
+
+    @property
+    def write(self):
+        raise AnalysisException("'write' can not be called on streaming Dataset/DataFrame; "
+                                "use writeStream.")
+
+    @property
+    def writeStream(self) -> "DataStreamWriter":
+        from microbatch.api.writer import DataStreamWriter
+        return DataStreamWriter(self)

@@ -1,0 +1,90 @@
+"""StreamingQueryManager (``ss.streams``): the active queries and the listeners."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from microbatch.api.query import StreamingQuery
+from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.execution.events import ListenerBus
+from microbatch.execution.micro_batch import MicroBatchExecution
+from microbatch.execution.stream_execution import StreamExecution
+
+
+class StreamingQueryManager:
+    def __init__(self, spark: SparkSession):
+        self._spark = spark
+        self._lock = threading.Condition()
+        self._active: dict[str, StreamingQuery] = {}          # by query id
+        self._last_terminated: StreamingQuery | None = None
+        self._bus = ListenerBus()
+
+    @property
+    def active(self) -> list[StreamingQuery]:
+        with self._lock:
+            return list(self._active.values())
+
+    def get(self, id: str) -> StreamingQuery | None:
+        with self._lock:
+            return self._active.get(str(id))
+
+    def awaitAnyTermination(self, timeout: float | None = None) -> bool | None:
+        """Wait until any query terminates (since the last ``resetTerminated``)."""
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout must be a positive integer or float. Got {timeout}")
+        with self._lock:
+            self._lock.wait_for(lambda: self._last_terminated is not None, timeout)
+            terminated = self._last_terminated
+        if terminated is not None and terminated.exception() is not None:
+            raise terminated.exception()
+        if timeout is not None:
+            return terminated is not None
+        return None
+
+    def resetTerminated(self) -> None:
+        with self._lock:
+            self._last_terminated = None
+
+    def addListener(self, listener: Any) -> None:
+        self._bus.add(listener)
+
+    def removeListener(self, listener: Any) -> None:
+        self._bus.remove(listener)
+
+    def _wait_for_listeners(self, timeout: float = 10.0) -> bool:
+        """Block until every event posted so far has reached the listeners."""
+        return self._bus.wait_until_empty(timeout)
+
+    # -- used by DataStreamWriter.start ---------------------------------------
+    def _start_query(self, *, name: str | None, checkpoint_root: str, **kwargs: Any) -> StreamingQuery:
+        with self._lock:
+            if name is not None and any(q.name == name for q in self._active.values()):
+                raise IllegalArgumentException(
+                    f"Cannot start query with name {name} as a query with that name is already "
+                    "active in this SparkSession. Stop it first, or choose another queryName.")
+            execution = MicroBatchExecution(
+                spark=self._spark, name=name, checkpoint_root=checkpoint_root,
+                listener_bus=self._bus, on_terminated=self._on_terminated, **kwargs)
+            if execution.id in self._active:
+                raise IllegalArgumentException(
+                    f"Cannot start query with id {execution.id} as another query with same id is "
+                    "already active. Perhaps you are attempting to restart a query from checkpoint "
+                    f"that is already active (checkpoint '{checkpoint_root}').")
+            for other in self._active.values():
+                if other.checkpointLocation == checkpoint_root:
+                    raise IllegalArgumentException(
+                        f"Cannot start a query on checkpoint '{checkpoint_root}': the active "
+                        f"query {other._execution.pretty_id} uses it.")
+            query = StreamingQuery(execution)
+            self._active[execution.id] = query
+        execution.start()
+        return query
+
+    def _on_terminated(self, execution: StreamExecution) -> None:
+        with self._lock:
+            query = self._active.pop(execution.id, None)
+            if query is not None:
+                self._last_terminated = query
+            self._lock.notify_all()

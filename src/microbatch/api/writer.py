@@ -1,0 +1,158 @@
+"""DataStreamWriter: ``frame.writeStream....start()``."""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+from typing import TYPE_CHECKING, Any, Callable
+
+from microbatch.checkpoint.fs import LOCAL
+from microbatch.errors import AnalysisException, IllegalArgumentException, UnsupportedOperationError
+from microbatch.execution.clock import Clock, SystemClock
+from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
+from microbatch.plan.checks import check_output_mode, normalize_output_mode
+from microbatch.sinks import lookup_sink
+from microbatch.sinks.base import SinkContext
+from microbatch.sinks.foreach import check_foreach_writer
+from microbatch.util import CaseInsensitiveOptions, option_value
+
+if TYPE_CHECKING:
+    from microbatch.api.frame import StreamFrame
+    from microbatch.api.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+
+class DataStreamWriter:
+    def __init__(self, frame: "StreamFrame"):
+        self._frame = frame
+        self._format: str | None = None
+        self._options: dict[str, str] = {}
+        self._output_mode = "append"
+        self._trigger: Trigger = ProcessingTime(0)
+        self._query_name: str | None = None
+        self._partition_by: list[str] = []
+        self._extra: dict[str, Any] = {}
+        self._clock: Clock | None = None
+        self._fs = LOCAL
+
+    def format(self, source: str) -> "DataStreamWriter":
+        self._format = source
+        return self
+
+    def option(self, key: str, value: Any) -> "DataStreamWriter":
+        self._options[key] = option_value(value)
+        return self
+
+    def options(self, **options: Any) -> "DataStreamWriter":
+        for k, v in options.items():
+            self.option(k, v)
+        return self
+
+    def outputMode(self, outputMode: str) -> "DataStreamWriter":
+        self._output_mode = normalize_output_mode(outputMode)
+        return self
+
+    def trigger(self, *, processingTime: str | None = None, once: bool | None = None,
+                continuous: str | None = None, availableNow: bool | None = None) -> "DataStreamWriter":
+        try:
+            self._trigger = trigger_from_writer_args(processingTime, once, availableNow, continuous)
+        except ValueError as e:
+            raise IllegalArgumentException(str(e)) from None
+        return self
+
+    def queryName(self, queryName: str) -> "DataStreamWriter":
+        if not queryName or not isinstance(queryName, str):
+            raise IllegalArgumentException("The queryName must be a non-empty string.")
+        self._query_name = queryName
+        return self
+
+    def partitionBy(self, *cols: str) -> "DataStreamWriter":
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        self._partition_by = list(cols)
+        return self
+
+    def foreach(self, f: Any) -> "DataStreamWriter":
+        check_foreach_writer(f)
+        self._format = "foreach"
+        self._extra["foreach"] = f
+        return self
+
+    def foreachBatch(self, func: Callable) -> "DataStreamWriter":
+        if not callable(func):
+            raise IllegalArgumentException("foreachBatch needs a function of (DataFrame, batch_id).")
+        self._format = "foreachBatch"
+        self._extra["foreach_batch"] = func
+        return self
+
+    # -- engine knobs for tests (not in PySpark) ------------------------------
+    def clock(self, clock: Clock) -> "DataStreamWriter":
+        """Use ``clock`` for triggers and batch timestamps (a ManualClock in tests)."""
+        self._clock = clock
+        return self
+
+    def fileSystem(self, fs) -> "DataStreamWriter":
+        """Do checkpoint I/O through ``fs`` (a FailingFileSystem in tests)."""
+        self._fs = fs
+        return self
+
+    def toTable(self, tableName: str, **kwargs: Any) -> "StreamingQuery":
+        raise UnsupportedOperationError(
+            f"Writing a stream to table '{tableName}' is not supported by microbatch yet; use "
+            "format(...).start() or foreachBatch.")
+
+    def start(self, path: str | None = None, format: str | None = None,
+              outputMode: str | None = None, partitionBy: Any = None,
+              queryName: str | None = None, **options: Any) -> "StreamingQuery":
+        if format is not None:
+            self.format(format)
+        if outputMode is not None:
+            self.outputMode(outputMode)
+        if partitionBy is not None:
+            self.partitionBy(partitionBy)
+        if queryName is not None:
+            self.queryName(queryName)
+        self.options(**options)
+        if path is not None:
+            self._options["path"] = path
+        session = self._frame._session
+        spark = session.spark
+        name = self._format or spark.conf.get("spark.sql.sources.default", "parquet")
+        provider = lookup_sink(name)
+        check_output_mode(self._frame._plan, self._output_mode)
+        opts = CaseInsensitiveOptions(self._options)
+        checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
+        context = SinkContext(spark, opts, self._output_mode, self._frame.schema, self._query_name,
+                              self._partition_by, self._extra)
+        try:
+            sink = provider.create(context)
+        except ValueError as e:
+            if isinstance(e, IllegalArgumentException):
+                raise
+            raise IllegalArgumentException(f"{e} (sink '{name}')") from e
+        return session.streams._start_query(
+            name=self._query_name, checkpoint_root=checkpoint, delete_checkpoint_on_stop=temporary,
+            plan=self._frame._plan, sink=sink, trigger=self._trigger,
+            output_mode=self._output_mode, clock=self._clock or SystemClock(), fs=self._fs)
+
+    def _checkpoint_location(self, opts: CaseInsensitiveOptions,
+                             allows_temporary: bool) -> tuple[str, bool]:
+        spark = self._frame._session.spark
+        if "checkpointLocation" in opts:
+            return self._fs.resolve(opts["checkpointLocation"]), False
+        root = spark.conf.get("spark.sql.streaming.checkpointLocation", None)
+        if root:
+            return self._fs.resolve(os.path.join(root, self._query_name or str(uuid.uuid4()))), False
+        if allows_temporary:
+            location = tempfile.mkdtemp(prefix="temporary-")
+            log.warning("Temporary checkpoint location created which is deleted normally when "
+                        "the query didn't fail: %s. If it's required to delete it under any "
+                        "circumstances, please set spark.sql.streaming.forceDeleteTempCheckpointLocation "
+                        "to true. Important to know deleting temp checkpoint folder is best effort.",
+                        location)
+            return location, True
+        raise AnalysisException(
+            "checkpointLocation must be specified either through option(\"checkpointLocation\", "
+            "...) or SparkSession.conf.set(\"spark.sql.streaming.checkpointLocation\", ...)")

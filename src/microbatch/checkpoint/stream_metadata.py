@@ -1,0 +1,32 @@
+"""``<checkpoint>/metadata``: the query id that survives restarts (``{"id":"<uuid>"}``)."""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.checkpoint.offsets import to_json
+from microbatch.errors import CheckpointError
+
+
+@dataclass
+class StreamMetadata:
+    id: str
+
+    @classmethod
+    def read_or_create(cls, fs: CheckpointFileSystem, checkpoint_root: str) -> "StreamMetadata":
+        path = f"{checkpoint_root}/metadata"
+        if fs.exists(path):
+            text = fs.read_text(path)
+            try:
+                return cls(str(json.loads(text)["id"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise CheckpointError(
+                    f"Cannot read the query metadata file '{path}' ({e}): it should hold "
+                    '{"id":"<uuid>"}. Restore it from a backup; deleting it gives the query '
+                    "a new id.") from e
+        metadata = cls(str(uuid.uuid4()))
+        fs.mkdirs(checkpoint_root)
+        fs.write(path, to_json({"id": metadata.id}))
+        return metadata

@@ -1,0 +1,422 @@
+"""MicroBatchExecution: the batch runner and its protocol.
+
+The batch protocol (Spark's, step by step; each step is safe to crash in):
+
+1. populate_start_offsets, once per run. Read the latest ``offsets/N``; the
+   committed offsets are those of ``offsets/N-1``. If ``commits/N`` exists,
+   batch N is done: continue at N+1. Otherwise re-run batch N with the very
+   same offsets and batch metadata (timestamp, watermark, confs) it was planned
+   with, and give the sink the same batch id.
+2. construct_next_batch. Ask every source for its latest offset within its
+   read limit; decide whether to run (new data, or the last execution needs a
+   no-data batch). Write ``offsets/N`` atomically and create-if-absent: if it
+   exists another run owns this checkpoint and the query fails ("Concurrent
+   update to the log"). Then tell the sources that batch N-1 is committed and
+   purge log entries older than ``minBatchesToRetain``.
+   A crash before the write: nothing happened. After it: step 1 re-runs N.
+3. run_batch. ``get_batch(start, end]`` per source, build the batch's DataFrame
+   (IncrementalExecution), ``sink.add_batch(N, df)``, then write ``commits/N``.
+   A crash before ``commits/N``: step 1 re-runs N with the same offsets, so an
+   idempotent sink (one that skips a batch id it has) gives exactly-once output.
+4. Report progress, post listener events, wait for the next trigger.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from microbatch.checkpoint.commits import CommitLog, CommitMetadata
+from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from microbatch.errors import CheckpointError, ConcurrentUpdateError
+from microbatch.execution.stream_execution import StreamExecution, conf_ms
+from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Once,
+                                           ProcessingTime, ProcessingTimeExecutor,
+                                           SingleBatchExecutor, Trigger)
+from microbatch.plan.incremental import IncrementalExecution, uses_current_time
+from microbatch.plan.logical import PlanNode, StreamingRelation
+from microbatch.sinks.base import Sink
+from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
+
+log = logging.getLogger(__name__)
+
+#: The confs a checkpoint fixes, with the values Spark 4.3 records for a new query.
+#: They are written to every ``offsets/N`` and restored from it on restart.
+CHECKPOINTED_CONFS = {
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "spark.sql.dropDuplicates.deterministicKeyOrder.enabled": "true",
+    "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion": "2",
+    "spark.sql.streaming.stateStore.rocksdb.formatVersion": "5",
+    "spark.sql.streaming.queryEvolution.enableSourceEvolution": "false",
+    "spark.sql.streaming.stateStore.encodingFormat": "unsaferow",
+    "spark.sql.streaming.statefulOperator.useStrictDistribution": "true",
+    "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion": "2",
+    "spark.sql.streaming.multipleWatermarkPolicy": "min",
+    "spark.sql.streaming.stateStore.rowChecksum.enabled": "false",
+    "spark.sql.streaming.statefulOperator.alwaysNullableOutput.enabled": "true",
+    "spark.sql.streaming.aggregation.stateFormatVersion": "2",
+    "spark.sql.function.protobufExtensions.enabled": "false",
+    "spark.sql.shuffle.partitions": "200",
+    "spark.sql.streaming.join.stateFormatVersion": "2",
+    "spark.sql.streaming.stateStore.compression.codec": "lz4",
+    "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "false",
+}
+
+
+class AvailableNowPin:
+    """Spark's AvailableNow wrapper for sources without native support: the first
+    latest offset seen is the end of the run."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.end: Any = None
+        self.fetched = False
+
+    def latest_offset(self, start: Any) -> Any:
+        if not self.fetched:
+            self.end = self.source.latest_offset(start, ALL_AVAILABLE)
+            self.fetched = True
+        return self.end
+
+
+class MicroBatchExecution(StreamExecution):
+    def __init__(self, *, plan: PlanNode, sink: Sink, trigger: Trigger, output_mode: str,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.sink = sink
+        self.trigger = trigger
+        self.output_mode = output_mode
+        self.relations: list[StreamingRelation] = plan.relations()
+        self.sources: list[Source] = []
+        self.offset_log = OffsetSeqLog(f"{self.checkpoint_root}/offsets", self.fs)
+        self.commit_log = CommitLog(f"{self.checkpoint_root}/commits", self.fs)
+        self.current_batch_id = -1
+        self.is_current_batch_constructed = False
+        self.available_offsets: dict[int, Any] = {}
+        self.committed_offsets: dict[int, Any] = {}
+        self.latest_offsets: dict[int, Any] = {}
+        self.trigger_start_offsets: dict[int, Any] = {}
+        self.offset_seq_metadata = OffsetSeqMetadata()
+        self.watermark_ms = 0
+        self._available_now: dict[int, AvailableNowPin] = {}
+        self._empty_batches: dict[int, DataFrame] = {}
+        self._batch_session: SparkSession | None = None
+        self._incremental: IncrementalExecution | None = None
+        self._last_batch_stats: tuple[list[dict], dict] | None = None
+        self.last_batch_df: DataFrame | None = None
+        if isinstance(trigger, ProcessingTime):
+            self.trigger_executor = ProcessingTimeExecutor(trigger, self.clock, self.interrupt)
+        elif isinstance(trigger, Once):
+            self.trigger_executor = SingleBatchExecutor()
+        elif isinstance(trigger, AvailableNow):
+            self.trigger_executor = MultiBatchExecutor()
+        else:
+            raise ValueError(f"Unknown type of trigger: {trigger}")
+
+    # -- initialisation (on the stream thread) ------------------------------
+    def initialize(self) -> None:
+        spark = self.spark
+        self.min_batches_to_retain = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+        self.polling_delay_ms = conf_ms(spark, "spark.sql.streaming.pollingDelay", 10)
+        self.no_data_batches_enabled = spark.conf.get(
+            "spark.sql.streaming.noDataMicroBatches.enabled", "true").lower() == "true"
+        # Batches run on a clone of the user's session, with the confs the checkpoint fixes.
+        self._batch_session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+        self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
+        self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
+        for i, relation in enumerate(self.relations):
+            context = SourceContext(self._batch_session, f"{self.checkpoint_root}/sources/{i}",
+                                    self.fs, self.clock)
+            if relation.source_instance is not None:
+                source = relation.source_instance
+            else:
+                source = relation.provider.create(context, relation.options, relation.schema)
+            log.info("Using Source [%s] named '%s'", source, relation.source_name)
+            self.sources.append(source)
+        if isinstance(self.trigger, AvailableNow):
+            for i, source in enumerate(self.sources):
+                if source.supports_available_now:
+                    source.prepare_for_trigger_available_now()
+                else:
+                    self._available_now[i] = AvailableNowPin(source)
+
+    def _fix_confs(self, recorded: dict[str, str] | None) -> dict[str, str]:
+        """Apply the confs recorded in the checkpoint to the batch session; return the set."""
+        conf = self._batch_session.conf
+        fixed = {}
+        for key, default in CHECKPOINTED_CONFS.items():
+            session_value = conf.get(key, default)
+            if recorded is not None and key in recorded:
+                value = recorded[key]
+                if value != session_value:
+                    log.warning("Updating the value of conf '%s' in current session from '%s' "
+                                "to '%s'.", key, session_value, value)
+                    conf.set(key, value)
+            else:
+                value = session_value
+            fixed[key] = value
+        return fixed
+
+    def stop_sources(self) -> None:
+        for source in self.sources:
+            try:
+                source.stop()
+            except Exception:  # noqa: BLE001
+                log.warning("Failed to stop streaming source: %s. Resources may have leaked.",
+                            source, exc_info=True)
+        try:
+            self.sink.stop()
+        except Exception:  # noqa: BLE001
+            log.warning("Failed to stop sink %s", self.sink, exc_info=True)
+
+    # -- the batch runner ----------------------------------------------------
+    def run_activated_stream(self) -> None:
+        self.trigger_executor.execute(self._batch_runner)
+
+    def _batch_runner(self) -> bool:
+        if not self.is_active:
+            return False
+        progress = self.progress
+        progress.start_trigger()
+        executed = False
+        with progress.time_phase("triggerExecution"):
+            if self.current_batch_id < 0:
+                self.populate_start_offsets()
+                log.info("Stream started from %s", self.committed_offsets)
+            sc = self.spark.sparkContext
+            sc.setJobDescription(self.batch_description(self.current_batch_id))
+            if not self.is_current_batch_constructed:
+                self.is_current_batch_constructed = self.construct_next_batch()
+            # recordTriggerOffsets: what progress reports as this trigger's range
+            self.trigger_start_offsets = dict(self.committed_offsets)
+            new_data = self.is_new_data_available()
+            progress.update_status(isDataAvailable=new_data)
+            if self.is_current_batch_constructed:
+                if not self.is_active:
+                    return False
+                progress.update_status_message(
+                    "Processing new data" if new_data else "No new data but cleaning up state")
+                self.run_batch()
+                executed = True
+            else:
+                progress.update_status_message("Waiting for data to arrive")
+        self._finish_trigger(executed)
+        if self.is_current_batch_constructed:
+            self.current_batch_id += 1
+            self.is_current_batch_constructed = False
+        elif isinstance(self.trigger, AvailableNow):
+            log.info("Finished processing all available data for the trigger, terminating "
+                     "this Trigger.AvailableNow query")
+            return False
+        elif not isinstance(self.trigger, Once):
+            self.interrupt.wait(self.polling_delay_ms / 1000.0)
+        progress.update_status_message("Waiting for next trigger")
+        return self.is_active
+
+    def _finish_trigger(self, executed: bool) -> None:
+        sources, sink = self._last_batch_stats if executed and self._last_batch_stats else ([], {})
+        if not executed:
+            sources = [self._source_progress(i, 0) for i in range(len(self.sources))]
+            sink = self._sink_progress()
+        kind, payload = self.progress.finish_trigger(executed, self.current_batch_id, sources, sink)
+        self._last_batch_stats = None
+        self.report(kind, payload)
+
+    # -- step 1 --------------------------------------------------------------
+    def populate_start_offsets(self) -> None:
+        latest = self.offset_log.get_latest()
+        if latest is None:
+            log.info("Starting new streaming query.")
+            self.current_batch_id = 0
+            self.offset_seq_metadata = OffsetSeqMetadata(0, 0, self._fix_confs(None))
+            return
+        latest_batch_id, next_offsets = latest
+        self._check_source_count(next_offsets, latest_batch_id)
+        self.current_batch_id = latest_batch_id
+        self.is_current_batch_constructed = True
+        self.available_offsets = self._to_progress(next_offsets)
+        if latest_batch_id != 0:
+            previous = self.offset_log.get(latest_batch_id - 1)
+            if previous is None:
+                raise CheckpointError(
+                    f"batch {latest_batch_id - 1} doesn't exist: the offset log "
+                    f"'{self.offset_log.path}' has batch {latest_batch_id} but not the one "
+                    "before it. Restore the missing file or use a new checkpoint location.")
+            self._check_source_count(previous, latest_batch_id - 1)
+            self.committed_offsets = self._to_progress(previous)
+        recorded = next_offsets.metadata
+        self.offset_seq_metadata = OffsetSeqMetadata(
+            recorded.batch_watermark_ms, recorded.batch_timestamp_ms, self._fix_confs(recorded.conf))
+        self.watermark_ms = recorded.batch_watermark_ms
+        latest_commit = self.commit_log.get_latest()
+        if latest_commit is None:
+            log.info("no commit log present")
+        else:
+            committed_batch_id, commit_metadata = latest_commit
+            if committed_batch_id == latest_batch_id:
+                self.current_batch_id = committed_batch_id + 1
+                self.is_current_batch_constructed = False
+                self.committed_offsets.update(self.available_offsets)
+                self.watermark_ms = max(self.watermark_ms, commit_metadata.next_batch_watermark_ms)
+            elif committed_batch_id < latest_batch_id - 1:
+                log.warning("Batch completion log latest batch id is %d, which is not trailing "
+                            "batchid %d by one", committed_batch_id, latest_batch_id)
+        log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
+                 self.current_batch_id, self.committed_offsets, self.available_offsets)
+
+    def _check_source_count(self, seq: OffsetSeq, batch_id: int) -> None:
+        if len(seq.offsets) != len(self.sources):
+            raise CheckpointError(
+                f"There are [{len(seq.offsets)}] sources in the checkpoint offsets and now there "
+                f"are [{len(self.sources)}] sources requested by the query. Cannot continue. "
+                f"(checkpoint '{self.checkpoint_root}', offsets/{batch_id}). A checkpoint belongs "
+                "to one query: restore the query's sources, or use a new checkpoint location.")
+
+    @staticmethod
+    def _to_progress(seq: OffsetSeq) -> dict[int, Any]:
+        return {i: o for i, o in enumerate(seq.offsets) if o is not None}
+
+    # -- step 2 --------------------------------------------------------------
+    def _latest_offset(self, i: int, source: Source) -> Any:
+        start = self.available_offsets.get(i)
+        if start is None:
+            start = source.initial_offset()
+        if i in self._available_now:
+            return self._available_now[i].latest_offset(start)
+        limit = ALL_AVAILABLE if isinstance(self.trigger, Once) else source.default_read_limit()
+        return source.latest_offset(start, limit)
+
+    def construct_next_batch(self) -> bool:
+        progress = self.progress
+        with progress.time_phase("latestOffset"):
+            for i, source in enumerate(self.sources):
+                progress.update_status_message(f"Getting offsets from {source}")
+                latest = self._latest_offset(i, source)
+                self.latest_offsets[i] = latest
+                if latest is not None:
+                    self.available_offsets[i] = latest
+        self.offset_seq_metadata = OffsetSeqMetadata(
+            self.watermark_ms, self.clock.get_time_millis(), self.offset_seq_metadata.conf)
+        last_execution_requires_another = False  # stateless plans never need a no-data batch
+        new_data = self.is_new_data_available()
+        should_construct = new_data or (self.no_data_batches_enabled and last_execution_requires_another)
+        log.debug("noDataBatchesEnabled = %s, lastExecutionRequiresAnotherBatch = %s, "
+                  "isNewDataAvailable = %s, shouldConstructNextBatch = %s",
+                  self.no_data_batches_enabled, last_execution_requires_another, new_data,
+                  should_construct)
+        if not should_construct:
+            with self.await_progress:
+                self.no_new_data = True
+                self.await_progress.notify_all()
+            return False
+        progress.update_status_message("Writing offsets to log")
+        with progress.time_phase("walCommit"):
+            seq = OffsetSeq([self.available_offsets.get(i) for i in range(len(self.sources))],
+                            self.offset_seq_metadata)
+            if not self.offset_log.add(self.current_batch_id, seq):
+                raise ConcurrentUpdateError(
+                    "Concurrent update to the log. Multiple streaming jobs detected for "
+                    f"{self.current_batch_id}. Another run of this query owns the checkpoint "
+                    f"'{self.checkpoint_root}'; stop it, or give this query its own checkpoint.")
+            log.info("Committed offsets for batch %d. Metadata %s", self.current_batch_id,
+                     self.offset_seq_metadata.json())
+            if self.current_batch_id != 0:
+                for i, source in enumerate(self.sources):
+                    if i in self.committed_offsets:
+                        source.commit(self.committed_offsets[i])
+            if self.min_batches_to_retain < self.current_batch_id:
+                threshold = self.current_batch_id - self.min_batches_to_retain
+                self.offset_log.purge(threshold)
+                self.commit_log.purge(threshold)
+        with self.await_progress:
+            self.no_new_data = False
+        return True
+
+    def is_new_data_available(self) -> bool:
+        return any(self.committed_offsets.get(i) != offset
+                   for i, offset in self.available_offsets.items())
+
+    # -- step 3 --------------------------------------------------------------
+    def _empty_batch(self, i: int) -> DataFrame:
+        if i not in self._empty_batches:
+            self._empty_batches[i] = self._batch_session.createDataFrame([], self.sources[i].schema)
+        return self._empty_batches[i]
+
+    def run_batch(self) -> None:
+        batch_id = self.current_batch_id
+        progress = self.progress
+        log.debug("Running batch %d", batch_id)
+        inputs: dict[StreamingRelation, DataFrame] = {}
+        row_counts: dict[int, int] = {}
+        observations: dict[int, Observation] = {}
+        with progress.time_phase("getBatch"):
+            for i, (relation, source) in enumerate(zip(self.relations, self.sources)):
+                end = self.available_offsets.get(i)
+                start = self.committed_offsets.get(i)
+                if end is None or end == start:
+                    inputs[relation] = self._empty_batch(i)
+                    row_counts[i] = 0
+                    continue
+                if start is None:
+                    start = source.initial_offset()
+                log.debug("Retrieving data from %s: %s -> %s", source, start, end)
+                df = source.get_batch(start, end)
+                count = source.num_rows(start, end)
+                if count is None:
+                    observations[i] = Observation(f"microbatch_input_{i}")
+                    df = df.observe(observations[i], F.count(F.lit(1)).alias("rows"))
+                else:
+                    row_counts[i] = count
+                inputs[relation] = df
+        with progress.time_phase("queryPlanning"):
+            if self._incremental is None:
+                template = self.plan.build({r: self._empty_batch(i)
+                                            for i, r in enumerate(self.relations)})
+                self._incremental = IncrementalExecution(
+                    self._batch_session, self.plan, uses_current_time(template))
+            batch_df = self._incremental.batch_dataframe(inputs, self.offset_seq_metadata)
+            self.last_batch_df = batch_df
+        sc = self.spark.sparkContext
+        sc.setLocalProperty("streaming.sql.batchId", str(batch_id))
+        with progress.time_phase("addBatch"):
+            self.sink.last_num_output_rows = -1
+            self.sink.add_batch(batch_id, batch_df)
+        for i, observation in observations.items():
+            row_counts[i] = self._observed_rows(observation)
+        with progress.time_phase("commitOffsets"):
+            if not self.commit_log.add(batch_id, CommitMetadata(self.watermark_ms)):
+                raise ConcurrentUpdateError(
+                    "Concurrent update to the log. Multiple streaming jobs detected for "
+                    f"{batch_id} (commits/{batch_id} already exists). Another run of this query "
+                    f"owns the checkpoint '{self.checkpoint_root}'.")
+        self.committed_offsets.update(self.available_offsets)
+        self._last_batch_stats = (
+            [self._source_progress(i, row_counts.get(i, 0)) for i in range(len(self.sources))],
+            self._sink_progress())
+        log.debug("Completed batch %d", batch_id)
+        with self.await_progress:
+            self.await_progress.notify_all()
+
+    @staticmethod
+    def _observed_rows(observation: Observation) -> int:
+        """Rows the sink actually read; 0 if the sink never ran the batch's DataFrame."""
+        future = observation._jo.future()
+        deadline = time.monotonic() + 0.5
+        while not future.isCompleted() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return int(observation.get.get("rows", 0)) if future.isCompleted() else 0
+
+    def _source_progress(self, i: int, rows: int) -> dict:
+        return {"description": str(self.sources[i]),
+                "startOffset": self.trigger_start_offsets.get(i),
+                "endOffset": self.available_offsets.get(i),
+                "latestOffset": self.latest_offsets.get(i),
+                "numInputRows": rows, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0}
+
+    def _sink_progress(self) -> dict:
+        return {"description": str(self.sink), "numOutputRows": self.sink.last_num_output_rows}

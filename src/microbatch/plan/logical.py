@@ -1,0 +1,182 @@
+"""The logical plan of a stream: a small tree of dataclasses.
+
+A leaf ``StreamingRelation`` stands for one source; the other nodes are the
+steps applied to it. Every node can be ``build``-t into a PySpark DataFrame from
+one DataFrame per relation: with each source's batch for a micro-batch, or with
+empty DataFrames for the *template* that gives the stream its schema and checks
+each step when it is defined (so a wrong column fails at definition, as in Spark).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+_relation_ids = itertools.count()
+
+
+class PlanNode:
+    children: tuple["PlanNode", ...] = ()
+
+    def build(self, inputs: Mapping["StreamingRelation", DataFrame]) -> DataFrame:
+        raise NotImplementedError
+
+    def relations(self) -> list["StreamingRelation"]:
+        """Source relations in plan order, each once (Spark's uniqueSources order)."""
+        seen: list[StreamingRelation] = []
+        for child in self.children:
+            for r in child.relations():
+                if r not in seen:
+                    seen.append(r)
+        return seen
+
+    def nodes(self):
+        yield self
+        for child in self.children:
+            yield from child.nodes()
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def tree_string(self, indent: int = 0) -> str:
+        lines = ["   " * indent + ("+- " if indent else "") + self.describe()]
+        for child in self.children:
+            lines.append(child.tree_string(indent + 1))
+        return "\n".join(lines)
+
+
+@dataclass(eq=False)
+class StreamingRelation(PlanNode):
+    """A source in the plan. ``eq=False``: two loads of the same format are two sources."""
+
+    source_name: str
+    options: Mapping[str, str]
+    schema: StructType
+    user_schema: StructType | None
+    provider: Any                      # sources.base.SourceProvider
+    source_instance: Any = None        # a ready Source (MemoryStream), reused on restarts
+    id: int = field(default_factory=lambda: next(_relation_ids))
+
+    def build(self, inputs):
+        return inputs[self]
+
+    def relations(self):
+        return [self]
+
+    def describe(self) -> str:
+        cols = ", ".join(self.schema.fieldNames())
+        return f"StreamingRelation {self.source_name}, [{cols}]"
+
+
+@dataclass(eq=False)
+class Transform(PlanNode):
+    """A stateless DataFrame method replayed on every batch (select, filter, ...)."""
+
+    child: PlanNode
+    method: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs):
+        return getattr(self.child.build(inputs), self.method)(*self.args, **self.kwargs)
+
+    def describe(self) -> str:
+        shown = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        text = ", ".join(shown)
+        return f"{self.method}({text if len(text) < 120 else text[:117] + '...'})"
+
+
+@dataclass(eq=False)
+class Apply(PlanNode):
+    """``frame.transform(fn)`` style steps that take a DataFrame and return one."""
+
+    child: PlanNode
+    fn: Callable[[DataFrame], DataFrame]
+    name: str
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs):
+        return self.fn(self.child.build(inputs))
+
+    def describe(self) -> str:
+        return self.name
+
+
+@dataclass(eq=False)
+class Union(PlanNode):
+    left: PlanNode
+    right: PlanNode
+    by_name: bool = False
+    allow_missing_columns: bool = False
+
+    @property
+    def children(self):
+        return (self.left, self.right)
+
+    def build(self, inputs):
+        left, right = self.left.build(inputs), self.right.build(inputs)
+        if self.by_name:
+            return left.unionByName(right, allowMissingColumns=self.allow_missing_columns)
+        return left.union(right)
+
+    def describe(self) -> str:
+        return "UnionByName" if self.by_name else "Union"
+
+
+@dataclass(eq=False)
+class StaticJoin(PlanNode):
+    """A join of the stream with a static DataFrame (the stream on ``stream_side``)."""
+
+    child: PlanNode
+    static: DataFrame
+    on: Any
+    how: str
+    stream_side: str = "left"
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs):
+        stream = self.child.build(inputs)
+        if self.stream_side == "left":
+            return stream.join(self.static, self.on, self.how)
+        return self.static.join(stream, self.on, self.how)
+
+    def describe(self) -> str:
+        return f"Join {self.how}, stream on the {self.stream_side}, on {self.on!r} with a static DataFrame"
+
+
+@dataclass(eq=False)
+class Watermark(PlanNode):
+    """``withWatermark``: recorded for event-time handling; rows pass unchanged."""
+
+    child: PlanNode
+    event_time: str
+    delay: str
+    delay_ms: int
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs):
+        return self.child.build(inputs)
+
+    def describe(self) -> str:
+        return f"EventTimeWatermark {self.event_time}, {self.delay}"
+
+
+def empty_inputs(spark: SparkSession, plan: PlanNode) -> dict[StreamingRelation, DataFrame]:
+    """One empty DataFrame per relation, to build the plan's template."""
+    return {r: spark.createDataFrame([], r.schema) for r in plan.relations()}

@@ -1,0 +1,37 @@
+"""Streaming sinks, one module each, found by their short name."""
+from __future__ import annotations
+
+from microbatch.errors import AnalysisException, UnsupportedOperationError
+from microbatch.sinks.base import SinkProvider
+from microbatch.sinks.console import ConsoleSinkProvider
+from microbatch.sinks.foreach import ForeachSinkProvider
+from microbatch.sinks.foreach_batch import ForeachBatchSinkProvider
+from microbatch.sinks.memory import MemorySinkProvider
+from microbatch.sinks.noop import NoopSinkProvider
+
+_PROVIDERS: dict[str, SinkProvider] = {}
+_PLANNED = {"text", "csv", "json", "parquet", "orc", "kafka", "delta"}
+
+
+def register_sink(provider: SinkProvider) -> None:
+    """Make ``writeStream.format(provider.short_name)`` find ``provider``."""
+    _PROVIDERS[provider.short_name.lower()] = provider
+
+
+def lookup_sink(name: str) -> SinkProvider:
+    provider = _PROVIDERS.get(name.lower())
+    if provider is not None:
+        return provider
+    if name.lower() in _PLANNED:
+        raise UnsupportedOperationError(
+            f"The streaming sink '{name}' is not supported by microbatch yet. Available "
+            f"sinks: {', '.join(sorted(_PROVIDERS))}.")
+    raise AnalysisException(
+        f"[DATA_SOURCE_NOT_FOUND] Failed to find the data source: {name}. Make sure the "
+        "provider name is correct and the package is properly registered and compatible "
+        f"with your Spark version. microbatch's sinks: {', '.join(sorted(_PROVIDERS))}.")
+
+
+for _provider in (ConsoleSinkProvider(), MemorySinkProvider(), ForeachBatchSinkProvider(),
+                  ForeachSinkProvider(), NoopSinkProvider()):
+    register_sink(_provider)

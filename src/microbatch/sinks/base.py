@@ -1,0 +1,53 @@
+"""The sink contract.
+
+``add_batch(batch_id, df)`` writes one batch. The engine may call it again with
+a batch id it already gave (a batch re-run after a crash before ``commits/N``
+was written); each sink's docstring states what it guarantees then.
+
+A ``SinkProvider`` is what ``writeStream.format(name)`` finds; it validates the
+options at ``start()`` and creates the sink.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from microbatch.util import CaseInsensitiveOptions
+
+
+class Sink(ABC):
+    @abstractmethod
+    def add_batch(self, batch_id: int, df: DataFrame) -> None: ...
+
+    #: rows written by the last batch, or -1 when the sink does not know (Spark's numOutputRows)
+    last_num_output_rows: int = -1
+
+    def stop(self) -> None:
+        pass
+
+    def __str__(self) -> str:
+        return type(self).__name__
+
+
+@dataclass
+class SinkContext:
+    spark: SparkSession             # the user's session (temp views go there)
+    options: CaseInsensitiveOptions
+    output_mode: str
+    schema: StructType
+    query_name: str | None
+    partition_by: list[str]
+    extra: dict[str, Any]           # foreach / foreachBatch functions
+
+
+class SinkProvider(ABC):
+    short_name: str = ""
+    #: a query without a checkpoint location may use a temporary one (console, memory, ...)
+    allows_temporary_checkpoint: bool = False
+
+    @abstractmethod
+    def create(self, context: SinkContext) -> Sink: ...

@@ -1,0 +1,72 @@
+"""``foreach(f)``: run a function or writer object on every row, inside Spark tasks.
+
+``f`` is either a function of one row, or an object with ``process(row)`` and
+optional ``open(partition_id, epoch_id) -> bool`` and ``close(error)``, as in
+PySpark. ``epoch_id`` is the batch id, so a writer can skip a batch it already
+wrote; without that the guarantee is at-least-once (a re-run batch is processed
+again).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from microbatch.errors import AnalysisException
+from microbatch.sinks.base import Sink, SinkContext, SinkProvider
+
+
+def check_foreach_writer(f: Any) -> None:
+    if callable(f) and not hasattr(f, "process"):
+        return
+    if not hasattr(f, "process"):
+        raise AnalysisException(
+            "The object given to foreach() has no 'process' method: give a function of one "
+            "row, or an object with process(row) and optional open(partition_id, epoch_id) "
+            "and close(error).")
+    for name in ("process", "open", "close"):
+        if hasattr(f, name) and not callable(getattr(f, name)):
+            raise AnalysisException(f"Attribute '{name}' of the foreach writer is not callable.")
+
+
+def _partition_writer(f: Any, batch_id: int):
+    def run(rows):
+        from pyspark import TaskContext
+
+        if callable(f) and not hasattr(f, "process"):
+            for row in rows:
+                f(row)
+            return
+        partition_id = TaskContext.get().partitionId()
+        should_process = f.open(partition_id, batch_id) if hasattr(f, "open") else True
+        error = None
+        try:
+            if should_process:
+                for row in rows:
+                    f.process(row)
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            if hasattr(f, "close"):
+                f.close(error)
+    return run
+
+
+class ForeachSink(Sink):
+    def __init__(self, f: Any):
+        self.f = f
+
+    def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        df.foreachPartition(_partition_writer(self.f, batch_id))
+
+    def __str__(self) -> str:
+        return "ForeachWriterTable"
+
+
+class ForeachSinkProvider(SinkProvider):
+    short_name = "foreach"
+    allows_temporary_checkpoint = True
+
+    def create(self, context: SinkContext) -> Sink:
+        return ForeachSink(context.extra["foreach"])

@@ -1,0 +1,25 @@
+"""``noop``: run each batch to the end and drop the rows (for benchmarks).
+
+Uses Spark's batch ``noop`` writer, so the whole batch is computed.
+"""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from microbatch.sinks.base import Sink, SinkContext, SinkProvider
+
+
+class NoopSink(Sink):
+    def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        df.write.format("noop").mode("append").save()
+
+    def __str__(self) -> str:
+        return "org.apache.spark.sql.execution.datasources.noop.NoopTable$"
+
+
+class NoopSinkProvider(SinkProvider):
+    short_name = "noop"
+    allows_temporary_checkpoint = True
+
+    def create(self, context: SinkContext) -> Sink:
+        return NoopSink()

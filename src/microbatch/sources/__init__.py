@@ -1,0 +1,33 @@
+"""Streaming sources, one module each, found by their short name."""
+from __future__ import annotations
+
+from microbatch.errors import AnalysisException, UnsupportedOperationError
+from microbatch.sources.base import SourceProvider
+from microbatch.sources.rate import RateSourceProvider
+from microbatch.sources.rate_micro_batch import RateMicroBatchSourceProvider
+
+_PROVIDERS: dict[str, SourceProvider] = {}
+_PLANNED = {"text", "csv", "json", "parquet", "orc", "kafka", "socket", "delta"}
+
+
+def register_source(provider: SourceProvider) -> None:
+    """Make ``readStream.format(provider.short_name)`` find ``provider``."""
+    _PROVIDERS[provider.short_name.lower()] = provider
+
+
+def lookup_source(name: str) -> SourceProvider:
+    provider = _PROVIDERS.get(name.lower())
+    if provider is not None:
+        return provider
+    if name.lower() in _PLANNED:
+        raise UnsupportedOperationError(
+            f"The streaming source '{name}' is not supported by microbatch yet. Available "
+            f"sources: {', '.join(sorted(_PROVIDERS))}, and MemoryStream for tests.")
+    raise AnalysisException(
+        f"[DATA_SOURCE_NOT_FOUND] Failed to find the data source: {name}. Make sure the "
+        "provider name is correct and the package is properly registered and compatible "
+        f"with your Spark version. microbatch knows: {', '.join(sorted(_PROVIDERS))}.")
+
+
+register_source(RateSourceProvider())
+register_source(RateMicroBatchSourceProvider())

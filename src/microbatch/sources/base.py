@@ -1,0 +1,120 @@
+"""The source contract every streaming source implements.
+
+Modelled on Spark's MicroBatchStream / PySpark's DataSourceStreamReader:
+
+- ``initial_offset()``: where a new query starts.
+- ``latest_offset(start, limit)``: the end of the next batch, reading from
+  ``start`` and respecting ``limit`` (a ReadLimit); ``None`` when nothing exists.
+- ``get_batch(start, end)``: a Spark DataFrame of the half-open range
+  ``(start, end]``. It must return the same rows for the same range every time
+  (replayable); a source that cannot says so in its docstring.
+- ``commit(end)``: everything up to ``end`` is processed and may be forgotten.
+- ``stop()``: release resources.
+
+Offsets are JSON values (numbers or objects) because they go to the offset log
+as JSON text; a source never pickles anything into a checkpoint.
+
+A ``SourceProvider`` is what ``readStream.format(name)`` finds: it validates the
+options and works out the schema when ``load()`` is called, and creates the
+Source when a query starts (the checkpoint's ``sources/<i>`` directory is only
+known then).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.util import CaseInsensitiveOptions
+
+
+class ReadLimit:
+    """How much one batch may read (Spark's ReadLimit)."""
+
+
+@dataclass(frozen=True)
+class ReadAllAvailable(ReadLimit):
+    pass
+
+
+@dataclass(frozen=True)
+class ReadMaxRows(ReadLimit):
+    rows: int
+
+
+@dataclass(frozen=True)
+class ReadMaxFiles(ReadLimit):
+    files: int
+
+
+ALL_AVAILABLE = ReadAllAvailable()
+
+
+class Source(ABC):
+    """A replayable streaming source (see the module docstring for the contract)."""
+
+    #: True when the source implements ``prepare_for_trigger_available_now`` itself;
+    #: otherwise the engine pins the first latest offset it sees (as Spark's wrapper does).
+    supports_available_now: bool = False
+
+    @property
+    @abstractmethod
+    def schema(self) -> StructType: ...
+
+    @abstractmethod
+    def initial_offset(self) -> Any: ...
+
+    @abstractmethod
+    def latest_offset(self, start: Any, limit: ReadLimit) -> Any: ...
+
+    @abstractmethod
+    def get_batch(self, start: Any, end: Any) -> DataFrame: ...
+
+    def default_read_limit(self) -> ReadLimit:
+        return ALL_AVAILABLE
+
+    def num_rows(self, start: Any, end: Any) -> int | None:
+        """Rows in ``(start, end]`` if the offsets tell it; None makes the engine count."""
+        return None
+
+    def prepare_for_trigger_available_now(self) -> None:
+        """Fix the end of the data an AvailableNow run will read."""
+
+    def commit(self, end: Any) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def __str__(self) -> str:
+        return type(self).__name__
+
+
+@dataclass
+class SourceContext:
+    """What a source gets when a query starts."""
+
+    spark: SparkSession
+    metadata_path: str          # <checkpoint>/sources/<i>
+    fs: CheckpointFileSystem
+    clock: Any                  # execution.clock.Clock
+
+
+class SourceProvider(ABC):
+    """Found by ``readStream.format(short_name)``."""
+
+    short_name: str = ""
+
+    @abstractmethod
+    def resolve_schema(self, options: CaseInsensitiveOptions,
+                       user_schema: StructType | None) -> StructType:
+        """Validate options and return the stream's schema (called by ``load()``)."""
+
+    @abstractmethod
+    def create(self, context: SourceContext, options: CaseInsensitiveOptions,
+               schema: StructType) -> Source:
+        """Create the source for one run of a query."""
