@@ -39,7 +39,8 @@ class StreamingSession:
 
     def __init__(self, spark: SparkSession | None = None, *, master: str = "local[2]",
                  conf: dict[str, str] | None = None):
-        self._embedded = spark is None
+        # Stop Spark on stop() only if this object started it.
+        self._embedded = spark is None and SparkSession.getActiveSession() is None
         self.spark = spark if spark is not None else embedded_spark(master, conf=conf)
         self.streams = StreamingQueryManager(self.spark)
 

@@ -36,6 +36,7 @@ class DataStreamWriter:
         self._extra: dict[str, Any] = {}
         self._clock: Clock | None = None
         self._fs = LOCAL
+        self._sink = None
 
     def format(self, source: str) -> "DataStreamWriter":
         self._format = source
@@ -98,6 +99,12 @@ class DataStreamWriter:
         self._fs = fs
         return self
 
+    def sink(self, sink) -> "DataStreamWriter":
+        """Write to this Sink object (see ``microbatch.sinks.base``) instead of a format;
+        the same object can then serve several runs of a query."""
+        self._sink = sink
+        return self
+
     def toTable(self, tableName: str, **kwargs: Any) -> "StreamingQuery":
         raise UnsupportedOperationError(
             f"Writing a stream to table '{tableName}' is not supported by microbatch yet; use "
@@ -119,19 +126,23 @@ class DataStreamWriter:
             self._options["path"] = path
         session = self._frame._session
         spark = session.spark
-        name = self._format or spark.conf.get("spark.sql.sources.default", "parquet")
-        provider = lookup_sink(name)
         check_output_mode(self._frame._plan, self._output_mode)
         opts = CaseInsensitiveOptions(self._options)
-        checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
-        context = SinkContext(spark, opts, self._output_mode, self._frame.schema, self._query_name,
-                              self._partition_by, self._extra)
-        try:
-            sink = provider.create(context)
-        except ValueError as e:
-            if isinstance(e, IllegalArgumentException):
-                raise
-            raise IllegalArgumentException(f"{e} (sink '{name}')") from e
+        if self._sink is not None:
+            sink = self._sink
+            checkpoint, temporary = self._checkpoint_location(opts, True)
+        else:
+            name = self._format or spark.conf.get("spark.sql.sources.default", "parquet")
+            provider = lookup_sink(name)
+            checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
+            context = SinkContext(spark, opts, self._output_mode, self._frame.schema,
+                                  self._query_name, self._partition_by, self._extra)
+            try:
+                sink = provider.create(context)
+            except ValueError as e:
+                if isinstance(e, IllegalArgumentException):
+                    raise
+                raise IllegalArgumentException(f"{e} (sink '{name}')") from e
         return session.streams._start_query(
             name=self._query_name, checkpoint_root=checkpoint, delete_checkpoint_on_stop=temporary,
             plan=self._frame._plan, sink=sink, trigger=self._trigger,

@@ -1,0 +1,32 @@
+"""One SparkSession for the whole test session (Spark start-up costs seconds)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from microbatch import StreamingSession, embedded_spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = embedded_spark(conf={"spark.sql.shuffle.partitions": "2",
+                                   "spark.default.parallelism": "2"})
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def ss(spark):
+    return StreamingSession(spark)
+
+
+@pytest.fixture(autouse=True)
+def stop_queries_after_test(request):
+    yield
+    if "ss" in request.fixturenames:
+        session = request.getfixturevalue("ss")
+        for query in session.streams.active:
+            query.stop()
+        session.streams.resetTerminated()
