@@ -41,18 +41,21 @@ def test_stateless_query_with_stop_and_restart_mid_stream(ss):
 def test_processing_time_trigger_follows_the_manual_clock(ss):
     ms = MemoryStream(ss, "value INT")
     clock = ManualClock()
+    waiting = lambda q: clock.wait_for_waiter(30)  # noqa: E731 - the stream blocks on the clock
     test_stream(ms.toDF(), "append", [
         StartStream(trigger="10 seconds", clock=clock),
+        AssertOnQuery(waiting, "first trigger at t=0 found no data; next one is at 10 s"),
         AddData(ms, 1),
+        AssertOnQuery(lambda q: waiting(q) and q.lastProgress is None, "nothing ran yet"),
         AdvanceManualClock(10_000),
         CheckAnswer(1),
         AddData(ms, 2),
         # the next trigger is due at 20 s: nothing runs until the clock gets there
-        AssertOnQuery(lambda q: (clock.wait_for_waiter(10) and
-                                 q.lastProgress["batchId"] == 0), "still on batch 0"),
+        AssertOnQuery(lambda q: waiting(q) and q.lastProgress["batchId"] == 0, "still on batch 0"),
         AdvanceManualClock(10_000),
         CheckNewAnswer(2),
-        AssertOnQuery(lambda q: q.lastProgress["timestamp"] == "1970-01-01T00:00:20.000Z"),
+        AssertOnQuery(lambda q: [p["timestamp"] for p in q.recentProgress] ==
+                      ["1970-01-01T00:00:10.000Z", "1970-01-01T00:00:20.000Z"]),
     ])
 
 

@@ -44,13 +44,13 @@ class ManualClock(Clock):
             return self._time
 
     def advance(self, ms: int) -> None:
-        with self._cond:
-            self._time += ms
-            self._cond.notify_all()
+        self.set_time(self.get_time_millis() + ms)
 
     def set_time(self, time_ms: int) -> None:
         with self._cond:
             self._time = time_ms
+            if self._waiting_for is not None and self._time >= self._waiting_for:
+                self._waiting_for = None  # released: a waiter is no longer waiting from now on
             self._cond.notify_all()
 
     def is_waiting(self) -> bool:
@@ -60,11 +60,11 @@ class ManualClock(Clock):
 
     def wait_till_time(self, target_ms: int, interrupt: threading.Event) -> bool:
         with self._cond:
-            self._waiting_for = target_ms
             try:
                 while self._time < target_ms:
                     if interrupt.is_set():
                         return False
+                    self._waiting_for = target_ms
                     self._cond.wait(0.05)
                 return True
             finally:
