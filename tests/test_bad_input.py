@@ -1,0 +1,167 @@
+"""Bad input: a clear error naming the problem and the fix, and nothing lost."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from pyspark.errors import AnalysisException as PySparkAnalysisException
+from pyspark.sql import functions as F
+
+from microbatch import (AnalysisException, IllegalArgumentException, MemoryStream,
+                        StreamingQueryException, UnsupportedOperationError)
+from microbatch.checkpoint.fs import LOCAL
+
+
+def rate(ss, **options):
+    reader = ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 5)
+    return reader.options(**options).load()
+
+
+def test_unknown_format_and_planned_formats(ss):
+    with pytest.raises(AnalysisException, match="DATA_SOURCE_NOT_FOUND.*nosuch"):
+        ss.readStream.format("nosuch").load()
+    with pytest.raises(UnsupportedOperationError, match="'kafka' is not supported by microbatch yet"):
+        ss.readStream.format("kafka").load()
+    with pytest.raises(AnalysisException, match="DATA_SOURCE_NOT_FOUND.*nosink"):
+        rate(ss).writeStream.format("nosink").start()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"rowsPerBatch": "0"}, "'rowsPerBatch' must be positive"),
+    ({"rowsPerBatch": "ten"}, "expected an integer"),
+    ({"numPartitions": "-1"}, "'numPartitions' must be positive"),
+    ({"advanceMillisPerBatch": "-5"}, "'advanceMillisPerBatch' must be non-negative"),
+])
+def test_invalid_source_options(ss, options, message):
+    with pytest.raises(IllegalArgumentException, match=message):
+        rate(ss, **options)
+    with pytest.raises(ValueError):  # also a ValueError, for plain Python callers
+        rate(ss, **options)
+
+
+def test_rate_rejects_a_schema(ss):
+    with pytest.raises(AnalysisException, match="does not support a user-specified schema"):
+        ss.readStream.format("rate").schema("a INT").load()
+
+
+def test_definition_errors_come_where_the_step_is_written(ss):
+    frame = rate(ss)
+    with pytest.raises(PySparkAnalysisException):  # Spark's own analysis error
+        frame.select("no_such_column")
+    with pytest.raises(UnsupportedOperationError, match="not support yet"):
+        frame.groupBy("value")
+    with pytest.raises(UnsupportedOperationError, match="dropDuplicates"):
+        frame.dropDuplicates(["value"])
+    with pytest.raises(UnsupportedOperationError, match="stream-stream join"):
+        frame.join(rate(ss), "value")
+    with pytest.raises(UnsupportedOperationError):
+        frame.limit(3)
+    with pytest.raises(AnalysisException, match="must be executed with writeStream.start"):
+        frame.count()
+    with pytest.raises(AnalysisException, match="Union between streaming and batch"):
+        frame.union(ss.spark.range(3))
+    with pytest.raises(AnalysisException, match="RightOuter join with a streaming DataFrame"):
+        frame.join(ss.spark.range(3).withColumnRenamed("id", "value"), "value", "right")
+    with pytest.raises(IllegalArgumentException, match="delay threshold"):
+        frame.withWatermark("timestamp", "ten minutes")
+    with pytest.raises(AnalysisException, match="Sorting is not supported"):
+        frame.orderBy("value")
+
+
+def test_output_mode_and_trigger_errors(ss):
+    with pytest.raises(AnalysisException, match="Unknown output mode bogus"):
+        rate(ss).writeStream.outputMode("bogus")
+    with pytest.raises(AnalysisException, match="Complete output mode not supported when there are "
+                                                "no streaming aggregations"):
+        rate(ss).writeStream.format("console").outputMode("complete").start()
+    with pytest.raises(IllegalArgumentException, match="Only one trigger"):
+        rate(ss).writeStream.trigger(once=True, availableNow=True)
+    with pytest.raises(IllegalArgumentException, match="Continuous"):
+        rate(ss).writeStream.trigger(continuous="1 second")
+    with pytest.raises(IllegalArgumentException, match="Invalid processingTime"):
+        rate(ss).writeStream.trigger(processingTime="often")
+
+
+def test_checkpoint_location_rules(ss, tmp_path):
+    with pytest.raises(AnalysisException, match="checkpointLocation must be specified"):
+        _start_without_checkpoint(rate(ss))
+    # console, memory, foreachBatch may run without one, on a temporary checkpoint deleted on stop
+    ms = MemoryStream(ss, "v INT")
+    query = ms.toDF().writeStream.foreachBatch(lambda df, i: None).start()
+    location = query.checkpointLocation
+    ms.add_data([1])
+    query.processAllAvailable()
+    assert os.path.exists(os.path.join(location, "commits", "0"))
+    query.stop()
+    assert not os.path.exists(location)
+    with pytest.raises(AnalysisException, match="queryName must be specified for memory sink"):
+        rate(ss).writeStream.format("memory").start()
+
+
+def _start_without_checkpoint(frame):
+    from microbatch.sinks import register_sink
+    from microbatch.sinks.noop import NoopSinkProvider
+
+    class StrictNoop(NoopSinkProvider):
+        short_name = "strict-noop"
+        allows_temporary_checkpoint = False
+
+    register_sink(StrictNoop())
+    return frame.writeStream.format("strict-noop").start()
+
+
+def test_two_active_queries_cannot_share_a_name_or_a_checkpoint(ss, tmp_path):
+    first = rate(ss).writeStream.format("noop").queryName("dup").trigger(processingTime="1 hour") \
+        .option("checkpointLocation", str(tmp_path / "a")).start()
+    with pytest.raises(IllegalArgumentException, match="name dup as a query with that name is already active"):
+        rate(ss).writeStream.format("noop").queryName("dup") \
+            .option("checkpointLocation", str(tmp_path / "b")).start()
+    with pytest.raises(IllegalArgumentException, match="another query with same id is already active"):
+        rate(ss).writeStream.format("noop").option("checkpointLocation", str(tmp_path / "a")).start()
+    assert first.isActive
+    first.stop()
+
+
+def test_checkpoint_of_another_query_is_refused_and_kept(ss, tmp_path):
+    checkpoint = str(tmp_path)
+    rate(ss).writeStream.format("noop").option("checkpointLocation", checkpoint) \
+        .trigger(once=True).start().awaitTermination()
+    before = {name: open(os.path.join(checkpoint, "offsets", name)).read()
+              for name in os.listdir(os.path.join(checkpoint, "offsets"))}
+    two_sources = rate(ss).union(rate(ss))
+    query = two_sources.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
+    with pytest.raises(StreamingQueryException,
+                       match=r"There are \[1\] sources in the checkpoint offsets and now there are \[2\]"):
+        query.awaitTermination(60)
+    after = {name: open(os.path.join(checkpoint, "offsets", name)).read()
+             for name in os.listdir(os.path.join(checkpoint, "offsets"))}
+    assert after == before
+
+
+def test_unreadable_offsets_file_fails_with_its_name(ss, tmp_path):
+    checkpoint = str(tmp_path)
+    rate(ss).writeStream.format("noop").option("checkpointLocation", checkpoint) \
+        .trigger(once=True).start().awaitTermination()
+    with open(os.path.join(checkpoint, "offsets", "0"), "w") as f:
+        f.write("v1\n{broken")
+    query = rate(ss).writeStream.format("noop").option("checkpointLocation", checkpoint).start()
+    with pytest.raises(StreamingQueryException, match="offsets/0"):
+        query.awaitTermination(60)
+    assert open(os.path.join(checkpoint, "offsets", "0")).read() == "v1\n{broken"
+
+
+def test_another_writer_of_the_same_batch_fails_loudly(ss, tmp_path):
+    """A second run that plans the batch another run already logged: Spark's message."""
+    ms = MemoryStream(ss, "v INT")
+    checkpoint = str(tmp_path)
+    ms.add_data([1])
+    query = ms.toDF().writeStream.format("noop").option("checkpointLocation", checkpoint).start()
+    query.processAllAvailable()
+    # another process planned batch 1 behind this run's back
+    LOCAL.create(os.path.join(checkpoint, "offsets", "1"), "v1\n{}\n0")
+    ms.add_data([2])
+    with pytest.raises(StreamingQueryException,
+                       match="Concurrent update to the log. Multiple streaming jobs detected for 1"):
+        query.awaitTermination(60)
+    assert open(os.path.join(checkpoint, "offsets", "1")).read() == "v1\n{}\n0"

@@ -1,0 +1,109 @@
+"""Progress dicts with Spark's field names; listener events; status; query ids."""
+from __future__ import annotations
+
+import json
+
+from microbatch import MemoryStream, StreamingQueryListener
+from microbatch.cli.main import main as cli_main
+
+PROGRESS_FIELDS = ["id", "runId", "name", "timestamp", "batchId", "batchDuration", "numInputRows",
+                   "inputRowsPerSecond", "processedRowsPerSecond", "durationMs", "stateOperators",
+                   "sources", "sink"]
+PHASES = {"latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets",
+          "triggerExecution"}
+
+
+class Recorder(StreamingQueryListener):
+    def __init__(self):
+        self.events = []
+
+    def onQueryStarted(self, event):
+        self.events.append(("started", event))
+
+    def onQueryProgress(self, event):
+        self.events.append(("progress", event))
+
+    def onQueryIdle(self, event):
+        self.events.append(("idle", event))
+
+    def onQueryTerminated(self, event):
+        self.events.append(("terminated", event))
+
+
+def test_progress_has_sparks_fields_and_listener_gets_every_event(ss, tmp_path):
+    recorder = Recorder()
+    ss.streams.addListener(recorder)
+    try:
+        ms = MemoryStream(ss, "v INT")
+        query = (ms.toDF().writeStream.format("memory").queryName("progress_test")
+                 .option("checkpointLocation", str(tmp_path)).start())
+        assert query.status["message"] in ("Waiting for data to arrive", "Waiting for next trigger",
+                                           "Getting offsets from MemoryStream[v]", "Initializing sources")
+        ms.add_data([1, 2, 3])
+        query.processAllAvailable()
+        ms.add_data([4])
+        query.processAllAvailable()
+        assert sorted(r.v for r in ss.spark.sql("select * from progress_test").collect()) == [1, 2, 3, 4]
+        query.stop()
+        ss.streams._wait_for_listeners()
+    finally:
+        ss.streams.removeListener(recorder)
+
+    progress = query.recentProgress
+    assert [p["batchId"] for p in progress] == [0, 1]
+    last = query.lastProgress
+    assert list(last) == PROGRESS_FIELDS
+    assert set(last["durationMs"]) == PHASES
+    assert last["numInputRows"] == 1 and progress[0]["numInputRows"] == 3
+    source = last["sources"][0]
+    assert source["description"] == "MemoryStream[v]"
+    assert (source["startOffset"], source["endOffset"], source["latestOffset"]) == (0, 1, 1)
+    assert last["sink"] == {"description": "MemorySink", "numOutputRows": 1}
+    json.dumps(last)  # plain data, like Spark's progress JSON
+
+    kinds = [k for k, _ in recorder.events]
+    assert kinds[0] == "started" and kinds[-1] == "terminated"
+    assert [e.progress["batchId"] for k, e in recorder.events if k == "progress"] == [0, 1]
+    started, terminated = recorder.events[0][1], recorder.events[-1][1]
+    assert (started.id, started.runId, started.name) == (query.id, query.runId, "progress_test")
+    assert (terminated.id, terminated.runId, terminated.exception) == (query.id, query.runId, None)
+    assert not query.isActive and query.status["isTriggerActive"] is False
+
+
+def test_idle_event_when_no_data(ss, tmp_path):
+    recorder = Recorder()
+    ss.streams.addListener(recorder)
+    try:
+        ms = MemoryStream(ss, "v INT")
+        query = ms.toDF().writeStream.format("noop").option("checkpointLocation", str(tmp_path)).start()
+        query.processAllAvailable()
+        query.stop()
+        ss.streams._wait_for_listeners()
+    finally:
+        ss.streams.removeListener(recorder)
+    idle = [e for k, e in recorder.events if k == "idle"]
+    assert idle and idle[0].id == query.id and idle[0].timestamp.endswith("Z")
+    assert query.recentProgress == []  # no batch ran
+
+
+def test_query_manager_active_get_and_await_any_termination(ss, tmp_path):
+    ms = MemoryStream(ss, "v INT")
+    query = ms.toDF().writeStream.format("noop").option("checkpointLocation", str(tmp_path)).start()
+    assert ss.streams.get(query.id) is query and query in ss.streams.active
+    assert ss.streams.awaitAnyTermination(0.1) is False
+    query.stop()
+    assert ss.streams.awaitAnyTermination(10) is True
+    assert ss.streams.get(query.id) is None
+    ss.streams.resetTerminated()
+    assert ss.streams.awaitAnyTermination(0.1) is False
+
+
+def test_checkpoint_show_cli(ss, tmp_path, capsys):
+    ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 3).load() \
+        .writeStream.format("noop").option("checkpointLocation", str(tmp_path)).trigger(once=True) \
+        .start().awaitTermination()
+    (tmp_path / "commits" / "0").unlink()
+    assert cli_main(["checkpoint", "show", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "batch 0: NOT committed (re-run on restart)" in out
+    assert "source 0: {'offset': 3, 'timestamp': 1000}" in out
