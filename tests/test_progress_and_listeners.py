@@ -107,3 +107,21 @@ def test_checkpoint_show_cli(ss, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "batch 0: NOT committed (re-run on restart)" in out
     assert "source 0: {'offset': 3, 'timestamp': 1000}" in out
+
+
+class UncountedMemoryStream(MemoryStream):
+    """A source whose offsets do not tell its row count (like a file source)."""
+
+    def num_rows(self, start, end):
+        return None
+
+
+def test_input_rows_are_counted_when_the_source_cannot_tell(ss, tmp_path):
+    ms = UncountedMemoryStream(ss, "v INT")
+    query = ms.toDF().filter("v > 1").writeStream.format("noop") \
+        .option("checkpointLocation", str(tmp_path)).start()
+    ms.add_data([1, 2, 3, 4])
+    query.processAllAvailable()
+    query.stop()
+    assert query.lastProgress["numInputRows"] == 4
+    assert query.lastProgress["sources"][0]["numInputRows"] == 4

@@ -109,6 +109,7 @@ class MicroBatchExecution(StreamExecution):
         self._incremental: IncrementalExecution | None = None
         self._last_batch_stats: tuple[list[dict], dict] | None = None
         self.last_batch_df: DataFrame | None = None
+        self._described_batch: int | None = None
         if isinstance(trigger, ProcessingTime):
             self.trigger_executor = ProcessingTimeExecutor(trigger, self.clock, self.interrupt)
         elif isinstance(trigger, Once):
@@ -188,8 +189,9 @@ class MicroBatchExecution(StreamExecution):
             if self.current_batch_id < 0:
                 self.populate_start_offsets()
                 log.info("Stream started from %s", self.committed_offsets)
-            sc = self.spark.sparkContext
-            sc.setJobDescription(self.batch_description(self.current_batch_id))
+            if self._described_batch != self.current_batch_id:  # one py4j call per batch, not per poll
+                self.spark.sparkContext.setJobDescription(self.batch_description(self.current_batch_id))
+                self._described_batch = self.current_batch_id
             if not self.is_current_batch_constructed:
                 self.is_current_batch_constructed = self.construct_next_batch()
             # recordTriggerOffsets: what progress reports as this trigger's range
@@ -220,9 +222,6 @@ class MicroBatchExecution(StreamExecution):
 
     def _finish_trigger(self, executed: bool) -> None:
         sources, sink = self._last_batch_stats if executed and self._last_batch_stats else ([], {})
-        if not executed:
-            sources = [self._source_progress(i, 0) for i in range(len(self.sources))]
-            sink = self._sink_progress()
         kind, payload = self.progress.finish_trigger(executed, self.current_batch_id, sources, sink)
         self._last_batch_stats = None
         self.report(kind, payload)

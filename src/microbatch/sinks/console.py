@@ -22,7 +22,7 @@ class ConsoleSink(Sink):
         df.show(self.num_rows, self.truncate)
 
     def __str__(self) -> str:
-        return f"org.apache.spark.sql.execution.streaming.ConsoleTable$@microbatch[numRows={self.num_rows}]"
+        return f"ConsoleSink[numRows={self.num_rows}, truncate={str(self.truncate).lower()}]"
 
 
 class ConsoleSinkProvider(SinkProvider):
