@@ -33,8 +33,6 @@ _STATIC_JOIN_TYPES = {
     "leftsemi": "semi", "left_semi": "semi", "anti": "anti", "leftanti": "anti", "left_anti": "anti",
 }
 _UNSUPPORTED_STREAM_LEFT = {"full": "FullOuter", "right": "RightOuter"}
-_UNSUPPORTED_STREAM_RIGHT = {"full": "FullOuter", "left": "LeftOuter", "semi": "LeftSemi",
-                             "anti": "LeftAnti"}
 
 
 class StreamFrame:
@@ -226,19 +224,6 @@ class StreamFrame:
 
     def crossJoin(self, other: Any) -> "StreamFrame":
         return self.join(other, how="cross")
-
-    def join_static_left(self, static: DataFrame, on: Any = None, how: str | None = None) -> "StreamFrame":
-        """``static.join(stream)``: the stream on the right (PySpark cannot dispatch that)."""
-        kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
-        if kind is None:
-            raise IllegalArgumentException(f"Unsupported join type '{how}'.")
-        if kind in _UNSUPPORTED_STREAM_RIGHT:
-            raise AnalysisException(
-                f"{_UNSUPPORTED_STREAM_RIGHT[kind]} join with a streaming DataFrame/Dataset on the "
-                "right and a static DataFrame/Dataset on the left not supported")
-        template = static.join(self._template, on, how)
-        node = StaticJoin(self._plan, static, on, how or "inner", "right")
-        return StreamFrame(self._session, node, template)
 
     # -- event time ---------------------------------------------------------------
     def withWatermark(self, eventTime: str, delayThreshold: str) -> "StreamFrame":

@@ -37,9 +37,6 @@ class CheckpointFileSystem:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
-    def is_dir(self, path: str) -> bool:
-        return os.path.isdir(path)
-
     def mkdirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
 

@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 _relation_ids = itertools.count()
@@ -176,7 +176,3 @@ class Watermark(PlanNode):
     def describe(self) -> str:
         return f"EventTimeWatermark {self.event_time}, {self.delay}"
 
-
-def empty_inputs(spark: SparkSession, plan: PlanNode) -> dict[StreamingRelation, DataFrame]:
-    """One empty DataFrame per relation, to build the plan's template."""
-    return {r: spark.createDataFrame([], r.schema) for r in plan.relations()}
