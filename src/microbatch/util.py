@@ -1,6 +1,7 @@
 """Small helpers shared by every layer: Spark's duration strings, case-insensitive options."""
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Iterator, Mapping
 
@@ -59,15 +60,23 @@ _TIME_SUFFIX_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000,
                    "h": 3_600_000, "d": 86_400_000}
 
 
-def time_string_as_seconds(text: str) -> int:
-    """Spark's ``JavaUtils.timeStringAsSec``: ``"5s"``, ``"2m"``, or a bare number of seconds."""
+def _time_string_ms(text: str, bare_unit_ms: int) -> float:
     m = _TIME_STRING.match(str(text).lower())
     if not m or (m.group(2) and m.group(2) not in _TIME_SUFFIX_MS):
         raise ValueError(
             f"Invalid time string '{text}'. Use a number with an optional suffix "
             "(us, ms, s, m, min, h, d), e.g. '5s'.")
-    ms = int(m.group(1)) * (_TIME_SUFFIX_MS[m.group(2)] if m.group(2) else 1000)
-    return int(ms // 1000)
+    return int(m.group(1)) * (_TIME_SUFFIX_MS[m.group(2)] if m.group(2) else bare_unit_ms)
+
+
+def time_string_as_seconds(text: str) -> int:
+    """Spark's ``JavaUtils.timeStringAsSec``: ``"5s"``, ``"2m"``, or a bare number of seconds."""
+    return int(_time_string_ms(text, 1000) // 1000)
+
+
+def time_string_as_ms(text: str) -> int:
+    """Spark's ``JavaUtils.timeStringAsMs``: ``"7d"``, ``"10s"``, or a bare number of ms."""
+    return int(_time_string_ms(text, 1))
 
 
 class CaseInsensitiveOptions(Mapping[str, str]):
@@ -121,3 +130,22 @@ def option_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def conf_bool(spark: Any, key: str, default: bool) -> bool:
+    """A boolean Spark SQL conf of ``spark`` (a SparkSession)."""
+    return str(spark.conf.get(key, str(default).lower())).strip().lower() == "true"
+
+
+def local_path(path: str, what: str) -> str:
+    """An absolute local path from a path or ``file:`` URI; other schemes get a clear error."""
+    if path.startswith("file:"):
+        path = path[len("file:"):]
+        if path.startswith("//"):
+            path = path[2:]
+    elif "://" in path:
+        from microbatch.errors import UnsupportedOperationError
+        raise UnsupportedOperationError(
+            f"The {what} path '{path}' is not on the local file system. microbatch's file "
+            "source and sink read and write local paths (or file: URIs) only for now.")
+    return os.path.abspath(os.path.expanduser(path))

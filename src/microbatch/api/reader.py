@@ -63,7 +63,7 @@ class DataStreamReader:
         provider = lookup_source(name)
         opts = CaseInsensitiveOptions(self._options)
         try:
-            resolved = provider.resolve_schema(opts, self._schema)
+            resolved = provider.resolve_schema(self._session.spark, opts, self._schema)
         except (ValueError, ArithmeticError) as e:
             if isinstance(e, IllegalArgumentException):
                 raise
@@ -72,7 +72,8 @@ class DataStreamReader:
         return StreamFrame.from_relation(self._session, relation)
 
     def _file(self, fmt: str, path: str, **options: Any) -> "StreamFrame":
-        return self.format(fmt).load(path, **options)
+        # PySpark's shortcuts take every reader option as a keyword defaulting to None
+        return self.format(fmt).load(path, **{k: v for k, v in options.items() if v is not None})
 
     def text(self, path: str, **options: Any) -> "StreamFrame":
         return self._file("text", path, **options)

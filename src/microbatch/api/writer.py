@@ -136,7 +136,7 @@ class DataStreamWriter:
             provider = lookup_sink(name)
             checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
             context = SinkContext(spark, opts, self._output_mode, self._frame.schema,
-                                  self._query_name, self._partition_by, self._extra)
+                                  self._query_name, self._partition_by, self._extra, self._fs)
             try:
                 sink = provider.create(context)
             except ValueError as e:

@@ -296,7 +296,7 @@ class MicroBatchExecution(StreamExecution):
             for i, source in enumerate(self.sources):
                 progress.update_status_message(f"Getting offsets from {source}")
                 latest = self._latest_offset(i, source)
-                self.latest_offsets[i] = latest
+                self.latest_offsets[i] = source.report_latest_offset(latest)
                 if latest is not None:
                     self.available_offsets[i] = latest
         self.offset_seq_metadata = OffsetSeqMetadata(
@@ -418,4 +418,8 @@ class MicroBatchExecution(StreamExecution):
                 "numInputRows": rows, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0}
 
     def _sink_progress(self) -> dict:
-        return {"description": str(self.sink), "numOutputRows": self.sink.last_num_output_rows}
+        progress = {"description": str(self.sink), "numOutputRows": self.sink.last_num_output_rows}
+        metrics = self.sink.progress_metrics()
+        if metrics:
+            progress["metrics"] = metrics
+        return progress

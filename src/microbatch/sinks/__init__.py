@@ -4,13 +4,14 @@ from __future__ import annotations
 from microbatch.errors import AnalysisException, UnsupportedOperationError
 from microbatch.sinks.base import SinkProvider
 from microbatch.sinks.console import ConsoleSinkProvider
+from microbatch.sinks.file import PROVIDERS as FILE_SINK_PROVIDERS
 from microbatch.sinks.foreach import ForeachSinkProvider
 from microbatch.sinks.foreach_batch import ForeachBatchSinkProvider
 from microbatch.sinks.memory import MemorySinkProvider
 from microbatch.sinks.noop import NoopSinkProvider
 
 _PROVIDERS: dict[str, SinkProvider] = {}
-_PLANNED = {"text", "csv", "json", "parquet", "orc", "kafka", "delta"}
+_PLANNED = {"kafka", "delta"}
 
 
 def register_sink(provider: SinkProvider) -> None:
@@ -33,5 +34,5 @@ def lookup_sink(name: str) -> SinkProvider:
 
 
 for _provider in (ConsoleSinkProvider(), MemorySinkProvider(), ForeachBatchSinkProvider(),
-                  ForeachSinkProvider(), NoopSinkProvider()):
+                  ForeachSinkProvider(), NoopSinkProvider(), *FILE_SINK_PROVIDERS):
     register_sink(_provider)

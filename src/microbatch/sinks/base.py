@@ -16,6 +16,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.util import CaseInsensitiveOptions
 
 
@@ -25,6 +26,10 @@ class Sink(ABC):
 
     #: rows written by the last batch, or -1 when the sink does not know (Spark's numOutputRows)
     last_num_output_rows: int = -1
+
+    def progress_metrics(self) -> dict[str, str]:
+        """Extra figures for the progress ``sink.metrics`` map (Spark omits it when empty)."""
+        return {}
 
     def stop(self) -> None:
         pass
@@ -42,6 +47,7 @@ class SinkContext:
     query_name: str | None
     partition_by: list[str]
     extra: dict[str, Any]           # foreach / foreachBatch functions
+    fs: CheckpointFileSystem = LOCAL  # for logs a sink keeps (the file sink's _spark_metadata)
 
 
 class SinkProvider(ABC):

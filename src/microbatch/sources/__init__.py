@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from microbatch.errors import AnalysisException, UnsupportedOperationError
 from microbatch.sources.base import SourceProvider
+from microbatch.sources.file import PROVIDERS as FILE_SOURCE_PROVIDERS
 from microbatch.sources.rate import RateSourceProvider
 from microbatch.sources.rate_micro_batch import RateMicroBatchSourceProvider
 
 _PROVIDERS: dict[str, SourceProvider] = {}
-_PLANNED = {"text", "csv", "json", "parquet", "orc", "kafka", "socket", "delta"}
+_PLANNED = {"kafka", "socket", "delta"}
 
 
 def register_source(provider: SourceProvider) -> None:
@@ -29,5 +30,5 @@ def lookup_source(name: str) -> SourceProvider:
         f"with your Spark version. microbatch knows: {', '.join(sorted(_PROVIDERS))}.")
 
 
-register_source(RateSourceProvider())
-register_source(RateMicroBatchSourceProvider())
+for _provider in (RateSourceProvider(), RateMicroBatchSourceProvider(), *FILE_SOURCE_PROVIDERS):
+    register_source(_provider)

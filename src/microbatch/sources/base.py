@@ -51,6 +51,11 @@ class ReadMaxFiles(ReadLimit):
     files: int
 
 
+@dataclass(frozen=True)
+class ReadMaxBytes(ReadLimit):
+    bytes: int
+
+
 ALL_AVAILABLE = ReadAllAvailable()
 
 
@@ -81,6 +86,12 @@ class Source(ABC):
         """Rows in ``(start, end]`` if the offsets tell it; None makes the engine count."""
         return None
 
+    def report_latest_offset(self, latest: Any) -> Any:
+        """What progress shows as ``latestOffset``. Spark shows the answer of sources
+        without admission control and null for those with it (file, rate-micro-batch),
+        unless they report one."""
+        return latest
+
     def prepare_for_trigger_available_now(self) -> None:
         """Fix the end of the data an AvailableNow run will read."""
 
@@ -110,7 +121,7 @@ class SourceProvider(ABC):
     short_name: str = ""
 
     @abstractmethod
-    def resolve_schema(self, options: CaseInsensitiveOptions,
+    def resolve_schema(self, spark: SparkSession, options: CaseInsensitiveOptions,
                        user_schema: StructType | None) -> StructType:
         """Validate options and return the stream's schema (called by ``load()``)."""
 

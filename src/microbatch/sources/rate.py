@@ -137,7 +137,7 @@ class RateSourceProvider(SourceProvider):
                 f"Invalid value '{num_partitions}'. The option 'numPartitions' must be positive")
         return rows_per_second, ramp_up, num_partitions
 
-    def resolve_schema(self, options, user_schema):
+    def resolve_schema(self, spark, options, user_schema):
         reject_user_schema("rate", user_schema)
         self._parse(options, 1)
         return RATE_SCHEMA

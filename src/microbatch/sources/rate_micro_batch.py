@@ -48,6 +48,9 @@ class RateMicroBatchSource(Source):
     def initial_offset(self) -> Any:
         return {"offset": 0, "timestamp": self.start_timestamp}
 
+    def report_latest_offset(self, latest: Any) -> Any:
+        return None  # as Spark's (admission control, no reportLatestOffset)
+
     def prepare_for_trigger_available_now(self) -> None:
         self._available_now = True
 
@@ -106,7 +109,7 @@ class RateMicroBatchSourceProvider(SourceProvider):
                              "must be non-negative")
         return rows_per_batch, num_partitions, start_timestamp, advance
 
-    def resolve_schema(self, options, user_schema):
+    def resolve_schema(self, spark, options, user_schema):
         reject_user_schema("rate-micro-batch", user_schema)
         self._parse(options, 1)
         return RATE_SCHEMA

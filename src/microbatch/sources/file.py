@@ -1,0 +1,620 @@
+"""File sources: ``text``, ``csv``, ``json``, ``parquet``, ``orc`` over a directory (Spark's FileStreamSource).
+
+How a batch is made:
+
+1. ``latest_offset`` lists the path (glob patterns, ``key=value`` partition
+   directories, hidden and ``_``-prefixed names skipped), keeps the files not seen
+   before and not older than ``maxFileAge`` behind the newest file, sorts them by
+   modification time (newest first with ``latestFirst``), takes what the read limit
+   allows (``maxFilesPerTrigger`` or ``maxBytesPerTrigger``), and records them as
+   the next batch of the source log ``<checkpoint>/sources/<i>/`` before answering
+   ``{"logOffset":N}``. The log is written before the offset log, so a file is
+   never taken twice nor skipped, whatever crashes.
+2. ``get_batch((a, b])`` reads exactly the files the log lists for batches
+   ``a+1..b`` with Spark's batch reader, the stream's schema and every reader
+   option (``mode``, ``columnNameOfCorruptRecord``, ``multiLine``, ``sep``, ...).
+3. ``commit(b)`` applies ``cleanSource`` (``delete``, or ``archive`` into
+   ``sourceArchiveDir``) to the files of batch ``b``, which the query has committed.
+
+A directory written by a file sink (it has ``_spark_metadata``) is listed through
+that log, so only files of committed batches are read.
+
+Replayable: the same range always reads the same files, as long as they exist.
+"""
+from __future__ import annotations
+
+import fnmatch
+import glob as globlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from pyspark.errors import AnalysisException as PySparkAnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructField, StructType
+
+from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR, FileEntry,
+                                                   FileStreamSinkLog, FileStreamSourceLog,
+                                                   live_files, path_to_uri)
+from microbatch.errors import (AnalysisException, IllegalArgumentException,
+                               UnsupportedOperationError)
+from microbatch.sources.base import (ALL_AVAILABLE, ReadAllAvailable, ReadLimit, ReadMaxBytes,
+                                     ReadMaxFiles, Source, SourceContext, SourceProvider)
+from microbatch.util import CaseInsensitiveOptions, conf_bool, local_path, time_string_as_ms
+
+log = logging.getLogger(__name__)
+
+_GLOB_CHARS = set("{}[]*?\\")
+#: Options of the stream itself; the rest go to Spark's batch reader.
+_STREAM_OPTIONS = {"path", "maxfilespertrigger", "maxbytespertrigger", "latestfirst",
+                   "filenameonly", "maxfileage", "cleansource", "sourcearchivedir",
+                   "maxcachedfiles", "discardcachedinputratio"}
+
+
+def is_glob_path(path: str) -> bool:
+    return any(c in _GLOB_CHARS for c in path)
+
+
+# -- options -------------------------------------------------------------------
+@dataclass(frozen=True)
+class FileStreamOptions:
+    """The stream's own options, validated with Spark's messages (FileStreamOptions)."""
+
+    max_files_per_trigger: int | None
+    max_bytes_per_trigger: int | None
+    max_file_age_ms: int
+    latest_first: bool
+    file_name_only: bool
+    clean_source: str              # off | delete | archive
+    source_archive_dir: str | None
+    max_cached_files: int
+    discard_cached_input_ratio: float
+
+    @classmethod
+    def parse(cls, options: CaseInsensitiveOptions) -> "FileStreamOptions":
+        for banned in ("modifiedBefore", "modifiedAfter"):
+            if banned in options:
+                raise IllegalArgumentException(
+                    f"option '{banned}' is not allowed in file stream sources")
+
+        def positive(name: str) -> int | None:
+            if name not in options:
+                return None
+            raw = options[name]
+            try:
+                value = int(str(raw).strip())
+            except ValueError:
+                value = 0
+            if value <= 0:
+                raise IllegalArgumentException(
+                    f"Invalid value '{raw}' for option '{name}', must be a positive integer")
+            return value
+
+        def boolean(name: str) -> bool:
+            if name not in options:
+                return False
+            raw = str(options[name]).strip().lower()
+            if raw not in ("true", "false"):
+                raise IllegalArgumentException(
+                    f"Invalid value '{options[name]}' for option '{name}', must be 'true' or 'false'")
+            return raw == "true"
+
+        max_files = positive("maxFilesPerTrigger")
+        max_bytes = positive("maxBytesPerTrigger")
+        if max_files is not None and max_bytes is not None:
+            raise IllegalArgumentException(
+                "Options 'maxFilesPerTrigger' and 'maxBytesPerTrigger' can't be both set at the same time")
+        try:
+            max_age = time_string_as_ms(options["maxFileAge"]) if "maxFileAge" in options else 7 * 86_400_000
+        except ValueError as e:
+            raise IllegalArgumentException(f"Invalid value for option 'maxFileAge': {e}") from None
+        clean = str(options["cleanSource"]).strip().lower() if "cleanSource" in options else "off"
+        if clean not in ("off", "delete", "archive"):
+            raise IllegalArgumentException(
+                f"Invalid mode for clean source option Some({options['cleanSource']}). "
+                "Must be one of ARCHIVE,DELETE,OFF")
+        archive_dir = options["sourceArchiveDir"] if "sourceArchiveDir" in options else None
+        if clean == "archive" and not archive_dir:
+            raise IllegalArgumentException("Archive mode must be used with 'sourceArchiveDir' option.")
+        cached = 10000
+        if "maxCachedFiles" in options:
+            try:
+                cached = int(options["maxCachedFiles"])
+            except ValueError:
+                cached = -1
+            if cached < 0:
+                raise IllegalArgumentException(
+                    f"Invalid value '{options['maxCachedFiles']}' for option 'maxCachedFiles', "
+                    "must be an integer greater than or equal to 0")
+        ratio = 0.2
+        if "discardCachedInputRatio" in options:
+            try:
+                ratio = float(options["discardCachedInputRatio"])
+            except ValueError:
+                ratio = -1.0
+            if not 0 <= ratio <= 1:
+                raise IllegalArgumentException(
+                    f"Invalid value '{options['discardCachedInputRatio']}' for option "
+                    "'discardCachedInputRatio', must be a positive float between 0 and 1")
+        return cls(max_files, max_bytes, max_age, boolean("latestFirst"), boolean("fileNameOnly"),
+                   clean, archive_dir, cached, ratio)
+
+
+def reader_options(options: CaseInsensitiveOptions) -> dict[str, str]:
+    """The options Spark's batch reader gets: everything but the stream's own."""
+    return {k: v for k, v in options.as_dict().items() if k.lower() not in _STREAM_OPTIONS}
+
+
+# -- listing -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ListedFile:
+    path: str           # absolute local path
+    size: int
+    mtime_ms: int
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Hadoop glob braces: ``a{b,c}d`` -> ``abd``, ``acd`` (nested allowed)."""
+    depth = 0
+    start = -1
+    for i, ch in enumerate(pattern):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                body, parts, level, last = pattern[start + 1:i], [], 0, 0
+                for j, c in enumerate(body):
+                    if c == "{":
+                        level += 1
+                    elif c == "}":
+                        level -= 1
+                    elif c == "," and level == 0:
+                        parts.append(body[last:j])
+                        last = j + 1
+                parts.append(body[last:])
+                head, tail = pattern[:start], pattern[i + 1:]
+                return [x for p in parts for x in expand_braces(head + p + tail)]
+    return [pattern]
+
+
+def _to_python_glob(pattern: str) -> str:
+    return pattern.replace("[^", "[!")
+
+
+def is_hidden(name: str) -> bool:
+    """Spark's rule for names a file index skips."""
+    return ((name.startswith("_") and "=" not in name) or name.startswith(".")
+            or name.endswith("._COPYING_"))
+
+
+def _walk(directory: str) -> Iterator[ListedFile]:
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if is_hidden(entry.name):
+            continue
+        try:
+            if entry.is_dir():
+                yield from _walk(entry.path)
+            else:
+                st = entry.stat()
+                yield ListedFile(entry.path, st.st_size, st.st_mtime_ns // 1_000_000)
+        except FileNotFoundError:
+            continue  # removed while listing
+
+
+def list_input_files(path: str, path_glob_filter: str | None = None) -> list[ListedFile]:
+    """Every data file under ``path`` (a directory, a file or a glob pattern)."""
+    if is_glob_path(path):
+        roots = sorted({m for p in expand_braces(path)
+                        for m in globlib.glob(_to_python_glob(p))})
+    else:
+        roots = [path]
+    files: list[ListedFile] = []
+    for root in roots:
+        if os.path.isdir(root):
+            files.extend(_walk(root))
+        elif os.path.isfile(root) and not is_hidden(os.path.basename(root)):
+            st = os.stat(root)
+            files.append(ListedFile(root, st.st_size, st.st_mtime_ns // 1_000_000))
+    if path_glob_filter:
+        patterns = [_to_python_glob(p) for p in expand_braces(path_glob_filter)]
+        files = [f for f in files
+                 if any(fnmatch.fnmatchcase(os.path.basename(f.path), p) for p in patterns)]
+    return files
+
+
+def has_sink_metadata(spark: SparkSession, path: str) -> bool:
+    """True when ``path`` is a directory a file sink writes (it has ``_spark_metadata``)."""
+    if conf_bool(spark, "spark.sql.streaming.fileStreamSink.ignoreMetadata", False):
+        return False
+    return (not is_glob_path(path) and os.path.isdir(path)
+            and os.path.isdir(os.path.join(path, SINK_METADATA_DIR)))
+
+
+def sink_log_reader(spark: SparkSession, output_path: str) -> FileStreamSinkLog:
+    """Open a file sink's ``_spark_metadata`` log for reading."""
+    return FileStreamSinkLog(
+        os.path.join(output_path, SINK_METADATA_DIR),
+        default_compact_interval=int(spark.conf.get(
+            "spark.sql.streaming.fileSink.log.compactInterval", "10")),
+        deleting_expired=False)
+
+
+# -- seen files ----------------------------------------------------------------
+class SeenFilesMap:
+    """The files taken so far, forgotten once ``max_age_ms`` older than the newest one."""
+
+    def __init__(self, max_age_ms: int, file_name_only: bool):
+        self.max_age_ms = max_age_ms
+        self.file_name_only = file_name_only
+        self._map: dict[str, int] = {}
+        self.latest_timestamp = 0
+        self.last_purge_timestamp = 0
+
+    def _key(self, uri: str) -> str:
+        return uri.rsplit("/", 1)[-1] if self.file_name_only else uri
+
+    def add(self, uri: str, timestamp: int) -> None:
+        self._map[self._key(uri)] = timestamp
+        self.latest_timestamp = max(self.latest_timestamp, timestamp)
+
+    def is_new_file(self, uri: str, timestamp: int) -> bool:
+        return timestamp >= self.last_purge_timestamp and self._key(uri) not in self._map
+
+    def purge(self) -> int:
+        self.last_purge_timestamp = self.latest_timestamp - self.max_age_ms
+        old = [k for k, t in self._map.items() if t < self.last_purge_timestamp]
+        for k in old:
+            del self._map[k]
+        return len(old)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+
+# -- cleanSource -----------------------------------------------------------------
+def _path_components(path: str) -> list[str]:
+    return [c for c in path.split("/") if c]
+
+
+class SourceFileCleaner:
+    """``cleanSource``: delete or archive files of committed batches. Failures only warn."""
+
+    def __init__(self, mode: str, source_path: str, archive_dir: str | None):
+        self.mode = mode
+        self.archive_dir = local_path(archive_dir, "sourceArchiveDir") if archive_dir else None
+        if self.archive_dir is not None:
+            self._check_archive_dir(source_path)
+
+    def _check_archive_dir(self, source_path: str) -> None:
+        src, arc = _path_components(source_path), _path_components(self.archive_dir)
+        depth = min(len(src), len(arc))
+        if all(fnmatch.fnmatchcase(a, s) for s, a in zip(src[:depth], arc[:depth])):
+            raise IllegalArgumentException(
+                "Base archive path cannot be set to the path where archived path can possibly "
+                "match with source pattern. Ensure the base archive path doesn't match with "
+                f"source pattern in depth, where the depth is minimum of depth on both paths. "
+                f"(source: {source_path}, sourceArchiveDir: {self.archive_dir})")
+
+    def clean(self, entry: FileEntry) -> None:
+        current = entry.local_path
+        if self.mode == "delete":
+            log.debug("Removing completed file %s", current)
+            try:
+                os.remove(current)
+            except FileNotFoundError:
+                log.debug("Completed file %s is already gone", current)
+            except OSError as e:
+                log.warning("Fail to remove %s / skip removing file. (%s)", current, e)
+            return
+        target = self.archive_dir.rstrip("/") + current
+        try:
+            if not os.path.exists(current):
+                log.debug("Completed file %s is already gone", current)
+                return
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            log.debug("Archiving completed file %s to %s", current, target)
+            os.rename(current, target)
+        except OSError as e:
+            log.warning("Fail to move %s to %s / skip moving file. (%s)", current, target, e)
+
+
+# -- the source ------------------------------------------------------------------
+def _log_offset(offset: Any) -> int:
+    if offset is None:
+        return -1
+    if isinstance(offset, int):
+        return offset
+    try:
+        return int(offset["logOffset"])
+    except (TypeError, KeyError, ValueError):
+        raise AnalysisException(
+            f"The offset {offset!r} is not a file source offset ({{\"logOffset\":N}}); the "
+            "checkpoint belongs to a query with a different source.") from None
+
+
+class FileStreamSource(Source):
+    supports_available_now = True
+
+    def __init__(self, context: SourceContext, fmt: str, path: str, schema: StructType,
+                 options: CaseInsensitiveOptions):
+        spark = context.spark
+        self._spark = spark
+        self.format = fmt
+        self.path = path
+        self._schema = schema
+        self.options = FileStreamOptions.parse(options)
+        self._path_glob_filter = options["pathGlobFilter"] if "pathGlobFilter" in options else None
+        self._ignore_missing = (options.get_bool("ignoreMissingFiles", False) if "ignoreMissingFiles" in options
+                                else conf_bool(spark, "spark.sql.files.ignoreMissingFiles", False))
+        inner = reader_options(options)
+        if not is_glob_path(path) and os.path.isdir(path):
+            inner["basePath"] = path
+        inner["__globPaths__"] = "false"  # file names are names, not patterns
+        self._reader_options = inner
+        self.metadata_log = FileStreamSourceLog(
+            context.metadata_path, context.fs,
+            default_compact_interval=int(spark.conf.get(
+                "spark.sql.streaming.fileSource.log.compactInterval", "10")),
+            cleanup_delay_ms=time_string_as_ms(spark.conf.get(
+                "spark.sql.streaming.fileSource.log.cleanupDelay", "10m")),
+            deleting_expired=conf_bool(spark, "spark.sql.streaming.fileSource.log.deletion", True),
+            min_batches_to_retain=int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100")))
+        latest = self.metadata_log.get_latest_batch_id()
+        self.current_log_offset = -1 if latest is None else latest
+        opts = self.options
+        if opts.latest_first:
+            log.warning("'latestFirst' is true. New files will be processed first, which may "
+                        "affect the watermark\nvalue. In addition, 'maxFileAge' will be ignored.")
+        self.max_file_age_ms = (2**63 - 1 if opts.latest_first and (
+            opts.max_files_per_trigger or opts.max_bytes_per_trigger) else opts.max_file_age_ms)
+        if opts.file_name_only:
+            log.warning("'fileNameOnly' is enabled. Make sure your file names are unique (e.g. "
+                        "using UUID), otherwise, files with the same name but under different "
+                        "paths will be considered the same and causes data lost.")
+        self.seen_files = SeenFilesMap(self.max_file_age_ms, opts.file_name_only)
+        for entry in self.metadata_log.all_files():
+            self.seen_files.add(entry.path, entry.timestamp)
+        self.seen_files.purge()
+        self.source_has_metadata: bool | None = False if is_glob_path(path) else None
+        self.cleaner = (SourceFileCleaner(opts.clean_source, path, opts.source_archive_dir)
+                        if opts.clean_source != "off" else None)
+        self._unread_files: list[ListedFile] | None = None
+        self._available_now_files: list[ListedFile] | None = None
+        log.info("maxFilesPerBatch = %s, maxBytesPerBatch = %s, maxFileAgeMs = %d",
+                 opts.max_files_per_trigger, opts.max_bytes_per_trigger, self.max_file_age_ms)
+
+    @property
+    def schema(self) -> StructType:
+        return self._schema
+
+    def __str__(self) -> str:
+        return f"FileStreamSource[file:{self.path}]"
+
+    def initial_offset(self) -> Any:
+        return None
+
+    def report_latest_offset(self, latest: Any) -> Any:
+        return None  # as Spark's file source (admission control, no reportLatestOffset)
+
+    def default_read_limit(self) -> ReadLimit:
+        if self.options.max_files_per_trigger:
+            return ReadMaxFiles(self.options.max_files_per_trigger)
+        if self.options.max_bytes_per_trigger:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ALL_AVAILABLE
+
+    def prepare_for_trigger_available_now(self) -> None:
+        self._available_now_files = self.fetch_all_files()
+
+    # -- listing ------------------------------------------------------------
+    def fetch_all_files(self) -> list[ListedFile]:
+        """All files of the path, oldest first (newest first with ``latestFirst``)."""
+        if self.source_has_metadata is None:
+            if has_sink_metadata(self._spark, self.path):
+                self._set_has_metadata()
+        if self.source_has_metadata:
+            files = self._files_from_sink_log()
+        else:
+            files = list_input_files(self.path, self._path_glob_filter)
+            if files and self.source_has_metadata is None:
+                # The sink may have created its log after the check above.
+                if has_sink_metadata(self._spark, self.path):
+                    self._set_has_metadata()
+                    files = self._files_from_sink_log()
+                else:
+                    self.source_has_metadata = False
+        if self.options.latest_first:
+            files.sort(key=lambda f: (-f.mtime_ms, f.path))
+        else:
+            files.sort(key=lambda f: (f.mtime_ms, f.path))
+        return files
+
+    def _set_has_metadata(self) -> None:
+        if self.cleaner is not None:
+            raise UnsupportedOperationError(
+                "Cleaning up source files is not supported when reading from the output "
+                f"directory of FileStreamSink ('{self.path}' has {SINK_METADATA_DIR}). Remove "
+                "the cleanSource option.")
+        self.source_has_metadata = True
+
+    def _files_from_sink_log(self) -> list[ListedFile]:
+        reader = sink_log_reader(self._spark, self.path)
+        return [ListedFile(e.local_path, e.size, e.modificationTime)
+                for e in live_files(reader.all_files())]
+
+    # -- offsets ------------------------------------------------------------
+    def latest_offset(self, start: Any, limit: ReadLimit) -> Any:
+        offset = self._fetch_max_offset(limit)
+        return None if offset == -1 else {"logOffset": offset}
+
+    def _fetch_max_offset(self, limit: ReadLimit) -> int:
+        if self._unread_files:
+            new_files = self._unread_files
+        else:
+            candidates = (self._available_now_files if self._available_now_files is not None
+                          else self.fetch_all_files())
+            new_files = [f for f in candidates
+                         if self.seen_files.is_new_file(path_to_uri(f.path), f.mtime_ms)]
+        should_cache = not self.options.latest_first and self._available_now_files is None
+        ratio = self.options.discard_cached_input_ratio
+        unselected: list[ListedFile] | None = None
+        if isinstance(limit, ReadMaxFiles):
+            batch = new_files[:limit.files]
+            if should_cache:
+                rest = new_files[limit.files:]
+                unselected = None if len(rest) < limit.files * ratio else rest
+        elif isinstance(limit, ReadMaxBytes):
+            batch, rest = self._take_until_max_bytes(new_files, limit.bytes)
+            if should_cache:
+                unselected = None if sum(f.size for f in rest) < limit.bytes * ratio else rest
+        elif isinstance(limit, ReadAllAvailable):
+            batch = new_files
+        else:
+            raise ValueError(f"The file source does not understand the read limit {limit}")
+        if unselected and self.options.max_cached_files > 0:
+            self._unread_files = unselected[:self.options.max_cached_files]
+        else:
+            self._unread_files = None
+        for f in batch:
+            self.seen_files.add(path_to_uri(f.path), f.mtime_ms)
+            log.debug("New file: %s", f.path)
+        self.seen_files.purge()
+        if batch:
+            next_offset = self.current_log_offset + 1
+            entries = [FileEntry(path_to_uri(f.path), f.mtime_ms, next_offset) for f in batch]
+            if not self.metadata_log.add(next_offset, entries):
+                raise IllegalArgumentException(
+                    "Concurrent update to the log. Multiple streaming jobs detected for "
+                    f"{next_offset} (file source log '{self.metadata_log.path}'). Another run of "
+                    "this query owns the checkpoint.")
+            self.current_log_offset = next_offset
+            log.info("Log offset set to %d with %d new files", next_offset, len(batch))
+        return self.current_log_offset
+
+    @staticmethod
+    def _take_until_max_bytes(files: list[ListedFile], max_bytes: int
+                              ) -> tuple[list[ListedFile], list[ListedFile]]:
+        """The first file always; then files while the total stays within ``max_bytes``."""
+        taken: list[ListedFile] = []
+        rest: list[ListedFile] = []
+        size = 0
+        for i, f in enumerate(files):
+            if i == 0 or (not rest and size + f.size <= max_bytes):
+                taken.append(f)
+                size += f.size
+            else:
+                rest.append(f)
+        return taken, rest
+
+    # -- data ---------------------------------------------------------------
+    def get_batch(self, start: Any, end: Any) -> DataFrame:
+        start_offset, end_offset = _log_offset(start), _log_offset(end)
+        assert start_offset <= end_offset, f"{start_offset} > {end_offset}"
+        entries = self.metadata_log.files_in_range(start_offset + 1, end_offset)
+        log.info("Processing %d files from %d:%d", len(entries), start_offset + 1, end_offset)
+        paths = [e.local_path for e in entries]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            if not self._ignore_missing:
+                shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                raise FileNotFoundError(
+                    f"[FILE_SOURCE_MISSING_FILE] The file source '{self.path}' listed {shown} for "
+                    f"log batches {start_offset + 1}..{end_offset} ({self.metadata_log.path}), but "
+                    "the file no longer exists. Restore the file, or set the option "
+                    "ignoreMissingFiles=true to skip files removed after they were listed.")
+            log.warning("Skipping %d missing file(s) (ignoreMissingFiles): %s", len(missing), missing[:5])
+            paths = [p for p in paths if p not in set(missing)]
+        if not paths:
+            return self._spark.createDataFrame([], self._schema)
+        reader = (self._spark.read.format(self.format).schema(self._schema)
+                  .options(**self._reader_options))
+        if self._ignore_missing:
+            reader = reader.option("ignoreMissingFiles", "true")
+        df = reader.load(["file://" + p for p in paths])
+        if df.columns != self._schema.fieldNames():
+            # e.g. partition directories that appeared after the stream's schema was fixed
+            df = df.select(*self._schema.fieldNames())
+        return df
+
+    def commit(self, end: Any) -> None:
+        if self.cleaner is None:
+            return
+        log_offset = _log_offset(end)
+        if log_offset < 0:
+            return
+        for entry in self.metadata_log.files_in_range(log_offset, log_offset):
+            if entry.batchId == log_offset:
+                self.cleaner.clean(entry)
+
+
+# -- providers -------------------------------------------------------------------
+def _nullable(schema: StructType) -> StructType:
+    return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields])
+
+
+class FileSourceProvider(SourceProvider):
+    """``readStream.format(<fmt>)`` for one file format."""
+
+    def __init__(self, fmt: str):
+        self.short_name = fmt
+
+    def _path(self, options: CaseInsensitiveOptions) -> str:
+        if "path" not in options:
+            raise IllegalArgumentException(
+                f"'path' is not specified. Give the directory to watch: "
+                f"readStream.format('{self.short_name}').load('/path/to/dir').")
+        return local_path(options["path"], "input")
+
+    def resolve_schema(self, spark: SparkSession, options: CaseInsensitiveOptions,
+                       user_schema: StructType | None) -> StructType:
+        path = self._path(options)
+        FileStreamOptions.parse(options)
+        glob = is_glob_path(path)
+        if not glob and not os.path.exists(path):
+            raise AnalysisException(
+                f"[PATH_NOT_FOUND] Path does not exist: {path}. The file source watches an "
+                "existing directory: create it first (it may be empty).")
+        inference = conf_bool(spark, "spark.sql.streaming.schemaInference", False)
+        self_describing = self.short_name in ("parquet", "orc")
+        if user_schema is None and not inference and self.short_name != "text":
+            if not self_describing or not list_input_files(path):
+                raise IllegalArgumentException(
+                    "Schema must be specified when creating a streaming source DataFrame. If "
+                    "some files already exist in the directory, then depending on the file "
+                    "format you may be able to create a static DataFrame on that directory "
+                    "with 'spark.read.load(directory)' and infer schema from it. (Or set "
+                    "spark.sql.streaming.schemaInference=true.)")
+        if glob and not list_input_files(path):
+            if user_schema is None and self.short_name != "text":
+                raise AnalysisException(
+                    f"Unable to infer schema for {self.short_name.upper()}: no file matches "
+                    f"'{path}' yet. It must be specified manually with .schema(...).")
+            schema = user_schema if user_schema is not None else StructType.fromDDL("value STRING")
+            return _nullable(schema)
+        # Spark's batch reader does the same inference Spark's file stream does: the
+        # data schema (given or inferred) plus the partition columns of the directory.
+        reader = spark.read.format(self.short_name).options(**reader_options(options))
+        if user_schema is not None:
+            reader = reader.schema(user_schema)
+        try:
+            schema = reader.load(path if glob else "file://" + path).schema
+        except PySparkAnalysisException as e:
+            raise AnalysisException(f"{e} (file source '{path}')") from e
+        if conf_bool(spark, "spark.sql.streaming.fileSource.schema.forceNullable", True):
+            schema = _nullable(schema)
+        return schema
+
+    def create(self, context: SourceContext, options: CaseInsensitiveOptions,
+               schema: StructType) -> Source:
+        return FileStreamSource(context, self.short_name, self._path(options), schema, options)
+
+
+PROVIDERS = [FileSourceProvider(fmt) for fmt in FILE_FORMATS]
