@@ -1,0 +1,287 @@
+"""The file source: Spark's schema rules, listing, read limits, options, clean-up, bad input."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from file_inputs import BASE_MTIME, write_json_files
+from microbatch.checkpoint.fs import FailingFileSystem
+from microbatch.errors import (AnalysisException, IllegalArgumentException,
+                               StreamingQueryException, UnsupportedOperationError)
+from microbatch.sinks.memory import MemorySink
+
+
+def run(frame, ckpt, sink=None, fs=None, trigger=None):
+    """Run ``frame`` with availableNow into a MemorySink; return the sink and the query."""
+    sink = sink or MemorySink(frame._session.spark, frame.schema, "append")
+    writer = frame.writeStream.sink(sink).option("checkpointLocation", str(ckpt))
+    writer = writer.trigger(**(trigger or {"availableNow": True}))
+    if fs is not None:
+        writer = writer.fileSystem(fs)
+    query = writer.start()
+    query.awaitTermination(120)
+    return sink, query
+
+
+def ids(rows):
+    return sorted(r["id"] for r in rows)
+
+
+def write_lines(path, lines, mtime=None):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+# -- schema -----------------------------------------------------------------------
+def test_schema_rules_match_sparks_own_file_stream(ss, spark, tmp_path):
+    src = tmp_path / "in"
+    write_lines(str(src / "k=1" / "a.json"), ['{"id": 1, "name": "a"}'])
+    write_lines(str(src / "k=2" / "b.json"), ['{"id": 2, "name": "b"}'])
+    cases = [("json", "id INT, name STRING"), ("json", "k STRING, id INT"), ("text", None)]
+    for fmt, schema in cases:
+        ours = ss.readStream.format(fmt)
+        theirs = spark.readStream.format(fmt)
+        if schema:
+            ours, theirs = ours.schema(schema), theirs.schema(schema)
+        assert ours.load(str(src)).schema == theirs.load(str(src)).schema, (fmt, schema)
+    with pytest.raises(IllegalArgumentException, match="Schema must be specified when creating a streaming source"):
+        ss.readStream.format("json").load(str(src))
+    spark.conf.set("spark.sql.streaming.schemaInference", "true")
+    try:
+        assert (ss.readStream.json(str(src)).schema
+                == spark.readStream.json(str(src)).schema)
+    finally:
+        spark.conf.unset("spark.sql.streaming.schemaInference")
+
+
+def test_parquet_takes_the_files_schema(ss, spark, tmp_path):
+    src = tmp_path / "pq"
+    spark.range(3).selectExpr("id", "CAST(id AS STRING) AS s").write.parquet(str(src))
+    assert ss.readStream.parquet(str(src)).schema.simpleString() == "struct<id:bigint,s:string>"
+    sink, _ = run(ss.readStream.parquet(str(src)), tmp_path / "ckpt")
+    assert ids(sink.all_data()) == [0, 1, 2]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(IllegalArgumentException, match="Schema must be specified"):
+        ss.readStream.parquet(str(empty))
+
+
+def test_missing_path_and_bad_options_fail_at_load(ss, tmp_path):
+    with pytest.raises(AnalysisException, match=r"\[PATH_NOT_FOUND\] Path does not exist: .*nope"):
+        ss.readStream.schema("id INT").json(str(tmp_path / "nope"))
+    # A glob that matches nothing yet is fine, as in Spark.
+    assert ss.readStream.schema("id INT").json(str(tmp_path / "later-*")).schema.fieldNames() == ["id"]
+    bad = [({"maxFilesPerTrigger": "0"}, "Invalid value '0' for option 'maxFilesPerTrigger', must be a positive integer"),
+           ({"maxBytesPerTrigger": "x"}, "Invalid value 'x' for option 'maxBytesPerTrigger'"),
+           ({"maxFilesPerTrigger": "1", "maxBytesPerTrigger": "10"}, "can't be both set at the same time"),
+           ({"cleanSource": "shred"}, "Invalid mode for clean source option"),
+           ({"cleanSource": "archive"}, "Archive mode must be used with 'sourceArchiveDir' option"),
+           ({"latestFirst": "yes"}, "Invalid value 'yes' for option 'latestFirst', must be 'true' or 'false'"),
+           ({"modifiedBefore": "2020-01-01T00:00:00"}, "option 'modifiedBefore' is not allowed in file stream sources")]
+    for options, message in bad:
+        with pytest.raises(IllegalArgumentException, match=message.replace("(", r"\(").replace(")", r"\)")):
+            ss.readStream.schema("id INT").options(**options).json(str(tmp_path))
+    with pytest.raises(UnsupportedOperationError, match="not on the local file system"):
+        ss.readStream.schema("id INT").json("s3a://bucket/in")
+
+
+# -- listing ----------------------------------------------------------------------
+def test_hidden_files_globs_and_partition_columns(ss, tmp_path):
+    src = tmp_path / "in"
+    write_lines(str(src / "k=1" / "a.json"), ['{"id": 1}'])
+    write_lines(str(src / "k=2" / "b.json"), ['{"id": 2}'])
+    write_lines(str(src / "k=2" / "c.txt"), ['{"id": 3}'])
+    for hidden in ("_tmp.json", ".hidden.json", "k=1/_SUCCESS", "k=1/d.json._COPYING_", "_staging/e.json"):
+        write_lines(str(src / hidden), ['{"id": 99}'])
+    frame = ss.readStream.schema("id INT").json(str(src))
+    assert frame.schema.simpleString() == "struct<id:int,k:int>"
+    sink, _ = run(frame, tmp_path / "c1")
+    assert sorted((r.id, r.k) for r in sink.all_data()) == [(1, 1), (2, 2), (3, 2)]
+    sink, _ = run(ss.readStream.schema("id INT").json(str(src / "k=*" / "*.json")), tmp_path / "c2")
+    assert ids(sink.all_data()) == [1, 2]
+    sink, _ = run(ss.readStream.schema("id INT").option("pathGlobFilter", "*.txt").json(str(src)), tmp_path / "c3")
+    assert ids(sink.all_data()) == [3]
+    sink, _ = run(ss.readStream.schema("id INT").json(str(src / "k={1,3}")), tmp_path / "c4")
+    assert ids(sink.all_data()) == [1]
+
+
+def test_restart_never_rereads_nor_skips_a_file(ss, tmp_path):
+    src, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    rows = write_json_files(src, 0, 3)
+    frame = ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(str(src))
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    run(frame, ckpt, sink)
+    assert sink.batch_ids() == [0, 1, 2]
+    rows += write_json_files(src, 3, 2)
+    # The offset log write of the next batch fails after the source logged its files...
+    failing = FailingFileSystem(lambda op, path: path.endswith("/offsets/3"))
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        run(frame, ckpt, sink, fs=failing)
+    assert os.path.exists(ckpt / "sources" / "0" / "3") and not os.path.exists(ckpt / "offsets" / "3")
+    # ...and the next run takes those files, and the next one, exactly once.
+    run(frame, ckpt, sink)
+    assert ids(sink.all_data()) == sorted(r["id"] for r in rows)
+    # Batch 3 reads source log batches 3 (logged by the failed run) and 4, as Spark would.
+    assert sink.batch_ids() == [0, 1, 2, 3] and ids(sink.batch(3)) == [300, 301, 302, 400, 401, 402]
+
+
+# -- read limits and options ----------------------------------------------------------
+def test_max_bytes_per_trigger_takes_at_least_one_file(ss, tmp_path):
+    src = tmp_path / "in"
+    write_json_files(src, 0, 5, rows_per_file=2)  # f000 is the smallest file
+    size = os.path.getsize(src / "f001.json")
+    frame = ss.readStream.schema("id INT, name STRING").option("maxBytesPerTrigger", 2 * size).json(str(src))
+    sink, query = run(frame, tmp_path / "ckpt")
+    assert [len(sink.batch(b)) for b in sink.batch_ids()] == [4, 4, 2]
+    frame = ss.readStream.schema("id INT, name STRING").option("maxBytesPerTrigger", 1).json(str(src))
+    sink, _ = run(frame, tmp_path / "ckpt2")
+    assert [len(sink.batch(b)) for b in sink.batch_ids()] == [2] * 5
+
+
+def test_latest_first_and_max_file_age(ss, tmp_path):
+    src = tmp_path / "in"
+    write_json_files(src, 0, 3, rows_per_file=1)
+    frame = ss.readStream.schema("id INT, name STRING").options(latestFirst=True, maxFilesPerTrigger=1).json(str(src))
+    sink, _ = run(frame, tmp_path / "c1")
+    assert [sink.batch(b)[0].id for b in sink.batch_ids()] == [200, 100, 0]
+
+    # maxFileAge counts back from the newest file seen: an old file arriving later is ignored.
+    frame = ss.readStream.schema("id INT, name STRING").option("maxFileAge", "2s").json(str(src))
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    run(frame, tmp_path / "c2", sink)
+    write_lines(str(src / "old.json"), ['{"id": 7}'], mtime=BASE_MTIME - 10)
+    write_lines(str(src / "new.json"), ['{"id": 8}'], mtime=BASE_MTIME + 10)
+    run(frame, tmp_path / "c2", sink)
+    assert ids(sink.all_data()) == [0, 8, 100, 200]
+
+
+def test_file_name_only(ss, tmp_path):
+    src = tmp_path / "in"
+    write_lines(str(src / "a" / "x.json"), ['{"id": 1}'], mtime=BASE_MTIME)
+    frame = ss.readStream.schema("id INT").option("fileNameOnly", True).json(str(src / "*"))
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    run(frame, tmp_path / "ckpt", sink)
+    write_lines(str(src / "b" / "x.json"), ['{"id": 2}'], mtime=BASE_MTIME + 1)
+    write_lines(str(src / "b" / "y.json"), ['{"id": 3}'], mtime=BASE_MTIME + 2)
+    run(frame, tmp_path / "ckpt", sink)
+    assert ids(sink.all_data()) == [1, 3]
+
+
+@pytest.mark.parametrize("mode", ["delete", "archive"])
+def test_clean_source_touches_only_committed_files(ss, tmp_path, mode):
+    src, archive = tmp_path / "in", tmp_path / "archive"
+    write_json_files(src, 0, 3, rows_per_file=1)
+    options = {"cleanSource": mode, "maxFilesPerTrigger": 1}
+    if mode == "archive":
+        options["sourceArchiveDir"] = str(archive)
+    frame = ss.readStream.schema("id INT, name STRING").options(**options).json(str(src))
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    run(frame, tmp_path / "ckpt", sink)
+    # Batches 0 and 1 were committed to the source when 1 and 2 were planned; batch 2
+    # is committed to it only when the next batch is planned (as in Spark).
+    assert sorted(os.listdir(src)) == ["f002.json"]
+    write_json_files(src, 3, 1, rows_per_file=1)
+    run(frame, tmp_path / "ckpt", sink)
+    assert sorted(os.listdir(src)) == ["f003.json"]
+    if mode == "archive":
+        assert sorted(os.listdir(str(archive) + str(src))) == ["f000.json", "f001.json", "f002.json"]
+    assert ids(sink.all_data()) == [0, 100, 200, 300]
+
+
+def test_archive_dir_inside_the_source_pattern_is_refused(ss, tmp_path):
+    src = tmp_path / "in"
+    write_json_files(src, 0, 1)
+    frame = (ss.readStream.schema("id INT, name STRING")
+             .options(cleanSource="archive", sourceArchiveDir=str(src / "archived")).json(str(src / "*")))
+    with pytest.raises(StreamingQueryException, match="Base archive path cannot be set to the path"):
+        run(frame, tmp_path / "ckpt")
+
+
+def test_reading_a_sink_output_sees_only_committed_files(ss, spark, tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    write_json_files(src, 0, 2)
+    query = (ss.readStream.schema("id INT, name STRING").json(str(src)).writeStream.format("parquet")
+             .option("checkpointLocation", str(tmp_path / "c1")).trigger(availableNow=True).start(str(out)))
+    query.awaitTermination(120)
+    spark.range(1000, 1005).selectExpr("CAST(id AS INT) id", "'stray' name").coalesce(1) \
+        .write.mode("append").parquet(str(out / "k=stray"))
+    spark.range(2000, 2005).selectExpr("CAST(id AS INT) id", "'stray' name").coalesce(1) \
+        .write.mode("append").parquet(str(tmp_path / "other"))
+    stray = [f for f in os.listdir(tmp_path / "other") if f.endswith(".parquet")][0]
+    os.rename(tmp_path / "other" / stray, out / stray)
+    frame = ss.readStream.schema("id INT, name STRING").parquet(str(out))
+    sink, _ = run(frame, tmp_path / "c2")
+    assert ids(sink.all_data()) == [0, 1, 2, 100, 101, 102]
+    with pytest.raises(StreamingQueryException, match="Cleaning up source files is not supported"):
+        run(ss.readStream.schema("id INT, name STRING").option("cleanSource", "delete").parquet(str(out)),
+            tmp_path / "c3")
+
+
+# -- bad input --------------------------------------------------------------------
+BAD_LINES = ['{"id": 1}', '{"id": "not a number"}', '{broken', '{"id": 4}']
+
+
+def test_malformed_records_follow_the_reader_mode(ss, spark, tmp_path):
+    src = tmp_path / "in"
+    write_lines(str(src / "a.json"), BAD_LINES)
+    schema = "id INT, _corrupt_record STRING"
+    sink, _ = run(ss.readStream.schema(schema).json(str(src)), tmp_path / "c1")
+    expected = spark.read.schema(schema).json(str(src)).collect()
+    assert sorted(map(tuple, sink.all_data()), key=str) == sorted(map(tuple, expected), key=str)
+    assert sum(r._corrupt_record is not None for r in sink.all_data()) == 2
+    sink, _ = run(ss.readStream.schema("id INT").option("mode", "DROPMALFORMED").json(str(src)), tmp_path / "c2")
+    assert ids(sink.all_data()) == [1, 4]
+
+
+def test_failfast_names_the_file_and_a_retry_after_the_fix_succeeds(ss, tmp_path):
+    src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    write_lines(str(src / "good.json"), ['{"id": 1}'], mtime=BASE_MTIME)
+    write_lines(str(src / "bad file.json"), BAD_LINES, mtime=BASE_MTIME + 1)
+
+    def start():
+        return (ss.readStream.schema("id INT").option("mode", "FAILFAST").json(str(src))
+                .writeStream.format("parquet").option("checkpointLocation", str(ckpt))
+                .trigger(availableNow=True).start(str(out)))
+
+    query = start()
+    with pytest.raises(StreamingQueryException) as failure:
+        query.awaitTermination(120)
+    message = str(failure.value)
+    assert "bad%20file.json" in message and "FAILFAST" in message, message
+    assert os.listdir(ckpt / "offsets") == ["0"] and os.listdir(ckpt / "commits") == []
+    assert os.listdir(out / "_spark_metadata") == []
+    write_lines(str(src / "bad file.json"), ['{"id": 2}'], mtime=BASE_MTIME + 1)
+    query = start()
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert ids(ss.spark.read.parquet(str(out)).collect()) == [1, 2]
+
+
+def test_vanished_file_is_a_clear_error_unless_ignore_missing_files(ss, tmp_path):
+    src, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    write_json_files(src, 0, 2, rows_per_file=1)
+    frame = ss.readStream.schema("id INT, name STRING").json(str(src))
+    failing = FailingFileSystem(lambda op, path: path.endswith("/commits/0"))
+    with pytest.raises(StreamingQueryException, match="injected failure"):
+        run(frame, ckpt, fs=failing)
+    os.remove(src / "f001.json")  # listed in sources/0/0, gone before batch 0 is re-run
+    with pytest.raises(StreamingQueryException, match=r"FILE_SOURCE_MISSING_FILE.*f001.json.*ignoreMissingFiles=true"):
+        run(frame, ckpt)
+    assert os.listdir(ckpt / "commits") == []
+    frame = ss.readStream.schema("id INT, name STRING").option("ignoreMissingFiles", True).json(str(src))
+    sink, query = run(frame, ckpt)
+    assert query.exception() is None and ids(sink.all_data()) == [0]
+
+
+def test_parquet_file_with_another_schema_names_the_file(ss, spark, tmp_path):
+    src = tmp_path / "pq"
+    spark.range(2).selectExpr("CAST(id AS STRING) AS id").coalesce(1).write.parquet(str(src / "batch1"))
+    with pytest.raises(StreamingQueryException) as failure:
+        run(ss.readStream.schema("id INT").parquet(str(src)), tmp_path / "ckpt")
+    message = str(failure.value)
+    assert "batch1/part-" in message and ".parquet" in message, message
