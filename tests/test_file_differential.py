@@ -82,3 +82,13 @@ def test_file_logs_match_sparks_own_engine(spark, ss, tmp_path):
 
     assert rows(ours / "out") == rows(theirs / "out")
     assert len(rows(ours / "out")) == 44  # two even ids in each of 22 files
+
+    # microbatch's file source reads Spark's sink output through its _spark_metadata log.
+    with open(theirs / "out" / "part-00000-00000000-0000-0000-0000-000000000000-c000.snappy.parquet", "wb") as f:
+        f.write(b"not parquet: a reader listing the directory would fail on this stray file")
+    frame = ss.readStream.schema("id INT, name STRING, double INT, bucket INT").parquet(str(theirs / "out"))
+    query = (frame.writeStream.format("memory").queryName("spark_sink_output")
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sorted(map(tuple, spark.table("spark_sink_output").collect())) == rows(ours / "out")

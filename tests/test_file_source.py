@@ -285,3 +285,17 @@ def test_parquet_file_with_another_schema_names_the_file(ss, spark, tmp_path):
         run(ss.readStream.schema("id INT").parquet(str(src)), tmp_path / "ckpt")
     message = str(failure.value)
     assert "batch1/part-" in message and ".parquet" in message, message
+
+
+def test_csv_and_text_sources_pass_reader_options(ss, tmp_path):
+    src = tmp_path / "csv"
+    write_lines(str(src / "a.csv"), ["id;name", "1;x", "2;y"])
+    frame = ss.readStream.csv(str(src), schema="id INT, name STRING", header=True, sep=";")
+    sink, _ = run(frame, tmp_path / "c1")
+    assert sorted(map(tuple, sink.all_data())) == [(1, "x"), (2, "y")]
+    text = tmp_path / "text"
+    write_lines(str(text / "a.txt"), ["first line", "second line"])
+    frame = ss.readStream.text(str(text))
+    assert frame.schema.simpleString() == "struct<value:string>"
+    sink, _ = run(frame, tmp_path / "c2")
+    assert sorted(r.value for r in sink.all_data()) == ["first line", "second line"]
