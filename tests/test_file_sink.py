@@ -114,6 +114,9 @@ def test_failed_log_write_leaves_output_as_it_was_and_restart_resumes(ss, spark,
     assert len(glob.glob(str(out / "part-*"))) > 2
     assert vanilla_rows(spark, out) == expected_rows(rows[:6])
     assert sorted(os.listdir(ckpt / "commits")) == ["0"]
+    dead_attempt = out / "_microbatch_staging" / "batch-1-dead"  # as a SIGKILLed writer leaves it
+    dead_attempt.mkdir(parents=True)
+    (dead_attempt / "part-00000-dead.snappy.parquet").write_bytes(b"partial")
     run_to_end(start_json_to_parquet(ss, src, out, ckpt))
     assert vanilla_rows(spark, out) == expected_rows(rows)
     assert not os.path.exists(out / "_microbatch_staging")

@@ -95,7 +95,7 @@ def test_hidden_files_globs_and_partition_columns(ss, tmp_path):
     src = tmp_path / "in"
     write_lines(str(src / "k=1" / "a.json"), ['{"id": 1}'])
     write_lines(str(src / "k=2" / "b.json"), ['{"id": 2}'])
-    write_lines(str(src / "k=2" / "c.txt"), ['{"id": 3}'])
+    write_lines(str(src / "k=2" / "c[1] {x}.txt"), ['{"id": 3}'])  # glob characters in a name
     for hidden in ("_tmp.json", ".hidden.json", "k=1/_SUCCESS", "k=1/d.json._COPYING_", "_staging/e.json"):
         write_lines(str(src / hidden), ['{"id": 99}'])
     frame = ss.readStream.schema("id INT").json(str(src))

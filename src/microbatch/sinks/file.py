@@ -17,7 +17,7 @@ and so does microbatch's file source.
 
 A crash before step 4 leaves files that no log lists: readers never see them and
 the engine re-runs batch N under new file names. Staging directories left by a
-crash are removed when the sink starts. The log's size is reported in progress
+crash are removed before the next batch is written. The log's size is reported in progress
 (``sink.metrics``); the ``retention`` option drops entries of files older than
 it at the next compaction, as in Spark.
 """
@@ -62,19 +62,29 @@ class FileStreamSink(Sink):
             min_batches_to_retain=int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100")),
             retention_ms=retention_ms)
         self.staging_root = os.path.join(path, STAGING_DIR)
-        self._remove_stale_staging()
         self._metrics: dict[str, str] = {}
 
-    def _remove_stale_staging(self) -> None:
-        if os.path.isdir(self.staging_root):
-            log.info("Removing staging directories of interrupted attempts under %s", self.staging_root)
-            shutil.rmtree(self.staging_root, ignore_errors=True)
+    def _remove_stale_staging(self, batch_id: int) -> None:
+        """Remove staging directories of earlier attempts of batches up to ``batch_id``:
+        with one writer per output directory, their writers are dead."""
+        for name in self._staging_names():
+            parts = name.split("-")
+            if len(parts) > 2 and parts[0] == "batch" and parts[1].isdigit() and int(parts[1]) <= batch_id:
+                log.info("Removing the staging directory of an interrupted attempt: %s", name)
+                shutil.rmtree(os.path.join(self.staging_root, name), ignore_errors=True)
+
+    def _staging_names(self) -> list[str]:
+        try:
+            return os.listdir(self.staging_root)
+        except FileNotFoundError:
+            return []
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         latest = self.file_log.get_latest_batch_id()
         if latest is not None and batch_id <= latest:
             log.info("Skipping already committed batch %d", batch_id)
             return
+        self._remove_stale_staging(batch_id)
         staging = os.path.join(self.staging_root, f"batch-{batch_id}-{uuid.uuid4()}")
         writer = df.write.format(self.format).options(**self.writer_options).mode("errorifexists")
         if self.partition_by:
@@ -90,7 +100,7 @@ class FileStreamSink(Sink):
         try:
             os.rmdir(self.staging_root)
         except OSError:
-            pass  # not empty: another attempt's leftovers, removed at the next start
+            pass  # not empty: leftovers of another attempt, removed before a later batch
         files, size = self.file_log.log_size()
         self._metrics = {"numOutputFiles": str(len(statuses)),
                          "metadataLogFiles": str(files), "metadataLogBytes": str(size)}
