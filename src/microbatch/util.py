@@ -118,7 +118,7 @@ class CaseInsensitiveOptions(Mapping[str, str]):
         value = str(self[key]).strip().lower()
         if value not in ("true", "false"):
             raise ValueError(
-                f"Invalid value '{self[key]}' for option '{key}': expected true or false.")
+                f"Invalid value '{self[key]}' for option '{key}', must be 'true' or 'false'")
         return value == "true"
 
     def as_dict(self) -> dict[str, str]:

@@ -78,30 +78,27 @@ class FileStreamOptions:
                 raise IllegalArgumentException(
                     f"option '{banned}' is not allowed in file stream sources")
 
-        def positive(name: str) -> int | None:
+        def number(name: str, convert, valid, default, requirement: str):
             if name not in options:
-                return None
+                return default
             raw = options[name]
             try:
-                value = int(str(raw).strip())
+                value = convert(str(raw).strip())
             except ValueError:
-                value = 0
-            if value <= 0:
+                value = None
+            if value is None or not valid(value):
                 raise IllegalArgumentException(
-                    f"Invalid value '{raw}' for option '{name}', must be a positive integer")
+                    f"Invalid value '{raw}' for option '{name}', must be {requirement}")
             return value
 
         def boolean(name: str) -> bool:
-            if name not in options:
-                return False
-            raw = str(options[name]).strip().lower()
-            if raw not in ("true", "false"):
-                raise IllegalArgumentException(
-                    f"Invalid value '{options[name]}' for option '{name}', must be 'true' or 'false'")
-            return raw == "true"
+            try:
+                return options.get_bool(name, False)
+            except ValueError as e:
+                raise IllegalArgumentException(str(e)) from None
 
-        max_files = positive("maxFilesPerTrigger")
-        max_bytes = positive("maxBytesPerTrigger")
+        max_files = number("maxFilesPerTrigger", int, lambda v: v > 0, None, "a positive integer")
+        max_bytes = number("maxBytesPerTrigger", int, lambda v: v > 0, None, "a positive integer")
         if max_files is not None and max_bytes is not None:
             raise IllegalArgumentException(
                 "Options 'maxFilesPerTrigger' and 'maxBytesPerTrigger' can't be both set at the same time")
@@ -117,26 +114,10 @@ class FileStreamOptions:
         archive_dir = options["sourceArchiveDir"] if "sourceArchiveDir" in options else None
         if clean == "archive" and not archive_dir:
             raise IllegalArgumentException("Archive mode must be used with 'sourceArchiveDir' option.")
-        cached = 10000
-        if "maxCachedFiles" in options:
-            try:
-                cached = int(options["maxCachedFiles"])
-            except ValueError:
-                cached = -1
-            if cached < 0:
-                raise IllegalArgumentException(
-                    f"Invalid value '{options['maxCachedFiles']}' for option 'maxCachedFiles', "
-                    "must be an integer greater than or equal to 0")
-        ratio = 0.2
-        if "discardCachedInputRatio" in options:
-            try:
-                ratio = float(options["discardCachedInputRatio"])
-            except ValueError:
-                ratio = -1.0
-            if not 0 <= ratio <= 1:
-                raise IllegalArgumentException(
-                    f"Invalid value '{options['discardCachedInputRatio']}' for option "
-                    "'discardCachedInputRatio', must be a positive float between 0 and 1")
+        cached = number("maxCachedFiles", int, lambda v: v >= 0, 10000,
+                        "an integer greater than or equal to 0")
+        ratio = number("discardCachedInputRatio", float, lambda v: 0 <= v <= 1, 0.2,
+                       "a positive float between 0 and 1")
         return cls(max_files, max_bytes, max_age, boolean("latestFirst"), boolean("fileNameOnly"),
                    clean, archive_dir, cached, ratio)
 
@@ -352,8 +333,8 @@ class FileStreamSource(Source):
         self._schema = schema
         self.options = FileStreamOptions.parse(options)
         self._path_glob_filter = options["pathGlobFilter"] if "pathGlobFilter" in options else None
-        self._ignore_missing = (options.get_bool("ignoreMissingFiles", False) if "ignoreMissingFiles" in options
-                                else conf_bool(spark, "spark.sql.files.ignoreMissingFiles", False))
+        self._ignore_missing = options.get_bool(
+            "ignoreMissingFiles", conf_bool(spark, "spark.sql.files.ignoreMissingFiles", False))
         inner = reader_options(options)
         if not is_glob_path(path) and os.path.isdir(path):
             inner["basePath"] = path
