@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Generic, Iterable, TypeVar
@@ -43,20 +44,20 @@ LOCAL_BLOCK_REPLICATION = 1
 LOCAL_BLOCK_SIZE = 33554432
 
 # java.net.URI leaves these unescaped in a path (unreserved, punct, '/', '@');
-# non-ASCII characters stay as they are, as in URI.toString.
-_URI_PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                           "_-!.~'()*,;:$&+=/@")
+# non-ASCII characters stay as they are, as in URI.toString, unless space or control.
+_URI_PATH_UNSAFE = re.compile(r"[^A-Za-z0-9_\-!.~'()*,;:$&+=/@]")
+
+
+def _escape(match: re.Match) -> str:
+    ch = match.group()
+    if ord(ch) > 127 and ch.isprintable() and not ch.isspace():
+        return ch
+    return "".join(f"%{b:02X}" for b in ch.encode("utf-8"))
 
 
 def path_to_uri(path: str) -> str:
     """``/in/a b.json`` -> ``file:///in/a%20b.json``, the string Spark logs for a local file."""
-    out = []
-    for ch in path:
-        if ch in _URI_PATH_SAFE or (ord(ch) > 127 and not ch.isspace() and ch.isprintable()):
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
-    return "file://" + "".join(out)
+    return "file://" + _URI_PATH_UNSAFE.sub(_escape, path)
 
 
 def uri_to_path(uri: str) -> str:
