@@ -586,7 +586,7 @@ class FileSourceProvider(SourceProvider):
         if user_schema is not None:
             reader = reader.schema(user_schema)
         try:
-            schema = reader.load(path if glob else "file://" + path).schema
+            schema = reader.load("file://" + path).schema
         except PySparkAnalysisException as e:
             raise AnalysisException(f"{e} (file source '{path}')") from e
         if conf_bool(spark, "spark.sql.streaming.fileSource.schema.forceNullable", True):
