@@ -92,3 +92,16 @@ def test_file_logs_match_sparks_own_engine(spark, ss, tmp_path):
     query.awaitTermination(120)
     assert query.exception() is None
     assert sorted(map(tuple, spark.table("spark_sink_output").collect())) == rows(ours / "out")
+
+
+def test_microbatch_continues_a_file_checkpoint_spark_wrote(spark, ss, tmp_path):
+    src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    rows = write_json_files(src, 0, 4)
+    run_query(spark, src, out, ckpt)            # Spark: batches 0 and 1
+    rows += write_json_files(src, 4, 3)
+    run_query(ss, src, out, ckpt)               # microbatch: batches 2 and 3, the new files only
+    assert log_names(ckpt / "commits") == ["0", "1", "2", "3"]
+    assert log_names(out / "_spark_metadata") == ["0", "1", "2", "3"]
+    assert read(ckpt / "sources" / "0" / "2").count("batchId") == 2
+    got = sorted(map(tuple, spark.read.parquet(str(out)).select("id", "name", "double", "bucket").collect()))
+    assert got == sorted((r["id"], r["name"], r["id"] * 2, r["id"] % 3) for r in rows if r["id"] % 2 == 0)
