@@ -1,0 +1,125 @@
+"""The state store contract (Spark's StateStore / StateStoreProvider, seed 002 section 3.1).
+
+A stateful operator keeps its state per ``(operator id, partition id)`` in a store
+versioned by batch: batch N reads version N and commits version N+1 (version 0
+is empty). Inside a Spark task the operator asks the provider for the store at
+version N, reads and changes keys, then ``commit()`` makes version N+1 durable,
+or ``abort()`` forgets the changes. A retried or speculative task may commit the
+same version again: it writes the same content, so that is harmless.
+
+Keys and values are tuples of plain Python values, in the order of the key and
+value schemas (``pyarrow.Schema``), so a store can write them as Arrow.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+Key = tuple
+Value = tuple
+
+
+@dataclass(frozen=True)
+class StateStoreId:
+    """Where one store lives: ``<checkpoint>/state/<operator>/<partition>[/<store name>]``."""
+
+    checkpoint_root: str        # <checkpoint>/state
+    operator_id: int
+    partition_id: int
+    store_name: str = "default"
+
+    @property
+    def path(self) -> str:
+        base = f"{self.checkpoint_root}/{self.operator_id}/{self.partition_id}"
+        return base if self.store_name == "default" else f"{base}/{self.store_name}"
+
+
+@dataclass(frozen=True)
+class StateStoreConf:
+    """The confs a store follows; built on the driver from the session, shipped to tasks."""
+
+    min_deltas_for_snapshot: int = 10       # spark.sql.streaming.stateStore.minDeltasForSnapshot
+    min_versions_to_retain: int = 100       # spark.sql.streaming.minBatchesToRetain
+    max_versions_in_memory: int = 2         # spark.sql.streaming.maxBatchesToRetainInMemory
+    compression: str = "lz4"                # spark.sql.streaming.stateStore.compression.codec
+
+    @classmethod
+    def from_session(cls, spark: Any) -> "StateStoreConf":
+        get = spark.conf.get
+        codec = get("spark.sql.streaming.stateStore.compression.codec", "lz4").lower()
+        return cls(
+            min_deltas_for_snapshot=int(get("spark.sql.streaming.stateStore.minDeltasForSnapshot", "10")),
+            min_versions_to_retain=int(get("spark.sql.streaming.minBatchesToRetain", "100")),
+            max_versions_in_memory=int(get("spark.sql.streaming.maxBatchesToRetainInMemory", "2")),
+            compression="zstd" if codec == "zstd" else "lz4")
+
+
+@dataclass
+class StateStoreMetrics:
+    """What a store reports after a commit (progress ``stateOperators``)."""
+
+    num_keys: int = 0
+    num_updated: int = 0
+    num_removed: int = 0
+    memory_used_bytes: int = 0
+    commit_time_ms: int = 0
+    custom: dict[str, int] = field(default_factory=dict)
+
+
+class StateStore(ABC):
+    """One version of one store, open for changes until ``commit()`` or ``abort()``."""
+
+    id: StateStoreId
+    version: int
+
+    @abstractmethod
+    def get(self, key: Key) -> Value | None: ...
+
+    @abstractmethod
+    def put(self, key: Key, value: Value) -> None: ...
+
+    @abstractmethod
+    def remove(self, key: Key) -> None: ...
+
+    @abstractmethod
+    def iterator(self) -> Iterator[tuple[Key, Value]]:
+        """Every key and value, this store's uncommitted changes included."""
+
+    @abstractmethod
+    def commit(self) -> int:
+        """Make the changes durable as version ``version + 1`` and return it."""
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+    @abstractmethod
+    def metrics(self) -> StateStoreMetrics: ...
+
+    @property
+    @abstractmethod
+    def has_committed(self) -> bool: ...
+
+
+class StateStoreProvider(ABC):
+    """Makes the stores of one ``StateStoreId``; one provider per executor process."""
+
+    def __init__(self, store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
+                 conf: StateStoreConf):
+        self.id = store_id
+        self.key_schema = key_schema
+        self.value_schema = value_schema
+        self.conf = conf
+
+    @abstractmethod
+    def get_store(self, version: int) -> StateStore:
+        """The store at ``version`` (0: empty), to change and commit as ``version + 1``."""
+
+    @abstractmethod
+    def do_maintenance(self) -> None:
+        """Snapshot and remove files no retained version needs."""
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,175 @@
+"""The versioned state store: commit, abort, recovery from files, step back, snapshots, clean-up."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from microbatch.errors import CheckpointError
+from microbatch.state.map_provider import MapStateStoreProvider, get_provider, unload_all
+from microbatch.state.store import StateStoreConf, StateStoreId
+
+KEY = pa.schema([pa.field("word", pa.string())])
+VALUE = pa.schema([pa.field("count", pa.int64())])
+
+
+def provider(tmp_path, conf=StateStoreConf(), partition=0) -> MapStateStoreProvider:
+    return MapStateStoreProvider(StateStoreId(str(tmp_path / "state"), 0, partition), KEY, VALUE, conf)
+
+
+def commit_counts(p: MapStateStoreProvider, version: int, words: list[str]) -> int:
+    store = p.get_store(version)
+    for w in words:
+        current = store.get((w,))
+        store.put((w,), ((current[0] if current else 0) + 1,))
+    return store.commit()
+
+
+def contents(p: MapStateStoreProvider, version: int) -> dict:
+    return dict(p.get_store(version).iterator())
+
+
+def test_commit_get_remove_iterate_and_files_are_arrow(tmp_path):
+    p = provider(tmp_path)
+    store = p.get_store(0)
+    assert store.get(("a",)) is None and list(store.iterator()) == []
+    store.put(("a",), (1,))
+    store.put(("b",), (2,))
+    store.remove(("b",))
+    store.put(("c",), (3,))
+    assert store.get(("a",)) == (1,) and store.get(("b",)) is None
+    assert dict(store.iterator()) == {("a",): (1,), ("c",): (3,)}
+    assert store.commit() == 1 and store.has_committed
+    m = store.metrics()
+    assert (m.num_keys, m.num_updated, m.num_removed) == (2, 2, 1) and m.memory_used_bytes > 0
+    with pytest.raises(RuntimeError, match="already committed"):
+        store.put(("x",), (0,))
+    path = tmp_path / "state" / "0" / "0" / "1.delta.arrow"
+    with pa.OSFile(str(path), "rb") as f:
+        table = ipc.open_stream(f).read_all()
+    assert table.schema.names == ["key", "value"]
+    assert table.column("key").to_pylist() == [{"word": "a"}, {"word": "b"}, {"word": "c"}]
+    assert table.column("value").to_pylist() == [{"count": 1}, None, {"count": 3}]
+
+
+def test_abort_forgets_changes(tmp_path):
+    p = provider(tmp_path)
+    commit_counts(p, 0, ["a"])
+    store = p.get_store(1)
+    store.put(("a",), (100,))
+    store.abort()
+    assert contents(p, 1) == {("a",): (1,)}
+    assert not os.path.exists(tmp_path / "state" / "0" / "0" / "2.delta.arrow")
+
+
+def test_recovery_from_files_and_stepping_back_for_a_rerun(tmp_path):
+    p = provider(tmp_path)
+    v = 0
+    for words in (["a", "b"], ["a"], ["c", "a"]):
+        v = commit_counts(p, v, words)
+    assert contents(p, 3) == {("a",): (3,), ("b",): (1,), ("c",): (1,)}
+    # A re-run of batch 2 asks for version 2 again: the provider steps back in memory.
+    assert contents(p, 2) == {("a",): (2,), ("b",): (1,)}
+    assert commit_counts(p, 2, ["c", "a"]) == 3
+    # A new process (or another worker) reads every version from the files.
+    fresh = provider(tmp_path)
+    assert contents(fresh, 1) == {("a",): (1,), ("b",): (1,)}
+    assert contents(fresh, 3) == {("a",): (3,), ("b",): (1,), ("c",): (1,)}
+    # A stale cache at version 1 catches up by replaying only the newer deltas.
+    stale = provider(tmp_path)
+    contents(stale, 1)
+    assert contents(stale, 3) == contents(fresh, 3)
+
+
+def test_a_commit_costs_the_keys_it_touches(tmp_path):
+    p = provider(tmp_path)
+    store = p.get_store(0)
+    for i in range(20_000):
+        store.put((f"k{i}",), (i,))
+    store.commit()
+    store = p.get_store(1)
+    store.put(("k7",), (-1,))
+    store.remove(("k8",))
+    store.commit()
+    with pa.OSFile(str(tmp_path / "state" / "0" / "0" / "2.delta.arrow"), "rb") as f:
+        assert ipc.open_stream(f).read_all().num_rows == 2
+    assert len(p._undo[2]) == 2, "the undo record holds only the touched keys"
+    assert len(p.map) == 19_999
+
+
+def test_snapshots_and_cleanup_keep_every_retained_version_loadable(tmp_path):
+    conf = StateStoreConf(min_deltas_for_snapshot=2, min_versions_to_retain=4)
+    p = provider(tmp_path, conf)
+    v = 0
+    expected = {}
+    for batch in range(12):
+        words = [f"w{batch % 5}", "all"]
+        v = commit_counts(p, v, words)
+        expected[v] = contents(p, v)
+    names = sorted(os.listdir(tmp_path / "state" / "0" / "0"), key=lambda n: (int(n.split(".")[0]), n))
+    assert "9.snapshot.arrow" in names and "3.snapshot.arrow" not in names, names
+    # Version 8 (the oldest retained) loads from snapshot 6 plus deltas 7 and 8: older files go.
+    assert names[0] == "6.snapshot.arrow" and "6.delta.arrow" not in names, names
+    for version in range(12 - 4, 13):
+        unload_all()
+        assert contents(provider(tmp_path, conf), version) == expected[version], version
+
+
+def test_missing_and_damaged_files_are_clear_errors(tmp_path):
+    p = provider(tmp_path)
+    v = 0
+    for words in (["a"], ["b"], ["c"]):
+        v = commit_counts(p, v, words)
+    other = MapStateStoreProvider(StateStoreId(str(tmp_path / "state"), 0, 0), KEY,
+                                  pa.schema([pa.field("count", pa.string())]), StateStoreConf())
+    with pytest.raises(CheckpointError, match="operator's state has"):
+        other.get_store(3)
+    directory = tmp_path / "state" / "0" / "0"
+    os.remove(directory / "2.delta.arrow")
+    with pytest.raises(CheckpointError, match=r"2\.delta\.arrow.*does not exist.*version 3 needs it"):
+        provider(tmp_path).get_store(3)
+    (directory / "1.delta.arrow").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"Error reading state file .*1\.delta\.arrow"):
+        provider(tmp_path).get_store(1)
+
+
+# -- inside Spark tasks -------------------------------------------------------------
+def count_words_in_state(state_root: str, version: int):
+    """A mapInArrow function: each task counts its partition's words into its store."""
+    def run(batches):
+        from pyspark import TaskContext
+
+        store = get_provider(StateStoreId(state_root, 0, TaskContext.get().partitionId()),
+                             KEY, VALUE, StateStoreConf()).get_store(version)
+        for batch in batches:
+            for word in batch.column(0).to_pylist():
+                current = store.get((word,))
+                store.put((word,), ((current[0] if current else 0) + 1,))
+        store.commit()
+        yield pa.RecordBatch.from_pylist([{"keys": store.metrics().num_keys}])
+    return run
+
+
+def test_stores_live_in_spark_tasks_and_reruns_do_not_double_count(spark, tmp_path):
+    from pyspark import cloudpickle
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    state_root = str(tmp_path / "state")
+    batches = [["a", "b", "a"], ["b", "c"], ["a", "d", "d"]]
+
+    def run_batch(version, words):
+        df = spark.createDataFrame([(w,) for w in words], "word STRING").repartition(2, "word")
+        return df.mapInArrow(count_words_in_state(state_root, version), "keys LONG").collect()
+
+    for version, words in enumerate(batches):
+        run_batch(version, words)
+    run_batch(2, batches[2])  # batch 2 again, as after a failure before commits/2
+    unload_all()
+    merged = {}
+    for partition in (0, 1):
+        merged.update(contents(MapStateStoreProvider(
+            StateStoreId(state_root, 0, partition), KEY, VALUE, StateStoreConf()), 3))
+    assert merged == {("a",): (3,), ("b",): (2,), ("c",): (1,), ("d",): (2,)}
+    assert sorted(os.listdir(state_root + "/0")) == ["0", "1"]
