@@ -51,8 +51,10 @@ def test_definition_errors_come_where_the_step_is_written(ss):
         frame.select("no_such_column")
     with pytest.raises(UnsupportedOperationError, match="not support yet"):
         frame.groupBy("value")
-    with pytest.raises(UnsupportedOperationError, match="dropDuplicates"):
-        frame.dropDuplicates(["value"])
+    with pytest.raises(PySparkAnalysisException):  # an unknown dedup key fails where it is written
+        frame.dropDuplicates(["no_such_column"])
+    with pytest.raises(UnsupportedOperationError, match="dropDuplicatesWithinWatermark"):
+        frame.dropDuplicatesWithinWatermark(["value"])
     with pytest.raises(UnsupportedOperationError, match="stream-stream join"):
         frame.join(rate(ss), "value")
     with pytest.raises(UnsupportedOperationError):
@@ -72,7 +74,7 @@ def test_definition_errors_come_where_the_step_is_written(ss):
 def test_output_mode_and_trigger_errors(ss):
     with pytest.raises(AnalysisException, match="Unknown output mode bogus"):
         rate(ss).writeStream.outputMode("bogus")
-    with pytest.raises(AnalysisException, match="Complete output mode not supported when there are "
+    with pytest.raises(AnalysisException, match=r"STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION.*complete.*"
                                                 "no streaming aggregations"):
         rate(ss).writeStream.format("console").outputMode("complete").start()
     with pytest.raises(IllegalArgumentException, match="Only one trigger"):

@@ -17,8 +17,8 @@ from pyspark.sql.types import StructType
 
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import not_yet, streaming_action
-from microbatch.plan.logical import (Apply, PlanNode, StaticJoin, StreamingRelation, Transform,
-                                     Union, Watermark)
+from microbatch.plan.logical import (Apply, Deduplicate, PlanNode, StaticJoin, StreamingRelation,
+                                     Transform, Union, Watermark)
 from microbatch.util import interval_to_ms
 
 if TYPE_CHECKING:
@@ -252,16 +252,26 @@ class StreamFrame:
     def agg(self, *exprs: Any):
         raise not_yet("agg (a global aggregation)")
 
-    def dropDuplicates(self, subset: Any = None):
-        raise not_yet("dropDuplicates")
+    def dropDuplicates(self, subset: Any = None) -> "StreamFrame":
+        """Keep the first row of every key (all columns, or ``subset``) across batches.
+
+        State grows with the keys; with a watermark on a key column, keys behind the
+        watermark are evicted and late rows dropped, as in Spark.
+        """
+        if subset is not None and not isinstance(subset, (list, tuple)):
+            raise IllegalArgumentException("subset should be a list or tuple of column names")
+        template = self._template.dropDuplicates(list(subset) if subset is not None else None)
+        by_lower = {c.lower(): c for c in self.columns}
+        keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
+        return StreamFrame(self._session, Deduplicate(self._plan, keys), template)
 
     drop_duplicates = dropDuplicates
 
     def dropDuplicatesWithinWatermark(self, subset: Any = None):
         raise not_yet("dropDuplicatesWithinWatermark")
 
-    def distinct(self):
-        raise not_yet("distinct")
+    def distinct(self) -> "StreamFrame":
+        return self.dropDuplicates()
 
     def limit(self, num: int):
         raise not_yet("limit")

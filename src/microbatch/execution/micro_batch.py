@@ -15,9 +15,13 @@ The batch protocol (Spark's, step by step; each step is safe to crash in):
    purge log entries older than ``minBatchesToRetain``.
    A crash before the write: nothing happened. After it: step 1 re-runs N.
 3. run_batch. ``get_batch(start, end]`` per source, build the batch's DataFrame
-   (IncrementalExecution), ``sink.add_batch(N, df)``, then write ``commits/N``.
+   (IncrementalExecution; stateful steps read state version N and commit N+1
+   inside the sink's Spark job), ``sink.add_batch(N, df)``, make sure every state
+   partition committed, move the watermark from the batch's event times, then
+   write ``commits/N`` with the next batch's watermark.
    A crash before ``commits/N``: step 1 re-runs N with the same offsets, so an
-   idempotent sink (one that skips a batch id it has) gives exactly-once output.
+   idempotent sink (one that skips a batch id it has) gives exactly-once output,
+   and the stateful steps re-commit the same state version N+1.
 4. Report progress, post listener events, wait for the next trigger.
 """
 from __future__ import annotations
@@ -32,6 +36,10 @@ from pyspark.sql import functions as F
 from microbatch.checkpoint.commits import CommitLog, CommitMetadata
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
+from microbatch.execution.stateful import (BatchContext, DictSum, committed_partitions,
+                                           state_operator_progress, stateful_nodes,
+                                           watermark_nodes)
+from microbatch.execution.progress import format_timestamp
 from microbatch.execution.stream_execution import StreamExecution, conf_ms
 from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Once,
                                            ProcessingTime, ProcessingTimeExecutor,
@@ -40,6 +48,7 @@ from microbatch.plan.incremental import IncrementalExecution, uses_current_time
 from microbatch.plan.logical import PlanNode, StreamingRelation
 from microbatch.sinks.base import Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
+from microbatch.state.store import StateStoreConf
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,10 @@ CHECKPOINTED_CONFS = {
     "spark.sql.streaming.stateStore.compression.codec": "lz4",
     "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "false",
 }
+PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
+#: What a stateful query records as its state store provider: Spark cannot read our
+#: Arrow state files, and we cannot read Spark's, so the two must not be mixed up.
+MICROBATCH_PROVIDER_CLASS = "microbatch.state.map_provider.MapStateStoreProvider"
 
 
 class AvailableNowPin:
@@ -107,9 +120,18 @@ class MicroBatchExecution(StreamExecution):
         self._empty_batches: dict[int, DataFrame] = {}
         self._batch_session: SparkSession | None = None
         self._incremental: IncrementalExecution | None = None
-        self._last_batch_stats: tuple[list[dict], dict] | None = None
+        self._last_batch_stats: dict | None = None
         self.last_batch_df: DataFrame | None = None
         self._described_batch: int | None = None
+        self.stateful = stateful_nodes(plan)
+        self.watermark_nodes = watermark_nodes(plan)
+        self.operator_ids = {node: i for i, node in enumerate(self.stateful)}
+        self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
+        self._operator_watermarks: dict[int, int] = {}
+        self._prev_batch_watermark_ms = 0
+        self._requires_another_batch = False
+        self._state_metrics: dict[int, Any] = {}
+        self._store_conf: StateStoreConf | None = None
         if isinstance(trigger, ProcessingTime):
             self.trigger_executor = ProcessingTimeExecutor(trigger, self.clock, self.interrupt)
         elif isinstance(trigger, Once):
@@ -139,6 +161,8 @@ class MicroBatchExecution(StreamExecution):
                 source = relation.provider.create(context, relation.options, relation.schema)
             log.info("Using Source [%s] named '%s'", source, relation.source_name)
             self.sources.append(source)
+        sc = spark.sparkContext
+        self._state_metrics = {i: sc.accumulator({}, DictSum()) for i in range(len(self.stateful))}
         if isinstance(self.trigger, AvailableNow):
             for i, source in enumerate(self.sources):
                 if source.supports_available_now:
@@ -152,6 +176,15 @@ class MicroBatchExecution(StreamExecution):
         fixed = {}
         for key, default in CHECKPOINTED_CONFS.items():
             session_value = conf.get(key, default)
+            if key == PROVIDER_CLASS_CONF and self.stateful:
+                session_value = MICROBATCH_PROVIDER_CLASS
+                written = (recorded or {}).get(key)
+                if written not in (None, MICROBATCH_PROVIDER_CLASS) and self.fs.exists(
+                        f"{self.checkpoint_root}/state"):
+                    raise CheckpointError(
+                        f"The state in checkpoint '{self.checkpoint_root}' was written by the state "
+                        f"store provider {written} (Spark's own engine), whose files microbatch "
+                        "cannot read. Start this stateful query with a new checkpoint location.")
             if recorded is not None and key in recorded:
                 value = recorded[key]
                 if value != session_value:
@@ -221,8 +254,10 @@ class MicroBatchExecution(StreamExecution):
         return self.is_active
 
     def _finish_trigger(self, executed: bool) -> None:
-        sources, sink = self._last_batch_stats if executed and self._last_batch_stats else ([], {})
-        kind, payload = self.progress.finish_trigger(executed, self.current_batch_id, sources, sink)
+        stats = self._last_batch_stats if executed and self._last_batch_stats else {}
+        kind, payload = self.progress.finish_trigger(
+            executed, self.current_batch_id, stats.get("sources", []), stats.get("sink", {}),
+            event_time=stats.get("eventTime"), state_operators=stats.get("stateOperators"))
         self._last_batch_stats = None
         self.report(kind, payload)
 
@@ -252,6 +287,8 @@ class MicroBatchExecution(StreamExecution):
         self.offset_seq_metadata = OffsetSeqMetadata(
             recorded.batch_watermark_ms, recorded.batch_timestamp_ms, self._fix_confs(recorded.conf))
         self.watermark_ms = recorded.batch_watermark_ms
+        if latest_batch_id != 0:  # the watermark batch N-1 ran with: rows behind it are late in N
+            self._prev_batch_watermark_ms = previous.metadata.batch_watermark_ms
         latest_commit = self.commit_log.get_latest()
         if latest_commit is None:
             log.info("no commit log present")
@@ -260,6 +297,7 @@ class MicroBatchExecution(StreamExecution):
             if committed_batch_id == latest_batch_id:
                 self.current_batch_id = committed_batch_id + 1
                 self.is_current_batch_constructed = False
+                self._prev_batch_watermark_ms = recorded.batch_watermark_ms
                 self.committed_offsets.update(self.available_offsets)
                 self.watermark_ms = max(self.watermark_ms, commit_metadata.next_batch_watermark_ms)
             elif committed_batch_id < latest_batch_id - 1:
@@ -301,7 +339,7 @@ class MicroBatchExecution(StreamExecution):
                     self.available_offsets[i] = latest
         self.offset_seq_metadata = OffsetSeqMetadata(
             self.watermark_ms, self.clock.get_time_millis(), self.offset_seq_metadata.conf)
-        last_execution_requires_another = False  # stateless plans never need a no-data batch
+        last_execution_requires_another = self._requires_another_batch
         new_data = self.is_new_data_available()
         should_construct = new_data or (self.no_data_batches_enabled and last_execution_requires_another)
         log.debug("noDataBatchesEnabled = %s, lastExecutionRequiresAnotherBatch = %s, "
@@ -372,21 +410,25 @@ class MicroBatchExecution(StreamExecution):
                 else:
                     row_counts[i] = count
                 inputs[relation] = df
+        ctx = self._batch_context(batch_id)
         with progress.time_phase("queryPlanning"):
             if self._incremental is None:
                 template = self.plan.build({r: self._empty_batch(i)
                                             for i, r in enumerate(self.relations)})
                 self._incremental = IncrementalExecution(
                     self._batch_session, self.plan, uses_current_time(template))
-            batch_df = self._incremental.batch_dataframe(inputs, self.offset_seq_metadata)
+            batch_df = self._incremental.batch_dataframe(inputs, self.offset_seq_metadata, ctx)
             self.last_batch_df = batch_df
         sc = self.spark.sparkContext
         sc.setLocalProperty("streaming.sql.batchId", str(batch_id))
         with progress.time_phase("addBatch"):
             self.sink.last_num_output_rows = -1
             self.sink.add_batch(batch_id, batch_df)
+            if ctx is not None and self.stateful:
+                self._complete_state_commits(ctx, batch_df)
         for i, observation in observations.items():
             row_counts[i] = self._observed_rows(observation)
+        event_time = self._update_watermark(ctx) if ctx is not None else None
         with progress.time_phase("commitOffsets"):
             if not self.commit_log.add(batch_id, CommitMetadata(self.watermark_ms)):
                 raise ConcurrentUpdateError(
@@ -394,21 +436,100 @@ class MicroBatchExecution(StreamExecution):
                     f"{batch_id} (commits/{batch_id} already exists). Another run of this query "
                     f"owns the checkpoint '{self.checkpoint_root}'.")
         self.committed_offsets.update(self.available_offsets)
-        self._last_batch_stats = (
-            [self._source_progress(i, row_counts.get(i, 0)) for i in range(len(self.sources))],
-            self._sink_progress())
+        self._last_batch_stats = {
+            "sources": [self._source_progress(i, row_counts.get(i, 0)) for i in range(len(self.sources))],
+            "sink": self._sink_progress(),
+            "eventTime": event_time,
+            "stateOperators": [state_operator_progress(node, self._state_metrics[i].value,
+                                                       ctx.num_partitions)
+                               for i, node in enumerate(self.stateful)] if ctx is not None else [],
+        }
         log.debug("Completed batch %d", batch_id)
         with self.await_progress:
             self.await_progress.notify_all()
 
+    # -- stateful steps and event time ---------------------------------------------
+    def _batch_context(self, batch_id: int) -> BatchContext | None:
+        if not self.stateful and not self.watermark_nodes:
+            return None
+        if self._store_conf is None:
+            self._store_conf = StateStoreConf.from_session(self._batch_session)
+        for accumulator in self._state_metrics.values():
+            accumulator.value = {}
+        return BatchContext(
+            batch_id=batch_id, state_root=f"{self.checkpoint_root}/state",
+            num_partitions=int(self._batch_session.conf.get("spark.sql.shuffle.partitions")),
+            late_watermark_ms=self._prev_batch_watermark_ms,
+            eviction_watermark_ms=self.offset_seq_metadata.batch_watermark_ms,
+            conf=self._store_conf, operator_ids=self.operator_ids,
+            accumulators=self._state_metrics, watermark_ids=self.watermark_ids)
+
+    def _complete_state_commits(self, ctx: BatchContext, batch_df: DataFrame) -> None:
+        """Every state partition must commit version N+1, even if the sink read only part
+        of the batch (``take``) or none of it; run the batch to the end if not."""
+        expected = set(range(ctx.num_partitions))
+        if all(committed_partitions(acc.value) == expected for acc in self._state_metrics.values()):
+            return
+        log.info("The sink did not run every state partition of batch %d; running the batch "
+                 "to the end to commit its state", ctx.batch_id)
+        for accumulator in self._state_metrics.values():
+            accumulator.value = {}
+        batch_df.write.format("noop").mode("append").save()
+
+    def _update_watermark(self, ctx: BatchContext) -> dict | None:
+        """Move the watermark from the batch's event times; return progress ``eventTime``."""
+        used_ms = self.offset_seq_metadata.batch_watermark_ms
+        merged: dict[str, float] = {}
+        for node, observation in ctx.observations.items():
+            stats = self._observed(observation)
+            if not stats or not stats.get("count"):
+                continue
+            index = self.watermark_ids[node]
+            candidate = int(stats["max"]) - node.delay_ms
+            self._operator_watermarks[index] = max(self._operator_watermarks.get(index, candidate), candidate)
+            count = int(stats["count"])
+            if merged:
+                total = merged["count"] + count
+                merged["avg"] = (merged["avg"] * merged["count"] + float(stats["avg"]) * count) / total
+                merged.update(max=max(merged["max"], int(stats["max"])),
+                              min=min(merged["min"], int(stats["min"])), count=total)
+            else:
+                merged = {"max": int(stats["max"]), "min": int(stats["min"]),
+                          "avg": float(stats["avg"]), "count": count}
+        if self._operator_watermarks:
+            policy = self._batch_session.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
+            values = self._operator_watermarks.values()
+            chosen = max(values) if policy.lower() == "max" else min(values)
+            if chosen > self.watermark_ms:
+                log.info("Updating event-time watermark from %d to %d ms", self.watermark_ms, chosen)
+                self.watermark_ms = chosen
+            else:
+                log.debug("Event time didn't move: %d <= %d", chosen, self.watermark_ms)
+        self._prev_batch_watermark_ms = used_ms
+        self._requires_another_batch = any(
+            node.watermark_column() is not None and self.watermark_ms > ctx.eviction_watermark_ms
+            for node in self.stateful)
+        if not self.watermark_nodes:
+            return None
+        event_time = {"watermark": format_timestamp(used_ms)}
+        if merged:
+            event_time.update(avg=format_timestamp(int(merged["avg"])), max=format_timestamp(merged["max"]),
+                              min=format_timestamp(merged["min"]))
+        return dict(sorted(event_time.items()))
+
     @staticmethod
-    def _observed_rows(observation: Observation) -> int:
-        """Rows the sink actually read; 0 if the sink never ran the batch's DataFrame."""
+    def _observed(observation: Observation) -> dict | None:
+        """The observed metrics, or None if the sink never ran the batch's DataFrame."""
         future = observation._jo.future()
         deadline = time.monotonic() + 0.5
         while not future.isCompleted() and time.monotonic() < deadline:
             time.sleep(0.005)
-        return int(observation.get.get("rows", 0)) if future.isCompleted() else 0
+        return observation.get if future.isCompleted() else None
+
+    def _observed_rows(self, observation: Observation) -> int:
+        """Rows the sink actually read; 0 if the sink never ran the batch's DataFrame."""
+        metrics = self._observed(observation)
+        return int(metrics.get("rows", 0)) if metrics else 0
 
     def _source_progress(self, i: int, rows: int) -> dict:
         return {"description": str(self.sources[i]),

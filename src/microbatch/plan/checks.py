@@ -19,11 +19,13 @@ def normalize_output_mode(mode: str) -> str:
 
 
 def check_output_mode(plan: PlanNode, mode: str) -> None:
-    """Stateless plans can run in append or update mode (they mean the same), not complete."""
+    """Plans without aggregations (stateless, deduplication) run in append or update
+    mode (they mean the same), not complete."""
     if mode == "complete":
         raise AnalysisException(
-            "Complete output mode not supported when there are no streaming aggregations on "
-            "streaming DataFrames/Datasets. Use outputMode('append') (or 'update') for this query.")
+            "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
+            "complete. This output mode is not supported for no streaming aggregations on "
+            "streaming DataFrames/DataSets. Use outputMode('append') (or 'update') for this query.")
 
 
 def not_yet(operation: str, issue: str = "stateful streaming") -> UnsupportedOperationError:

@@ -11,7 +11,7 @@ contain such an expression.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Any, Mapping
 
 from py4j.java_collections import MapConverter
 from pyspark.sql import DataFrame, SparkSession
@@ -39,8 +39,10 @@ class IncrementalExecution:
         self.needs_batch_time = needs_batch_time
 
     def batch_dataframe(self, inputs: Mapping[StreamingRelation, DataFrame],
-                        metadata: OffsetSeqMetadata) -> DataFrame:
-        df = self.plan.build(inputs)
+                        metadata: OffsetSeqMetadata, ctx: Any = None) -> DataFrame:
+        """The batch's DataFrame; ``ctx`` (an ``execution.stateful.BatchContext``) runs
+        the stateful steps and event-time observation."""
+        df = self.plan.build(inputs, ctx)
         if self.needs_batch_time:
             df = self._with_batch_timestamp(df, metadata.batch_timestamp_ms)
         return df

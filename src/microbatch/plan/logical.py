@@ -5,6 +5,11 @@ steps applied to it. Every node can be ``build``-t into a PySpark DataFrame from
 one DataFrame per relation: with each source's batch for a micro-batch, or with
 empty DataFrames for the *template* that gives the stream its schema and checks
 each step when it is defined (so a wrong column fails at definition, as in Spark).
+
+A micro-batch build also gets a context (``execution.stateful.BatchContext``):
+watermark nodes observe the batch's event times through it and stateful nodes
+run their step against the state store through it. The template build has no
+context; stateful nodes then build their batch equivalent, for the schema.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ _relation_ids = itertools.count()
 class PlanNode:
     children: tuple["PlanNode", ...] = ()
 
-    def build(self, inputs: Mapping["StreamingRelation", DataFrame]) -> DataFrame:
+    def build(self, inputs: Mapping["StreamingRelation", DataFrame], ctx: Any = None) -> DataFrame:
         raise NotImplementedError
 
     def relations(self) -> list["StreamingRelation"]:
@@ -60,7 +65,7 @@ class StreamingRelation(PlanNode):
     source_instance: Any = None        # a ready Source (MemoryStream), reused on restarts
     id: int = field(default_factory=lambda: next(_relation_ids))
 
-    def build(self, inputs):
+    def build(self, inputs, ctx=None):
         return inputs[self]
 
     def relations(self):
@@ -84,8 +89,8 @@ class Transform(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs):
-        return getattr(self.child.build(inputs), self.method)(*self.args, **self.kwargs)
+    def build(self, inputs, ctx=None):
+        return getattr(self.child.build(inputs, ctx), self.method)(*self.args, **self.kwargs)
 
     def describe(self) -> str:
         shown = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
@@ -105,8 +110,8 @@ class Apply(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs):
-        return self.fn(self.child.build(inputs))
+    def build(self, inputs, ctx=None):
+        return self.fn(self.child.build(inputs, ctx))
 
     def describe(self) -> str:
         return self.name
@@ -123,8 +128,8 @@ class Union(PlanNode):
     def children(self):
         return (self.left, self.right)
 
-    def build(self, inputs):
-        left, right = self.left.build(inputs), self.right.build(inputs)
+    def build(self, inputs, ctx=None):
+        left, right = self.left.build(inputs, ctx), self.right.build(inputs, ctx)
         if self.by_name:
             return left.unionByName(right, allowMissingColumns=self.allow_missing_columns)
         return left.union(right)
@@ -147,8 +152,8 @@ class StaticJoin(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs):
-        stream = self.child.build(inputs)
+    def build(self, inputs, ctx=None):
+        stream = self.child.build(inputs, ctx)
         if self.stream_side == "left":
             return stream.join(self.static, self.on, self.how)
         return self.static.join(stream, self.on, self.how)
@@ -159,7 +164,8 @@ class StaticJoin(PlanNode):
 
 @dataclass(eq=False)
 class Watermark(PlanNode):
-    """``withWatermark``: recorded for event-time handling; rows pass unchanged."""
+    """``withWatermark``: rows pass unchanged; a batch's event times are observed
+    (min, max, avg) to move the watermark after the batch."""
 
     child: PlanNode
     event_time: str
@@ -170,9 +176,48 @@ class Watermark(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs):
-        return self.child.build(inputs)
+    def build(self, inputs, ctx=None):
+        df = self.child.build(inputs, ctx)
+        return df if ctx is None else ctx.observe_event_time(self, df)
 
     def describe(self) -> str:
         return f"EventTimeWatermark {self.event_time}, {self.delay}"
 
+
+
+class StatefulNode(PlanNode):
+    """A step that keeps state across batches; the engine gives each an operator id."""
+
+    child: PlanNode
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def watermark_column(self) -> str | None:
+        """The event-time column of a watermark below this node, if the node uses it."""
+        return None
+
+
+@dataclass(eq=False)
+class Deduplicate(StatefulNode):
+    """``dropDuplicates(keys)``: the first row of each key ever seen; with a watermark
+    on a key column, late rows are dropped and keys evicted once behind the watermark."""
+
+    child: PlanNode
+    keys: tuple[str, ...]
+
+    def watermark_column(self) -> str | None:
+        for node in self.child.nodes():
+            if isinstance(node, Watermark) and node.event_time in self.keys:
+                return node.event_time
+        return None
+
+    def build(self, inputs, ctx=None):
+        df = self.child.build(inputs, ctx)
+        if ctx is None:
+            return df.dropDuplicates(list(self.keys))
+        return ctx.deduplicate(self, df)
+
+    def describe(self) -> str:
+        return f"Deduplicate [{', '.join(self.keys)}]"

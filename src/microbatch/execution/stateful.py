@@ -1,0 +1,203 @@
+"""Stateful steps of a micro-batch: event-time observation and operators on the state store.
+
+For each batch the engine makes a ``BatchContext`` and builds the plan with it:
+
+- A watermark node attaches an ``Observation`` of the event-time column (min,
+  max, avg, count in ms), read after the sink ran, to move the watermark.
+- A stateful node hash-partitions its input by key into the query's fixed number
+  of state partitions and runs a Python function per partition inside Spark tasks
+  (``mapInArrow``). The task opens the store ``(operator, partition)`` at version
+  N (the batch id), changes it, commits version N+1 and adds its metrics to the
+  operator's accumulator. A task run twice (the sink read the batch twice, a
+  retried task) steps the store back to version N and commits the same N+1 again.
+
+Two watermarks apply in batch N, as in Spark: rows at or before the *previous*
+batch's watermark are late (dropped, counted as ``numRowsDroppedByWatermark``),
+and state at or before *this* batch's watermark is evicted.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark import AccumulatorParam
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import StructType, TimestampNTZType, TimestampType
+
+from microbatch.plan.logical import Deduplicate, PlanNode, StatefulNode, Watermark
+from microbatch.state.map_provider import get_provider
+from microbatch.state.store import StateStoreConf, StateStoreId
+
+#: Names of the progress fields of a state operator, in Spark's order.
+STATE_OPERATOR_FIELDS = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved", "allUpdatesTimeMs",
+                         "allRemovalsTimeMs", "commitTimeMs", "memoryUsedBytes",
+                         "numRowsDroppedByWatermark")
+
+
+class DictSum(AccumulatorParam):
+    """Adds dicts of numbers key by key: one accumulator carries all of an operator's metrics."""
+
+    def zero(self, value):
+        return {}
+
+    def addInPlace(self, a, b):
+        for k, v in b.items():
+            a[k] = a.get(k, 0) + v
+        return a
+
+
+def stateful_nodes(plan: PlanNode) -> list[StatefulNode]:
+    """Stateful nodes in operator-id order (top-down, as Spark numbers them)."""
+    return [n for n in plan.nodes() if isinstance(n, StatefulNode)]
+
+
+def watermark_nodes(plan: PlanNode) -> list[Watermark]:
+    return [n for n in plan.nodes() if isinstance(n, Watermark)]
+
+
+def _ms_column(name: str):
+    return F.expr(f"unix_micros(CAST(`{name}` AS TIMESTAMP)) div 1000")
+
+
+def _store_field(field) -> tuple[pa.Field, bool]:
+    """The Arrow field a key column is stored as; timestamps become int64 microseconds."""
+    if isinstance(field.dataType, (TimestampType, TimestampNTZType)):
+        return pa.field(field.name, pa.int64()), True
+    return pa.field(field.name, to_arrow_type(field.dataType)), False
+
+
+@dataclass(frozen=True)
+class DedupTask:
+    """The per-partition function of a ``Deduplicate`` (shipped to tasks by cloudpickle)."""
+
+    state_root: str
+    operator_id: int
+    version: int
+    key_indexes: tuple[int, ...]
+    timestamp_keys: tuple[bool, ...]
+    key_schema: pa.Schema
+    watermark_key: int | None          # index in the key of the event-time column
+    late_us: int | None                # rows at or before this are late
+    evict_us: int | None               # keys at or before this are evicted
+    conf: StateStoreConf
+    metrics: Any                       # an Accumulator of DictSum
+
+    def __call__(self, batches):
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        store_id = StateStoreId(self.state_root, self.operator_id, partition)
+        provider = get_provider(store_id, self.key_schema, pa.schema([]), self.conf)
+        cache_hit = provider.loaded_version == self.version
+        store = provider.get_store(self.version)
+        updated = late = duplicates = 0
+        started = time.monotonic()
+        wm = self.watermark_key
+        for batch in batches:
+            columns = []
+            for index, is_timestamp in zip(self.key_indexes, self.timestamp_keys):
+                column = batch.column(index)
+                columns.append((column.cast(pa.int64()) if is_timestamp else column).to_pylist())
+            keep = []
+            for key in zip(*columns):
+                if wm is not None and self.late_us is not None and key[wm] is not None \
+                        and key[wm] <= self.late_us:
+                    late += 1
+                    keep.append(False)
+                elif store.get(key) is None:
+                    store.put(key, ())
+                    updated += 1
+                    keep.append(True)
+                else:
+                    duplicates += 1
+                    keep.append(False)
+            if any(keep):
+                yield batch.filter(pa.array(keep, type=pa.bool_()))
+        updates_ms = (time.monotonic() - started) * 1000
+        started = time.monotonic()
+        removed = read = 0
+        if wm is not None and self.evict_us is not None:
+            for key, _ in list(store.iterator()):
+                read += 1
+                if key[wm] is not None and key[wm] <= self.evict_us:
+                    store.remove(key)
+                    removed += 1
+        removals_ms = (time.monotonic() - started) * 1000
+        store.commit()
+        m = store.metrics()
+        self.metrics.add({
+            "numRowsTotal": m.num_keys, "numRowsUpdated": updated, "numRowsRemoved": removed,
+            "allUpdatesTimeMs": int(updates_ms), "allRemovalsTimeMs": int(removals_ms),
+            "commitTimeMs": m.commit_time_ms, "memoryUsedBytes": m.memory_used_bytes,
+            "numRowsDroppedByWatermark": late, "numStateStoreInstances": 1,
+            f"partition_{partition}": 1,
+            "numDroppedDuplicateRows": duplicates, "numRowsReadDuringEviction": read,
+            "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)})
+
+
+class BatchContext:
+    """What the plan of batch N needs to observe event time and run stateful steps."""
+
+    def __init__(self, *, batch_id: int, state_root: str, num_partitions: int,
+                 late_watermark_ms: int, eviction_watermark_ms: int, conf: StateStoreConf,
+                 operator_ids: dict[StatefulNode, int], accumulators: dict[int, Any],
+                 watermark_ids: dict[Watermark, int]):
+        self.batch_id = batch_id
+        self.state_root = state_root
+        self.num_partitions = num_partitions
+        self.late_watermark_ms = late_watermark_ms
+        self.eviction_watermark_ms = eviction_watermark_ms
+        self.conf = conf
+        self.operator_ids = operator_ids
+        self.accumulators = accumulators
+        self.watermark_ids = watermark_ids
+        self.observations: dict[Watermark, Observation] = {}
+
+    def observe_event_time(self, node: Watermark, df: DataFrame) -> DataFrame:
+        observation = Observation(f"microbatch_event_time_{self.watermark_ids[node]}_{self.batch_id}")
+        self.observations[node] = observation
+        ms = _ms_column(node.event_time)
+        return df.observe(observation, F.max(ms).alias("max"), F.min(ms).alias("min"),
+                          F.avg(ms).alias("avg"), F.count(ms).alias("count"))
+
+    def deduplicate(self, node: Deduplicate, df: DataFrame) -> DataFrame:
+        schema: StructType = df.schema
+        names = schema.fieldNames()
+        indexes = tuple(names.index(k) for k in node.keys)
+        fields = [_store_field(schema.fields[i]) for i in indexes]
+        watermark = node.watermark_column()
+        task = DedupTask(
+            state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
+            key_indexes=indexes, timestamp_keys=tuple(t for _, t in fields),
+            key_schema=pa.schema([f for f, _ in fields]),
+            watermark_key=node.keys.index(watermark) if watermark else None,
+            late_us=self.late_watermark_ms * 1000 if watermark else None,
+            evict_us=self.eviction_watermark_ms * 1000 if watermark else None,
+            conf=self.conf, metrics=self.accumulators[self.operator_ids[node]])
+        keyed = df.repartition(self.num_partitions, *[F.col(f"`{k}`") for k in node.keys])
+        return keyed.mapInArrow(task, schema)
+
+
+def operator_name(node: StatefulNode) -> str:
+    return "dedupe" if isinstance(node, Deduplicate) else type(node).__name__
+
+
+def state_operator_progress(node: StatefulNode, metrics: dict, num_partitions: int) -> dict:
+    """One ``stateOperators`` entry with Spark's fields and order."""
+    entry: dict[str, Any] = {"operatorName": operator_name(node)}
+    for name in STATE_OPERATOR_FIELDS:
+        entry[name] = int(metrics.get(name, 0))
+    entry["numShufflePartitions"] = num_partitions
+    entry["numStateStoreInstances"] = int(metrics.get("numStateStoreInstances", 0))
+    known = set(STATE_OPERATOR_FIELDS) | {"numStateStoreInstances"}
+    entry["customMetrics"] = {k: int(v) for k, v in sorted(metrics.items())
+                              if k not in known and not k.startswith("partition_")}
+    return entry
+
+
+def committed_partitions(metrics: dict) -> set[int]:
+    return {int(k[len("partition_"):]) for k in metrics if k.startswith("partition_")}

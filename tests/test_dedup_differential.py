@@ -1,0 +1,114 @@
+"""dropDuplicates on microbatch next to Spark's own engine, batch by batch."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from microbatch.errors import AnalysisException
+
+# One file per batch; late rows, duplicates inside a batch and across batches.
+EVENTS = [
+    [(1, "00:00:10"), (2, "00:00:20"), (1, "00:00:10")],
+    [(1, "00:00:10"), (3, "00:00:40")],
+    [(2, "00:00:20"), (4, "00:00:05"), (5, "00:00:41"), (3, "00:00:45")],
+    [(6, "00:01:40"), (3, "00:00:40")],
+]
+
+
+@pytest.fixture
+def events(tmp_path):
+    directory = tmp_path / "events"
+    directory.mkdir()
+    base = time.time() - 10_000
+    for i, batch in enumerate(EVENTS):
+        path = directory / f"f{i}.json"
+        path.write_text("".join(json.dumps({"id": k, "ts": f"2026-01-01 {t}"}) + "\n" for k, t in batch))
+        os.utime(path, (base + i, base + i))
+    return str(directory)
+
+
+def run(reader_session, events, ckpt, transform):
+    batches = []
+    frame = (reader_session.readStream.schema("id INT, ts TIMESTAMP")
+             .option("maxFilesPerTrigger", 1).json(events))
+    query = (transform(frame).writeStream
+             .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect())))))
+             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None
+    return batches, query.recentProgress
+
+
+def comparable(progress):
+    out = []
+    for p in progress:
+        ops = [{k: v for k, v in op.items() if k in (
+            "operatorName", "numRowsTotal", "numRowsUpdated", "numRowsRemoved",
+            "numRowsDroppedByWatermark", "numShufflePartitions", "numStateStoreInstances")}
+            for op in p["stateOperators"]]
+        dropped = [op["customMetrics"].get("numDroppedDuplicateRows") for op in p["stateOperators"]]
+        out.append((p["batchId"], p.get("eventTime") or None, ops, dropped, p["numInputRows"]))
+    return out
+
+
+@pytest.mark.parametrize("case", ["with watermark", "without watermark"])
+def test_drop_duplicates_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
+    if case == "with watermark":
+        def transform(frame):
+            return frame.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"])
+    else:
+        def transform(frame):
+            return frame.dropDuplicates(["id"])
+    theirs, their_progress = run(spark, events, tmp_path / "spark", transform)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", transform)
+    assert ours == theirs
+    assert comparable(our_progress) == comparable(their_progress)
+    for name in ("offsets", "commits"):
+        for batch in sorted(os.listdir(tmp_path / "spark" / name)):
+            if batch.endswith(".crc") or batch.startswith("."):
+                continue
+            theirs_text = (tmp_path / "spark" / name / batch).read_text().split("\n")
+            ours_text = (tmp_path / "microbatch" / name / batch).read_text().split("\n")
+            watermark = "batchWatermarkMs" if name == "offsets" else "nextBatchWatermarkMs"
+            assert json.loads(ours_text[1])[watermark] == json.loads(theirs_text[1])[watermark], (name, batch)
+    if case == "with watermark":
+        assert len(ours) == 5, "a no-data batch evicts state after the last file, as in Spark"
+
+
+def test_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
+    def transform(frame):
+        return frame.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"])
+    whole, _ = run(ss, events, tmp_path / "one-run", transform)
+    ckpt = tmp_path / "two-runs"
+    outputs: dict[int, list] = {}
+    attempts = []
+
+    def sink(df, batch_id):
+        rows = sorted(map(tuple, df.collect()))  # the state of batch 2 is committed here...
+        attempts.append(batch_id)
+        if batch_id == 2 and attempts.count(2) == 1:
+            raise RuntimeError("the sink fails after reading batch 2")  # ...and the batch fails
+        outputs[batch_id] = rows
+
+    def start():
+        frame = ss.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
+        return (transform(frame).writeStream.foreachBatch(sink).option("checkpointLocation", str(ckpt))
+                .trigger(availableNow=True).start())
+
+    query = start()
+    with pytest.raises(Exception, match="the sink fails after reading batch 2"):
+        query.awaitTermination(120)
+    query = start()
+    query.awaitTermination(120)
+    assert attempts == [0, 1, 2, 2, 3, 4]
+    assert sorted(outputs.items()) == whole
+
+
+def test_dedup_output_modes(ss, events, tmp_path):
+    frame = ss.readStream.schema("id INT, ts TIMESTAMP").json(events).dropDuplicates(["id"])
+    with pytest.raises(AnalysisException, match="STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION"):
+        frame.writeStream.format("memory").queryName("d").outputMode("complete").start()
+    assert frame.distinct().columns == ["id", "ts"]
