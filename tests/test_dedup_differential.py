@@ -112,3 +112,26 @@ def test_dedup_output_modes(ss, events, tmp_path):
     with pytest.raises(AnalysisException, match="STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION"):
         frame.writeStream.format("memory").queryName("d").outputMode("complete").start()
     assert frame.distinct().columns == ["id", "ts"]
+
+
+def test_state_provider_recorded_and_foreign_or_missing_state_refused(spark, ss, events, tmp_path):
+    def transform(frame):
+        return frame.dropDuplicates(["id"])
+    ckpt = tmp_path / "ckpt"
+    run(ss, events, ckpt, transform)
+    conf = json.loads((ckpt / "offsets" / "0").read_text().split("\n")[1])["conf"]
+    assert conf["spark.sql.streaming.stateStore.providerClass"] == \
+        "microbatch.state.map_provider.MapStateStoreProvider"
+    # The same checkpoint without the stateful step, or a stateless one with a new step: refused.
+    with pytest.raises(Exception, match=r"stateful operators \[none\] do not match .* operators \[0\]"):
+        run(ss, events, ckpt, lambda frame: frame)
+    stateless = tmp_path / "stateless"
+    run(ss, events, stateless, lambda frame: frame)
+    with pytest.raises(Exception, match=r"stateful operators \[0 \(dedupe\)\] do not match .* operators none"):
+        run(ss, events, stateless, transform)
+    # State Spark wrote cannot be read by microbatch: a clear error, nothing overwritten.
+    run(spark, events, tmp_path / "spark", transform)
+    before = sorted(os.listdir(tmp_path / "spark" / "state" / "0" / "0"))
+    with pytest.raises(Exception, match="written by the state store provider .*HDFSBackedStateStoreProvider"):
+        run(ss, events, tmp_path / "spark", transform)
+    assert sorted(os.listdir(tmp_path / "spark" / "state" / "0" / "0")) == before

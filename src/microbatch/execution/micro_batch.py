@@ -177,7 +177,6 @@ class MicroBatchExecution(StreamExecution):
         for key, default in CHECKPOINTED_CONFS.items():
             session_value = conf.get(key, default)
             if key == PROVIDER_CLASS_CONF and self.stateful:
-                session_value = MICROBATCH_PROVIDER_CLASS
                 written = (recorded or {}).get(key)
                 if written not in (None, MICROBATCH_PROVIDER_CLASS) and self.fs.exists(
                         f"{self.checkpoint_root}/state"):
@@ -185,6 +184,10 @@ class MicroBatchExecution(StreamExecution):
                         f"The state in checkpoint '{self.checkpoint_root}' was written by the state "
                         f"store provider {written} (Spark's own engine), whose files microbatch "
                         "cannot read. Start this stateful query with a new checkpoint location.")
+                # No state yet (a new query, or one that was stateless): ours from now on.
+                conf.set(key, MICROBATCH_PROVIDER_CLASS)
+                fixed[key] = MICROBATCH_PROVIDER_CLASS
+                continue
             if recorded is not None and key in recorded:
                 value = recorded[key]
                 if value != session_value:
@@ -305,6 +308,25 @@ class MicroBatchExecution(StreamExecution):
                             "batchid %d by one", committed_batch_id, latest_batch_id)
         log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
+        self._check_state_operators()
+
+    def _check_state_operators(self) -> None:
+        """The stateful operators must be those whose state the checkpoint holds."""
+        if self.current_batch_id == 0:
+            return
+        state_root = f"{self.checkpoint_root}/state"
+        on_disk = sorted(int(n) for n in self.fs.list(state_root) if n.isdigit())
+        wanted = list(range(len(self.stateful)))
+        if on_disk == wanted:
+            return
+        from microbatch.execution.stateful import operator_name
+        names = ", ".join(f"{i} ({operator_name(n)})" for i, n in enumerate(self.stateful)) or "none"
+        raise CheckpointError(
+            f"The query's stateful operators [{names}] do not match the state in checkpoint "
+            f"'{self.checkpoint_root}', which holds state for operators {on_disk or 'none'} after "
+            f"{self.current_batch_id} batches. Adding, removing or reordering stateful operators "
+            "of a running query is not supported (as in Spark): restore the query as it was, or "
+            "start it with a new checkpoint location.")
 
     def _check_source_count(self, seq: OffsetSeq, batch_id: int) -> None:
         if len(seq.offsets) != len(self.sources):
