@@ -173,7 +173,10 @@ def test_stop_cancels_the_running_batch_and_leaves_it_uncommitted(ss, tmp_path):
     while not query.status["isTriggerActive"] or "Processing" not in query.status["message"]:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(1)  # let the job start
+    tracker = ss.spark.sparkContext.statusTracker()
+    while not tracker.getActiveJobsIds():  # the batch's Spark job is running
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     started = time.monotonic()
     query.stop()
     assert time.monotonic() - started < 30
