@@ -9,6 +9,7 @@ that means the same thing in every batch.
 """
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from pyspark.sql import Column, DataFrame
@@ -17,7 +18,8 @@ from pyspark.sql.types import StructType
 
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import not_yet, streaming_action
-from microbatch.plan.logical import (Apply, Deduplicate, PlanNode, StaticJoin, StreamingRelation,
+from microbatch.plan.aggregation import plan_aggregation
+from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, PlanNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark)
 from microbatch.util import interval_to_ms
 
@@ -237,9 +239,13 @@ class StreamFrame:
         node = Watermark(self._plan, eventTime, delayThreshold, delay_ms)
         return StreamFrame(self._session, node, template)
 
-    # -- needs state: not yet -----------------------------------------------------
-    def groupBy(self, *cols: Any):
-        raise not_yet("groupBy/aggregation")
+    # -- stateful steps -------------------------------------------------------------
+    def groupBy(self, *cols: Any) -> "GroupedStream":
+        """Group for a streaming aggregation (``agg``, ``count``, ``sum``, ...)."""
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        self._template.groupBy(*cols).count()   # a wrong column fails here, as in Spark
+        return GroupedStream(self, tuple(cols))
 
     groupby = groupBy
 
@@ -249,8 +255,9 @@ class StreamFrame:
     def cube(self, *cols: Any):
         raise not_yet("cube")
 
-    def agg(self, *exprs: Any):
-        raise not_yet("agg (a global aggregation)")
+    def agg(self, *exprs: Any) -> "StreamFrame":
+        """A global aggregation: one row over the whole stream."""
+        return self.groupBy().agg(*exprs)
 
     def dropDuplicates(self, subset: Any = None) -> "StreamFrame":
         """Keep the first row of every key (all columns, or ``subset``) across batches.
@@ -276,10 +283,13 @@ class StreamFrame:
     def limit(self, num: int):
         raise not_yet("limit")
 
-    def orderBy(self, *cols: Any, **kwargs: Any):
-        raise AnalysisException(
-            "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
-            "aggregated DataFrame/Dataset in Complete output mode")
+    def orderBy(self, *cols: Any, **kwargs: Any) -> "StreamFrame":
+        """Sorting works only on an aggregation in complete mode (checked at start)."""
+        if not any(isinstance(n, Aggregate) for n in self._plan.nodes()):
+            raise AnalysisException(
+                "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
+                "aggregated DataFrame/Dataset in Complete output mode;")
+        return self._derive("orderBy", *cols, **kwargs)
 
     sort = orderBy
 
@@ -313,3 +323,68 @@ class StreamFrame:
     def writeStream(self) -> "DataStreamWriter":
         from microbatch.api.writer import DataStreamWriter
         return DataStreamWriter(self)
+
+
+class GroupedStream:
+    """``stream.groupBy(...)``: aggregations over a stream (PySpark's GroupedData)."""
+
+    def __init__(self, frame: StreamFrame, keys: tuple):
+        self._frame = frame
+        self._keys = keys
+
+    def _aggregate(self, apply: Callable[[Any], DataFrame]) -> StreamFrame:
+        frame = self._frame
+        template = apply(frame._template.groupBy(*self._keys))
+        if any(isinstance(n, Aggregate) for n in frame._plan.nodes()):
+            raise not_yet("A second aggregation after an aggregation (chained aggregations)")
+        spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_")
+        key_index, is_window = self._event_time_key(template, spec.key_names)
+        node = Aggregate(frame._plan, self._keys, apply, spec, key_index, is_window)
+        return StreamFrame(frame._session, node, template)
+
+    def _event_time_key(self, template: DataFrame, key_names: tuple) -> tuple[int | None, bool]:
+        """The first grouping key that carries a watermark's event time: the column
+        itself, or a window over it (Spark keeps the watermark on both)."""
+        event_times = [n.event_time for n in self._frame._plan.nodes() if isinstance(n, Watermark)]
+        by_name = {f.name: f for f in template.schema.fields}
+        for index, (name, key) in enumerate(zip(key_names, self._keys)):
+            field = by_name[name]
+            if "spark.sessionWindow" in field.metadata:
+                raise not_yet("session_window (a session window aggregation)")
+            is_window = "spark.timeWindow" in field.metadata
+            for event_time in event_times:
+                if isinstance(key, str):
+                    uses = key.lower() == event_time.lower()
+                else:  # the column (or the window) is written over the event-time column
+                    text = key._jc.toString()
+                    uses = re.search(r"(?<![\w.`])`?" + re.escape(event_time) + r"`?(?![\w`])", text,
+                                     re.IGNORECASE) is not None
+                    uses = uses and (is_window or name.lower() == event_time.lower())
+                if uses:
+                    return index, is_window
+        return None, False
+
+    def agg(self, *exprs: Any) -> StreamFrame:
+        if not exprs:
+            raise AnalysisException("agg() needs at least one aggregate expression")
+        if len(exprs) == 1 and isinstance(exprs[0], dict):
+            columns = tuple(F.expr(f"{fn}(`{c}`)") for c, fn in exprs[0].items())
+            return self._aggregate(lambda g: g.agg(*columns))
+        return self._aggregate(lambda g: g.agg(*exprs))
+
+    def count(self) -> StreamFrame:
+        return self._aggregate(lambda g: g.count())
+
+    def sum(self, *cols: str) -> StreamFrame:
+        return self._aggregate(lambda g: g.sum(*cols))
+
+    def min(self, *cols: str) -> StreamFrame:
+        return self._aggregate(lambda g: g.min(*cols))
+
+    def max(self, *cols: str) -> StreamFrame:
+        return self._aggregate(lambda g: g.max(*cols))
+
+    def avg(self, *cols: str) -> StreamFrame:
+        return self._aggregate(lambda g: g.avg(*cols))
+
+    mean = avg

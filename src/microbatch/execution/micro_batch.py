@@ -45,7 +45,7 @@ from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Onc
                                            ProcessingTime, ProcessingTimeExecutor,
                                            SingleBatchExecutor, Trigger)
 from microbatch.plan.incremental import IncrementalExecution, uses_current_time
-from microbatch.plan.logical import PlanNode, StreamingRelation
+from microbatch.plan.logical import Aggregate, PlanNode, StreamingRelation, Watermark
 from microbatch.sinks.base import Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
 from microbatch.state.store import StateStoreConf
@@ -484,13 +484,14 @@ class MicroBatchExecution(StreamExecution):
             late_watermark_ms=self._prev_batch_watermark_ms,
             eviction_watermark_ms=self.offset_seq_metadata.batch_watermark_ms,
             conf=self._store_conf, operator_ids=self.operator_ids,
-            accumulators=self._state_metrics, watermark_ids=self.watermark_ids)
+            accumulators=self._state_metrics, watermark_ids=self.watermark_ids,
+            output_mode=self.output_mode)
 
     def _complete_state_commits(self, ctx: BatchContext, batch_df: DataFrame) -> None:
         """Every state partition must commit version N+1, even if the sink read only part
         of the batch (``take``) or none of it; run the batch to the end if not."""
-        expected = set(range(ctx.num_partitions))
-        if all(committed_partitions(acc.value) == expected for acc in self._state_metrics.values()):
+        if all(committed_partitions(self._state_metrics[i].value) == set(range(ctx.partitions_of(node)))
+               for i, node in enumerate(self.stateful)):
             return
         log.info("The sink did not run every state partition of batch %d; running the batch "
                  "to the end to commit its state", ctx.batch_id)
@@ -528,8 +529,11 @@ class MicroBatchExecution(StreamExecution):
             else:
                 log.debug("Event time didn't move: %d <= %d", chosen, self.watermark_ms)
         self._prev_batch_watermark_ms = used_ms
-        self._requires_another_batch = any(
-            node.watermark_column() is not None and self.watermark_ms > ctx.eviction_watermark_ms
+        # Spark's shouldRunAnotherBatch: a stateful operator with a watermark below it,
+        # which evicts (not an aggregation in complete mode), and a watermark that moved.
+        self._requires_another_batch = self.watermark_ms > ctx.eviction_watermark_ms and any(
+            any(isinstance(n, Watermark) for n in node.nodes())
+            and not (isinstance(node, Aggregate) and self.output_mode == "complete")
             for node in self.stateful)
         if not self.watermark_nodes:
             return None

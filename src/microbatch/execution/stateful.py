@@ -28,7 +28,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType, TimestampNTZType, TimestampType
 
-from microbatch.plan.logical import Deduplicate, PlanNode, StatefulNode, Watermark
+from microbatch.execution.aggregate_task import AggregateTask
+from microbatch.plan.aggregation import finalize, grouped_partial
+from microbatch.plan.logical import Aggregate, Deduplicate, PlanNode, StatefulNode, Watermark
 from microbatch.state.map_provider import get_provider
 from microbatch.state.store import StateStoreConf, StateStoreId
 
@@ -145,7 +147,7 @@ class BatchContext:
     def __init__(self, *, batch_id: int, state_root: str, num_partitions: int,
                  late_watermark_ms: int, eviction_watermark_ms: int, conf: StateStoreConf,
                  operator_ids: dict[StatefulNode, int], accumulators: dict[int, Any],
-                 watermark_ids: dict[Watermark, int]):
+                 watermark_ids: dict[Watermark, int], output_mode: str = "append"):
         self.batch_id = batch_id
         self.state_root = state_root
         self.num_partitions = num_partitions
@@ -155,6 +157,7 @@ class BatchContext:
         self.operator_ids = operator_ids
         self.accumulators = accumulators
         self.watermark_ids = watermark_ids
+        self.output_mode = output_mode
         self.observations: dict[Watermark, Observation] = {}
 
     def observe_event_time(self, node: Watermark, df: DataFrame) -> DataFrame:
@@ -182,8 +185,51 @@ class BatchContext:
         return keyed.mapInArrow(task, schema)
 
 
+    def aggregate(self, node: Aggregate, df: DataFrame) -> DataFrame:
+        """Buffers per key in Spark, merged with the state per partition, then finalised."""
+        spec = node.spec
+        partial = grouped_partial(df, node.keys, spec.calls, spec.buffer_names)
+        if spec.key_names:   # the state partition of a key is fixed: hash of the key, mod N
+            partial = partial.repartition(self.num_partitions,
+                                          *[F.col(_quoted(k)) for k in spec.key_names])
+        arrow = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+                 for f in spec.partial_schema.fields]
+        num_keys = len(spec.key_names)
+        merges, start = [], 0
+        for call, names in zip(spec.calls, spec.buffer_names):
+            merges.append((call.merge, start, len(names), call.options))
+            start += len(names)
+        has_watermark = node.event_time_key is not None
+        task = AggregateTask(
+            state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
+            key_fields=tuple(arrow[:num_keys]), buffer_fields=tuple(arrow[num_keys:]),
+            merges=tuple(merges),
+            output_schema=pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+                                     for f in spec.merged_schema.fields]),
+            mode=self.output_mode, watermark_key=node.event_time_key,
+            watermark_is_window=node.event_time_is_window,
+            late_us=self.late_watermark_ms * 1000 if has_watermark else None,
+            evict_us=self.eviction_watermark_ms * 1000 if has_watermark else None,
+            conf=self.conf, metrics=self.accumulators[self.operator_ids[node]])
+        return finalize(partial.mapInArrow(task, spec.merged_schema), spec)
+
+    def partitions_of(self, node: StatefulNode) -> int:
+        """State partitions of an operator: a global aggregation has one."""
+        if isinstance(node, Aggregate) and not node.spec.key_names:
+            return 1
+        return self.num_partitions
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def operator_name(node: StatefulNode) -> str:
-    return "dedupe" if isinstance(node, Deduplicate) else type(node).__name__
+    if isinstance(node, Deduplicate):
+        return "dedupe"
+    if isinstance(node, Aggregate):
+        return "stateStoreSave"
+    return type(node).__name__
 
 
 def state_operator_progress(node: StatefulNode, metrics: dict, num_partitions: int) -> dict:

@@ -18,14 +18,35 @@ def normalize_output_mode(mode: str) -> str:
     return m
 
 
+def _mode_error(mode: str, what: str) -> AnalysisException:
+    return AnalysisException(
+        f"[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: {mode}. "
+        f"This output mode is not supported for {what} on streaming DataFrames/DataSets. "
+        "SQLSTATE: 42KDE")
+
+
 def check_output_mode(plan: PlanNode, mode: str) -> None:
-    """Plans without aggregations (stateless, deduplication) run in append or update
-    mode (they mean the same), not complete."""
-    if mode == "complete":
+    """Spark's rules (UnsupportedOperationChecker) of what each output mode may run.
+
+    Without aggregation (stateless, deduplication) append and update mean the same and
+    complete is refused. Append needs a watermark on an aggregation's grouping key
+    (the event-time column or a window over it), or no row could ever be final.
+    Sorting needs an aggregation in complete mode.
+    """
+    from microbatch.plan.logical import Aggregate, Transform
+    aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
+    if mode == "complete" and not aggregates:
         raise AnalysisException(
             "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
             "complete. This output mode is not supported for no streaming aggregations on "
             "streaming DataFrames/DataSets. Use outputMode('append') (or 'update') for this query.")
+    if mode == "append" and any(a.event_time_key is None for a in aggregates):
+        raise _mode_error("append", "streaming aggregations without watermark")
+    sorts = [n for n in plan.nodes() if isinstance(n, Transform) and n.method in ("orderBy", "sort")]
+    if sorts and (mode != "complete" or not aggregates):
+        raise AnalysisException(
+            "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
+            "aggregated DataFrame/Dataset in Complete output mode;")
 
 
 def not_yet(operation: str, issue: str = "stateful streaming") -> UnsupportedOperationError:

@@ -221,3 +221,29 @@ class Deduplicate(StatefulNode):
 
     def describe(self) -> str:
         return f"Deduplicate [{', '.join(self.keys)}]"
+
+
+@dataclass(eq=False)
+class Aggregate(StatefulNode):
+    """``groupBy(keys).agg(...)``: per key, the aggregates of every row seen so far,
+    emitted by the output mode's rule (``execution.aggregate_task``)."""
+
+    child: PlanNode
+    keys: tuple                               # the user's grouping columns
+    apply: Callable[[Any], DataFrame]         # GroupedData -> the batch query (for templates)
+    spec: Any                                 # plan.aggregation.AggregateSpec
+    event_time_key: int | None = None         # the grouping key that carries event time
+    event_time_is_window: bool = False
+
+    def watermark_column(self) -> str | None:
+        return None if self.event_time_key is None else self.spec.key_names[self.event_time_key]
+
+    def build(self, inputs, ctx=None):
+        df = self.child.build(inputs, ctx)
+        if ctx is None:
+            return self.apply(df.groupBy(*self.keys))
+        return ctx.aggregate(self, df)
+
+    def describe(self) -> str:
+        outputs = ", ".join(name for name, _ in self.spec.outputs)
+        return f"Aggregate [{', '.join(self.spec.key_names)}], [{outputs}]"

@@ -57,11 +57,25 @@ def _to_struct_array(rows: list[tuple | None], schema: pa.Schema) -> pa.Array:
     return pa.StructArray.from_arrays(columns, fields=list(schema), mask=mask)
 
 
-def _from_struct_array(array: pa.Array) -> list[tuple | None]:
+def hashable(value):
+    """A nested value as a key can hold it: structs (dicts) and lists become tuples."""
+    if isinstance(value, dict):
+        return tuple(hashable(v) for v in value.values())
+    if isinstance(value, list):
+        return tuple(hashable(v) for v in value)
+    return value
+
+
+def _from_struct_array(array: pa.Array, keys: bool = False) -> list[tuple | None]:
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     valid = array.is_valid().to_pylist()
-    columns = [c.to_pylist() for c in array.flatten()]
+    columns = []
+    for column in array.flatten():
+        values = column.to_pylist()
+        if keys and not (pa.types.is_primitive(column.type) or pa.types.is_string(column.type)):
+            values = [hashable(v) for v in values]
+        columns.append(values)
     return [tuple(values) if ok else None for ok, values in zip(valid, zip(*columns))] \
         if columns else [() if ok else None for ok in valid]
 
@@ -195,7 +209,7 @@ class MapStateStoreProvider(StateStoreProvider):
                 f"The state file {path} has the schema {table.schema}, but the operator's state "
                 f"has {self._file_schema}. The query's stateful operator changed since the "
                 "checkpoint was written; use a new checkpoint location.")
-        keys = _from_struct_array(table.column("key"))
+        keys = _from_struct_array(table.column("key"), keys=True)
         values = _from_struct_array(table.column("value"))
         return list(zip(keys, values))
 

@@ -1,0 +1,238 @@
+"""The state step of a streaming aggregation: one Spark task per state partition.
+
+The task gets the batch's buffers per key (``plan.aggregation``, step 1), merges
+each key's buffers into the store at version N, commits N+1 and emits what the
+output mode asks for (Spark's ``StateStoreSaveExec``):
+
+- complete: every key in the store, after the batch's updates; nothing is evicted
+  and no row is late;
+- update: the keys this batch changed; then keys behind the watermark are evicted;
+- append: nothing for changed keys; keys behind the watermark are evicted and
+  emitted, final.
+
+With a watermark on a grouping key (the event-time column, or a window over it;
+a window is behind the watermark when its end is), a key at or before the
+previous batch's watermark is late in update and append mode: dropped and counted
+as ``numRowsDroppedByWatermark``. Eviction uses this batch's watermark.
+
+Values cross the state store as plain Python values: timestamps as int64
+microseconds, structs (a window) as tuples.
+"""
+from __future__ import annotations
+
+import decimal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from microbatch.execution.hll import estimate as hll_estimate
+from microbatch.state.map_provider import get_provider, hashable
+from microbatch.state.store import StateStoreConf, StateStoreId
+
+
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """How a value of Arrow type ``t`` is kept in the state: timestamps as int64 micros."""
+    if pa.types.is_timestamp(t):
+        return pa.int64()
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, storage_type(f.type), f.nullable) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        field = t.value_field
+        return pa.list_(pa.field(field.name, storage_type(field.type), field.nullable))
+    if pa.types.is_map(t):
+        return pa.map_(storage_type(t.key_type), storage_type(t.item_type))
+    return t
+
+
+def to_python(column: pa.Array, storage: pa.DataType, as_key: bool = False) -> list:
+    """An Arrow column as state values (``as_key``: structs and lists become tuples)."""
+    if column.type != storage:
+        column = column.cast(storage)
+    values = column.to_pylist()
+    if as_key and (pa.types.is_struct(storage) or pa.types.is_list(storage) or pa.types.is_map(storage)):
+        values = [hashable(v) for v in values]
+    return values
+
+
+def from_python(values: list, storage: pa.DataType, target: pa.DataType) -> pa.Array:
+    array = pa.array(values, type=storage)
+    return array if storage == target else array.cast(target)
+
+
+def _less(a: Any, b: Any) -> bool:
+    """Spark's order for min/max: NaN is larger than any other number."""
+    if isinstance(a, float) and isinstance(b, float):
+        if a != a:
+            return False
+        if b != b:
+            return True
+    return a < b
+
+
+def _merge_hll(old, new) -> list:
+    registers: dict[int, int] = {}
+    for pairs in (old, new):
+        for pair in pairs or ():
+            i, r = (pair["i"], pair["r"]) if isinstance(pair, dict) else pair
+            if r > registers.get(i, 0):
+                registers[i] = r
+    return sorted(registers.items())
+
+
+def merge_buffers(kind: str, old: list, new: list) -> list:
+    """Two buffers of one function (lists of its buffer columns' values) -> one."""
+    if kind == "sum":   # element-wise (avg keeps a sum and a count)
+        return [b if a is None else a if b is None else a + b for a, b in zip(old, new)]
+    if kind in ("min", "max"):
+        a, b = old[0], new[0]
+        if a is None or b is None:
+            return [b if a is None else a]
+        return [(b if _less(b, a) else a) if kind == "min" else (b if _less(a, b) else a)]
+    if kind == "first":
+        return list(old) if old[1] else list(new)
+    if kind == "last":
+        return list(new) if new[1] else list(old)
+    if kind == "concat":
+        return [(old[0] or []) + (new[0] or [])]
+    if kind == "union":
+        merged = list(old[0] or [])
+        try:
+            seen = set(map(hashable, merged))
+            for x in new[0] or []:
+                if hashable(x) not in seen:
+                    seen.add(hashable(x))
+                    merged.append(x)
+        except TypeError:
+            merged += [x for x in new[0] or [] if x not in merged]
+        return [merged]
+    if kind == "moments":
+        n1, mean1, m2_1 = old
+        n2, mean2, m2_2 = new
+        if not n1:
+            return list(new)
+        if not n2:
+            return list(old)
+        n = n1 + n2
+        delta = mean2 - mean1
+        delta_n = delta / n
+        return [n, mean1 + delta_n * n2, (m2_1 or 0.0) + (m2_2 or 0.0) + delta * delta_n * n1 * n2]
+    if kind == "hll":
+        return [_merge_hll(old[0], new[0])]
+    raise ValueError(f"unknown merge {kind}")
+
+
+@dataclass(frozen=True)
+class AggregateTask:
+    """The per-partition function of a streaming aggregation (shipped by cloudpickle)."""
+
+    state_root: str
+    operator_id: int
+    version: int
+    key_fields: tuple[pa.Field, ...]         # the batch's key columns (Arrow types)
+    buffer_fields: tuple[pa.Field, ...]      # the batch's buffer columns
+    merges: tuple[tuple[str, int, int, tuple], ...]   # (kind, first buffer, count, options)
+    output_schema: pa.Schema                 # keys + merged buffers (an HLL buffer -> its estimate)
+    mode: str                                # append / update / complete
+    watermark_key: int | None                # the grouping key with event time
+    watermark_is_window: bool
+    late_us: int | None
+    evict_us: int | None
+    conf: StateStoreConf
+    metrics: Any                             # an Accumulator of DictSum
+
+    def _event_time(self, key: tuple):
+        value = key[self.watermark_key]
+        if value is not None and self.watermark_is_window:
+            value = value[1]       # the window's end
+        return value
+
+    def __call__(self, batches):
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        key_storage = [storage_type(f.type) for f in self.key_fields]
+        value_storage = [storage_type(f.type) for f in self.buffer_fields]
+        provider = get_provider(
+            StateStoreId(self.state_root, self.operator_id, partition),
+            pa.schema([pa.field(f.name, t) for f, t in zip(self.key_fields, key_storage)]),
+            pa.schema([pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)]),
+            self.conf)
+        cache_hit = provider.loaded_version == self.version
+        store = provider.get_store(self.version)
+        num_keys = len(self.key_fields)
+        check_late = self.mode != "complete" and self.watermark_key is not None and self.late_us is not None
+        emitted: list[tuple[tuple, tuple]] = []
+        updated = late = 0
+        started = time.monotonic()
+        with decimal.localcontext() as ctx:
+            ctx.prec = 76       # exact sums of decimal(38) buffers
+            for batch in batches:
+                keys = [to_python(batch.column(i), key_storage[i], as_key=True) for i in range(num_keys)]
+                buffers = [to_python(batch.column(num_keys + j), value_storage[j])
+                           for j in range(len(value_storage))]
+                for r in range(batch.num_rows):
+                    key = tuple(column[r] for column in keys)
+                    if check_late:
+                        event_time = self._event_time(key)
+                        if event_time is not None and event_time <= self.late_us:
+                            late += 1
+                            continue
+                    new = [column[r] for column in buffers]
+                    old = store.get(key)
+                    merged: list = []
+                    for kind, start, count, _ in self.merges:
+                        part = new[start:start + count]
+                        if old is not None:
+                            merged += merge_buffers(kind, list(old[start:start + count]), part)
+                        else:
+                            merged += [_merge_hll((), part[0])] if kind == "hll" else part
+                    value = tuple(merged)
+                    store.put(key, value)
+                    updated += 1
+                    if self.mode == "update":
+                        emitted.append((key, value))
+        updates_ms = (time.monotonic() - started) * 1000
+        started = time.monotonic()
+        removed = read = 0
+        if self.mode == "complete":
+            emitted = list(store.iterator())
+        elif self.watermark_key is not None and self.evict_us is not None:
+            for key, value in list(store.iterator()):
+                read += 1
+                event_time = self._event_time(key)
+                if event_time is not None and event_time <= self.evict_us:
+                    store.remove(key)
+                    removed += 1
+                    if self.mode == "append":
+                        emitted.append((key, value))
+        removals_ms = (time.monotonic() - started) * 1000
+        store.commit()
+        m = store.metrics()
+        if emitted:
+            yield self._output(emitted, key_storage, value_storage)
+        self.metrics.add({
+            "numRowsTotal": m.num_keys, "numRowsUpdated": updated, "numRowsRemoved": removed,
+            "allUpdatesTimeMs": int(updates_ms), "allRemovalsTimeMs": int(removals_ms),
+            "commitTimeMs": m.commit_time_ms, "memoryUsedBytes": m.memory_used_bytes,
+            "numRowsDroppedByWatermark": late, "numStateStoreInstances": 1,
+            f"partition_{partition}": 1, "numRowsReadDuringEviction": read,
+            "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)})
+
+    def _output(self, rows: list[tuple[tuple, tuple]], key_storage, value_storage) -> pa.RecordBatch:
+        columns = []
+        out = self.output_schema
+        for i, storage in enumerate(key_storage):
+            columns.append(from_python([k[i] for k, _ in rows], storage, out.field(i).type))
+        for kind, start, count, options in self.merges:
+            if kind == "hll":
+                p, threshold, raw, bias = options
+                estimates = [hll_estimate(dict(_merge_hll(v[start], ())), p, threshold, list(raw), list(bias))
+                             for _, v in rows]
+                columns.append(pa.array(estimates, type=pa.int64()))
+                continue
+            for j in range(start, start + count):
+                columns.append(from_python([v[j] for _, v in rows], value_storage[j],
+                                           out.field(len(key_storage) + j).type))
+        return pa.RecordBatch.from_arrays(columns, schema=out)
