@@ -1,0 +1,116 @@
+"""Streaming aggregation: Spark's rules per output mode, restarts, and larger inputs."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from pyspark.errors import AnalysisException as PySparkAnalysisException
+from pyspark.sql import functions as F
+
+from microbatch.errors import AnalysisException, UnsupportedOperationError
+from test_aggregation_differential import EVENTS, SCHEMA, _plain  # noqa: F401 - shared events
+
+
+@pytest.fixture
+def events(tmp_path):
+    directory = tmp_path / "events"
+    directory.mkdir()
+    base = time.time() - 10_000
+    for i, batch in enumerate(EVENTS):
+        path = directory / f"f{i}.json"
+        path.write_text("".join(json.dumps({"k": k, "ts": f"2026-01-01 {t}", "v": v}) + "\n"
+                                for k, t, v in batch))
+        os.utime(path, (base + i, base + i))
+    return str(directory)
+
+
+def stream(ss, events, files_per_batch=1):
+    return ss.readStream.schema(SCHEMA).option("maxFilesPerTrigger", files_per_batch).json(events)
+
+
+def start(frame, mode, ckpt, fmt="memory", name="agg"):
+    return (frame.writeStream.format(fmt).queryName(name).outputMode(mode)
+            .option("checkpointLocation", str(ckpt)).start())
+
+
+def test_output_mode_rules_with_sparks_wording(ss, events, tmp_path):
+    keyed = stream(ss, events).groupBy("k").count()
+    with pytest.raises(AnalysisException, match=r"STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION\] Invalid "
+                       r"streaming output mode: append\. .*streaming aggregations without watermark"):
+        start(keyed, "append", tmp_path / "a")
+    # A watermark that is not on a grouping key does not make rows final either.
+    on_other = stream(ss, events).withWatermark("ts", "5 seconds").groupBy("k").count()
+    with pytest.raises(AnalysisException, match="aggregations without watermark"):
+        start(on_other, "append", tmp_path / "b")
+    with pytest.raises(AnalysisException, match="Sorting is not supported .* Complete output mode"):
+        start(keyed.orderBy("k"), "update", tmp_path / "c")
+    with pytest.raises(AnalysisException, match="Sorting is not supported"):
+        stream(ss, events).orderBy("k")
+    with pytest.raises(AnalysisException, match=r"Distinct aggregations are not supported .* "
+                                                r"approx_count_distinct\(\) instead"):
+        stream(ss, events).groupBy("k").agg(F.countDistinct("v"))
+    with pytest.raises(UnsupportedOperationError, match="percentile_approx.* not supported"):
+        stream(ss, events).groupBy("k").agg(F.percentile_approx("v", 0.5))
+    with pytest.raises(UnsupportedOperationError, match="chained aggregations"):
+        stream(ss, events).groupBy("k").count().groupBy("count").count()
+    with pytest.raises(PySparkAnalysisException):
+        stream(ss, events).groupBy("k").agg(F.sum("no_such_column"))
+    # What Spark allows: complete mode with a sort, update mode without watermark.
+    query = start(keyed.orderBy(F.desc("count"), "k"), "complete", tmp_path / "d", name="sorted")
+    query.processAllAvailable()
+    rows = [tuple(r) for r in ss.spark.table("sorted").collect()]
+    assert rows == [("a", 6), ("b", 6), ("c", 3)]
+    query.stop()
+
+
+def test_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
+    def transform(frame):
+        return (frame.withWatermark("ts", "5 seconds")
+                .groupBy(F.window("ts", "10 seconds", "5 seconds"), "k")
+                .agg(F.count("*").alias("n"), F.sum("v"), F.collect_list("v")))
+
+    def run(ckpt, sink, limit=None):
+        frame = stream(ss, events, 1)
+        query = (transform(frame).writeStream.outputMode("append").foreachBatch(sink)
+                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        return query
+
+    whole: dict[int, list] = {}
+    run(tmp_path / "one", lambda df, i: whole.__setitem__(i, sorted(map(_plain, df.collect()), key=repr)))
+
+    parts: dict[int, list] = {}
+    attempts: list[int] = []
+
+    def failing_sink(df, batch_id):
+        rows = sorted(map(_plain, df.collect()), key=repr)  # batch 3's state is committed here...
+        attempts.append(batch_id)
+        if batch_id == 3 and attempts.count(3) == 1:
+            raise RuntimeError("the sink fails in batch 3")  # ...then the batch fails
+        parts[batch_id] = rows
+
+    with pytest.raises(Exception, match="the sink fails in batch 3"):
+        run(tmp_path / "two", failing_sink)
+    run(tmp_path / "two", failing_sink)  # a new run resumes at batch 3
+    assert attempts == [0, 1, 2, 3, 3, 4, 5]
+    assert parts == whole
+    assert sum(len(rows) for rows in whole.values()) > 0
+
+    # Stopped by stop() after batch 2, started again: the same batches, the same answer.
+    stopped: dict[int, list] = {}
+
+    def record(df, batch_id):
+        stopped[batch_id] = sorted(map(_plain, df.collect()), key=repr)
+
+    query = (transform(stream(ss, events, 1)).writeStream.outputMode("append").foreachBatch(record)
+             .option("checkpointLocation", str(tmp_path / "three"))
+             .trigger(processingTime="200 milliseconds").start())
+    deadline = time.monotonic() + 120
+    while 2 not in stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+    assert max(stopped) < 5, "stopped in the middle"
+    run(tmp_path / "three", record)
+    assert stopped == whole
