@@ -53,7 +53,7 @@ def test_definition_errors_come_where_the_step_is_written(ss):
         frame.groupBy("no_such_column")
     with pytest.raises(PySparkAnalysisException):  # an unknown dedup key fails where it is written
         frame.dropDuplicates(["no_such_column"])
-    with pytest.raises(UnsupportedOperationError, match="dropDuplicatesWithinWatermark"):
+    with pytest.raises(AnalysisException, match="dropDuplicatesWithinWatermark is not supported .* without watermark"):
         frame.dropDuplicatesWithinWatermark(["value"])
     with pytest.raises(UnsupportedOperationError, match="stream-stream join"):
         frame.join(rate(ss), "value")

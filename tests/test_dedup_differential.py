@@ -54,14 +54,18 @@ def comparable(progress):
     return out
 
 
-@pytest.mark.parametrize("case", ["with watermark", "without watermark"])
+TRANSFORMS = {
+    "with watermark": lambda frame: frame.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"]),
+    "without watermark": lambda frame: frame.dropDuplicates(["id"]),
+    # late rows are dropped, but no key is ever evicted
+    "watermark on a non-key column": lambda frame: frame.withWatermark("ts", "10 seconds").dropDuplicates(["id"]),
+    "within watermark": lambda frame: frame.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["id"]),
+}
+
+
+@pytest.mark.parametrize("case", list(TRANSFORMS))
 def test_drop_duplicates_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
-    if case == "with watermark":
-        def transform(frame):
-            return frame.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"])
-    else:
-        def transform(frame):
-            return frame.dropDuplicates(["id"])
+    transform = TRANSFORMS[case]
     theirs, their_progress = run(spark, events, tmp_path / "spark", transform)
     ours, our_progress = run(ss, events, tmp_path / "microbatch", transform)
     assert ours == theirs
@@ -74,8 +78,9 @@ def test_drop_duplicates_matches_spark_batch_by_batch(spark, ss, events, tmp_pat
             ours_text = (tmp_path / "microbatch" / name / batch).read_text().split("\n")
             watermark = "batchWatermarkMs" if name == "offsets" else "nextBatchWatermarkMs"
             assert json.loads(ours_text[1])[watermark] == json.loads(theirs_text[1])[watermark], (name, batch)
-    if case == "with watermark":
+    if case != "without watermark":
         assert len(ours) == 5, "a no-data batch evicts state after the last file, as in Spark"
+        assert any(op["numRowsDroppedByWatermark"] for p in our_progress for op in p["stateOperators"])
 
 
 def test_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
@@ -105,6 +110,15 @@ def test_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
     query.awaitTermination(120)
     assert attempts == [0, 1, 2, 2, 3, 4]
     assert sorted(outputs.items()) == whole
+
+
+def test_within_watermark_needs_a_watermark(spark, ss, events):
+    with pytest.raises(Exception) as theirs:
+        spark.readStream.schema("id INT, ts TIMESTAMP").json(events).dropDuplicatesWithinWatermark(["id"]) \
+            .writeStream.format("noop").start().awaitTermination(60)
+    with pytest.raises(AnalysisException) as ours:
+        ss.readStream.schema("id INT, ts TIMESTAMP").json(events).dropDuplicatesWithinWatermark(["id"])
+    assert str(ours.value).split(";")[0] in str(theirs.value)
 
 
 def test_dedup_output_modes(ss, events, tmp_path):

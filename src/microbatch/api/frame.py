@@ -274,8 +274,18 @@ class StreamFrame:
 
     drop_duplicates = dropDuplicates
 
-    def dropDuplicatesWithinWatermark(self, subset: Any = None):
-        raise not_yet("dropDuplicatesWithinWatermark")
+    def dropDuplicatesWithinWatermark(self, subset: Any = None) -> "StreamFrame":
+        """Drop rows whose key was seen within the watermark delay (Spark 3.5's operator):
+        a key is kept until the watermark passes its first row's event time + delay."""
+        if subset is not None and not isinstance(subset, (list, tuple)):
+            raise IllegalArgumentException("subset should be a list or tuple of column names")
+        if not any(isinstance(n, Watermark) for n in self._plan.nodes()):
+            raise AnalysisException("dropDuplicatesWithinWatermark is not supported on streaming "
+                                    "DataFrames/DataSets without watermark;")
+        template = self._template.dropDuplicatesWithinWatermark(list(subset) if subset is not None else None)
+        by_lower = {c.lower(): c for c in self.columns}
+        keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
+        return StreamFrame(self._session, Deduplicate(self._plan, keys, within_watermark=True), template)
 
     def distinct(self) -> "StreamFrame":
         return self.dropDuplicates()

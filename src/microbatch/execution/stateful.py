@@ -74,7 +74,15 @@ def _store_field(field) -> tuple[pa.Field, bool]:
 
 @dataclass(frozen=True)
 class DedupTask:
-    """The per-partition function of a ``Deduplicate`` (shipped to tasks by cloudpickle)."""
+    """The per-partition function of a ``Deduplicate`` (shipped to tasks by cloudpickle).
+
+    Spark's rules (``StreamingDeduplicateExec``, ``...WithinWatermarkExec``): a row whose
+    event time is at or before the previous batch's watermark is late and dropped; a
+    row whose key is in the store is a duplicate; otherwise its key is stored. After
+    the rows, keys are evicted: by the event-time key (plain, when it is a key) or by
+    the stored expiry, event time + delay (within watermark), at or before this
+    batch's watermark.
+    """
 
     state_root: str
     operator_id: int
@@ -82,9 +90,12 @@ class DedupTask:
     key_indexes: tuple[int, ...]
     timestamp_keys: tuple[bool, ...]
     key_schema: pa.Schema
+    value_schema: pa.Schema
+    event_time_index: int | None       # index in the row of the event-time column
     watermark_key: int | None          # index in the key of the event-time column
+    expiry_delay_us: int | None        # within watermark: the delay
     late_us: int | None                # rows at or before this are late
-    evict_us: int | None               # keys at or before this are evicted
+    evict_us: int | None               # state at or before this is evicted
     conf: StateStoreConf
     metrics: Any                       # an Accumulator of DictSum
 
@@ -93,25 +104,27 @@ class DedupTask:
 
         partition = TaskContext.get().partitionId()
         store_id = StateStoreId(self.state_root, self.operator_id, partition)
-        provider = get_provider(store_id, self.key_schema, pa.schema([]), self.conf)
+        provider = get_provider(store_id, self.key_schema, self.value_schema, self.conf)
         cache_hit = provider.loaded_version == self.version
         store = provider.get_store(self.version)
         updated = late = duplicates = 0
         started = time.monotonic()
-        wm = self.watermark_key
+        check_late = self.event_time_index is not None and self.late_us is not None
+        within = self.expiry_delay_us is not None
         for batch in batches:
             columns = []
             for index, is_timestamp in zip(self.key_indexes, self.timestamp_keys):
                 column = batch.column(index)
                 columns.append((column.cast(pa.int64()) if is_timestamp else column).to_pylist())
+            times = batch.column(self.event_time_index).cast(pa.int64()).to_pylist() \
+                if self.event_time_index is not None else None
             keep = []
-            for key in zip(*columns):
-                if wm is not None and self.late_us is not None and key[wm] is not None \
-                        and key[wm] <= self.late_us:
+            for row, key in enumerate(zip(*columns)):
+                if check_late and times[row] is not None and times[row] <= self.late_us:
                     late += 1
                     keep.append(False)
                 elif store.get(key) is None:
-                    store.put(key, ())
+                    store.put(key, (times[row] + self.expiry_delay_us,) if within else ())
                     updated += 1
                     keep.append(True)
                 else:
@@ -122,10 +135,12 @@ class DedupTask:
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
         removed = read = 0
-        if wm is not None and self.evict_us is not None:
-            for key, _ in list(store.iterator()):
+        if self.evict_us is not None and (within or self.watermark_key is not None):
+            wm = self.watermark_key
+            for key, value in list(store.iterator()):
                 read += 1
-                if key[wm] is not None and key[wm] <= self.evict_us:
+                expires = value[0] if within else key[wm]
+                if expires is not None and expires <= self.evict_us:
                     store.remove(key)
                     removed += 1
         removals_ms = (time.monotonic() - started) * 1000
@@ -172,18 +187,22 @@ class BatchContext:
         names = schema.fieldNames()
         indexes = tuple(names.index(k) for k in node.keys)
         fields = [_store_field(schema.fields[i]) for i in indexes]
+        event_time = node.event_time()
+        late_column = event_time[0] if event_time and event_time[0] in names else None
         watermark = node.watermark_column()
         task = DedupTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
             key_indexes=indexes, timestamp_keys=tuple(t for _, t in fields),
             key_schema=pa.schema([f for f, _ in fields]),
+            value_schema=pa.schema([pa.field("expiresAtMicros", pa.int64())] if node.within_watermark else []),
+            event_time_index=names.index(late_column) if late_column else None,
             watermark_key=node.keys.index(watermark) if watermark else None,
-            late_us=self.late_watermark_ms * 1000 if watermark else None,
-            evict_us=self.eviction_watermark_ms * 1000 if watermark else None,
+            expiry_delay_us=event_time[1] * 1000 if node.within_watermark else None,
+            late_us=self.late_watermark_ms * 1000 if late_column else None,
+            evict_us=self.eviction_watermark_ms * 1000 if event_time else None,
             conf=self.conf, metrics=self.accumulators[self.operator_ids[node]])
         keyed = df.repartition(self.num_partitions, *[F.col(f"`{k}`") for k in node.keys])
         return keyed.mapInArrow(task, schema)
-
 
     def aggregate(self, node: Aggregate, df: DataFrame) -> DataFrame:
         """Buffers per key in Spark, merged with the state per partition, then finalised."""
@@ -226,7 +245,7 @@ def _quoted(name: str) -> str:
 
 def operator_name(node: StatefulNode) -> str:
     if isinstance(node, Deduplicate):
-        return "dedupe"
+        return "dedupeWithinWatermark" if node.within_watermark else "dedupe"
     if isinstance(node, Aggregate):
         return "stateStoreSave"
     return type(node).__name__

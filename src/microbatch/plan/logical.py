@@ -201,26 +201,41 @@ class StatefulNode(PlanNode):
 
 @dataclass(eq=False)
 class Deduplicate(StatefulNode):
-    """``dropDuplicates(keys)``: the first row of each key ever seen; with a watermark
-    on a key column, late rows are dropped and keys evicted once behind the watermark."""
+    """``dropDuplicates(keys)``: the first row of each key ever seen. With a watermark,
+    rows whose event time is at or before it are dropped as late; with the event-time
+    column among the keys, keys behind the watermark are also evicted (Spark's rules).
+
+    ``within_watermark``: ``dropDuplicatesWithinWatermark(keys)``, where a key is kept
+    until the watermark passes the event time of its first row plus the delay."""
 
     child: PlanNode
     keys: tuple[str, ...]
+    within_watermark: bool = False
+
+    def event_time(self) -> tuple[str, int] | None:
+        """The event-time column and delay of the watermark below this node."""
+        for node in self.child.nodes():
+            if isinstance(node, Watermark):
+                return node.event_time, node.delay_ms
+        return None
 
     def watermark_column(self) -> str | None:
-        for node in self.child.nodes():
-            if isinstance(node, Watermark) and node.event_time in self.keys:
-                return node.event_time
+        found = self.event_time()
+        if found and not self.within_watermark and found[0] in self.keys:
+            return found[0]
         return None
 
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)
         if ctx is None:
+            if self.within_watermark:
+                return df.dropDuplicatesWithinWatermark(list(self.keys))
             return df.dropDuplicates(list(self.keys))
         return ctx.deduplicate(self, df)
 
     def describe(self) -> str:
-        return f"Deduplicate [{', '.join(self.keys)}]"
+        name = "DeduplicateWithinWatermark" if self.within_watermark else "Deduplicate"
+        return f"{name} [{', '.join(self.keys)}]"
 
 
 @dataclass(eq=False)
