@@ -140,3 +140,36 @@ def test_approx_count_distinct_matches_spark_beyond_linear_counting(spark, ss, t
                     .groupBy("k").agg(*aggs).collect())
     assert ours == theirs
     assert ours[1][1] != 9000  # an estimate, not an exact count: the HLL++ path is exercised
+
+
+def test_changed_state_schema_or_damaged_state_file_is_refused(ss, events, tmp_path):
+    ckpt = tmp_path / "ckpt"
+
+    def run(transform, location=ckpt):
+        frame = stream(ss, events, 1)
+        query = (transform(frame).writeStream.outputMode("update").format("noop")
+                 .option("checkpointLocation", str(location)).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+
+    run(lambda f: f.groupBy("k").agg(F.sum("v")))
+    schema = json.loads((ckpt / "state" / "0" / "_metadata" / "schema").read_text())
+    assert schema["operatorName"] == "stateStoreSave" and schema["keySchema"]["fields"][0]["name"] == "k"
+    commits = sorted(os.listdir(ckpt / "commits"))
+    with pytest.raises(Exception, match=r"operator 0 \(stateStoreSave\) .* the value schema was "
+                                        r"struct<.*bigint> and is now struct<.*double,.*bigint>"):
+        run(lambda f: f.groupBy("k").agg(F.avg("v")))
+    with pytest.raises(Exception, match=r"the key schema was struct<k:string> and is now struct<v:int>"):
+        run(lambda f: f.groupBy("v").agg(F.sum("v")))
+    assert sorted(os.listdir(ckpt / "commits")) == commits
+
+    # A damaged delta file: a clear error naming it, and the file left as it was.
+    copy = tmp_path / "copy"   # a new location: no executor has this state cached
+    import shutil
+    shutil.copytree(ckpt, copy)
+    (copy / "offsets" / "4").unlink()
+    (copy / "commits" / "4").unlink()
+    delta = next(p for p in sorted((copy / "state" / "0").glob("*/4.delta.arrow")))
+    delta.write_bytes(b"not arrow")
+    with pytest.raises(Exception, match=r"Error reading state file .*4\.delta\.arrow.* damaged"):
+        run(lambda f: f.groupBy("k").agg(F.sum("v")), copy)
+    assert delta.read_bytes() == b"not arrow"

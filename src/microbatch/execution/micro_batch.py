@@ -45,7 +45,7 @@ from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Onc
                                            ProcessingTime, ProcessingTimeExecutor,
                                            SingleBatchExecutor, Trigger)
 from microbatch.plan.incremental import IncrementalExecution, uses_current_time
-from microbatch.plan.logical import Aggregate, PlanNode, StreamingRelation, Watermark
+from microbatch.plan.logical import Aggregate, PlanNode, StatefulNode, StreamingRelation, Watermark
 from microbatch.sinks.base import Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
 from microbatch.state.store import StateStoreConf
@@ -131,6 +131,7 @@ class MicroBatchExecution(StreamExecution):
         self._prev_batch_watermark_ms = 0
         self._requires_another_batch = False
         self._state_metrics: dict[int, Any] = {}
+        self._state_schemas_written = False
         self._store_conf: StateStoreConf | None = None
         if isinstance(trigger, ProcessingTime):
             self.trigger_executor = ProcessingTimeExecutor(trigger, self.clock, self.interrupt)
@@ -309,6 +310,38 @@ class MicroBatchExecution(StreamExecution):
         log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
         self._check_state_operators()
+        self._check_state_schemas()
+
+    def _state_schemas(self) -> list[tuple[str, StatefulNode, Any, Any]]:
+        """(schema file, operator, key schema, value schema) of every stateful operator."""
+        from microbatch.execution.stateful import state_schema
+        inputs = {r: self._empty_batch(i) for i, r in enumerate(self.relations)}
+        return [(f"{self.checkpoint_root}/state/{op}/_metadata/schema", node,
+                 *state_schema(node, node.child.build(inputs).schema))
+                for op, node in enumerate(self.stateful)]
+
+    def _check_state_schemas(self) -> None:
+        """An operator's key and value schema must be those its state was written with."""
+        from microbatch.execution.stateful import operator_name, schema_difference
+        for op, (path, node, key, value) in enumerate(self._state_schemas()):
+            if not self.fs.exists(path):
+                continue
+            difference = schema_difference(self.fs.read_text(path), node, key, value)
+            if difference:
+                raise CheckpointError(
+                    f"The state of stateful operator {op} ({operator_name(node)}) in checkpoint "
+                    f"'{self.checkpoint_root}' does not fit the query: {difference} ({path}). "
+                    "Changing the grouping keys, the aggregate functions or the deduplication "
+                    "columns of a running query is not supported (as in Spark): restore the "
+                    "query as it was, or start it with a new checkpoint location.")
+
+    def _write_state_schemas(self) -> None:
+        from microbatch.execution.stateful import schema_document
+        for path, node, key, value in self._state_schemas():
+            if not self.fs.exists(path):
+                self.fs.mkdirs(path.rsplit("/", 1)[0])
+                self.fs.write(path, schema_document(node, key, value))
+        self._state_schemas_written = True
 
     def _check_state_operators(self) -> None:
         """The stateful operators must be those whose state the checkpoint holds."""
@@ -441,6 +474,8 @@ class MicroBatchExecution(StreamExecution):
                     self._batch_session, self.plan, uses_current_time(template))
             batch_df = self._incremental.batch_dataframe(inputs, self.offset_seq_metadata, ctx)
             self.last_batch_df = batch_df
+        if self.stateful and not self._state_schemas_written:
+            self._write_state_schemas()
         sc = self.spark.sparkContext
         sc.setLocalProperty("streaming.sql.batchId", str(batch_id))
         with progress.time_phase("addBatch"):

@@ -266,3 +266,37 @@ def state_operator_progress(node: StatefulNode, metrics: dict, num_partitions: i
 
 def committed_partitions(metrics: dict) -> set[int]:
     return {int(k[len("partition_"):]) for k in metrics if k.startswith("partition_")}
+
+
+def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructType, StructType]:
+    """The key and value schema of an operator's state (Spark types), for the checkpoint."""
+    from pyspark.sql.types import LongType, StructField
+    if isinstance(node, Aggregate):
+        fields = node.spec.partial_schema.fields
+        count = len(node.spec.key_names)
+        return StructType(fields[:count]), StructType(fields[count:])
+    by_name = {f.name: f for f in child_schema.fields}
+    key = StructType([by_name[k] for k in node.keys])
+    within = isinstance(node, Deduplicate) and node.within_watermark
+    return key, StructType([StructField("expiresAtMicros", LongType(), False)] if within else [])
+
+
+def schema_document(node: StatefulNode, key: StructType, value: StructType) -> str:
+    """``state/<op>/_metadata/schema``: JSON text naming the operator and its schemas."""
+    import json
+    return json.dumps({"version": 1, "operatorName": operator_name(node),
+                       "keySchema": key.jsonValue(), "valueSchema": value.jsonValue()}, sort_keys=True)
+
+
+def schema_difference(stored: str, node: StatefulNode, key: StructType, value: StructType) -> str | None:
+    """What differs between a stored schema document and the operator's schemas."""
+    import json
+    doc = json.loads(stored)
+    found = []
+    if doc.get("operatorName") != operator_name(node):
+        found.append(f"the operator was {doc.get('operatorName')} and is now {operator_name(node)}")
+    for what, now in (("key", key), ("value", value)):
+        before = StructType.fromJson(doc[f"{what}Schema"])
+        if [(f.name, f.dataType) for f in before.fields] != [(f.name, f.dataType) for f in now.fields]:
+            found.append(f"the {what} schema was {before.simpleString()} and is now {now.simpleString()}")
+    return "; ".join(found) or None
