@@ -173,3 +173,25 @@ def test_changed_state_schema_or_damaged_state_file_is_refused(ss, events, tmp_p
     with pytest.raises(Exception, match=r"Error reading state file .*4\.delta\.arrow.* damaged"):
         run(lambda f: f.groupBy("k").agg(F.sum("v")), copy)
     assert delta.read_bytes() == b"not arrow"
+
+
+def test_state_is_readable_at_any_retained_batch(ss, events, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    frame = stream(ss, events, 1).withWatermark("ts", "5 seconds")
+    query = (frame.groupBy(F.window("ts", "10 seconds"), "k").agg(F.sum("v"), F.avg("v"))
+             .writeStream.outputMode("append").format("noop")
+             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    state = ss.read.format("statestore").option("batchId", 1).load(str(ckpt))
+    assert state.columns == ["key", "value", "partition_id"]
+    rows = {(r.key.window.start.second, r.key.k): tuple(r.value) for r in state.collect()}
+    # After files 0 and 1: sum(v) and avg's (sum, count) per window and key.
+    assert rows == {(0, "a"): (4, 4.0, 2), (0, "b"): (7, 7.0, 2), (10, "a"): (4, 4.0, 1),
+                    (10, "c"): (6, 6.0, 1)}
+    latest = ss.read.format("statestore").load(str(ckpt))   # after the last batch: one window is open
+    assert [(r.key.window.start.second, r.key.k) for r in latest.collect()] == [(50, "c")]
+    with pytest.raises(Exception, match="batchId 99 is not committed"):
+        ss.read.format("statestore").option("batchId", 99).load(str(ckpt))
+    with pytest.raises(Exception, match="no state for operator 1"):
+        ss.read.format("statestore").option("operatorId", 1).load(str(ckpt))
+    assert ss.read.format("json").schema("k STRING").load(events).count() > 0  # other formats: Spark's

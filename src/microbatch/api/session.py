@@ -45,6 +45,12 @@ class StreamingSession:
         self.streams = StreamingQueryManager(self.spark)
 
     @property
+    def read(self):
+        """Spark's batch reader, plus ``format("statestore")`` to read a query's state."""
+        from microbatch.api.state_reader import SessionReader
+        return SessionReader(self.spark)
+
+    @property
     def readStream(self) -> DataStreamReader:
         return DataStreamReader(self)
 

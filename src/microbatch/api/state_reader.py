@@ -1,0 +1,148 @@
+"""Reading a query's state as a DataFrame: ``ss.read.format("statestore")``.
+
+Like Spark's state data source, with its option names: ``batchId`` (default: the
+latest committed batch; the state *after* that batch), ``operatorId`` (default 0)
+and ``storeName`` (default ``default``). The result has Spark's columns ``key``
+and ``value`` (structs of the operator's key and value schema) and
+``partition_id``. An aggregation's value holds its merge buffers (e.g. the sum
+and count of an ``avg``). The state is read on the driver: this is an inspection
+tool, not a path for big data.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import IntegerType, StructField, StructType
+
+from microbatch.checkpoint.commits import CommitLog
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.errors import AnalysisException, CheckpointError, IllegalArgumentException
+from microbatch.state.map_provider import MapStateStoreProvider
+from microbatch.state.store import StateStoreConf, StateStoreId
+from microbatch.util import option_value
+
+class SessionReader:
+    """``ss.read``: Spark's DataFrameReader, plus the ``statestore`` format."""
+
+    def __init__(self, spark: SparkSession):
+        self._spark = spark
+
+    def format(self, source: str) -> Any:
+        if source.lower() == "statestore":
+            return StateStoreReader(self._spark)
+        return self._spark.read.format(source)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spark.read, name)
+
+
+class StateStoreReader:
+    def __init__(self, spark: SparkSession):
+        self._spark = spark
+        self._options: dict[str, str] = {}
+
+    def option(self, key: str, value: Any) -> "StateStoreReader":
+        self._options[key.lower()] = option_value(value)
+        return self
+
+    def options(self, **options: Any) -> "StateStoreReader":
+        for k, v in options.items():
+            self.option(k, v)
+        return self
+
+    def _int_option(self, name: str, default: int | None) -> int | None:
+        text = self._options.get(name.lower())
+        if text is None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise IllegalArgumentException(
+                f"Invalid value '{text}' for option '{name}': it must be an integer >= 0.")
+        return value
+
+    def load(self, path: str | None = None) -> DataFrame:
+        path = path or self._options.get("path")
+        if not path:
+            raise IllegalArgumentException("'path' (the query's checkpoint location) is not specified.")
+        fs = CheckpointFileSystem()
+        root = fs.resolve(path)
+        operator = self._int_option("operatorId", 0)
+        store_name = self._options.get("storename", "default")
+        latest = CommitLog(f"{root}/commits", fs).get_latest()
+        if latest is None:
+            raise AnalysisException(f"The checkpoint '{path}' has no committed batch, so no state to read.")
+        batch_id = self._int_option("batchId", latest[0])
+        if batch_id > latest[0]:
+            raise IllegalArgumentException(
+                f"batchId {batch_id} is not committed in checkpoint '{path}': the latest committed "
+                f"batch is {latest[0]}.")
+        op_dir = f"{root}/state/{operator}"
+        schema_path = f"{op_dir}/_metadata/schema"
+        if not fs.exists(schema_path):
+            raise AnalysisException(
+                f"The checkpoint '{path}' has no state for operator {operator} ({schema_path} does "
+                "not exist). Operators are numbered from 0 in the order of the query plan, top down.")
+        doc = json.loads(fs.read_text(schema_path))
+        key_type = StructType.fromJson(doc["keySchema"])
+        value_type = StructType.fromJson(doc["valueSchema"])
+        partitions = sorted(int(n) for n in fs.list(op_dir) if n.isdigit())
+        keys: list = []
+        values: list = []
+        partition_ids: list[int] = []
+        storage: tuple[pa.DataType, pa.DataType] | None = None
+        for partition in partitions:
+            store_id = StateStoreId(f"{root}/state", operator, partition, store_name)
+            file_schema = _file_schema(store_id.path)
+            if file_schema is None:
+                continue
+            storage = (file_schema.field("key").type, file_schema.field("value").type)
+            provider = MapStateStoreProvider(store_id, pa.schema(list(storage[0])),
+                                             pa.schema(list(storage[1])), StateStoreConf())
+            try:
+                provider.get_store(batch_id + 1)
+            except CheckpointError as e:
+                raise CheckpointError(
+                    f"The state of operator {operator} after batch {batch_id} is not available: {e} "
+                    "(state older than spark.sql.streaming.minBatchesToRetain batches is removed).") from e
+            for key, value in provider.map.items():
+                keys.append(key)
+                values.append(value)
+                partition_ids.append(partition)
+        spark_schema = StructType([StructField("key", key_type), StructField("value", value_type),
+                                   StructField("partition_id", IntegerType())])
+        if storage is None:
+            return self._spark.createDataFrame([], spark_schema)
+        columns = [_struct(keys, storage[0], key_type), _struct(values, storage[1], value_type),
+                   pa.array(partition_ids, type=pa.int32())]
+        table = pa.Table.from_arrays(columns, names=["key", "value", "partition_id"])
+        return self._spark.createDataFrame(table, spark_schema)
+
+
+def _file_schema(directory: str) -> pa.Schema | None:
+    """The Arrow schema of a state directory's files (they all share it)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".arrow"))
+    except FileNotFoundError:
+        return None
+    if not names:
+        return None
+    with pa.OSFile(os.path.join(directory, names[-1]), "rb") as source:
+        return ipc.open_stream(source).schema
+
+
+def _struct(rows: list[tuple], storage: pa.StructType, spark_type: StructType) -> pa.Array:
+    columns = [pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(storage)]
+    array = pa.StructArray.from_arrays(columns, fields=list(storage)) if columns else \
+        pa.array([{}] * len(rows), type=pa.struct([]))
+    target = to_arrow_type(spark_type, timezone="UTC")
+    return array if array.type == target else array.cast(target)
+
