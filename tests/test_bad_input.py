@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 from pyspark.errors import AnalysisException as PySparkAnalysisException
-from pyspark.sql import functions as F
 
 from microbatch import (AnalysisException, IllegalArgumentException, MemoryStream,
                         StreamingQueryException, UnsupportedOperationError)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from pyspark.sql import functions as F
 
 from microbatch import ManualClock
 from microbatch.sources.rate import value_at_second

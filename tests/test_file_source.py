@@ -1,7 +1,6 @@
 """The file source: Spark's schema rules, listing, read limits, options, clean-up, bad input."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest

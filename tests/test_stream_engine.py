@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from microbatch import ManualClock, MemoryStream, Trigger
 from microbatch.sinks.memory import MemorySink
 from microbatch.testing import (AddData, AdvanceManualClock, AssertOnQuery, CheckAnswer,
-                                CheckLastBatch, CheckNewAnswer, Execute, ExpectFailure,
+                                CheckLastBatch, CheckNewAnswer, ExpectFailure,
                                 StartStream, StopStream, test_stream)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from microbatch.api.query import StreamingQuery
-from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.errors import IllegalArgumentException
 from microbatch.execution.events import ListenerBus
 from microbatch.execution.micro_batch import MicroBatchExecution
 from microbatch.execution.stream_execution import StreamExecution

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from microbatch.plan.logical import StreamingRelation

@@ -241,7 +241,7 @@ class Deduplicate(StatefulNode):
 @dataclass(eq=False)
 class Aggregate(StatefulNode):
     """``groupBy(keys).agg(...)``: per key, the aggregates of every row seen so far,
-    emitted by the output mode's rule (``execution.aggregate_task``)."""
+    emitted by the output mode's rule (``state.aggregate_operator``)."""
 
     child: PlanNode
     keys: tuple                               # the user's grouping columns

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from microbatch.execution.hll import estimate as hll_estimate
+from microbatch.state.hll import estimate as hll_estimate
 from microbatch.state.map_provider import get_provider, hashable
 from microbatch.state.store import StateStoreConf, StateStoreId
 
