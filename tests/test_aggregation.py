@@ -57,12 +57,26 @@ def test_output_mode_rules_with_sparks_wording(ss, events, tmp_path):
         stream(ss, events).groupBy("k").count().groupBy("count").count()
     with pytest.raises(PySparkAnalysisException):
         stream(ss, events).groupBy("k").agg(F.sum("no_such_column"))
+    sessions = stream(ss, events).withWatermark("ts", "5 seconds").groupBy(F.session_window("ts", "6 seconds"))
+    with pytest.raises(AnalysisException, match=r"output mode: update\. This output mode is not supported "
+                                                r"for session window streaming aggregations"):
+        start(sessions.count(), "update", tmp_path / "e")
+    with pytest.raises(UnsupportedOperationError, match="session_window with a gap that is not"):
+        stream(ss, events).groupBy(F.session_window("ts", F.when(F.col("k") == "a", "6 seconds").otherwise("3 seconds"))).count()
     # What Spark allows: complete mode with a sort, update mode without watermark.
     query = start(keyed.orderBy(F.desc("count"), "k"), "complete", tmp_path / "d", name="sorted")
     query.processAllAvailable()
     rows = [tuple(r) for r in ss.spark.table("sorted").collect()]
     assert rows == [("a", 6), ("b", 6), ("c", 3)]
     query.stop()
+    # A session window with no other key: one state partition, the whole stream's sessions.
+    one_batch = stream(ss, events, 100).withWatermark("ts", "5 seconds").groupBy(F.session_window("ts", "6 seconds"))
+    query = start(one_batch.count(), "complete", tmp_path / "f", name="sessions")
+    query.processAllAvailable()
+    ours = sorted(tuple(r) for r in ss.spark.table("sessions").collect())
+    query.stop()
+    every_row = ss.spark.read.schema(SCHEMA).json(events).groupBy(F.session_window("ts", "6 seconds")).count()
+    assert ours == sorted(tuple(r) for r in every_row.collect())  # nothing late in one batch
 
 
 def test_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
@@ -195,3 +209,15 @@ def test_state_is_readable_at_any_retained_batch(ss, events, tmp_path):
     with pytest.raises(Exception, match="no state for operator 1"):
         ss.read.format("statestore").option("operatorId", 1).load(str(ckpt))
     assert ss.read.format("json").schema("k STRING").load(events).count() > 0  # other formats: Spark's
+
+
+def test_session_state_is_readable(ss, events, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    query = (stream(ss, events, 1).withWatermark("ts", "5 seconds")
+             .groupBy(F.session_window("ts", "6 seconds"), "k").agg(F.sum("v"))
+             .writeStream.outputMode("append").format("noop")
+             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    state = ss.read.format("statestore").option("batchId", 2).load(str(ckpt)).collect()
+    sessions = sorted((r.key.k, s.start.second, s.end.second) for r in state for s in r.value.sessions)
+    assert sessions == [("a", 1, 18), ("a", 26, 32), ("b", 2, 10), ("c", 14, 21)]

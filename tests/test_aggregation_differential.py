@@ -135,3 +135,18 @@ def test_aggregation_matches_spark_batch_by_batch(spark, ss, events, tmp_path, n
     if "window" in name and mode != "complete":
         dropped = [op["numRowsDroppedByWatermark"] for p in our_progress for op in p["stateOperators"]]
         assert sum(dropped) > 0, "the events include groups late by the watermark"
+
+
+def sessions(frame):
+    return (frame.withWatermark("ts", "5 seconds").groupBy(F.session_window("ts", "6 seconds"), "k")
+            .agg(F.count("*").alias("n"), F.sum("v"), F.collect_list("v"), F.max("ts")))
+
+
+@pytest.mark.parametrize("mode", ["append", "complete"])
+def test_session_window_matches_spark_batch_by_batch(spark, ss, events, tmp_path, mode):
+    theirs, their_progress = run(spark, events, tmp_path / "spark", sessions, mode)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", sessions, mode)
+    assert ours == theirs
+    assert comparable(our_progress) == comparable(their_progress)
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+    assert any(op["numRowsDroppedByWatermark"] for p in our_progress for op in p["stateOperators"])

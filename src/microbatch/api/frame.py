@@ -348,22 +348,43 @@ class GroupedStream:
         if any(isinstance(n, Aggregate) for n in frame._plan.nodes()):
             raise not_yet("A second aggregation after an aggregation (chained aggregations)")
         spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_")
-        key_index, is_window = self._event_time_key(template, spec.key_names)
+        session = self._session_key(template, spec.key_names)
+        key_index, is_window = self._event_time_key(template, spec.key_names, session)
         node = Aggregate(frame._plan, self._keys, apply, spec, key_index, is_window)
+        if session is not None:
+            node.session_index, node.session_time_column, node.session_gap_ms = session
         return StreamFrame(frame._session, node, template)
 
-    def _event_time_key(self, template: DataFrame, key_names: tuple) -> tuple[int | None, bool]:
+    def _session_key(self, template: DataFrame, key_names: tuple) -> tuple[int, str, int] | None:
+        """(index, time column, gap in ms) of a ``session_window`` grouping key."""
+        by_name = {f.name: f for f in template.schema.fields}
+        for index, (name, key) in enumerate(zip(key_names, self._keys)):
+            if "spark.sessionWindow" not in by_name[name].metadata:
+                continue
+            text = key._jc.toString() if isinstance(key, Column) else ""
+            match = re.fullmatch(r"session_window\((.+), '([^']+)'\)", text)
+            try:
+                gap = interval_to_ms(match.group(2), "gap duration") if match else None
+            except ValueError:
+                gap = None
+            if gap is None or gap <= 0:
+                raise not_yet(f"session_window with a gap that is not a positive literal duration ({text})")
+            return index, match.group(1).strip("`"), gap
+        return None
+
+    def _event_time_key(self, template: DataFrame, key_names: tuple,
+                        session: tuple | None) -> tuple[int | None, bool]:
         """The first grouping key that carries a watermark's event time: the column
-        itself, or a window over it (Spark keeps the watermark on both)."""
+        itself, or a window or session over it (Spark keeps the watermark on all)."""
         event_times = [n.event_time for n in self._frame._plan.nodes() if isinstance(n, Watermark)]
         by_name = {f.name: f for f in template.schema.fields}
         for index, (name, key) in enumerate(zip(key_names, self._keys)):
             field = by_name[name]
-            if "spark.sessionWindow" in field.metadata:
-                raise not_yet("session_window (a session window aggregation)")
-            is_window = "spark.timeWindow" in field.metadata
+            is_window = "spark.timeWindow" in field.metadata or "spark.sessionWindow" in field.metadata
             for event_time in event_times:
-                if isinstance(key, str):
+                if session is not None and index == session[0]:
+                    uses = session[1].lower() == event_time.lower()
+                elif isinstance(key, str):
                     uses = key.lower() == event_time.lower()
                 else:  # the column (or the window) is written over the event-time column
                     text = key._jc.toString()

@@ -497,7 +497,7 @@ class MicroBatchExecution(StreamExecution):
             "sources": [self._source_progress(i, row_counts.get(i, 0)) for i in range(len(self.sources))],
             "sink": self._sink_progress(),
             "eventTime": event_time,
-            "stateOperators": [state_operator_progress(node, self._state_metrics[i].value,
+            "stateOperators": [state_operator_progress(node, self._operator_metrics(ctx, i),
                                                        ctx.num_partitions)
                                for i, node in enumerate(self.stateful)] if ctx is not None else [],
         }
@@ -521,6 +521,15 @@ class MicroBatchExecution(StreamExecution):
             conf=self._store_conf, operator_ids=self.operator_ids,
             accumulators=self._state_metrics, watermark_ids=self.watermark_ids,
             output_mode=self.output_mode)
+
+    def _operator_metrics(self, ctx: BatchContext, op: int) -> dict:
+        """An operator's metrics from its tasks, plus rows dropped in Spark before it."""
+        metrics = dict(self._state_metrics[op].value)
+        if op in ctx.late_observations:
+            observed = self._observed(ctx.late_observations[op]) or {}
+            metrics["numRowsDroppedByWatermark"] = metrics.get("numRowsDroppedByWatermark", 0) \
+                + int(observed.get("late") or 0)
+        return metrics
 
     def _complete_state_commits(self, ctx: BatchContext, batch_df: DataFrame) -> None:
         """Every state partition must commit version N+1, even if the sink read only part

@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType, TimestampNTZType, TimestampType
 
 from microbatch.plan.aggregation import finalize, grouped_partial
 from microbatch.plan.logical import Aggregate, Deduplicate, PlanNode, StatefulNode, Watermark
-from microbatch.state.aggregate_operator import AggregateTask
+from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
 from microbatch.state.store import StateStoreConf
 
@@ -60,6 +60,10 @@ def watermark_nodes(plan: PlanNode) -> list[Watermark]:
     return [n for n in plan.nodes() if isinstance(n, Watermark)]
 
 
+def _us_column(name: str):
+    return F.expr(f"unix_micros(CAST(`{name}` AS TIMESTAMP))")
+
+
 def _ms_column(name: str):
     return F.expr(f"unix_micros(CAST(`{name}` AS TIMESTAMP)) div 1000")
 
@@ -88,6 +92,7 @@ class BatchContext:
         self.accumulators = accumulators
         self.watermark_ids = watermark_ids
         self.output_mode = output_mode
+        self.late_observations: dict[int, Observation] = {}   # operator -> rows dropped before it
         self.observations: dict[Watermark, Observation] = {}
 
     def observe_event_time(self, node: Watermark, df: DataFrame) -> DataFrame:
@@ -122,10 +127,21 @@ class BatchContext:
     def aggregate(self, node: Aggregate, df: DataFrame) -> DataFrame:
         """Buffers per key in Spark, merged with the state per partition, then finalised."""
         spec = node.spec
+        op = self.operator_ids[node]
+        if node.session_index is not None and node.event_time_key is not None:
+            # A session is late when it ends (event time + gap) at or before the previous
+            # batch's watermark: such rows are dropped before the batch's sessions form.
+            late = _us_column(node.session_time_column) + node.session_gap_ms * 1000 \
+                <= F.lit(self.late_watermark_ms * 1000)
+            observation = Observation(f"microbatch_late_rows_{op}_{self.batch_id}")
+            self.late_observations[op] = observation
+            df = df.observe(observation, F.count(F.when(late, 1)).alias("late")).filter(~late | late.isNull())
         partial = grouped_partial(df, node.keys, spec.calls, spec.buffer_names)
-        if spec.key_names:   # the state partition of a key is fixed: hash of the key, mod N
-            partial = partial.repartition(self.num_partitions,
-                                          *[F.col(_quoted(k)) for k in spec.key_names])
+        partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
+        if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
+            partial = partial.repartition(self.num_partitions, *[F.col(_quoted(k)) for k in partition_keys])
+        elif node.session_index is not None:
+            partial = partial.repartition(1)
         arrow = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
                  for f in spec.partial_schema.fields]
         num_keys = len(spec.key_names)
@@ -134,6 +150,17 @@ class BatchContext:
             merges.append((call.merge, start, len(names), call.options))
             start += len(names)
         has_watermark = node.event_time_key is not None
+        if node.session_index is not None:
+            session_task = SessionAggregateTask(
+                state_root=self.state_root, operator_id=op, version=self.batch_id,
+                key_fields=tuple(arrow[:num_keys]), session_index=node.session_index,
+                buffer_fields=tuple(arrow[num_keys:]), merges=tuple(merges),
+                output_schema=pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+                                         for f in spec.merged_schema.fields]),
+                mode=self.output_mode,
+                evict_us=self.eviction_watermark_ms * 1000 if has_watermark else None,
+                conf=self.conf, metrics=self.accumulators[op])
+            return finalize(partial.mapInArrow(session_task, spec.merged_schema), spec)
         task = AggregateTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
             key_fields=tuple(arrow[:num_keys]), buffer_fields=tuple(arrow[num_keys:]),
@@ -148,8 +175,9 @@ class BatchContext:
         return finalize(partial.mapInArrow(task, spec.merged_schema), spec)
 
     def partitions_of(self, node: StatefulNode) -> int:
-        """State partitions of an operator: a global aggregation has one."""
-        if isinstance(node, Aggregate) and not node.spec.key_names:
+        """State partitions of an operator: a global aggregation (or a session window
+        without other keys) has one."""
+        if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
             return 1
         return self.num_partitions
 
@@ -162,7 +190,7 @@ def operator_name(node: StatefulNode) -> str:
     if isinstance(node, Deduplicate):
         return "dedupeWithinWatermark" if node.within_watermark else "dedupe"
     if isinstance(node, Aggregate):
-        return "stateStoreSave"
+        return "stateStoreSave" if node.session_index is None else "sessionWindowStateStoreSaveExec"
     return type(node).__name__
 
 
@@ -189,7 +217,14 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
     if isinstance(node, Aggregate):
         fields = node.spec.partial_schema.fields
         count = len(node.spec.key_names)
-        return StructType(fields[:count]), StructType(fields[count:])
+        if node.session_index is None:
+            return StructType(fields[:count]), StructType(fields[count:])
+        # per key without the session: the list of its sessions, each with its buffers
+        from pyspark.sql.types import ArrayType
+        session = fields[node.session_index].dataType
+        keys = [f for i, f in enumerate(fields[:count]) if i != node.session_index]
+        sessions = StructType(list(session.fields) + list(fields[count:]))
+        return StructType(keys), StructType([StructField("sessions", ArrayType(sessions))])
     by_name = {f.name: f for f in child_schema.fields}
     key = StructType([by_name[k] for k in node.keys])
     within = isinstance(node, Deduplicate) and node.within_watermark

@@ -40,6 +40,8 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
             "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
             "complete. This output mode is not supported for no streaming aggregations on "
             "streaming DataFrames/DataSets. Use outputMode('append') (or 'update') for this query.")
+    if mode == "update" and any(a.session_index is not None for a in aggregates):
+        raise _mode_error("update", "session window streaming aggregations")
     if mode == "append" and any(a.event_time_key is None for a in aggregates):
         raise _mode_error("append", "streaming aggregations without watermark")
     sorts = [n for n in plan.nodes() if isinstance(n, Transform) and n.method in ("orderBy", "sort")]

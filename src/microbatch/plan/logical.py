@@ -248,7 +248,10 @@ class Aggregate(StatefulNode):
     apply: Callable[[Any], DataFrame]         # GroupedData -> the batch query (for templates)
     spec: Any                                 # plan.aggregation.AggregateSpec
     event_time_key: int | None = None         # the grouping key that carries event time
-    event_time_is_window: bool = False
+    event_time_is_window: bool = False        # a window or session: its end is the time
+    session_index: int | None = None          # the session_window key, if any
+    session_time_column: str | None = None    # session_window(column, gap)
+    session_gap_ms: int = 0
 
     def watermark_column(self) -> str | None:
         return None if self.event_time_key is None else self.spec.key_names[self.event_time_key]
