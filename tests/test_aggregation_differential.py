@@ -93,7 +93,8 @@ def tumbling_stats(frame):
 
 
 def keyed(frame):
-    return frame.groupBy("k").agg(F.count("*").alias("n"), F.sum("v"), (F.max("v") + 1).alias("top"))
+    return frame.groupBy("k").agg(F.count("*").alias("n"), F.sum("v"), (F.max("v") + 1).alias("top"),
+                                  F.lit("x").alias("constant"))
 
 
 def global_count(frame):

@@ -177,16 +177,12 @@ def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
             "write it as groupBy(columns).agg(aggregate functions).")
     names = grouped.columns
     expressions = _seq(analyzed.aggregateExpressions())
-    num_keys = len(expressions) - sum(1 for e in expressions if _aggregate_expressions(e))
+    num_keys = analyzed.groupingExpressions().size()   # groupBy(...).agg lists the keys first
     calls: list[AggCall] = []
     buffer_names: list[tuple[str, ...]] = []
     outputs: list[tuple[str, str]] = []
     for name, jexpr in zip(names[num_keys:], expressions[num_keys:]):
-        aggs = _aggregate_expressions(jexpr)
-        if not aggs:
-            raise UnsupportedOperationError(
-                f"The aggregation's output column {name} is not an aggregate of the rows; in a "
-                "streaming aggregation every column outside the grouping keys must aggregate.")
+        aggs = _aggregate_expressions(jexpr)   # none: a constant, which Spark allows
         body = jexpr.child().sql() if _simple_name(jexpr) == "Alias" else jexpr.sql()
         for jagg in sorted(aggs, key=lambda j: -len(j.sql())):
             call = _call(jagg)
