@@ -173,3 +173,19 @@ def test_stores_live_in_spark_tasks_and_reruns_do_not_double_count(spark, tmp_pa
             StateStoreId(state_root, 0, partition), KEY, VALUE, StateStoreConf()), 3))
     assert merged == {("a",): (3,), ("b",): (2,), ("c",): (1,), ("d",): (2,)}
     assert sorted(os.listdir(state_root + "/0")) == ["0", "1"]
+
+
+def test_put_absent_marks_new_keys_once_and_sees_removed_keys_as_absent(tmp_path):
+    from microbatch.state.map_provider import MapStateStoreProvider
+    from microbatch.state.store import StateStoreConf, StateStoreId
+    import pyarrow as pa
+    provider = MapStateStoreProvider(StateStoreId(str(tmp_path), 0, 0), pa.schema([("k", pa.int64())]),
+                                     pa.schema([]), StateStoreConf())
+    store = provider.get_store(0)
+    assert store.put_absent([(1,), (2,), (1,)], [(), (), ()]) == [True, True, False]
+    store.commit()
+    store = provider.get_store(1)
+    store.remove((2,))
+    assert store.put_absent([(1,), (2,), (3,), (2,)], [(), (), (), ()]) == [False, True, True, False]
+    store.commit()
+    assert sorted(k for k, _ in provider.get_store(2).iterator()) == [(1,), (2,), (3,)]

@@ -12,7 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from itertools import compress, repeat
+
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.state.map_provider import get_provider
 from microbatch.state.store import StateStoreConf, StateStoreId
@@ -57,38 +60,49 @@ class DedupTask:
         started = time.monotonic()
         check_late = self.event_time_index is not None and self.late_us is not None
         within = self.expiry_delay_us is not None
+        empty: tuple = ()
         for batch in batches:
             columns = []
             for index, is_timestamp in zip(self.key_indexes, self.timestamp_keys):
                 column = batch.column(index)
                 columns.append((column.cast(pa.int64()) if is_timestamp else column).to_pylist())
-            times = batch.column(self.event_time_index).cast(pa.int64()).to_pylist() \
+            keys = list(zip(*columns))
+            times = batch.column(self.event_time_index).cast(pa.int64()) \
                 if self.event_time_index is not None else None
-            keep = []
-            for row, key in enumerate(zip(*columns)):
-                if check_late and times[row] is not None and times[row] <= self.late_us:
-                    late += 1
-                    keep.append(False)
-                elif store.get(key) is None:
-                    store.put(key, (times[row] + self.expiry_delay_us,) if within else ())
-                    updated += 1
-                    keep.append(True)
+            if check_late:
+                on_time = pc.invert(pc.fill_null(pc.less_equal(times, self.late_us), False))
+                late += batch.num_rows - pc.sum(on_time).as_py() if batch.num_rows else 0
+                keys = list(compress(keys, on_time.to_pylist()))
+            else:
+                on_time = None
+            if within:
+                on_time_times = times.filter(on_time) if on_time is not None else times
+                values = [(t + self.expiry_delay_us,) for t in on_time_times.to_pylist()]
+            else:
+                values = repeat(empty)
+            new = store.put_absent(keys, values)
+            kept = sum(new)
+            updated += kept
+            duplicates += len(keys) - kept
+            if kept:
+                if on_time is not None:   # spread the on-time rows' flags over all rows
+                    flags = iter(new)
+                    mask = [next(flags) if ok else False for ok in on_time.to_pylist()]
                 else:
-                    duplicates += 1
-                    keep.append(False)
-            if any(keep):
-                yield batch.filter(pa.array(keep, type=pa.bool_()))
+                    mask = new
+                yield batch.filter(pa.array(mask, type=pa.bool_()))
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
         removed = read = 0
         if self.evict_us is not None and (within or self.watermark_key is not None):
-            wm = self.watermark_key
-            for key, value in list(store.iterator()):
-                read += 1
-                expires = value[0] if within else key[wm]
-                if expires is not None and expires <= self.evict_us:
-                    store.remove(key)
-                    removed += 1
+            wm, evict = self.watermark_key, self.evict_us
+            if within:
+                expired = store.keys_where(lambda k, v: v[0] is not None and v[0] <= evict)
+            else:
+                expired = store.keys_where(lambda k, v: k[wm] is not None and k[wm] <= evict)
+            store.remove_many(expired)
+            removed = len(expired)
+            read = len(provider.map) + updated   # every key is read, as in Spark
         removals_ms = (time.monotonic() - started) * 1000
         store.commit()
         m = store.metrics()

@@ -42,6 +42,7 @@ from microbatch.state.store import (Key, StateStore, StateStoreConf, StateStoreI
 log = logging.getLogger(__name__)
 
 _MISSING = object()
+_ABSENT = object()
 _FILE = re.compile(r"^(\d+)\.(delta|snapshot)\.arrow$")
 
 
@@ -106,6 +107,30 @@ class MapStateStore(StateStore):
     def put(self, key: Key, value: Value) -> None:
         self._check_open()
         self._pending[key] = value
+
+    def put_absent(self, keys: list[Key], values: list[Value]) -> list[bool]:
+        self._check_open()
+        pending, base = self._pending, self.provider.map
+        new = []
+        append = new.append
+        for key, value in zip(keys, values):
+            current = pending.get(key, _ABSENT)
+            absent = key not in base if current is _ABSENT else current is _MISSING
+            if absent:
+                pending[key] = value
+            append(absent)
+        return new
+
+    def remove_many(self, keys: list[Key]) -> None:
+        self._check_open()
+        pending, base = self._pending, self.provider.map
+        self._pending.update((key, _MISSING) for key in keys if key in pending or key in base)
+
+    def keys_where(self, predicate) -> list[Key]:
+        pending, base = self._pending, self.provider.map
+        found = [key for key in base if key not in pending and predicate(key, base[key])]
+        found += [key for key, value in pending.items() if value is not _MISSING and predicate(key, value)]
+        return found
 
     def remove(self, key: Key) -> None:
         self._check_open()
@@ -266,19 +291,20 @@ class MapStateStoreProvider(StateStoreProvider):
                  self.id, version, start, version - start, len(self.map))
 
     def _apply(self, version: int, changes, keep_undo: bool = True) -> None:
-        undo: dict[Key, object] = {}
+        """Apply a version's changes (a dict, or (key, value) pairs read from a file;
+        a value of None or _MISSING removes the key), keeping an undo record."""
+        if not isinstance(changes, dict):
+            changes = dict(changes)
         data = self.map
-        for key, value in (changes.items() if isinstance(changes, dict) else changes):
-            if keep_undo and key not in undo:
-                undo[key] = data.get(key, _MISSING)
-            if value is None or value is _MISSING:
-                data.pop(key, None)
-            else:
-                data[key] = value
         if keep_undo:
-            self._undo[version] = undo
+            get = data.get
+            self._undo[version] = {key: get(key, _MISSING) for key in changes}
             for old in [v for v in self._undo if v <= version - self.conf.max_versions_in_memory]:
                 del self._undo[old]
+        removed = [key for key, value in changes.items() if value is None or value is _MISSING]
+        data.update(changes)          # C speed; the removed keys are deleted right after
+        for key in removed:
+            del data[key]
         self.loaded_version = version
         self._deltas_since_snapshot += 1
 

@@ -84,6 +84,27 @@ class StateStore(ABC):
     @abstractmethod
     def remove(self, key: Key) -> None: ...
 
+    def remove_many(self, keys: list[Key]) -> None:
+        """Remove every key of ``keys``; stores may override this with a bulk version."""
+        for key in keys:
+            self.remove(key)
+
+    def keys_where(self, predicate) -> list[Key]:
+        """The keys whose ``predicate(key, value)`` is true (for eviction)."""
+        return [key for key, value in self.iterator() if predicate(key, value)]
+
+    def put_absent(self, keys: list[Key], values: list[Value]) -> list[bool]:
+        """Put each key that the store does not hold (in order, so a key repeated in
+        ``keys`` is new only the first time); True where the key was new. Stores may
+        override this with a faster bulk version."""
+        new = []
+        for key, value in zip(keys, values):
+            absent = self.get(key) is None
+            if absent:
+                self.put(key, value)
+            new.append(absent)
+        return new
+
     @abstractmethod
     def iterator(self) -> Iterator[tuple[Key, Value]]:
         """Every key and value, this store's uncommitted changes included."""
