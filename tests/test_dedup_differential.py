@@ -133,6 +133,8 @@ def test_state_provider_recorded_and_foreign_or_missing_state_refused(spark, ss,
         return frame.dropDuplicates(["id"])
     ckpt = tmp_path / "ckpt"
     run(ss, events, ckpt, transform)
+    state = ss.read.format("statestore").load(str(ckpt)).collect()   # a value with no columns
+    assert sorted(r.key.id for r in state) == [1, 2, 3, 4, 5, 6] and state[0].value == ()
     conf = json.loads((ckpt / "offsets" / "0").read_text().split("\n")[1])["conf"]
     assert conf["spark.sql.streaming.stateStore.providerClass"] == \
         "microbatch.state.map_provider.MapStateStoreProvider"
