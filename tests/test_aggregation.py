@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -10,20 +11,13 @@ from pyspark.errors import AnalysisException as PySparkAnalysisException
 from pyspark.sql import functions as F
 
 from microbatch.errors import AnalysisException, UnsupportedOperationError
-from test_aggregation_differential import EVENTS, SCHEMA, _plain  # noqa: F401 - shared events
+from stream_events import write_event_files
+from test_aggregation_differential import EVENTS, SCHEMA, _plain, event_record
 
 
 @pytest.fixture
 def events(tmp_path):
-    directory = tmp_path / "events"
-    directory.mkdir()
-    base = time.time() - 10_000
-    for i, batch in enumerate(EVENTS):
-        path = directory / f"f{i}.json"
-        path.write_text("".join(json.dumps({"k": k, "ts": f"2026-01-01 {t}", "v": v}) + "\n"
-                                for k, t, v in batch))
-        os.utime(path, (base + i, base + i))
-    return str(directory)
+    return write_event_files(tmp_path / "events", EVENTS, event_record)
 
 
 def stream(ss, events, files_per_batch=1):
@@ -114,16 +108,17 @@ def test_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
 
     # Stopped by stop() after batch 2, started again: the same batches, the same answer.
     stopped: dict[int, list] = {}
+    reached_batch_2 = threading.Event()
 
     def record(df, batch_id):
         stopped[batch_id] = sorted(map(_plain, df.collect()), key=repr)
+        if batch_id == 2:
+            reached_batch_2.set()
 
     query = (transform(stream(ss, events, 1)).writeStream.outputMode("append").foreachBatch(record)
              .option("checkpointLocation", str(tmp_path / "three"))
              .trigger(processingTime="200 milliseconds").start())
-    deadline = time.monotonic() + 120
-    while 2 not in stopped and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert reached_batch_2.wait(120)
     query.stop()
     assert max(stopped) < 5, "stopped in the middle"
     run(tmp_path / "three", record)

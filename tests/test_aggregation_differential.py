@@ -7,13 +7,12 @@ event-time stats in every progress entry, and the same state-operator counts.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import time
 
 import pytest
 from pyspark.sql import functions as F
+
+from stream_events import comparable, watermarks, write_event_files
 
 # (key, event time, value) per file; the watermark delay is 5 seconds.
 EVENTS = [
@@ -28,15 +27,11 @@ SCHEMA = "k STRING, ts TIMESTAMP, v INT"
 
 @pytest.fixture
 def events(tmp_path):
-    directory = tmp_path / "events"
-    directory.mkdir()
-    base = time.time() - 10_000
-    for i, batch in enumerate(EVENTS):
-        path = directory / f"f{i}.json"
-        path.write_text("".join(json.dumps({"k": k, "ts": f"2026-01-01 {t}", "v": v}) + "\n"
-                                for k, t, v in batch))
-        os.utime(path, (base + i, base + i))
-    return str(directory)
+    return write_event_files(tmp_path / "events", EVENTS, event_record)
+
+
+def event_record(k, t, v):
+    return {"k": k, "ts": f"2026-01-01 {t}", "v": v}
 
 
 def _plain(value):
@@ -60,25 +55,6 @@ def run(session, events, ckpt, transform, mode):
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     return batches, query.recentProgress
-
-
-def comparable(progress):
-    out = []
-    for p in progress:
-        ops = [{k: v for k, v in op.items() if k in (
-            "operatorName", "numRowsTotal", "numRowsUpdated", "numRowsRemoved",
-            "numRowsDroppedByWatermark", "numShufflePartitions", "numStateStoreInstances")}
-            for op in p["stateOperators"]]
-        out.append((p["batchId"], p.get("eventTime") or None, ops, p["numInputRows"]))
-    return out
-
-
-def watermarks(ckpt):
-    found = []
-    for name, key in (("offsets", "batchWatermarkMs"), ("commits", "nextBatchWatermarkMs")):
-        for batch in sorted((b for b in os.listdir(ckpt / name) if b.isdigit()), key=int):
-            found.append((name, batch, json.loads((ckpt / name / batch).read_text().split("\n")[1])[key]))
-    return found
 
 
 def sliding_count(frame):

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
 from microbatch.errors import AnalysisException
+from stream_events import comparable, write_event_files
+
+DEDUP = ("numDroppedDuplicateRows",)
 
 # One file per batch; late rows, duplicates inside a batch and across batches.
 EVENTS = [
@@ -20,14 +22,7 @@ EVENTS = [
 
 @pytest.fixture
 def events(tmp_path):
-    directory = tmp_path / "events"
-    directory.mkdir()
-    base = time.time() - 10_000
-    for i, batch in enumerate(EVENTS):
-        path = directory / f"f{i}.json"
-        path.write_text("".join(json.dumps({"id": k, "ts": f"2026-01-01 {t}"}) + "\n" for k, t in batch))
-        os.utime(path, (base + i, base + i))
-    return str(directory)
+    return write_event_files(tmp_path / "events", EVENTS, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
 
 
 def run(reader_session, events, ckpt, transform):
@@ -40,18 +35,6 @@ def run(reader_session, events, ckpt, transform):
     query.awaitTermination(300)
     assert query.exception() is None
     return batches, query.recentProgress
-
-
-def comparable(progress):
-    out = []
-    for p in progress:
-        ops = [{k: v for k, v in op.items() if k in (
-            "operatorName", "numRowsTotal", "numRowsUpdated", "numRowsRemoved",
-            "numRowsDroppedByWatermark", "numShufflePartitions", "numStateStoreInstances")}
-            for op in p["stateOperators"]]
-        dropped = [op["customMetrics"].get("numDroppedDuplicateRows") for op in p["stateOperators"]]
-        out.append((p["batchId"], p.get("eventTime") or None, ops, dropped, p["numInputRows"]))
-    return out
 
 
 TRANSFORMS = {
@@ -69,7 +52,7 @@ def test_drop_duplicates_matches_spark_batch_by_batch(spark, ss, events, tmp_pat
     theirs, their_progress = run(spark, events, tmp_path / "spark", transform)
     ours, our_progress = run(ss, events, tmp_path / "microbatch", transform)
     assert ours == theirs
-    assert comparable(our_progress) == comparable(their_progress)
+    assert comparable(our_progress, DEDUP) == comparable(their_progress, DEDUP)
     for name in ("offsets", "commits"):
         for batch in sorted(os.listdir(tmp_path / "spark" / name)):
             if batch.endswith(".crc") or batch.startswith("."):

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from microbatch.state.hll import estimate as hll_estimate
 from microbatch.state.map_provider import get_provider, hashable
-from microbatch.state.store import StateStoreConf, StateStoreId
+from microbatch.state.store import StateStoreConf, StateStoreId, task_metrics
 
 
 def storage_type(t: pa.DataType) -> pa.DataType:
@@ -59,6 +59,22 @@ def to_python(column: pa.Array, storage: pa.DataType, as_key: bool = False) -> l
 def from_python(values: list, storage: pa.DataType, target: pa.DataType) -> pa.Array:
     array = pa.array(values, type=storage)
     return array if storage == target else array.cast(target)
+
+
+def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[pa.Array]:
+    """The output columns of merged buffers (one tuple per row): each buffer as its
+    Arrow type, an HLL++ buffer as its estimate."""
+    columns = []
+    for kind, start, count, options in merges:
+        if kind == "hll":
+            p, threshold, raw, bias = options
+            estimates = [hll_estimate(dict(_merge_hll(v[start], ())), p, threshold, list(raw), list(bias))
+                         for v in values]
+            columns.append(pa.array(estimates, type=pa.int64()))
+            continue
+        for j in range(start, start + count):
+            columns.append(from_python([v[j] for v in values], value_storage[j], fields[j].type))
+    return columns
 
 
 def _less(a: Any, b: Any) -> bool:
@@ -212,29 +228,18 @@ class AggregateTask:
         m = store.metrics()
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
-        self.metrics.add({
-            "numRowsTotal": m.num_keys, "numRowsUpdated": updated, "numRowsRemoved": removed,
-            "allUpdatesTimeMs": int(updates_ms), "allRemovalsTimeMs": int(removals_ms),
-            "commitTimeMs": m.commit_time_ms, "memoryUsedBytes": m.memory_used_bytes,
-            "numRowsDroppedByWatermark": late, "numStateStoreInstances": 1,
-            f"partition_{partition}": 1, "numRowsReadDuringEviction": read,
-            "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)})
+        self.metrics.add(task_metrics(
+            partition, m, cache_hit, numRowsUpdated=updated, numRowsRemoved=removed,
+            allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+            numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read))
 
     def _output(self, rows: list[tuple[tuple, tuple]], key_storage, value_storage) -> pa.RecordBatch:
         columns = []
         out = self.output_schema
         for i, storage in enumerate(key_storage):
             columns.append(from_python([k[i] for k, _ in rows], storage, out.field(i).type))
-        for kind, start, count, options in self.merges:
-            if kind == "hll":
-                p, threshold, raw, bias = options
-                estimates = [hll_estimate(dict(_merge_hll(v[start], ())), p, threshold, list(raw), list(bias))
-                             for _, v in rows]
-                columns.append(pa.array(estimates, type=pa.int64()))
-                continue
-            for j in range(start, start + count):
-                columns.append(from_python([v[j] for _, v in rows], value_storage[j],
-                                           out.field(len(key_storage) + j).type))
+        columns += buffer_columns([v for _, v in rows], self.merges, value_storage,
+                                  list(out)[len(key_storage):])
         return pa.RecordBatch.from_arrays(columns, schema=out)
 
 
@@ -332,13 +337,11 @@ class SessionAggregateTask:
         m = store.metrics()
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
-        self.metrics.add({
-            "numRowsTotal": total, "numRowsUpdated": updated, "numRowsRemoved": removed,
-            "allUpdatesTimeMs": int(updates_ms), "allRemovalsTimeMs": int(removals_ms),
-            "commitTimeMs": m.commit_time_ms, "memoryUsedBytes": m.memory_used_bytes,
+        self.metrics.add(task_metrics(
+            partition, m, cache_hit, numRowsTotal=total, numRowsUpdated=updated, numRowsRemoved=removed,
+            allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
             # Spark 4.3 reports no state store instances for this operator in complete mode.
-            "numStateStoreInstances": 0 if self.mode == "complete" else 1, f"partition_{partition}": 1,
-            "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)})
+            numStateStoreInstances=0 if self.mode == "complete" else 1))
 
     def _normal(self, value, j: int):
         for kind, start, count, _ in self.merges:
@@ -371,14 +374,6 @@ class SessionAggregateTask:
                 g = i if i < self.session_index else i - 1
                 values = [group[g] for group, _ in rows]
             columns.append(from_python(values, storage, out.field(i).type))
-        for kind, start, count, options in self.merges:
-            if kind == "hll":
-                p, threshold, raw, bias = options
-                columns.append(pa.array([hll_estimate(dict(_merge_hll(x[2 + start], ())), p, threshold,
-                                                      list(raw), list(bias)) for _, x in rows],
-                                        type=pa.int64()))
-                continue
-            for j in range(start, start + count):
-                columns.append(from_python([x[2 + j] for _, x in rows], value_storage[j],
-                                           out.field(len(key_storage) + j).type))
+        columns += buffer_columns([x[2:] for _, x in rows], self.merges, value_storage,
+                                  list(out)[len(key_storage):])
         return pa.RecordBatch.from_arrays(columns, schema=out)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.state.map_provider import get_provider
-from microbatch.state.store import StateStoreConf, StateStoreId
+from microbatch.state.store import StateStoreConf, StateStoreId, task_metrics
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,8 @@ class DedupTask:
         removals_ms = (time.monotonic() - started) * 1000
         store.commit()
         m = store.metrics()
-        self.metrics.add({
-            "numRowsTotal": m.num_keys, "numRowsUpdated": updated, "numRowsRemoved": removed,
-            "allUpdatesTimeMs": int(updates_ms), "allRemovalsTimeMs": int(removals_ms),
-            "commitTimeMs": m.commit_time_ms, "memoryUsedBytes": m.memory_used_bytes,
-            "numRowsDroppedByWatermark": late, "numStateStoreInstances": 1,
-            f"partition_{partition}": 1,
-            "numDroppedDuplicateRows": duplicates, "numRowsReadDuringEviction": read,
-            "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)})
+        self.metrics.add(task_metrics(
+            partition, m, cache_hit, numRowsUpdated=updated, numRowsRemoved=removed,
+            allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+            numRowsDroppedByWatermark=late, numDroppedDuplicateRows=duplicates,
+            numRowsReadDuringEviction=read))

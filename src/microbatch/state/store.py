@@ -144,3 +144,12 @@ class StateStoreProvider(ABC):
 
     def close(self) -> None:
         pass
+
+
+def task_metrics(partition: int, store_metrics, cache_hit: bool, **counts) -> dict:
+    """What a state task adds to its operator's accumulator: Spark's progress fields,
+    the partition that committed, and the map cache hit or miss."""
+    return {"numRowsTotal": store_metrics.num_keys, "commitTimeMs": store_metrics.commit_time_ms,
+            "memoryUsedBytes": store_metrics.memory_used_bytes, "numStateStoreInstances": 1,
+            **counts, f"partition_{partition}": 1,
+            "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)}

@@ -1,0 +1,42 @@
+"""Helpers shared by the tests that run a query next to Spark's own engine."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+#: The state-operator fields both engines must agree on, batch by batch.
+STATE_FIELDS = ("operatorName", "numRowsTotal", "numRowsUpdated", "numRowsRemoved",
+                "numRowsDroppedByWatermark", "numShufflePartitions", "numStateStoreInstances")
+
+
+def write_event_files(directory, batches, to_record) -> str:
+    """One json file per batch, with increasing modification times (the file source's
+    order); ``to_record`` turns an event tuple into a json object."""
+    directory.mkdir()
+    base = time.time() - 10_000
+    for i, batch in enumerate(batches):
+        path = directory / f"f{i}.json"
+        path.write_text("".join(json.dumps(to_record(*event)) + "\n" for event in batch))
+        os.utime(path, (base + i, base + i))
+    return str(directory)
+
+
+def comparable(progress, custom: tuple[str, ...] = ()) -> list:
+    """Per batch: id, eventTime, the state operators' common fields (and ``custom``
+    metrics), input rows."""
+    out = []
+    for p in progress:
+        ops = [{k: v for k, v in op.items() if k in STATE_FIELDS} for op in p["stateOperators"]]
+        extra = [[op["customMetrics"].get(name) for name in custom] for op in p["stateOperators"]]
+        out.append((p["batchId"], p.get("eventTime") or None, ops, extra, p["numInputRows"]))
+    return out
+
+
+def watermarks(ckpt) -> list:
+    """The watermark of every ``offsets/N`` and ``commits/N`` of a checkpoint."""
+    found = []
+    for name, key in (("offsets", "batchWatermarkMs"), ("commits", "nextBatchWatermarkMs")):
+        for batch in sorted((b for b in os.listdir(ckpt / name) if b.isdigit()), key=int):
+            found.append((name, batch, json.loads((ckpt / name / batch).read_text().split("\n")[1])[key]))
+    return found
