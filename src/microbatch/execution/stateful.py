@@ -103,6 +103,8 @@ class BatchContext:
                           F.avg(ms).alias("avg"), F.count(ms).alias("count"))
 
     def deduplicate(self, node: Deduplicate, df: DataFrame) -> DataFrame:
+        """Rows hash-partitioned by key; an Arrow UDF over the key columns answers, per
+        row, whether to keep it (only the keys travel to Python)."""
         schema: StructType = df.schema
         names = schema.fieldNames()
         indexes = tuple(names.index(k) for k in node.keys)
@@ -110,19 +112,23 @@ class BatchContext:
         event_time = node.event_time()
         late_column = event_time[0] if event_time and event_time[0] in names else None
         watermark = node.watermark_column()
+        inputs = list(node.keys)
+        if late_column is not None and late_column not in inputs:
+            inputs.append(late_column)
         task = DedupTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
-            key_indexes=indexes, timestamp_keys=tuple(t for _, t in fields),
+            timestamp_keys=tuple(t for _, t in fields),
             key_schema=pa.schema([f for f, _ in fields]),
             value_schema=pa.schema([pa.field("expiresAtMicros", pa.int64())] if node.within_watermark else []),
-            event_time_index=names.index(late_column) if late_column else None,
+            event_time_index=inputs.index(late_column) if late_column else None,
             watermark_key=node.keys.index(watermark) if watermark else None,
             expiry_delay_us=event_time[1] * 1000 if node.within_watermark else None,
             late_us=self.late_watermark_ms * 1000 if late_column else None,
             evict_us=self.eviction_watermark_ms * 1000 if event_time else None,
             conf=self.conf, metrics=self.accumulators[self.operator_ids[node]])
-        keyed = df.repartition(self.num_partitions, *[F.col(f"`{k}`") for k in node.keys])
-        return keyed.mapInArrow(task, schema)
+        keyed = df.repartition(self.num_partitions, *[F.col(_quoted(k)) for k in node.keys])
+        keep = _row_filter_udf(task)(*[F.col(_quoted(c)) for c in inputs])
+        return keyed.withColumn(KEEP_COLUMN, keep).filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN)
 
     def aggregate(self, node: Aggregate, df: DataFrame) -> DataFrame:
         """Buffers per key in Spark, merged with the state per partition, then finalised."""
@@ -180,6 +186,21 @@ class BatchContext:
         if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
             return 1
         return self.num_partitions
+
+
+#: The column a row-filtering UDF answers in, dropped right after the filter.
+KEEP_COLUMN = "__microbatch_keep"
+
+
+def _row_filter_udf(task):
+    """``task`` (Iterator[tuple of Arrow arrays] -> Iterator[boolean array]) as a
+    nondeterministic scalar-iterator Arrow UDF: Spark evaluates it once per row, in
+    the partition's task, and does not move filters across it."""
+    import warnings
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf
+    with warnings.catch_warnings():   # the UDF type is given, not inferred from type hints
+        warnings.simplefilter("ignore", UserWarning)
+        return arrow_udf(task, "boolean", ArrowUDFType.SCALAR_ITER).asNondeterministic()
 
 
 def _quoted(name: str) -> str:

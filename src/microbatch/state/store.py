@@ -89,19 +89,25 @@ class StateStore(ABC):
         for key in keys:
             self.remove(key)
 
-    def keys_where(self, predicate) -> list[Key]:
-        """The keys whose ``predicate(key, value)`` is true (for eviction)."""
-        return [key for key, value in self.iterator() if predicate(key, value)]
+    def keys_at_or_below(self, bound: int, *, key_field: int | None = None,
+                         value_field: int | None = None) -> list[Key]:
+        """The keys whose ``key[key_field]`` (or ``value[value_field]``) is not null and at
+        or below ``bound``: what an event-time eviction removes. Stores may override
+        this with a faster bulk version."""
+        if key_field is not None:
+            return [k for k, _ in self.iterator() if k[key_field] is not None and k[key_field] <= bound]
+        return [k for k, v in self.iterator() if v[value_field] is not None and v[value_field] <= bound]
 
-    def put_absent(self, keys: list[Key], values: list[Value]) -> list[bool]:
+    def put_absent(self, keys: list[Key], values: list[Value] | None = None):
         """Put each key that the store does not hold (in order, so a key repeated in
-        ``keys`` is new only the first time); True where the key was new. Stores may
-        override this with a faster bulk version."""
+        ``keys`` is new only the first time), with its value from ``values`` or, if
+        that is None, the empty value ``()``; a sequence of bools, true where the key
+        was new. Stores may override this with a faster bulk version."""
         new = []
-        for key, value in zip(keys, values):
+        for i, key in enumerate(keys):
             absent = self.get(key) is None
             if absent:
-                self.put(key, value)
+                self.put(key, () if values is None else values[i])
             new.append(absent)
         return new
 
