@@ -298,3 +298,30 @@ def test_csv_and_text_sources_pass_reader_options(ss, tmp_path):
     assert frame.schema.simpleString() == "struct<value:string>"
     sink, _ = run(frame, tmp_path / "c2")
     assert sorted(r.value for r in sink.all_data()) == ["first line", "second line"]
+
+
+def test_parquet_input_rows_come_from_the_footers_and_match_sparks_count(ss, spark, tmp_path):
+    """numInputRows of a parquet stream is read from the files' footers (no counting node
+    in the batch plan, so the scan keeps filter pushdown and code generation) and is
+    what Spark's own engine reports; a filter after the source does not change it."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for i, rows in enumerate([5, 1200, 0, 7]):
+        tmp = tmp_path / f"tmp{i}"
+        spark.range(rows).selectExpr("id", "id % 3 AS m").coalesce(1).write.parquet(str(tmp))
+        part = next(p for p in os.listdir(tmp) if p.startswith("part-"))
+        os.rename(tmp / part, src / f"f{i}.parquet")
+        os.utime(src / f"f{i}.parquet", (BASE_MTIME + i, BASE_MTIME + i))
+
+    def counts(session, ckpt):
+        frame = session.readStream.schema("id BIGINT, m BIGINT").option("maxFilesPerTrigger", 1).parquet(str(src))
+        query = (frame.filter("m = 0").writeStream.format("noop").option("checkpointLocation", str(ckpt))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        return [p["numInputRows"] for p in query.recentProgress], query
+
+    theirs, _ = counts(spark, tmp_path / "spark")
+    ours, query = counts(ss, tmp_path / "ours")
+    assert ours == theirs == [5, 1200, 0, 7]
+    plan = query._execution.last_batch_df._jdf.queryExecution().optimizedPlan().toString()
+    assert "CollectMetrics" not in plan, plan

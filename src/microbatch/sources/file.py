@@ -335,6 +335,8 @@ class FileStreamSource(Source):
         self._path_glob_filter = options["pathGlobFilter"] if "pathGlobFilter" in options else None
         self._ignore_missing = options.get_bool(
             "ignoreMissingFiles", conf_bool(spark, "spark.sql.files.ignoreMissingFiles", False))
+        self._ignore_corrupt = options.get_bool(
+            "ignoreCorruptFiles", conf_bool(spark, "spark.sql.files.ignoreCorruptFiles", False))
         inner = reader_options(options)
         if not is_glob_path(path) and os.path.isdir(path):
             inner["basePath"] = path
@@ -513,6 +515,7 @@ class FileStreamSource(Source):
                     "ignoreMissingFiles=true to skip files removed after they were listed.")
             log.warning("Skipping %d missing file(s) (ignoreMissingFiles): %s", len(missing), missing[:5])
             paths = [p for p in paths if p not in set(missing)]
+        self._batch_paths = ((start_offset, end_offset), paths)
         if not paths:
             return self._spark.createDataFrame([], self._schema)
         reader = (self._spark.read.format(self.format).schema(self._schema)
@@ -524,6 +527,31 @@ class FileStreamSource(Source):
             # e.g. partition directories that appeared after the stream's schema was fixed
             df = df.select(*self._schema.fieldNames())
         return df
+
+    #: Up to this many files a batch's row count is read from the parquet footers;
+    #: beyond, the engine counts the rows as they pass.
+    MAX_FOOTERS_PER_BATCH = 256
+
+    def num_rows(self, start: Any, end: Any) -> int | None:
+        """For parquet, the rows of the batch's files from their footers (about 0.3 ms a
+        file), so the engine need not count rows in the plan: counting there stops
+        whole-stage code generation and filter pushdown at the scan (100-150 ms a batch
+        of 1M rows). Spark counts the rows its scan returned, which is fewer when a
+        pushed filter skips whole row groups; this counts the rows in the files."""
+        if self.format != "parquet" or self._ignore_corrupt:   # Spark's scan skips corrupt files
+            return None
+        batch = getattr(self, "_batch_paths", None)
+        if batch is None or batch[0] != (_log_offset(start), _log_offset(end)):
+            return None
+        paths = batch[1]
+        if len(paths) > self.MAX_FOOTERS_PER_BATCH:
+            return None
+        import pyarrow.parquet as pq
+        try:
+            return sum(pq.read_metadata(p).num_rows for p in paths)
+        except (OSError, ValueError) as e:   # unreadable: Spark's scan will say why
+            log.debug("Cannot read parquet footers, counting rows instead: %s", e)
+            return None
 
     def commit(self, end: Any) -> None:
         if self.cleaner is None:

