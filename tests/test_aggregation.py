@@ -216,3 +216,26 @@ def test_session_state_is_readable(ss, events, tmp_path):
     state = ss.read.format("statestore").option("batchId", 2).load(str(ckpt)).collect()
     sessions = sorted((r.key.k, s.start.second, s.end.second) for r in state for s in r.value.sessions)
     assert sessions == [("a", 1, 18), ("a", 26, 32), ("b", 2, 10), ("c", 14, 21)]
+
+
+def test_event_time_of_a_watermark_under_an_aggregation_comes_from_its_partial_step(ss, events, tmp_path):
+    """A watermark right below an aggregation has no Observation in the plan (it would stop
+    code generation at the scan): the partial aggregation computes the event-time
+    statistics. A sink that runs part of the batch, then all of it, reports the same
+    eventTime as one that runs it once (a re-run partition replaces its statistics)."""
+    def run(ckpt, sink):
+        frame = stream(ss, events, 1).withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds")).count()
+        query = (frame.writeStream.outputMode("update").foreachBatch(sink)
+                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return query
+
+    once = run(tmp_path / "once", lambda df, i: df.collect())
+    twice = run(tmp_path / "twice", lambda df, i: (df.limit(1).collect(), df.collect()))
+    times = [p["eventTime"] for p in once.recentProgress]
+    assert [p["eventTime"] for p in twice.recentProgress] == times
+    assert all({"avg", "max", "min", "watermark"} <= set(t) for t in times if t.get("max"))
+    assert sum(1 for t in times if "max" in t) >= 3
+    plan = once._execution.last_batch_df._jdf.queryExecution().optimizedPlan().toString()
+    assert "CollectMetrics" not in plan and "__microbatch_event_time_max" in plan, plan

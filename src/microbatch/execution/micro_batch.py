@@ -36,9 +36,9 @@ from pyspark.sql import functions as F
 from microbatch.checkpoint.commits import CommitLog, CommitMetadata
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
-from microbatch.execution.stateful import (BatchContext, DictSum, committed_partitions,
-                                           state_operator_progress, stateful_nodes,
-                                           watermark_nodes)
+from microbatch.execution.stateful import (BatchContext, DictSum, aggregated_event_time,
+                                           committed_partitions, state_operator_progress,
+                                           stateful_nodes, stats_in_aggregation, watermark_nodes)
 from microbatch.execution.progress import format_timestamp
 from microbatch.execution.stream_execution import StreamExecution, conf_ms
 from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Once,
@@ -520,7 +520,7 @@ class MicroBatchExecution(StreamExecution):
             eviction_watermark_ms=self.offset_seq_metadata.batch_watermark_ms,
             conf=self._store_conf, operator_ids=self.operator_ids,
             accumulators=self._state_metrics, watermark_ids=self.watermark_ids,
-            output_mode=self.output_mode)
+            output_mode=self.output_mode, stats_in_aggregation=stats_in_aggregation(self.stateful))
 
     def _operator_metrics(self, ctx: BatchContext, op: int) -> dict:
         """An operator's metrics from its tasks, plus rows dropped in Spark before it."""
@@ -547,8 +547,10 @@ class MicroBatchExecution(StreamExecution):
         """Move the watermark from the batch's event times; return progress ``eventTime``."""
         used_ms = self.offset_seq_metadata.batch_watermark_ms
         merged: dict[str, float] = {}
-        for node, observation in ctx.observations.items():
-            stats = self._observed(observation)
+        observed = [(node, self._observed(observation)) for node, observation in ctx.observations.items()]
+        observed += [(node, aggregated_event_time(self._state_metrics[op].value))
+                     for node, op in ctx.stats_operators.items()]
+        for node, stats in sorted(observed, key=lambda item: self.watermark_ids[item[0]]):
             if not stats or not stats.get("count"):
                 continue
             index = self.watermark_ids[node]

@@ -202,12 +202,13 @@ def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
                          grouped.schema, partial, merged)
 
 
-def grouped_partial(df: DataFrame, keys: tuple, calls, buffer_names) -> DataFrame:
-    """Step 1: the buffers of every call, per key, over ``df``."""
+def grouped_partial(df: DataFrame, keys: tuple, calls, buffer_names, extra: tuple = ()) -> DataFrame:
+    """Step 1: the buffers of every call, per key, over ``df`` (then ``extra`` aggregate
+    columns, if any)."""
     from pyspark.sql import functions as F
     columns = [F.expr(sql).alias(name) for call, names in zip(calls, buffer_names)
                for sql, name in zip(call.partial, names)]
-    return df.groupBy(*keys).agg(*columns)
+    return df.groupBy(*keys).agg(*columns, *extra)
 
 
 def finalize(df: DataFrame, spec: AggregateSpec) -> DataFrame:

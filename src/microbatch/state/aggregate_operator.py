@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from microbatch.state.hll import estimate as hll_estimate
 from microbatch.state.map_provider import get_provider, hashable
@@ -139,6 +140,28 @@ def merge_buffers(kind: str, old: list, new: list) -> list:
     raise ValueError(f"unknown merge {kind}")
 
 
+def event_time_statistics(batches, partition: int, metrics):
+    """Pass ``batches`` on without their last four columns (per group: max, min, sum and
+    count of the event time in ms); at the end, add the partition's totals to
+    ``metrics`` under ``set:`` keys, which a re-run of the partition replaces."""
+    high = low = None
+    total, count = 0.0, 0
+    for batch in batches:
+        width = batch.num_columns - 4
+        if batch.num_rows:
+            group_max, group_min, group_sum, group_count = (batch.column(width + i) for i in range(4))
+            count += pc.sum(group_count).as_py() or 0
+            if group_max.null_count < len(group_max):
+                top, bottom = pc.max(group_max).as_py(), pc.min(group_min).as_py()
+                high = top if high is None else max(high, top)
+                low = bottom if low is None else min(low, bottom)
+                total += pc.sum(group_sum).as_py() or 0.0
+        yield pa.RecordBatch.from_arrays(batch.columns[:width], schema=pa.schema(list(batch.schema)[:width]))
+    if count:
+        metrics.add({f"set:eventTime_{partition}_max": high, f"set:eventTime_{partition}_min": low,
+                     f"set:eventTime_{partition}_sum": total, f"set:eventTime_{partition}_count": count})
+
+
 @dataclass(frozen=True)
 class AggregateTask:
     """The per-partition function of a streaming aggregation (shipped by cloudpickle)."""
@@ -157,6 +180,9 @@ class AggregateTask:
     evict_us: int | None
     conf: StateStoreConf
     metrics: Any                             # an Accumulator of DictSum
+    #: whether each row ends with the event-time statistics of its group (max, min,
+    #: sum, count in ms; ``execution.stateful.EVENT_TIME_STATS``), to report and strip
+    event_time_stats: bool = False
 
     def _event_time(self, key: tuple):
         value = key[self.watermark_key]
@@ -168,6 +194,8 @@ class AggregateTask:
         from pyspark import TaskContext
 
         partition = TaskContext.get().partitionId()
+        if self.event_time_stats:
+            batches = event_time_statistics(batches, partition, self.metrics)
         key_storage = [storage_type(f.type) for f in self.key_fields]
         value_storage = [storage_type(f.type) for f in self.buffer_fields]
         provider = get_provider(
