@@ -38,7 +38,7 @@ from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog, OffsetSeqMeta
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
 from microbatch.execution.stateful import (BatchContext, DictSum, aggregated_event_time,
                                            committed_partitions, state_operator_progress,
-                                           stateful_nodes, stats_in_aggregation, watermark_nodes)
+                                           stateful_nodes, stats_in_operator, watermark_nodes)
 from microbatch.execution.progress import format_timestamp
 from microbatch.execution.stream_execution import StreamExecution, conf_ms
 from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Once,
@@ -520,7 +520,7 @@ class MicroBatchExecution(StreamExecution):
             eviction_watermark_ms=self.offset_seq_metadata.batch_watermark_ms,
             conf=self._store_conf, operator_ids=self.operator_ids,
             accumulators=self._state_metrics, watermark_ids=self.watermark_ids,
-            output_mode=self.output_mode, stats_in_aggregation=stats_in_aggregation(self.stateful))
+            output_mode=self.output_mode, stats_in_operator=stats_in_operator(self.stateful))
 
     def _operator_metrics(self, ctx: BatchContext, op: int) -> dict:
         """An operator's metrics from its tasks, plus rows dropped in Spark before it."""

@@ -55,12 +55,12 @@ class DictSum(AccumulatorParam):
 EVENT_TIME_STATS = ("max", "min", "sum", "count")
 
 
-def stats_in_aggregation(stateful: list[StatefulNode]) -> frozenset:
+def stats_in_operator(stateful: list[StatefulNode]) -> frozenset:
     """Watermarks right below an aggregation (not a session window, which drops late rows
-    before aggregating): every row of theirs reaches the partial aggregation, which can
-    compute their event-time statistics at no cost."""
-    return frozenset(n.child for n in stateful if isinstance(n, Aggregate)
-                     and n.session_index is None and isinstance(n.child, Watermark))
+    before aggregating) or a deduplication: every row of theirs reaches the operator's
+    partial aggregation or its task, which computes their event-time statistics."""
+    return frozenset(n.child for n in stateful if isinstance(n.child, Watermark) and (
+        isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None)))
 
 
 def aggregated_event_time(metrics: dict) -> dict | None:
@@ -108,7 +108,7 @@ class BatchContext:
                  late_watermark_ms: int, eviction_watermark_ms: int, conf: StateStoreConf,
                  operator_ids: dict[StatefulNode, int], accumulators: dict[int, Any],
                  watermark_ids: dict[Watermark, int], output_mode: str = "append",
-                 stats_in_aggregation: frozenset = frozenset()):
+                 stats_in_operator: frozenset = frozenset()):
         self.batch_id = batch_id
         self.state_root = state_root
         self.num_partitions = num_partitions
@@ -121,15 +121,15 @@ class BatchContext:
         self.output_mode = output_mode
         self.late_observations: dict[int, Observation] = {}   # operator -> rows dropped before it
         self.observations: dict[Watermark, Observation] = {}
-        #: watermarks whose event-time statistics the aggregation right above computes
-        self.stats_in_aggregation = stats_in_aggregation
+        #: watermarks whose event-time statistics the operator right above computes
+        self.stats_in_operator = stats_in_operator
         self.stats_operators: dict[Watermark, int] = {}    # watermark -> operator reporting them
 
     def observe_event_time(self, node: Watermark, df: DataFrame) -> DataFrame:
         """Event-time statistics of ``df``: by an ``Observation`` (a node at the scan that
         stops code generation: 150-200 ms a 1M-row batch), or, for a watermark right
-        below an aggregation, as extra columns of its partial aggregation."""
-        if node in self.stats_in_aggregation:
+        below a stateful operator, by that operator (``stats_in_operator``)."""
+        if node in self.stats_in_operator:
             return df
         observation = Observation(f"microbatch_event_time_{self.watermark_ids[node]}_{self.batch_id}")
         self.observations[node] = observation
@@ -150,6 +150,9 @@ class BatchContext:
         inputs = list(node.keys)
         if late_column is not None and late_column not in inputs:
             inputs.append(late_column)
+        reports_event_time = node.child in self.stats_in_operator and late_column is not None
+        if reports_event_time:
+            self.stats_operators[node.child] = self.operator_ids[node]
         task = DedupTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
             timestamp_keys=tuple(t for _, t in fields),
@@ -160,7 +163,8 @@ class BatchContext:
             expiry_delay_us=event_time[1] * 1000 if node.within_watermark else None,
             late_us=self.late_watermark_ms * 1000 if late_column else None,
             evict_us=self.eviction_watermark_ms * 1000 if event_time else None,
-            conf=self.conf, metrics=self.accumulators[self.operator_ids[node]])
+            conf=self.conf, metrics=self.accumulators[self.operator_ids[node]],
+            event_time_stats=reports_event_time)
         keyed = df.repartition(self.num_partitions, *[F.col(_quoted(k)) for k in node.keys])
         keep = _row_filter_udf(task)(*[F.col(_quoted(c)) for c in inputs])
         return keyed.withColumn(KEEP_COLUMN, keep).filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN)
@@ -177,7 +181,7 @@ class BatchContext:
             observation = Observation(f"microbatch_late_rows_{op}_{self.batch_id}")
             self.late_observations[op] = observation
             df = df.observe(observation, F.count(F.when(late, 1)).alias("late")).filter(~late | late.isNull())
-        watermark = node.child if node.child in self.stats_in_aggregation else None
+        watermark = node.child if node.child in self.stats_in_operator else None
         extra = ()
         if watermark is not None:
             ms = _ms_column(watermark.event_time)

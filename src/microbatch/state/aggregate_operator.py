@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from microbatch.state.hll import estimate as hll_estimate
 from microbatch.state.map_provider import get_provider, hashable
-from microbatch.state.store import StateStoreConf, StateStoreId, task_metrics
+from microbatch.state.store import EventTimeStats, StateStoreConf, StateStoreId, task_metrics
 
 
 def storage_type(t: pa.DataType) -> pa.DataType:
@@ -142,24 +142,16 @@ def merge_buffers(kind: str, old: list, new: list) -> list:
 
 def event_time_statistics(batches, partition: int, metrics):
     """Pass ``batches`` on without their last four columns (per group: max, min, sum and
-    count of the event time in ms); at the end, add the partition's totals to
-    ``metrics`` under ``set:`` keys, which a re-run of the partition replaces."""
-    high = low = None
-    total, count = 0.0, 0
+    count of the event time in ms); at the end, report the partition's totals."""
+    stats = EventTimeStats()
     for batch in batches:
         width = batch.num_columns - 4
         if batch.num_rows:
             group_max, group_min, group_sum, group_count = (batch.column(width + i) for i in range(4))
-            count += pc.sum(group_count).as_py() or 0
-            if group_max.null_count < len(group_max):
-                top, bottom = pc.max(group_max).as_py(), pc.min(group_min).as_py()
-                high = top if high is None else max(high, top)
-                low = bottom if low is None else min(low, bottom)
-                total += pc.sum(group_sum).as_py() or 0.0
+            stats.add_ms(pc.max(group_max).as_py(), pc.min(group_min).as_py(),
+                         pc.sum(group_sum).as_py() or 0.0, pc.sum(group_count).as_py() or 0)
         yield pa.RecordBatch.from_arrays(batch.columns[:width], schema=pa.schema(list(batch.schema)[:width]))
-    if count:
-        metrics.add({f"set:eventTime_{partition}_max": high, f"set:eventTime_{partition}_min": low,
-                     f"set:eventTime_{partition}_sum": total, f"set:eventTime_{partition}_count": count})
+    stats.report(metrics, partition)
 
 
 @dataclass(frozen=True)

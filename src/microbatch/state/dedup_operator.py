@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.state.map_provider import get_provider, hashable
-from microbatch.state.store import StateStoreConf, StateStoreId, StateStoreMetrics, task_metrics
+from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, StateStoreMetrics,
+                                    task_metrics)
 from microbatch.state.table_provider import anti_join, get_table_provider, joinable
 
 
@@ -63,6 +64,7 @@ class DedupTask:
     evict_us: int | None               # state at or before this is evicted
     conf: StateStoreConf
     metrics: Any                       # an Accumulator of DictSum
+    event_time_stats: bool = False     # report the event-time statistics of the watermark below
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[pa.Array]:
         from pyspark import TaskContext
@@ -97,6 +99,11 @@ class DedupTask:
         times = None
         if chunks and self.event_time_index is not None:
             times = arrays[self.event_time_index].cast(pa.int64())
+            if self.event_time_stats:
+                stats = EventTimeStats()
+                for chunk in times.chunks:
+                    stats.add_micros(chunk)
+                stats.report(self.metrics, partition)
             if self.late_us is not None:
                 on_time = pc.invert(pc.fill_null(pc.less_equal(times, self.late_us), False))
                 late = total - (pc.sum(on_time).as_py() or 0)
@@ -157,14 +164,17 @@ class DedupTask:
         started = time.monotonic()
         check_late = self.event_time_index is not None and self.late_us is not None
         within = self.expiry_delay_us is not None
+        stats = EventTimeStats()
         for columns in batches:
             if not isinstance(columns, (tuple, list)):
                 columns = (columns,)
             rows = len(columns[0])
             keys = list(zip(*[python_values(c, t) for c, t in zip(columns, self.timestamp_keys)]))
             on_time_rows = None
-            if check_late or within:
+            if self.event_time_index is not None:
                 times = columns[self.event_time_index].cast(pa.int64())
+                if self.event_time_stats:
+                    stats.add_micros(times)
             if check_late:
                 is_late = pc.fill_null(pc.less_equal(times, self.late_us), False).to_numpy(zero_copy_only=False)
                 dropped = int(is_late.sum())
@@ -198,6 +208,8 @@ class DedupTask:
             read = len(provider.map) + updated   # every key is read, as in Spark
         removals_ms = (time.monotonic() - started) * 1000
         store.commit()
+        if self.event_time_stats:
+            stats.report(self.metrics, partition)
         m = store.metrics()
         self.metrics.add(task_metrics(
             partition, m, cache_hit, numRowsUpdated=updated, numRowsRemoved=removed,

@@ -159,3 +159,38 @@ def task_metrics(partition: int, store_metrics, cache_hit: bool, **counts) -> di
             "memoryUsedBytes": store_metrics.memory_used_bytes, "numStateStoreInstances": 1,
             **counts, f"partition_{partition}": 1,
             "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)}
+
+
+class EventTimeStats:
+    """Event-time statistics a state task computes for the watermark right below its
+    operator (max, min, sum and count in ms, as ``EventTimeWatermarkExec`` would).
+    They go to the operator's accumulator under ``set:`` keys of the partition, which a
+    re-run of the partition replaces rather than adds to."""
+
+    def __init__(self) -> None:
+        self.high: int | None = None
+        self.low: int | None = None
+        self.total = 0.0
+        self.count = 0
+
+    def add_ms(self, high, low, total: float, count: int) -> None:
+        if not count:
+            return
+        self.high = high if self.high is None else max(self.high, high)
+        self.low = low if self.low is None else min(self.low, low)
+        self.total += total
+        self.count += count
+
+    def add_micros(self, times: pa.Array) -> None:
+        """Rows' event times in µs (int64); ms truncate toward zero, as in Spark."""
+        import pyarrow.compute as pc
+        ms = pc.divide(times, 1000)
+        count = len(ms) - ms.null_count
+        if count:
+            self.add_ms(pc.max(ms).as_py(), pc.min(ms).as_py(), pc.sum(ms.cast(pa.float64())).as_py(), count)
+
+    def report(self, metrics, partition: int) -> None:
+        if self.count:
+            metrics.add({f"set:eventTime_{partition}_max": self.high, f"set:eventTime_{partition}_min": self.low,
+                         f"set:eventTime_{partition}_sum": self.total,
+                         f"set:eventTime_{partition}_count": self.count})
