@@ -118,6 +118,7 @@ class MicroBatchExecution(StreamExecution):
         self.watermark_ms = 0
         self._available_now: dict[int, AvailableNowPin] = {}
         self._empty_batches: dict[int, DataFrame] = {}
+        self._batch_columns: dict = {}   # Column objects of the stateful steps, for the run
         self._batch_session: SparkSession | None = None
         self._incremental: IncrementalExecution | None = None
         self._last_batch_stats: dict | None = None
@@ -520,7 +521,8 @@ class MicroBatchExecution(StreamExecution):
             eviction_watermark_ms=self.offset_seq_metadata.batch_watermark_ms,
             conf=self._store_conf, operator_ids=self.operator_ids,
             accumulators=self._state_metrics, watermark_ids=self.watermark_ids,
-            output_mode=self.output_mode, stats_in_operator=stats_in_operator(self.stateful))
+            output_mode=self.output_mode, stats_in_operator=stats_in_operator(self.stateful),
+            columns=self._batch_columns)
 
     def _operator_metrics(self, ctx: BatchContext, op: int) -> dict:
         """An operator's metrics from its tasks, plus rows dropped in Spark before it."""

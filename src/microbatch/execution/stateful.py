@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType, TimestampNTZType, TimestampType
 
-from microbatch.plan.aggregation import finalize, grouped_partial
+from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import Aggregate, Deduplicate, PlanNode, StatefulNode, Watermark
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
@@ -108,7 +108,7 @@ class BatchContext:
                  late_watermark_ms: int, eviction_watermark_ms: int, conf: StateStoreConf,
                  operator_ids: dict[StatefulNode, int], accumulators: dict[int, Any],
                  watermark_ids: dict[Watermark, int], output_mode: str = "append",
-                 stats_in_operator: frozenset = frozenset()):
+                 stats_in_operator: frozenset = frozenset(), columns: dict | None = None):
         self.batch_id = batch_id
         self.state_root = state_root
         self.num_partitions = num_partitions
@@ -124,6 +124,14 @@ class BatchContext:
         #: watermarks whose event-time statistics the operator right above computes
         self.stats_in_operator = stats_in_operator
         self.stats_operators: dict[Watermark, int] = {}    # watermark -> operator reporting them
+        #: Column objects that do not change from batch to batch, kept by the engine for
+        #: the query run: building one costs a py4j round trip or more
+        self.columns = columns if columns is not None else {}
+
+    def _columns(self, key, make):
+        if key not in self.columns:
+            self.columns[key] = make()
+        return self.columns[key]
 
     def observe_event_time(self, node: Watermark, df: DataFrame) -> DataFrame:
         """Event-time statistics of ``df``: by an ``Observation`` (a node at the scan that
@@ -165,8 +173,10 @@ class BatchContext:
             evict_us=self.eviction_watermark_ms * 1000 if event_time else None,
             conf=self.conf, metrics=self.accumulators[self.operator_ids[node]],
             event_time_stats=reports_event_time)
-        keyed = df.repartition(self.num_partitions, *[F.col(_quoted(k)) for k in node.keys])
-        keep = _row_filter_udf(task)(*[F.col(_quoted(c)) for c in inputs])
+        keys, arguments = self._columns(("dedup", id(node)), lambda: (
+            [F.col(_quoted(k)) for k in node.keys], [F.col(_quoted(c)) for c in inputs]))
+        keyed = df.repartition(self.num_partitions, *keys)
+        keep = _row_filter_udf(task)(*arguments)
         return keyed.withColumn(KEEP_COLUMN, keep).filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN)
 
     def aggregate(self, node: Aggregate, df: DataFrame) -> DataFrame:
@@ -184,14 +194,16 @@ class BatchContext:
         watermark = node.child if node.child in self.stats_in_operator else None
         extra = ()
         if watermark is not None:
-            ms = _ms_column(watermark.event_time)
-            extra = (F.max(ms), F.min(ms), F.sum(ms.cast("double")), F.count(ms))
-            extra = tuple(c.alias(f"__microbatch_event_time_{n}") for c, n in zip(extra, EVENT_TIME_STATS))
+            extra = self._columns(("event time stats", id(node)), lambda: _event_time_stats_columns(watermark))
             self.stats_operators[watermark] = op
-        partial = grouped_partial(df, node.keys, spec.calls, spec.buffer_names, extra)
+        buffers, results = self._columns(("aggregate", id(node)), lambda: (
+            partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
+        partial = grouped_partial(df, node.keys, spec.calls, spec.buffer_names, extra, buffers)
         partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
         if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
-            partial = partial.repartition(self.num_partitions, *[F.col(_quoted(k)) for k in partition_keys])
+            partition_columns = self._columns(("partition", id(node)), lambda: [
+                F.col(_quoted(k)) for k in partition_keys])
+            partial = partial.repartition(self.num_partitions, *partition_columns)
         elif node.session_index is not None:
             partial = partial.repartition(1)
         arrow = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
@@ -212,7 +224,7 @@ class BatchContext:
                 mode=self.output_mode,
                 evict_us=self.eviction_watermark_ms * 1000 if has_watermark else None,
                 conf=self.conf, metrics=self.accumulators[op])
-            return finalize(partial.mapInArrow(session_task, spec.merged_schema), spec)
+            return finalize(partial.mapInArrow(session_task, spec.merged_schema), spec, results)
         task = AggregateTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
             key_fields=tuple(arrow[:num_keys]), buffer_fields=tuple(arrow[num_keys:]),
@@ -225,7 +237,7 @@ class BatchContext:
             evict_us=self.eviction_watermark_ms * 1000 if has_watermark else None,
             conf=self.conf, metrics=self.accumulators[self.operator_ids[node]],
             event_time_stats=watermark is not None)
-        return finalize(partial.mapInArrow(task, spec.merged_schema), spec)
+        return finalize(partial.mapInArrow(task, spec.merged_schema), spec, results)
 
     def partitions_of(self, node: StatefulNode) -> int:
         """State partitions of an operator: a global aggregation (or a session window
@@ -233,6 +245,13 @@ class BatchContext:
         if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
             return 1
         return self.num_partitions
+
+
+def _event_time_stats_columns(watermark: Watermark) -> tuple:
+    """Max, min, sum and count of the event time in ms, as partial aggregate columns."""
+    ms = _ms_column(watermark.event_time)
+    columns = (F.max(ms), F.min(ms), F.sum(ms.cast("double")), F.count(ms))
+    return tuple(c.alias(f"__microbatch_event_time_{n}") for c, n in zip(columns, EVENT_TIME_STATS))
 
 
 #: The column a row-filtering UDF answers in, dropped right after the filter.

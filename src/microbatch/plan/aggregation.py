@@ -202,20 +202,32 @@ def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
                          grouped.schema, partial, merged)
 
 
-def grouped_partial(df: DataFrame, keys: tuple, calls, buffer_names, extra: tuple = ()) -> DataFrame:
-    """Step 1: the buffers of every call, per key, over ``df`` (then ``extra`` aggregate
-    columns, if any)."""
+def partial_columns(calls, buffer_names) -> list:
+    """The buffer columns of step 1 (Column objects, reusable across batches)."""
     from pyspark.sql import functions as F
-    columns = [F.expr(sql).alias(name) for call, names in zip(calls, buffer_names)
-               for sql, name in zip(call.partial, names)]
+    return [F.expr(sql).alias(name) for call, names in zip(calls, buffer_names)
+            for sql, name in zip(call.partial, names)]
+
+
+def grouped_partial(df: DataFrame, keys: tuple, calls, buffer_names, extra: tuple = (),
+                    columns: list | None = None) -> DataFrame:
+    """Step 1: the buffers of every call, per key, over ``df`` (then ``extra`` aggregate
+    columns, if any); ``columns``: ``partial_columns`` built before."""
+    if columns is None:
+        columns = partial_columns(calls, buffer_names)
     return df.groupBy(*keys).agg(*columns, *extra)
 
 
-def finalize(df: DataFrame, spec: AggregateSpec) -> DataFrame:
-    """Step 3: the result columns from the merged buffers, with a batch query's types."""
+def final_columns(spec: AggregateSpec) -> list:
+    """The result columns of step 3 (Column objects, reusable across batches)."""
     from pyspark.sql import functions as F
     columns: list[Any] = [F.col(_quote(k)) for k in spec.key_names]
     types = {f.name: f.dataType for f in spec.output_schema.fields}
     for name, sql in spec.outputs:
         columns.append(F.expr(sql).cast(types[name]).alias(name))
-    return df.select(*columns)
+    return columns
+
+
+def finalize(df: DataFrame, spec: AggregateSpec, columns: list | None = None) -> DataFrame:
+    """Step 3: the result columns from the merged buffers, with a batch query's types."""
+    return df.select(*(columns if columns is not None else final_columns(spec)))
