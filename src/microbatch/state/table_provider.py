@@ -21,6 +21,7 @@ column and an is-null flag per nullable key column).
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -97,7 +98,17 @@ class TableStateStoreProvider(MapStateStoreProvider):
         if version < 0:
             raise ValueError(f"Version cannot be less than 0, got {version}")
         if version not in self.tables:
-            self.tables = {version: self._load_table(version)}
+            base = self.loaded_version
+            if base in self.tables and base < version and all(
+                    os.path.exists(self._file(v, "delta")) for v in range(base + 1, version + 1)):
+                # another worker committed the versions after ours: read only their deltas
+                table = self.tables[base]
+                for v in range(base + 1, version + 1):
+                    table = self._apply_delta(table, self._read_table(self._file(v, "delta")))
+                self._deltas_since_snapshot += version - base
+                self.tables = {version: table}
+            else:
+                self.tables = {version: self._load_table(version)}
         elif version < self.loaded_version:   # a re-run: forget the versions after it
             self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - (self.loaded_version - version))
             self.tables = {v: t for v, t in self.tables.items() if v <= version}
@@ -118,14 +129,17 @@ class TableStateStoreProvider(MapStateStoreProvider):
                 delta = self._read_table(path)
             except FileNotFoundError:
                 raise self._missing_delta(path, version, start) from None
-            changed = self._rows(delta, keys_only=True)
-            table = anti_join(table, changed, self.key_names)
-            added = self._rows(delta.filter(delta.column("value").is_valid()))
-            table = pa.concat_tables([table, added]).combine_chunks()
+            table = self._apply_delta(table, delta)
         self._deltas_since_snapshot = version - start
         log.info("Loaded state store %s version %d (snapshot %d + %d deltas, %d keys)",
                  self.id, version, start, version - start, table.num_rows)
         return table
+
+    def _apply_delta(self, table: pa.Table, delta: pa.Table) -> pa.Table:
+        """``table`` changed by a delta file: its keys replaced, its removed keys gone."""
+        table = anti_join(table, self._rows(delta, keys_only=True), self.key_names)
+        added = self._rows(delta.filter(delta.column("value").is_valid()))
+        return pa.concat_tables([table, added]).combine_chunks()
 
     def _rows(self, file_table: pa.Table, keys_only: bool = False) -> pa.Table:
         """A state file's struct columns as flat ``k..``/``v..`` columns."""
