@@ -282,3 +282,40 @@ def test_table_provider_files_are_the_map_providers_and_reload_after_snapshots(t
     map_store.commit()
     assert as_dict(TableStateStoreProvider(other, key_schema, value_schema, conf).table(1)) == \
         {("a", 1): (7,), (None, 2): (None,)}
+
+
+def test_a_new_run_does_not_trust_the_state_an_earlier_run_left_in_memory(tmp_path):
+    """Executors cache providers per query run (Spark keys them by run id). A checkpoint
+    deleted and made again at the same path: another worker commits the new run's
+    version 1, and this worker, which still holds the old run's version 1, must read
+    the new one from the files."""
+    import shutil
+    import pyarrow as pa
+    from microbatch.state.map_provider import MapStateStoreProvider, get_provider
+    from microbatch.state.store import StateStoreConf, StateStoreId
+    from microbatch.state.table_provider import TableStateStoreProvider, anti_join, get_table_provider
+    key_schema, value_schema = pa.schema([("id", pa.int64())]), pa.schema([])
+    store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
+
+    def commit_table(provider, version, ids):
+        state = provider.table(version)
+        new = anti_join(pa.table({"k0": pa.array(ids, pa.int64())}), state, ["k0"])
+        provider.commit_table(version, pa.concat_tables([state, new]).combine_chunks(), new, new.slice(0, 0))
+
+    def commit_map(provider, version, ids):
+        store = provider.get_store(version)
+        store.put_absent([(i,) for i in ids])
+        store.commit()
+
+    cases = [(commit_table, TableStateStoreProvider, lambda conf: get_table_provider(store_id, key_schema, value_schema, conf),
+              lambda p, v: sorted(p.table(v).column("k0").to_pylist())),
+             (commit_map, MapStateStoreProvider, lambda conf: get_provider(store_id, key_schema, value_schema, conf),
+              lambda p, v: sorted(k[0] for k, _ in p.get_store(v).iterator()))]
+    for commit, kind, cached, read in cases:
+        first, second = StateStoreConf(run_id="first"), StateStoreConf(run_id="second")
+        commit(cached(first), 0, [1, 2])                  # this worker, the first run
+        assert read(cached(first), 1) == [1, 2]
+        shutil.rmtree(tmp_path / "state")                 # the checkpoint is deleted and made again
+        commit(kind(store_id, key_schema, value_schema, second), 0, [5])   # another worker
+        assert read(cached(second), 1) == [5], kind
+        shutil.rmtree(tmp_path / "state")

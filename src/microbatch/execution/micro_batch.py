@@ -26,6 +26,7 @@ The batch protocol (Spark's, step by step; each step is safe to crash in):
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -511,7 +512,8 @@ class MicroBatchExecution(StreamExecution):
         if not self.stateful and not self.watermark_nodes:
             return None
         if self._store_conf is None:
-            self._store_conf = StateStoreConf.from_session(self._batch_session)
+            self._store_conf = dataclasses.replace(StateStoreConf.from_session(self._batch_session),
+                                                   run_id=self.run_id)
         for accumulator in self._state_metrics.values():
             accumulator.value = {}
         return BatchContext(

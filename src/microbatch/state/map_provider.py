@@ -424,14 +424,15 @@ class MapStateStoreProvider(StateStoreProvider):
 
 
 # -- the executor-side cache ------------------------------------------------------
-_LOADED: dict[StateStoreId, MapStateStoreProvider] = {}
+_LOADED: dict[StateStoreId, MapStateStoreProvider] = {}   # the provider of the latest run
 
 
 def get_provider(store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
                  conf: StateStoreConf) -> MapStateStoreProvider:
     """The provider of ``store_id`` in this process, created on first use."""
     provider = _LOADED.get(store_id)
-    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema:
+    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema \
+            or provider.conf.run_id != conf.run_id:   # another run's memory is not trusted
         provider = MapStateStoreProvider(store_id, key_schema, value_schema, conf)
         _LOADED[store_id] = provider
     return provider

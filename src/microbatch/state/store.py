@@ -45,6 +45,10 @@ class StateStoreConf:
     min_versions_to_retain: int = 100       # spark.sql.streaming.minBatchesToRetain
     max_versions_in_memory: int = 2         # spark.sql.streaming.maxBatchesToRetainInMemory
     compression: str = "lz4"                # spark.sql.streaming.stateStore.compression.codec
+    #: The query run the stores serve. Executors cache providers per run, as Spark
+    #: keys its providers by the run id: a new run (a restart, or a checkpoint deleted
+    #: and made again at the same path) reads the files instead of trusting memory.
+    run_id: str = ""
 
     @classmethod
     def from_session(cls, spark: Any) -> "StateStoreConf":

@@ -199,13 +199,14 @@ class TableStateStoreProvider(MapStateStoreProvider):
 
 
 # -- the executor-side cache (as in map_provider) ----------------------------------
-_LOADED: dict[StateStoreId, TableStateStoreProvider] = {}
+_LOADED: dict[StateStoreId, TableStateStoreProvider] = {}   # the provider of the latest run
 
 
 def get_table_provider(store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
                        conf: StateStoreConf) -> TableStateStoreProvider:
     provider = _LOADED.get(store_id)
-    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema:
+    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema \
+            or provider.conf.run_id != conf.run_id:   # another run's memory is not trusted
         provider = TableStateStoreProvider(store_id, key_schema, value_schema, conf)
         _LOADED[store_id] = provider
     return provider
