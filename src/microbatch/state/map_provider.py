@@ -424,20 +424,28 @@ class MapStateStoreProvider(StateStoreProvider):
 
 
 # -- the executor-side cache ------------------------------------------------------
-_LOADED: dict[StateStoreId, MapStateStoreProvider] = {}   # the provider of the latest run
+#: (provider class, store id) -> the provider of the latest run, for every provider kind
+_LOADED: dict[tuple[type, StateStoreId], StateStoreProvider] = {}
+
+
+def cached_provider(kind: type, store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
+                    conf: StateStoreConf):
+    """The ``kind`` provider of ``store_id`` in this process, created on first use and
+    again for a new query run or changed schemas."""
+    provider = _LOADED.get((kind, store_id))
+    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema \
+            or provider.conf.run_id != conf.run_id:   # another run's memory is not trusted
+        provider = kind(store_id, key_schema, value_schema, conf)
+        _LOADED[(kind, store_id)] = provider
+    return provider
 
 
 def get_provider(store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
                  conf: StateStoreConf) -> MapStateStoreProvider:
-    """The provider of ``store_id`` in this process, created on first use."""
-    provider = _LOADED.get(store_id)
-    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema \
-            or provider.conf.run_id != conf.run_id:   # another run's memory is not trusted
-        provider = MapStateStoreProvider(store_id, key_schema, value_schema, conf)
-        _LOADED[store_id] = provider
-    return provider
+    """The map provider of ``store_id`` in this process."""
+    return cached_provider(MapStateStoreProvider, store_id, key_schema, value_schema, conf)
 
 
 def unload_all() -> None:
-    """Forget every loaded provider (as a new executor process would have none)."""
+    """Forget every loaded provider, of every kind (as a new executor process would have none)."""
     _LOADED.clear()

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.state.map_provider import MapStateStoreProvider
+from microbatch.state.map_provider import MapStateStoreProvider, cached_provider
 from microbatch.state.store import StateStoreConf, StateStoreId
 
 log = logging.getLogger(__name__)
@@ -198,19 +198,7 @@ class TableStateStoreProvider(MapStateStoreProvider):
                  self._file(version, "snapshot"), (time.monotonic() - started) * 1000)
 
 
-# -- the executor-side cache (as in map_provider) ----------------------------------
-_LOADED: dict[StateStoreId, TableStateStoreProvider] = {}   # the provider of the latest run
-
-
 def get_table_provider(store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
                        conf: StateStoreConf) -> TableStateStoreProvider:
-    provider = _LOADED.get(store_id)
-    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema \
-            or provider.conf.run_id != conf.run_id:   # another run's memory is not trusted
-        provider = TableStateStoreProvider(store_id, key_schema, value_schema, conf)
-        _LOADED[store_id] = provider
-    return provider
-
-
-def unload_all() -> None:
-    _LOADED.clear()
+    """The table provider of ``store_id`` in this process (the cache of ``map_provider``)."""
+    return cached_provider(TableStateStoreProvider, store_id, key_schema, value_schema, conf)
