@@ -325,3 +325,60 @@ def test_parquet_input_rows_come_from_the_footers_and_match_sparks_count(ss, spa
     assert ours == theirs == [5, 1200, 0, 7]
     plan = query._execution.last_batch_df._jdf.queryExecution().optimizedPlan().toString()
     assert "CollectMetrics" not in plan, plan
+
+
+def test_json_input_rows_come_from_the_sinks_scans_and_match_sparks_count(ss, spark, tmp_path):
+    """numInputRows of a JSON stream is read from the scans of the sink's own Spark
+    executions, as Spark reads it from its executed plan: the batch plan has no counting
+    node for the file, noop and memory sinks; a static side reading the same directory is
+    not counted; a batch the sink reads twice counts once; RDD actions (foreach,
+    foreachPartition in foreachBatch) count from the batch's own plan."""
+    src = tmp_path / "in"
+    for i, rows in enumerate([4, 250, 1, 9]):
+        write_json_files(str(src), i, 1, rows_per_file=rows)
+    static = spark.read.schema("id BIGINT, name STRING").json(str(src)).selectExpr("name", "id AS sid")
+
+    def counts(session, sink, name, transform=lambda frame: frame.filter("id % 2 = 0")):
+        frame = session.readStream.schema("id BIGINT, name STRING").option("maxFilesPerTrigger", 1).json(str(src))
+        writer = (transform(frame).writeStream.format(sink).option("checkpointLocation", str(tmp_path / f"c-{name}"))
+                  .trigger(availableNow=True))
+        if sink == "parquet":
+            writer = writer.option("path", str(tmp_path / f"out-{name}"))
+        elif sink == "memory":
+            writer = writer.queryName("json_counts_" + name.replace("-", "_"))
+        elif sink == "foreach":
+            writer = writer.foreach(lambda row: None)
+        elif callable(sink):
+            writer = writer.foreachBatch(sink)
+        query = writer.start()
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+        return [p["numInputRows"] for p in query.recentProgress], query
+
+    def plan(query):
+        return query._execution.last_batch_df._jdf.queryExecution().optimizedPlan().toString()
+
+    expected = [4, 250, 1, 9]
+    for sink in ("noop", "parquet"):
+        theirs, _ = counts(spark, sink, f"spark-{sink}")
+        ours, query = counts(ss, sink, f"mb-{sink}")
+        assert ours == theirs == expected
+        assert "CollectMetrics" not in plan(query), plan(query)
+    ours, query = counts(ss, "memory", "mb-memory")
+    assert ours == expected and "CollectMetrics" not in plan(query)
+    joined = lambda frame: frame.join(static, "name")   # noqa: E731
+    theirs, _ = counts(spark, "noop", "spark-join", joined)
+    ours, query = counts(ss, "noop", "mb-join", joined)
+    assert ours == theirs == expected
+    ours, query = counts(ss, "foreach", "mb-foreach")
+    assert ours == expected and "CollectMetrics" not in plan(query)
+
+    def write_twice(batch, batch_id):
+        batch.write.format("noop").mode("append").save()
+        batch.write.format("noop").mode("append").save()
+    ours, query = counts(ss, write_twice, "mb-batch-sql")
+    assert ours == expected and "CollectMetrics" not in plan(query)
+    ours, query = counts(ss, lambda batch, batch_id: batch.foreachPartition(lambda rows: None), "mb-batch-rdd")
+    assert ours == expected and "CollectMetrics" not in plan(query)
+    ours, query = counts(ss, lambda batch, batch_id: None, "mb-batch-unread")
+    assert ours == [0, 0, 0, 0]

@@ -41,13 +41,14 @@ from microbatch.execution.stateful import (BatchContext, DictSum, aggregated_eve
                                            committed_partitions, state_operator_progress,
                                            stateful_nodes, stats_in_operator, watermark_nodes)
 from microbatch.execution.progress import format_timestamp
+from microbatch.execution.scan_metrics import ScanRowCounter
 from microbatch.execution.stream_execution import StreamExecution, conf_ms
 from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Once,
                                            ProcessingTime, ProcessingTimeExecutor,
                                            SingleBatchExecutor, Trigger)
 from microbatch.plan.incremental import IncrementalExecution, uses_current_time
 from microbatch.plan.logical import Aggregate, PlanNode, StatefulNode, StreamingRelation, Watermark
-from microbatch.sinks.base import Sink
+from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
 from microbatch.state.store import StateStoreConf
 
@@ -119,6 +120,8 @@ class MicroBatchExecution(StreamExecution):
         self.watermark_ms = 0
         self._available_now: dict[int, AvailableNowPin] = {}
         self._empty_batches: dict[int, DataFrame] = {}
+        self._scan_counter: ScanRowCounter | None = None
+        self._scan_counting_failed = False
         self._batch_columns: dict = {}   # Column objects of the stateful steps, for the run
         self._batch_session: SparkSession | None = None
         self._incremental: IncrementalExecution | None = None
@@ -213,6 +216,8 @@ class MicroBatchExecution(StreamExecution):
             self.sink.stop()
         except Exception:  # noqa: BLE001
             log.warning("Failed to stop sink %s", self.sink, exc_info=True)
+        if self._scan_counter is not None:
+            self._scan_counter.close()
 
     # -- the batch runner ----------------------------------------------------
     def run_activated_stream(self) -> None:
@@ -448,6 +453,7 @@ class MicroBatchExecution(StreamExecution):
         inputs: dict[StreamingRelation, DataFrame] = {}
         row_counts: dict[int, int] = {}
         observations: dict[int, Observation] = {}
+        scanned_inputs: dict[int, set[int]] = {}   # counted from the sink's scans
         with progress.time_phase("getBatch"):
             for i, (relation, source) in enumerate(zip(self.relations, self.sources)):
                 end = self.available_offsets.get(i)
@@ -461,11 +467,13 @@ class MicroBatchExecution(StreamExecution):
                 log.debug("Retrieving data from %s: %s -> %s", source, start, end)
                 df = source.get_batch(start, end)
                 count = source.num_rows(start, end)
-                if count is None:
+                if count is not None:
+                    row_counts[i] = count
+                elif (keys := self._scan_keys(df)) is not None:
+                    scanned_inputs[i] = keys
+                else:
                     observations[i] = Observation(f"microbatch_input_{i}")
                     df = df.observe(observations[i], F.count(F.lit(1)).alias("rows"))
-                else:
-                    row_counts[i] = count
                 inputs[relation] = df
         ctx = self._batch_context(batch_id)
         with progress.time_phase("queryPlanning"):
@@ -480,11 +488,19 @@ class MicroBatchExecution(StreamExecution):
             self._write_state_schemas()
         sc = self.spark.sparkContext
         sc.setLocalProperty("streaming.sql.batchId", str(batch_id))
+        reads_through = self.sink.reads_batch_through
+        if scanned_inputs and reads_through != READS_RDD:
+            self._scan_counter.start()
         with progress.time_phase("addBatch"):
             self.sink.last_num_output_rows = -1
             self.sink.add_batch(batch_id, batch_df)
             if ctx is not None and self.stateful:
                 self._complete_state_commits(ctx, batch_df)
+        if scanned_inputs:
+            executions = self._scan_counter.finish() if reads_through != READS_RDD else []
+            if reads_through != READS_SQL:
+                executions.append(batch_df._jdf.queryExecution())
+            row_counts.update(self._scan_counter.count(scanned_inputs, executions))
         for i, observation in observations.items():
             row_counts[i] = self._observed_rows(observation)
         event_time = self._update_watermark(ctx) if ctx is not None else None
@@ -506,6 +522,21 @@ class MicroBatchExecution(StreamExecution):
         log.debug("Completed batch %d", batch_id)
         with self.await_progress:
             self.await_progress.notify_all()
+
+    def _scan_keys(self, df: DataFrame) -> set[int] | None:
+        """How to find ``df``'s scans in the sink's executions, if its rows can be counted
+        there (see execution/scan_metrics.py); None: count them with an Observation."""
+        if self._scan_counting_failed:
+            return None
+        try:
+            if self._scan_counter is None:
+                self._scan_counter = ScanRowCounter(self._batch_session)
+            return self._scan_counter.input_keys(df)
+        except Exception:  # noqa: BLE001 (a Spark without these internals: count another way)
+            log.warning("Cannot count input rows from the scans' metrics; counting them "
+                        "with an Observation instead", exc_info=True)
+            self._scan_counting_failed = True
+            return None
 
     # -- stateful steps and event time ---------------------------------------------
     def _batch_context(self, batch_id: int) -> BatchContext | None:

@@ -20,12 +20,23 @@ from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.util import CaseInsensitiveOptions
 
 
+READS_SQL, READS_RDD, READS_ANY = "sql", "rdd", "any"
+
+
 class Sink(ABC):
     @abstractmethod
     def add_batch(self, batch_id: int, df: DataFrame) -> None: ...
 
     #: rows written by the last batch, or -1 when the sink does not know (Spark's numOutputRows)
     last_num_output_rows: int = -1
+
+    #: How the sink reads the batch's DataFrame, which tells the engine where to find the
+    #: executions whose scans count the batch's input rows (execution/scan_metrics.py):
+    #: ``READS_SQL``: only through Spark SQL actions (``df.write``, ``collect``, ``show``),
+    #: whose executed plans reach a query execution listener; ``READS_RDD``: only through
+    #: its RDD (``foreachPartition``), which runs the DataFrame's own executed plan;
+    #: ``READS_ANY`` (the default, e.g. user code): either, so the engine looks at both.
+    reads_batch_through: str = "any"
 
     def progress_metrics(self) -> dict[str, str]:
         """Extra figures for the progress ``sink.metrics`` map (Spark omits it when empty)."""

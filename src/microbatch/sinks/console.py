@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from microbatch.sinks.base import Sink, SinkContext, SinkProvider
+from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 
 
 class ConsoleSink(Sink):
+    reads_batch_through = READS_SQL
+
     def __init__(self, num_rows: int, truncate: bool):
         self.num_rows = num_rows
         self.truncate = truncate

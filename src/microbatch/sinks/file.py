@@ -35,7 +35,7 @@ from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_D
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.errors import (AnalysisException, ConcurrentUpdateError,
                                IllegalArgumentException)
-from microbatch.sinks.base import Sink, SinkContext, SinkProvider
+from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 from microbatch.util import conf_bool, local_path, time_string_as_ms
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ _SINK_OPTIONS = {"path", "checkpointlocation", "retention"}
 
 
 class FileStreamSink(Sink):
+    reads_batch_through = READS_SQL
+
     def __init__(self, spark: SparkSession, fmt: str, path: str, partition_by: list[str],
                  options: dict[str, str], retention_ms: int | None, fs: CheckpointFileSystem):
         self.format = fmt

@@ -13,7 +13,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from microbatch.errors import AnalysisException
-from microbatch.sinks.base import Sink, SinkContext, SinkProvider
+from microbatch.sinks.base import READS_RDD, Sink, SinkContext, SinkProvider
 
 
 def check_foreach_writer(f: Any) -> None:
@@ -54,6 +54,8 @@ def _partition_writer(f: Any, batch_id: int):
 
 
 class ForeachSink(Sink):
+    reads_batch_through = READS_RDD
+
     def __init__(self, f: Any):
         self.f = f
 

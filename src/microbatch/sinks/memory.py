@@ -14,12 +14,14 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import StructType
 
 from microbatch.errors import AnalysisException
-from microbatch.sinks.base import Sink, SinkContext, SinkProvider
+from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 
 log = logging.getLogger(__name__)
 
 
 class MemorySink(Sink):
+    reads_batch_through = READS_SQL
+
     def __init__(self, spark: SparkSession, schema: StructType, output_mode: str,
                  view_name: str | None = None):
         self.spark = spark

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from microbatch.sinks.base import Sink, SinkContext, SinkProvider
+from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 
 
 class NoopSink(Sink):
+    reads_batch_through = READS_SQL
+
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         df.write.format("noop").mode("append").save()
 
