@@ -380,5 +380,14 @@ def test_json_input_rows_come_from_the_sinks_scans_and_match_sparks_count(ss, sp
     assert ours == expected and "CollectMetrics" not in plan(query)
     ours, query = counts(ss, lambda batch, batch_id: batch.foreachPartition(lambda rows: None), "mb-batch-rdd")
     assert ours == expected and "CollectMetrics" not in plan(query)
+
+    def fail_then_write(batch, batch_id):
+        try:   # an execution that fails reaches the listener too (onFailure)
+            batch.selectExpr("raise_error('no') AS x").write.format("noop").mode("append").save()
+        except Exception:  # noqa: BLE001
+            pass
+        batch.write.format("noop").mode("append").save()
+    ours, query = counts(ss, fail_then_write, "mb-batch-failed")
+    assert ours == expected
     ours, query = counts(ss, lambda batch, batch_id: None, "mb-batch-unread")
     assert ours == [0, 0, 0, 0]

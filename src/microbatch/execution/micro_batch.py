@@ -453,7 +453,7 @@ class MicroBatchExecution(StreamExecution):
         inputs: dict[StreamingRelation, DataFrame] = {}
         row_counts: dict[int, int] = {}
         observations: dict[int, Observation] = {}
-        scanned_inputs: dict[int, set[int]] = {}   # counted from the sink's scans
+        scanned_inputs: dict[int, dict] = {}   # counted from the sink's scans
         with progress.time_phase("getBatch"):
             for i, (relation, source) in enumerate(zip(self.relations, self.sources)):
                 end = self.available_offsets.get(i)
@@ -523,7 +523,7 @@ class MicroBatchExecution(StreamExecution):
         with self.await_progress:
             self.await_progress.notify_all()
 
-    def _scan_keys(self, df: DataFrame) -> set[int] | None:
+    def _scan_keys(self, df: DataFrame) -> dict | None:
         """How to find ``df``'s scans in the sink's executions, if its rows can be counted
         there (see execution/scan_metrics.py); None: count them with an Observation."""
         if self._scan_counting_failed:

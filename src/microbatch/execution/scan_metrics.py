@@ -70,11 +70,11 @@ class ScanRowCounter:
     def _identity(self, obj: Any) -> int:
         return self._jvm.java.lang.System.identityHashCode(obj)
 
-    def input_keys(self, df: DataFrame) -> set[int] | None:
-        """The identities of the file indexes ``df`` scans, or None if any of its leaves is
+    def input_keys(self, df: DataFrame) -> dict[int, Any] | None:
+        """The file indexes ``df`` scans, by identity hash, or None if any of its leaves is
         not a file relation (the engine then counts its rows another way)."""
         leaves = df._jdf.queryExecution().analyzed().collectLeaves()
-        keys = set()
+        keys = {}
         for j in range(leaves.size()):
             leaf = leaves.apply(j)
             if leaf.getClass().getSimpleName() != "LogicalRelation":
@@ -82,7 +82,8 @@ class ScanRowCounter:
             relation = leaf.relation()
             if relation.getClass().getSimpleName() != "HadoopFsRelation":
                 return None
-            keys.add(self._identity(relation.location()))
+            location = relation.location()
+            keys[self._identity(location)] = location
         return keys or None
 
     def start(self) -> None:
@@ -114,16 +115,22 @@ class ScanRowCounter:
             self._collecting = False
         return executions
 
-    def count(self, keys_by_source: dict[int, set[int]], executions: list[Any]) -> dict[int, int]:
+    def count(self, keys_by_source: dict[int, dict[int, Any]], executions: list[Any]) -> dict[int, int]:
         """Rows per source read by ``executions`` (JVM QueryExecutions that ran)."""
-        source_of = {key: i for i, keys in keys_by_source.items() for key in keys}
+        source_of = {key: (i, location) for i, keys in keys_by_source.items()
+                     for key, location in keys.items()}
         rows = {i: 0 for i in keys_by_source}
         for qe in executions:
-            for i, count in self._scanned(qe, source_of).items():
+            try:
+                scanned = self._scanned(qe, source_of)
+            except Exception:  # noqa: BLE001 (an execution that failed in planning, caught by the sink)
+                log.debug("Skipping an execution without an executed plan", exc_info=True)
+                continue
+            for i, count in scanned.items():
                 rows[i] = max(rows[i], count)
         return rows
 
-    def _scanned(self, qe: Any, source_of: dict[int, int]) -> dict[int, int]:
+    def _scanned(self, qe: Any, source_of: dict[int, tuple[int, Any]]) -> dict[int, int]:
         """Rows per source the file scans of one execution returned."""
         counts: dict[int, int] = {}
         pending = [qe.executedPlan()]
@@ -135,8 +142,9 @@ class ScanRowCounter:
                 if name in _WRAPPERS:
                     pending.append(getattr(leaf, _WRAPPERS[name])())
                 elif name == "FileSourceScanExec":
-                    source = source_of.get(self._identity(leaf.relation().location()))
-                    if source is not None:
+                    location = leaf.relation().location()
+                    source, known = source_of.get(self._identity(location), (None, None))
+                    if source is not None and known.equals(location):
                         metric = leaf.metrics().get("numOutputRows")
                         if metric.isDefined():
                             counts[source] = counts.get(source, 0) + int(metric.get().value())
