@@ -36,7 +36,7 @@ class Sink(ABC):
     #: whose executed plans reach a query execution listener; ``READS_RDD``: only through
     #: its RDD (``foreachPartition``), which runs the DataFrame's own executed plan;
     #: ``READS_ANY`` (the default, e.g. user code): either, so the engine looks at both.
-    reads_batch_through: str = "any"
+    reads_batch_through: str = READS_ANY
 
     def progress_metrics(self) -> dict[str, str]:
         """Extra figures for the progress ``sink.metrics`` map (Spark omits it when empty)."""
