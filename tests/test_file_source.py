@@ -391,3 +391,35 @@ def test_json_input_rows_come_from_the_sinks_scans_and_match_sparks_count(ss, sp
     assert ours == expected
     ours, query = counts(ss, lambda batch, batch_id: None, "mb-batch-unread")
     assert ours == [0, 0, 0, 0]
+
+
+def test_rdd_reading_sinks_report_event_time_and_move_the_watermark_like_spark(ss, spark, tmp_path):
+    """A foreach sink (and foreachPartition in foreachBatch) reads the batch through an
+    RDD action, which never fills an Observation: the event-time statistics of a
+    watermark that no stateful operator computes come from the batch's own executed
+    plan, so progress eventTime and the watermark match Spark's own engine."""
+    import json
+    src = tmp_path / "in"
+    for i in range(3):
+        write_lines(str(src / f"f{i}.json"),
+                    [json.dumps({"id": i * 10 + j, "ts": f"2026-01-01T00:0{i}:{j * 10:02d}Z"}) for j in range(4)],
+                    mtime=BASE_MTIME + i)
+
+    def progress(session, name, foreach_batch=False):
+        frame = (session.readStream.schema("id BIGINT, ts TIMESTAMP").option("maxFilesPerTrigger", 1)
+                 .json(str(src)).withWatermark("ts", "10 seconds").selectExpr("id * 2 AS doubled", "ts"))
+        writer = frame.writeStream.option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True)
+        if foreach_batch:
+            writer = writer.foreachBatch(lambda batch, batch_id: batch.foreachPartition(lambda rows: None))
+        else:
+            writer = writer.foreach(lambda row: None)
+        query = writer.start()
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+        return [(p["numInputRows"], p.get("eventTime")) for p in query.recentProgress]
+
+    theirs = progress(spark, "spark")
+    assert [rows for rows, _ in theirs] == [4, 4, 4]
+    assert theirs[-1][1]["watermark"] == "2026-01-01T00:01:20.000Z"
+    assert progress(ss, "mb-foreach") == theirs
+    assert progress(ss, "mb-foreach-batch", foreach_batch=True) == theirs

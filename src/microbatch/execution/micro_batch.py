@@ -27,6 +27,7 @@ The batch protocol (Spark's, step by step; each step is safe to crash in):
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from typing import Any
@@ -624,14 +625,25 @@ class MicroBatchExecution(StreamExecution):
                               min=format_timestamp(merged["min"]))
         return dict(sorted(event_time.items()))
 
-    @staticmethod
-    def _observed(observation: Observation) -> dict | None:
-        """The observed metrics, or None if the sink never ran the batch's DataFrame."""
-        future = observation._jo.future()
-        deadline = time.monotonic() + 0.5
-        while not future.isCompleted() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return observation.get if future.isCompleted() else None
+    def _observed(self, observation: Observation) -> dict | None:
+        """The observed metrics, or None if the sink never ran the batch's DataFrame.
+
+        Spark fills an ``Observation`` when a SQL action that ran it ends (through a
+        listener, so it may lag the action a little). An RDD action (``foreach``,
+        ``foreachPartition`` in ``foreachBatch``) never fills it: its metrics are then
+        read from the batch DataFrame's own executed plan, which that action ran."""
+        reads_through = self.sink.reads_batch_through
+        if reads_through != READS_RDD:
+            future = observation._jo.future()
+            deadline = time.monotonic() + 0.5
+            while not future.isCompleted() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if future.isCompleted():
+                return observation.get
+        if reads_through == READS_SQL or self.last_batch_df is None:
+            return None
+        found = self.last_batch_df._jdf.queryExecution().observedMetrics().get(observation._name)
+        return json.loads(found.get().json()) if found.isDefined() else None
 
     def _observed_rows(self, observation: Observation) -> int:
         """Rows the sink actually read; 0 if the sink never ran the batch's DataFrame."""
