@@ -165,7 +165,12 @@ class StaticJoin(PlanNode):
 @dataclass(eq=False)
 class Watermark(PlanNode):
     """``withWatermark``: rows pass unchanged; a batch's event times are observed
-    (min, max, avg) to move the watermark after the batch."""
+    (min, max, avg) to move the watermark after the batch.
+
+    Known difference: Spark's optimizer pushes a deterministic filter that does not
+    refer to the event time below its watermark node, so its statistics count only
+    the rows that pass the filter; ours are observed before a filter written after
+    ``withWatermark``, so the watermark can be ahead of Spark's for such queries."""
 
     child: PlanNode
     event_time: str
