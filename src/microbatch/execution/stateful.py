@@ -145,6 +145,25 @@ class BatchContext:
         return df.observe(observation, F.max(ms).alias("max"), F.min(ms).alias("min"),
                           F.avg(ms).alias("avg"), F.count(ms).alias("count"))
 
+    def filter_passes_watermark(self, node, watermark: Watermark, filtered: DataFrame) -> bool:
+        """Whether the filter ``node`` (right above ``watermark``; ``filtered`` is its
+        result) runs before the watermark's observation, as Spark's optimizer puts it:
+        deterministic, and not referring to the event time. Decided once per run."""
+        def decide() -> bool:
+            analyzed = filtered._jdf.queryExecution().analyzed()
+            if analyzed.getClass().getSimpleName() != "Filter":
+                return False
+            condition = analyzed.condition()
+            if not condition.deterministic():
+                return False
+            output = analyzed.child().output()
+            for i in range(output.size()):
+                attribute = output.apply(i)
+                if attribute.name().lower() == watermark.event_time.lower():
+                    return not condition.references().contains(attribute)
+            return False   # a nested event time: keep the filter after the observation
+        return self._columns(("filter below watermark", id(node)), decide)
+
     def deduplicate(self, node: Deduplicate, df: DataFrame) -> DataFrame:
         """Rows hash-partitioned by key; an Arrow UDF over the key columns answers, per
         row, whether to keep it (only the keys travel to Python)."""
