@@ -642,7 +642,11 @@ class MicroBatchExecution(StreamExecution):
                 return observation.get
         if reads_through == READS_SQL or self.last_batch_df is None:
             return None
-        found = self.last_batch_df._jdf.queryExecution().observedMetrics().get(observation._name)
+        try:
+            found = self.last_batch_df._jdf.queryExecution().observedMetrics().get(observation._name)
+        except Exception:  # noqa: BLE001 (a plan the sink never ran may not even plan)
+            log.debug("No observed metrics in the batch's own plan", exc_info=True)
+            return None
         return json.loads(found.get().json()) if found.isDefined() else None
 
     def _observed_rows(self, observation: Observation) -> int:
