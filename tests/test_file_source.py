@@ -455,4 +455,5 @@ def test_a_filter_after_the_watermark_runs_before_it_as_in_spark(ss, spark, tmp_
         assert run(ss, f"mb_{label}", condition) == theirs
     theirs = run(spark, "spark_count", "id % 2 = 0", count=True)
     assert theirs[0][-1]["watermark"] == "2026-01-01T00:03:10.000Z"   # 00:03:20 (the filter ran first) - 10 s
+    assert [count for _, count in theirs[1]] == [2, 2, 2]   # the windows of minutes 0-2 closed
     assert run(ss, "mb_count", "id % 2 = 0", count=True) == theirs
