@@ -12,9 +12,10 @@ object: identity hash, then ``equals``) and reads their metric.
 This replaces an ``Observation`` at the scan for file sources that cannot count their
 rows up front (json, csv, text, orc): its ``CollectMetrics`` node stops whole-stage code
 generation between the scan and the rest of the plan, and costs 2-5% of a 1M-row JSON
-batch to parquet (more when the cores are shared: it is CPU per row). A source's count is the largest over the sink's executions (a sink
-that writes the batch twice, or a batch run again to commit its state, is not counted
-twice), summed over the scans within one execution (a self-join reads it twice).
+batch to parquet (more when the cores are shared: it is CPU per row). A source's count
+is the largest over the sink's executions (a sink that writes the batch twice, or a
+batch run again to commit its state, is not counted twice), summed over the scans
+within one execution (a self-join reads it twice).
 
 Where the executions come from depends on how the sink reads the batch
 (``Sink.reads_batch_through``): Spark SQL actions (``df.write``, ``collect``) report
