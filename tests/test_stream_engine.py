@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
@@ -159,27 +160,38 @@ def test_query_failure_is_reported_with_its_cause(ss):
 
 def test_stop_cancels_the_running_batch_and_leaves_it_uncommitted(ss, tmp_path):
     ms = MemoryStream(ss, "value INT")
+    # The batch's task connects to this socket when it starts and then blocks reading it:
+    # the test waits for the connection (no polling), and stop() must cancel the task.
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(60)
+    port = listener.getsockname()[1]
 
-    def slow(batches):
-        for batch in batches:
-            time.sleep(60)
+    def blocked_until_cancelled(batches):
+        import socket as worker_socket
+        for batch in batches:   # (a task of an empty partition gets none, and never connects)
+            with worker_socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.recv(1)   # returns only if the test closes its end (the cancel failed)
             yield batch
 
-    frame = ms.toDF().mapInPandas(slow, "value INT")
+    frame = ms.toDF().mapInPandas(blocked_until_cancelled, "value INT")
     query = (frame.writeStream.format("noop")
              .option("checkpointLocation", str(tmp_path)).start())
-    ms.add_data([1])
-    deadline = time.monotonic() + 30
-    while not query.status["isTriggerActive"] or "Processing" not in query.status["message"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    tracker = ss.spark.sparkContext.statusTracker()
-    while not tracker.getActiveJobsIds():  # the batch's Spark job is running
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    started = time.monotonic()
-    query.stop()
-    assert time.monotonic() - started < 30
+    try:
+        ms.add_data([1])
+        task, _ = listener.accept()   # the batch's Spark task is running
+        assert query.status["isTriggerActive"] and "Processing" in query.status["message"]
+        # If stop() fails to cancel the task, this lets the batch end and commit after 30 s,
+        # and the asserts below fail instead of the test hanging.
+        release = threading.Timer(30, lambda: (task.close(), listener.close()))
+        release.start()
+        started = time.monotonic()
+        query.stop()
+        assert time.monotonic() - started < 30
+        release.cancel()
+        task.close()
+    finally:
+        listener.close()
+        query.stop()
     assert not query.isActive and query.exception() is None
     assert os.path.exists(tmp_path / "offsets" / "0")
     assert not os.path.exists(tmp_path / "commits" / "0")
