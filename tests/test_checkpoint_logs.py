@@ -83,7 +83,7 @@ def test_failed_write_leaves_no_entry(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("", "is empty"),
     ("garbage", "failed to read correct log version"),
-    ("v9\n{}", "maximum supported log version is v1, but encountered v9"),
+    ("v9\n{}", "maximum supported log version is v2, but encountered v9"),
     ('v1\n{"batchWatermarkMs":', "cannot parse"),
 ])
 def test_bad_offset_files_give_clear_errors(tmp_path, content, message):

@@ -26,8 +26,8 @@ def show_checkpoint(path: str) -> int:
             state = "committed" if batch_id in committed else "NOT committed (re-run on restart)"
             print(f"batch {batch_id}: {state}; timestamp {seq.metadata.batch_timestamp_ms}, "
                   f"watermark {seq.metadata.batch_watermark_ms}")
-            for i, offset in enumerate(seq.offsets):
-                print(f"    source {i}: {'-' if offset is None else offset}")
+            for source_id, offset in seq.by_source_id().items():
+                print(f"    source {source_id}: {'-' if offset is None else offset}")
     except CheckpointError as e:
         print(f"error: {e}")
         return 1
