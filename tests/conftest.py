@@ -9,9 +9,10 @@ from microbatch import StreamingSession, embedded_spark
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     session = embedded_spark(conf={"spark.sql.shuffle.partitions": "2",
-                                   "spark.default.parallelism": "2"})
+                                   "spark.default.parallelism": "2",
+                                   "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse"))})
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()

@@ -23,8 +23,14 @@ def writer(ss, src: str, out: str, checkpoint: str):
 
 
 class PrintProgress(StreamingQueryListener):
+    def onQueryStarted(self, event) -> None:
+        pass
+
     def onQueryProgress(self, event) -> None:
         print(f"PROGRESS {event.progress['batchId']}", flush=True)
+
+    def onQueryTerminated(self, event) -> None:
+        pass
 
 
 def main() -> None:

@@ -10,7 +10,9 @@ import pytest
 from pyspark.errors import AnalysisException as PySparkAnalysisException
 from pyspark.sql import functions as F
 
-from microbatch.errors import AnalysisException, UnsupportedOperationError
+from pyspark.errors import AnalysisException
+
+from microbatch.errors import UnsupportedOperationError
 from stream_events import write_event_files
 from test_aggregation_differential import EVENTS, SCHEMA, _plain, event_record
 

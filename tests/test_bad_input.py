@@ -6,8 +6,10 @@ import os
 import pytest
 from pyspark.errors import AnalysisException as PySparkAnalysisException
 
-from microbatch import (AnalysisException, IllegalArgumentException, MemoryStream,
-                        StreamingQueryException, UnsupportedOperationError)
+from pyspark.errors import (AnalysisException, IllegalArgumentException, PySparkValueError,
+                            StreamingQueryException)
+
+from microbatch import MemoryStream, UnsupportedOperationError
 from microbatch.checkpoint.fs import LOCAL
 
 
@@ -70,16 +72,17 @@ def test_definition_errors_come_where_the_step_is_written(ss):
 
 
 def test_output_mode_and_trigger_errors(ss):
-    with pytest.raises(AnalysisException, match="Unknown output mode bogus"):
+    with pytest.raises(IllegalArgumentException, match=r"STREAMING_OUTPUT_MODE.INVALID\] Invalid streaming "
+                                                       "output mode: bogus"):
         rate(ss).writeStream.outputMode("bogus")
     with pytest.raises(AnalysisException, match=r"STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION.*complete.*"
                                                 "no streaming aggregations"):
         rate(ss).writeStream.format("console").outputMode("complete").start()
-    with pytest.raises(IllegalArgumentException, match="Only one trigger"):
+    with pytest.raises(PySparkValueError, match="ONLY_ALLOW_SINGLE_TRIGGER"):
         rate(ss).writeStream.trigger(once=True, availableNow=True)
-    with pytest.raises(IllegalArgumentException, match="Continuous"):
+    with pytest.raises(UnsupportedOperationError, match="continuous"):
         rate(ss).writeStream.trigger(continuous="1 second")
-    with pytest.raises(IllegalArgumentException, match="Invalid processingTime"):
+    with pytest.raises(IllegalArgumentException, match="INVALID_INTERVAL_FORMAT.*'often'"):
         rate(ss).writeStream.trigger(processingTime="often")
 
 

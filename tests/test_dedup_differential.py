@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from microbatch.errors import AnalysisException
+from pyspark.errors import AnalysisException
 from stream_events import comparable, write_event_files
 
 DEDUP = ("numDroppedDuplicateRows",)

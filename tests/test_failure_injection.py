@@ -26,7 +26,7 @@ def test_restart_after_a_failed_log_write_is_exactly_once(ss, tmp_path, fail_pat
         try:
             query.processAllAvailable()
         except Exception as e:  # noqa: BLE001 - the injected failure ends the query
-            assert isinstance(e.cause, InjectedFailure), e
+            assert isinstance(e.__cause__, InjectedFailure), e
             break
     else:
         pytest.fail(f"the write of {fail_path} was never attempted")

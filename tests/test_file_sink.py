@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
 from microbatch.checkpoint.fs import FailingFileSystem, InjectedFailure
-from microbatch.errors import AnalysisException, IllegalArgumentException, StreamingQueryException
+from pyspark.errors import AnalysisException, IllegalArgumentException, StreamingQueryException
 
 
 def start_json_to_parquet(ss, src, out, ckpt, fs=None, max_files=2):
@@ -64,7 +64,7 @@ def test_json_to_parquet_exactly_once_for_vanilla_spark(ss, spark, tmp_path):
     assert sorted(os.listdir(ckpt / "commits"), key=int) == ["0", "1", "2", "3", "4"]
     assert vanilla_rows(spark, out) == expected_rows(rows)
     first = query.recentProgress[0]["sources"][0]
-    assert (first["startOffset"], first["endOffset"]) == ({"logOffset": 2}, {"logOffset": 3})
+    assert (first["startOffset"], first["endOffset"]) == ('{"logOffset": 2}', '{"logOffset": 3}')
     assert query.recentProgress[-1]["sink"]["description"] == f"FileSink[file:{out}]"
 
 
@@ -109,7 +109,7 @@ def test_failed_log_write_leaves_output_as_it_was_and_restart_resumes(ss, spark,
     query = start_json_to_parquet(ss, src, out, ckpt, fs=failing)
     with pytest.raises(StreamingQueryException, match="injected failure: create .*_spark_metadata/1"):
         query.awaitTermination(120)
-    assert isinstance(query.exception().cause, InjectedFailure)
+    assert isinstance(query.exception().__cause__, InjectedFailure)
     # Batch 1's files were written and moved into place, but no log lists them.
     assert len(glob.glob(str(out / "part-*"))) > 2
     assert vanilla_rows(spark, out) == expected_rows(rows[:6])

@@ -5,10 +5,11 @@ import os
 
 import pytest
 
+from pyspark.errors import AnalysisException, IllegalArgumentException, StreamingQueryException
+
 from file_inputs import BASE_MTIME, write_json_files
 from microbatch.checkpoint.fs import FailingFileSystem
-from microbatch.errors import (AnalysisException, IllegalArgumentException,
-                               StreamingQueryException, UnsupportedOperationError)
+from microbatch.errors import UnsupportedOperationError
 from microbatch.sinks.memory import MemorySink
 
 
@@ -251,7 +252,7 @@ def test_failfast_names_the_file_and_a_retry_after_the_fix_succeeds(ss, tmp_path
     with pytest.raises(StreamingQueryException) as failure:
         query.awaitTermination(120)
     message = str(failure.value)
-    assert "bad%20file.json" in message and "FAILFAST" in message, message
+    assert "bad%20file.json" in message and "FAILFAST" in failure.value._stackTrace, message
     assert os.listdir(ckpt / "offsets") == ["0"] and os.listdir(ckpt / "commits") == []
     assert os.listdir(out / "_spark_metadata") == []
     write_lines(str(src / "bad file.json"), ['{"id": 2}'], mtime=BASE_MTIME + 1)
@@ -279,11 +280,11 @@ def test_vanished_file_is_a_clear_error_unless_ignore_missing_files(ss, tmp_path
 
 def test_parquet_file_with_another_schema_names_the_file(ss, spark, tmp_path):
     src = tmp_path / "pq"
-    spark.range(2).selectExpr("CAST(id AS STRING) AS id").coalesce(1).write.parquet(str(src / "batch1"))
+    spark.range(2).selectExpr("CAST(id AS STRING) AS id").coalesce(1).write.parquet(str(src))
     with pytest.raises(StreamingQueryException) as failure:
         run(ss.readStream.schema("id INT").parquet(str(src)), tmp_path / "ckpt")
     message = str(failure.value)
-    assert "batch1/part-" in message and ".parquet" in message, message
+    assert "pq/part-" in message and ".parquet" in message, message
 
 
 def test_csv_and_text_sources_pass_reader_options(ss, tmp_path):
@@ -457,3 +458,12 @@ def test_a_filter_after_the_watermark_runs_before_it_as_in_spark(ss, spark, tmp_
     assert theirs[0][-1]["watermark"] == "2026-01-01T00:03:10.000Z"   # 00:03:20 (the filter ran first) - 10 s
     assert [count for _, count in theirs[1]] == [2, 2, 2]   # the windows of minutes 0-2 closed
     assert run(ss, "mb_count", "id % 2 = 0", count=True) == theirs
+
+
+def test_xml_source_reads_rows_by_row_tag(ss, tmp_path):
+    src = tmp_path / "xml"
+    write_lines(str(src / "a.xml"), ["<rows>", "<row><id>1</id><name>x</name></row>",
+                                     "<row><id>2</id><name>y</name></row>", "</rows>"])
+    frame = ss.readStream.xml(str(src), rowTag="row", schema="id INT, name STRING")
+    sink, _ = run(frame, tmp_path / "ckpt")
+    assert sorted(map(tuple, sink.all_data())) == [(1, "x"), (2, "y")]

@@ -1,4 +1,5 @@
-"""Progress dicts with Spark's field names; listener events; status; query ids."""
+"""Progress with Spark's field names; listener events; status; query ids. (Side by side with
+Spark's own engine: tests/test_pyspark_objects.py.)"""
 from __future__ import annotations
 
 import json
@@ -52,21 +53,20 @@ def test_progress_has_sparks_fields_and_listener_gets_every_event(ss, tmp_path):
     progress = query.recentProgress
     assert [p["batchId"] for p in progress] == [0, 1]
     last = query.lastProgress
-    assert list(last) == PROGRESS_FIELDS
+    assert list(json.loads(last.json)) == PROGRESS_FIELDS   # Spark's JSON, field by field
     assert set(last["durationMs"]) == PHASES
     assert last["numInputRows"] == 1 and progress[0]["numInputRows"] == 3
     source = last["sources"][0]
     assert source["description"] == "MemoryStream[v]"
-    assert (source["startOffset"], source["endOffset"], source["latestOffset"]) == (0, 1, 1)
-    assert last["sink"] == {"description": "MemorySink", "numOutputRows": 1}
-    json.dumps(last)  # plain data, like Spark's progress JSON
+    assert (source["startOffset"], source["endOffset"], source["latestOffset"]) == ("0", "1", "1")
+    assert json.loads(last.json)["sink"] == {"description": "MemorySink", "numOutputRows": 1}
 
     kinds = [k for k, _ in recorder.events]
     assert kinds[0] == "started" and kinds[-1] == "terminated"
     assert [e.progress["batchId"] for k, e in recorder.events if k == "progress"] == [0, 1]
     started, terminated = recorder.events[0][1], recorder.events[-1][1]
-    assert (started.id, started.runId, started.name) == (query.id, query.runId, "progress_test")
-    assert (terminated.id, terminated.runId, terminated.exception) == (query.id, query.runId, None)
+    assert (str(started.id), str(started.runId), started.name) == (query.id, query.runId, "progress_test")
+    assert (str(terminated.id), str(terminated.runId), terminated.exception) == (query.id, query.runId, None)
     assert not query.isActive and query.status["isTriggerActive"] is False
 
 
@@ -82,7 +82,7 @@ def test_idle_event_when_no_data(ss, tmp_path):
     finally:
         ss.streams.removeListener(recorder)
     idle = [e for k, e in recorder.events if k == "idle"]
-    assert idle and idle[0].id == query.id and idle[0].timestamp.endswith("Z")
+    assert idle and str(idle[0].id) == query.id and idle[0].timestamp.endswith("Z")
     assert query.recentProgress == []  # no batch ran
 
 

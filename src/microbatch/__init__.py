@@ -11,8 +11,10 @@ from microbatch.api.query import StreamingQuery
 from microbatch.api.reader import DataStreamReader
 from microbatch.api.session import StreamingSession, embedded_spark
 from microbatch.api.writer import DataStreamWriter
+from pyspark.errors import StreamingQueryException
+
 from microbatch.errors import (AnalysisException, CheckpointError, IllegalArgumentException,
-                               StreamingQueryException, UnsupportedOperationError)
+                               UnsupportedOperationError)
 from microbatch.execution.clock import ManualClock, SystemClock
 from microbatch.execution.events import (QueryIdleEvent, QueryProgressEvent, QueryStartedEvent,
                                          QueryTerminatedEvent, StreamingQueryListener)

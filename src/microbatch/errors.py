@@ -1,20 +1,27 @@
 """Exceptions raised by microbatch.
 
-They subclass PySpark's own exception classes, so code ported from Structured
-Streaming that catches ``pyspark.errors.AnalysisException`` or
-``pyspark.errors.StreamingQueryException`` keeps working.
+Where Spark has an error class for a problem, microbatch raises Spark's own exception
+(``spark_internals.spark_error``: PySpark's class, Spark's message and condition). The
+classes here are for problems that are microbatch's own; they subclass PySpark's
+exception classes, so code ported from Structured Streaming that catches
+``pyspark.errors.AnalysisException`` keeps working. A query that fails raises PySpark's
+``pyspark.errors.StreamingQueryException`` (see ``execution.stream_execution``).
 """
 from __future__ import annotations
 
 from pyspark.errors import AnalysisException as _PySparkAnalysisException
-from pyspark.errors import StreamingQueryException as _PySparkStreamingQueryException
+from pyspark.errors import IllegalArgumentException as _PySparkIllegalArgumentException
+from pyspark.errors import StreamingQueryException  # noqa: F401 - PySpark's, re-exported
 
 
 class AnalysisException(_PySparkAnalysisException):
-    """A query, option or checkpoint that cannot work, found before or at start."""
+    """A query, option or checkpoint that cannot work, found before or at start.
+    ``error_class``: Spark's, when the problem is one Spark names (``str()`` then starts
+    with ``[ERROR_CLASS]`` and ``getCondition()`` returns it)."""
 
-    def __init__(self, message: str):
-        super().__init__(message=message)
+    def __init__(self, message: str, error_class: str | None = None,
+                 parameters: dict[str, str] | None = None):
+        super().__init__(message=message, errorClass=error_class, messageParameters=parameters)
 
 
 class UnsupportedOperationError(AnalysisException):
@@ -30,24 +37,18 @@ class ConcurrentUpdateError(CheckpointError, AssertionError):
     """Two runs wrote the same batch of one checkpoint (Spark raises an AssertionError)."""
 
 
-class StreamingQueryException(_PySparkStreamingQueryException):
-    """The exception that stopped a query; ``cause`` is the original error."""
-
-    def __init__(self, message: str, cause: BaseException | None = None,
-                 query_desc: str = ""):
-        super().__init__(message=message)
-        self.cause = cause
-        self.desc = message
-        self.query_desc = query_desc
-        if cause is not None:
-            self.__cause__ = cause
-
-
-from pyspark.errors import IllegalArgumentException as _PySparkIllegalArgumentException  # noqa: E402
-
-
 class IllegalArgumentException(_PySparkIllegalArgumentException, ValueError):
     """A bad option value or argument (Spark raises IllegalArgumentException)."""
 
     def __init__(self, message: str):
         super().__init__(message=message)
+
+
+class UserFunctionError(Exception):
+    """A user function of a sink failed (``foreachBatch``): raised with Spark's JVM
+    ``ForeachBatchUserFuncException`` as its origin, so the query fails with Spark's
+    ``FOREACH_BATCH_USER_FUNCTION_ERROR`` and the user's error as the cause."""
+
+    def __init__(self, error: BaseException, origin):
+        super().__init__(str(error))
+        self._origin = origin

@@ -17,10 +17,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch.errors import AnalysisException, IllegalArgumentException
-from microbatch.plan.checks import not_yet, streaming_action
+from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.plan.aggregation import plan_aggregation
-from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, PlanNode, StaticJoin, StreamingRelation,
-                                     Transform, Union, Watermark)
+from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, Observe, PlanNode, StaticJoin,
+                                     StreamingRelation, Transform, Union, Watermark)
 from microbatch.util import interval_to_ms
 
 if TYPE_CHECKING:
@@ -182,6 +182,20 @@ class StreamFrame:
         node = Apply(self._plan, lambda df: df.mapInArrow(func, schema, barrier), "mapInArrow")
         return StreamFrame(self._session, node, template)
 
+    def observe(self, observation: Any, *exprs: Column) -> "StreamFrame":
+        """Named metrics of every batch (``observe("name", F.count(F.lit(1)))``), in each
+        batch's progress ``observedMetrics`` and listener events, as Spark reports them.
+        An ``Observation`` object is refused, as Spark refuses it on a stream."""
+        from pyspark.sql import Observation
+        if isinstance(observation, Observation):
+            raise IllegalArgumentException(
+                "Observation does not support streaming Datasets.This is because there will "
+                "be multiple observed metrics as microbatches are constructed. Please register "
+                "a StreamingQueryListener and get the metric for each microbatch in "
+                "QueryProgressEvent.progress, or use query.lastProgress or query.recentProgress.")
+        template = self._template.observe(observation, *exprs)   # PySpark's argument checks
+        return StreamFrame(self._session, Observe(self._plan, observation, tuple(exprs)), template)
+
     # -- combining --------------------------------------------------------------
     def _require_stream(self, other: Any, what: str) -> "StreamFrame":
         if isinstance(other, DataFrame):
@@ -194,7 +208,9 @@ class StreamFrame:
     def union(self, other: "StreamFrame") -> "StreamFrame":
         other = self._require_stream(other, "Union")
         template = self._template.union(other._template)
-        return StreamFrame(self._session, Union(self._plan, other._plan), template)
+        node = Union(self._plan, other._plan)
+        check_source_names(node)
+        return StreamFrame(self._session, node, template)
 
     unionAll = union
 
@@ -202,6 +218,7 @@ class StreamFrame:
         other = self._require_stream(other, "Union")
         template = self._template.unionByName(other._template, allowMissingColumns=allowMissingColumns)
         node = Union(self._plan, other._plan, by_name=True, allow_missing_columns=allowMissingColumns)
+        check_source_names(node)
         return StreamFrame(self._session, node, template)
 
     def join(self, other: Any, on: Any = None, how: str | None = None) -> "StreamFrame":
@@ -328,6 +345,13 @@ class StreamFrame:
     def write(self):
         raise AnalysisException("'write' can not be called on streaming Dataset/DataFrame; "
                                 "use writeStream.")
+
+    def createOrReplaceTempView(self, name: str) -> None:
+        """A temporary view over this stream: ``readStream.table(name)`` returns it."""
+        self._session._register_stream_view(name, self, replace=True)
+
+    def createTempView(self, name: str) -> None:
+        self._session._register_stream_view(name, self, replace=False)
 
     @property
     def writeStream(self) -> "DataStreamWriter":

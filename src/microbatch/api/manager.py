@@ -4,7 +4,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from pyspark.errors import PySparkValueError
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
 
 from microbatch.api.query import StreamingQuery
 from microbatch.errors import IllegalArgumentException
@@ -31,14 +33,17 @@ class StreamingQueryManager:
             return self._active.get(str(id))
 
     def awaitAnyTermination(self, timeout: float | None = None) -> bool | None:
-        """Wait until any query terminates (since the last ``resetTerminated``)."""
+        """Wait until any query terminates (since the last ``resetTerminated``); raise
+        the exception of a query that failed."""
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"timeout must be a positive integer or float. Got {timeout}")
+            raise PySparkValueError(
+                errorClass="VALUE_NOT_POSITIVE",
+                messageParameters={"arg_name": "timeout", "arg_value": type(timeout).__name__})
         with self._lock:
             self._lock.wait_for(lambda: self._last_terminated is not None, timeout)
             terminated = self._last_terminated
-        if terminated is not None and terminated.exception() is not None:
-            raise terminated.exception()
+        if terminated is not None and terminated._execution.failed:
+            raise terminated._execution.stream_death_cause
         if timeout is not None:
             return terminated is not None
         return None
@@ -47,10 +52,12 @@ class StreamingQueryManager:
         with self._lock:
             self._last_terminated = None
 
-    def addListener(self, listener: Any) -> None:
+    def addListener(self, listener: StreamingQueryListener) -> None:
+        """Register a ``pyspark.sql.streaming.StreamingQueryListener`` for the events of
+        this session's queries (see ``execution.events`` for the delivery rules)."""
         self._bus.add(listener)
 
-    def removeListener(self, listener: Any) -> None:
+    def removeListener(self, listener: StreamingQueryListener) -> None:
         self._bus.remove(listener)
 
     def _wait_for_listeners(self, timeout: float = 10.0) -> bool:

@@ -1,7 +1,11 @@
 """StreamingQuery: the handle ``start()`` returns (PySpark's names)."""
 from __future__ import annotations
 
-from microbatch.errors import StreamingQueryException
+from pyspark.errors import PySparkValueError, StreamingQueryException
+from pyspark.errors.exceptions.captured import (
+    StreamingQueryException as CapturedStreamingQueryException)
+from pyspark.sql.streaming.listener import StreamingQueryProgress
+
 from microbatch.execution.micro_batch import MicroBatchExecution
 
 
@@ -30,11 +34,11 @@ class StreamingQuery:
         return self._execution.progress.status
 
     @property
-    def lastProgress(self) -> dict | None:
+    def lastProgress(self) -> StreamingQueryProgress | None:
         return self._execution.progress.last_progress
 
     @property
-    def recentProgress(self) -> list[dict]:
+    def recentProgress(self) -> list[StreamingQueryProgress]:
         return self._execution.progress.recent_progress
 
     @property
@@ -47,10 +51,15 @@ class StreamingQuery:
         return self._execution.sink
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ValueError(f"timeout must be a positive integer or float. Got {timeout}")
-        finished = self._execution.await_termination(timeout)
-        return finished if timeout is not None else None
+        if timeout is not None:
+            if not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise PySparkValueError(
+                    errorClass="VALUE_NOT_POSITIVE",
+                    messageParameters={"arg_name": "timeout", "arg_value": type(timeout).__name__})
+            self._execution.await_termination(int(timeout * 1000) / 1000.0)
+            return not self.isActive
+        self._execution.await_termination(None)
+        return None
 
     def processAllAvailable(self) -> None:
         self._execution.process_all_available()
@@ -59,7 +68,17 @@ class StreamingQuery:
         self._execution.stop()
 
     def exception(self) -> StreamingQueryException | None:
-        return self._execution.stream_death_cause
+        """The exception that ended the query, built as PySpark's ``exception()`` builds
+        it (message and stack trace of the JVM exception, its cause converted)."""
+        execution = self._execution
+        je = execution.stream_death_cause_jvm
+        if je is None:
+            return execution.stream_death_cause   # None, or the JVM-less fallback
+        message = je.toString().split(": ", 1)[1]
+        stack_trace = "\n\t at ".join(e.toString() for e in je.getStackTrace())
+        exception = CapturedStreamingQueryException(message, stack_trace, je.getCause())
+        exception.__cause__ = execution._python_cause
+        return exception
 
     def explain(self, extended: bool = False) -> None:
         print("== Stream Plan ==")

@@ -4,12 +4,18 @@ from __future__ import annotations
 import os
 import sys
 
+from typing import Any
+
 from pyspark.sql import SparkSession
+
+from microbatch import spark_internals
 
 from microbatch.api.manager import StreamingQueryManager
 from microbatch.api.reader import DataStreamReader
 
-#: Settings ../shared/SPARK-NOTES.md recommends for an embedded local Spark.
+#: Settings for an embedded local Spark (docs/design.md, section 8: measured costs):
+#: no UI, few shuffle partitions, Arrow on without a silent fallback, and no driver-side
+#: local relations for Arrow data.
 EMBEDDED_CONF = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -35,7 +41,11 @@ def embedded_spark(master: str = "local[2]", app_name: str = "microbatch",
 
 
 class StreamingSession:
-    """``StreamingSession(spark)`` wraps a session; ``StreamingSession()`` starts a local one."""
+    """``StreamingSession(spark)`` wraps a session; ``StreamingSession()`` starts a local one.
+
+    ``readStream`` and ``streams`` are microbatch's; everything else is the wrapped
+    SparkSession's (``ss.table``, ``ss.sql``, ``ss.createDataFrame``, ``ss.conf``, ...), so
+    a ported job that takes a session runs unchanged with this one."""
 
     def __init__(self, spark: SparkSession | None = None, *, master: str = "local[2]",
                  conf: dict[str, str] | None = None):
@@ -43,6 +53,12 @@ class StreamingSession:
         self._embedded = spark is None and SparkSession.getActiveSession() is None
         self.spark = spark if spark is not None else embedded_spark(master, conf=conf)
         self.streams = StreamingQueryManager(self.spark)
+        self._stream_views: dict[str, Any] = {}   # temp views over streams, by lower-case name
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("spark", "streams", "_stream_views", "_embedded"):
+            raise AttributeError(name)
+        return getattr(self.spark, name)
 
     @property
     def read(self):
@@ -53,6 +69,19 @@ class StreamingSession:
     @property
     def readStream(self) -> DataStreamReader:
         return DataStreamReader(self)
+
+    # -- temporary views over streams (StreamFrame.createOrReplaceTempView) ---------------
+    def _stream_view(self, name: str):
+        return self._stream_views.get(name.lower())
+
+    def _register_stream_view(self, name: str, frame: Any, replace: bool) -> None:
+        batch_view = spark_internals.temp_view_exists(self.spark, name)
+        if not replace and (batch_view or name.lower() in self._stream_views):
+            raise spark_internals.spark_error("AnalysisException", "TEMP_TABLE_OR_VIEW_ALREADY_EXISTS",
+                                              relationName=f"`{name}`")
+        if batch_view:
+            self.spark.catalog.dropTempView(name)   # one namespace of temp views, as in Spark
+        self._stream_views[name.lower()] = frame
 
     def stop(self) -> None:
         """Stop every active query, and the Spark session if this object started it."""

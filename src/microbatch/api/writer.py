@@ -1,4 +1,10 @@
-"""DataStreamWriter: ``frame.writeStream....start()``."""
+"""DataStreamWriter: ``frame.writeStream....start()``.
+
+Method by method PySpark 4.3's: the same arguments, checks and errors
+(``VALUE_NOT_NON_EMPTY_STR``, ``ONLY_ALLOW_SINGLE_TRIGGER``, ``VALUE_NOT_ALLOWED``,
+``ATTRIBUTE_NOT_CALLABLE``, Spark's ``STREAMING_OUTPUT_MODE.INVALID``, ...), ``None``
+options ignored, and the order in which ``start(**kwargs)`` applies its arguments.
+"""
 from __future__ import annotations
 
 import logging
@@ -7,11 +13,14 @@ import tempfile
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
+from pyspark.errors import PySparkTypeError, PySparkValueError
+
+from microbatch import spark_internals
 from microbatch.checkpoint.fs import LOCAL
-from microbatch.errors import AnalysisException, IllegalArgumentException, UnsupportedOperationError
+from microbatch.errors import IllegalArgumentException
 from microbatch.execution.clock import Clock, SystemClock
 from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
-from microbatch.plan.checks import check_output_mode, normalize_output_mode
+from microbatch.plan.checks import check_output_mode, check_source_names, normalize_output_mode
 from microbatch.sinks import lookup_sink
 from microbatch.sinks.base import SinkContext
 from microbatch.sinks.foreach import check_foreach_writer
@@ -33,6 +42,7 @@ class DataStreamWriter:
         self._trigger: Trigger = ProcessingTime(0)
         self._query_name: str | None = None
         self._partition_by: list[str] = []
+        self._cluster_by: list[str] = []
         self._extra: dict[str, Any] = {}
         self._clock: Clock | None = None
         self._fs = LOCAL
@@ -43,7 +53,8 @@ class DataStreamWriter:
         return self
 
     def option(self, key: str, value: Any) -> "DataStreamWriter":
-        self._options[key] = option_value(value)
+        if value is not None:
+            self._options[key] = option_value(value)
         return self
 
     def options(self, **options: Any) -> "DataStreamWriter":
@@ -52,20 +63,25 @@ class DataStreamWriter:
         return self
 
     def outputMode(self, outputMode: str) -> "DataStreamWriter":
+        if not outputMode or not isinstance(outputMode, str) or len(outputMode.strip()) == 0:
+            raise PySparkValueError(errorClass="VALUE_NOT_NON_EMPTY_STR",
+                                    messageParameters={"arg_name": "outputMode",
+                                                       "arg_value": str(outputMode)})
         self._output_mode = normalize_output_mode(outputMode)
         return self
 
     def trigger(self, *, processingTime: str | None = None, once: bool | None = None,
-                continuous: str | None = None, availableNow: bool | None = None) -> "DataStreamWriter":
-        try:
-            self._trigger = trigger_from_writer_args(processingTime, once, availableNow, continuous)
-        except ValueError as e:
-            raise IllegalArgumentException(str(e)) from None
+                continuous: str | None = None, availableNow: bool | None = None,
+                realTime: str | None = None) -> "DataStreamWriter":
+        self._trigger = trigger_from_writer_args(processingTime, once, availableNow, continuous,
+                                                 realTime)
         return self
 
     def queryName(self, queryName: str) -> "DataStreamWriter":
-        if not queryName or not isinstance(queryName, str):
-            raise IllegalArgumentException("The queryName must be a non-empty string.")
+        if not queryName or not isinstance(queryName, str) or len(queryName.strip()) == 0:
+            raise PySparkValueError(errorClass="VALUE_NOT_NON_EMPTY_STR",
+                                    messageParameters={"arg_name": "queryName",
+                                                       "arg_value": str(queryName)})
         self._query_name = queryName
         return self
 
@@ -75,6 +91,13 @@ class DataStreamWriter:
         self._partition_by = list(cols)
         return self
 
+    def clusterBy(self, *cols: str) -> "DataStreamWriter":
+        """Clustering columns of the table ``toTable`` creates (PySpark 4.3)."""
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        self._cluster_by = list(cols)
+        return self
+
     def foreach(self, f: Any) -> "DataStreamWriter":
         check_foreach_writer(f)
         self._format = "foreach"
@@ -82,8 +105,9 @@ class DataStreamWriter:
         return self
 
     def foreachBatch(self, func: Callable) -> "DataStreamWriter":
-        if not callable(func):
-            raise IllegalArgumentException("foreachBatch needs a function of (DataFrame, batch_id).")
+        """``func(df, batch_id)`` per batch. As in PySpark, ``func`` is not checked here: a
+        function that cannot be called fails the first batch with Spark's
+        ``FOREACH_BATCH_USER_FUNCTION_ERROR``."""
         self._format = "foreachBatch"
         self._extra["foreach_batch"] = func
         return self
@@ -105,27 +129,45 @@ class DataStreamWriter:
         self._sink = sink
         return self
 
-    def toTable(self, tableName: str, **kwargs: Any) -> "StreamingQuery":
-        raise UnsupportedOperationError(
-            f"Writing a stream to table '{tableName}' is not supported by microbatch yet; use "
-            "format(...).start() or foreachBatch.")
-
-    def start(self, path: str | None = None, format: str | None = None,
-              outputMode: str | None = None, partitionBy: Any = None,
-              queryName: str | None = None, **options: Any) -> "StreamingQuery":
-        if format is not None:
-            self.format(format)
+    def _apply(self, format: str | None, outputMode: str | None, partitionBy: Any,
+               queryName: str | None, options: dict[str, Any]) -> None:
+        """``start``'s and ``toTable``'s keyword arguments, in PySpark's order."""
+        self.options(**options)
         if outputMode is not None:
             self.outputMode(outputMode)
         if partitionBy is not None:
             self.partitionBy(partitionBy)
+        if format is not None:
+            self.format(format)
         if queryName is not None:
             self.queryName(queryName)
-        self.options(**options)
+
+    def toTable(self, tableName: str, format: str | None = None, outputMode: str | None = None,
+                partitionBy: Any = None, queryName: str | None = None,
+                **options: Any) -> "StreamingQuery":
+        """Write the stream to catalog table ``tableName``, creating it if it does not exist
+        (see ``microbatch.api.tables``)."""
+        self._apply(format, outputMode, partitionBy, queryName, options)
+        if not isinstance(tableName, str):
+            raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE",
+                                   messageParameters={"arg_name": "tableName", "expected_type": "str",
+                                                      "arg_type": type(tableName).__name__})
+        from microbatch.api.tables import write_to_table
+        return write_to_table(self, tableName)
+
+    def start(self, path: str | None = None, format: str | None = None,
+              outputMode: str | None = None, partitionBy: Any = None,
+              queryName: str | None = None, **options: Any) -> "StreamingQuery":
+        self._apply(format, outputMode, partitionBy, queryName, options)
         if path is not None:
+            if not isinstance(path, str):
+                raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE",
+                                       messageParameters={"arg_name": "path", "expected_type": "str",
+                                                          "arg_type": type(path).__name__})
             self._options["path"] = path
         session = self._frame._session
         spark = session.spark
+        check_source_names(self._frame._plan)
         check_output_mode(self._frame._plan, self._output_mode)
         opts = CaseInsensitiveOptions(self._options)
         if self._sink is not None:
@@ -164,6 +206,5 @@ class DataStreamWriter:
                         "to true. Important to know deleting temp checkpoint folder is best effort.",
                         location)
             return location, True
-        raise AnalysisException(
-            "checkpointLocation must be specified either through option(\"checkpointLocation\", "
-            "...) or SparkSession.conf.set(\"spark.sql.streaming.checkpointLocation\", ...)")
+        raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1298",
+                                          config="spark.sql.streaming.checkpointLocation")

@@ -34,7 +34,7 @@ from microbatch.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-FILE_FORMATS = ("text", "csv", "json", "parquet", "orc")
+FILE_FORMATS = ("text", "csv", "json", "parquet", "orc", "xml")
 #: The file sink's log directory inside its output directory.
 SINK_METADATA_DIR = "_spark_metadata"
 COMPACT_FILE_SUFFIX = ".compact"

@@ -1,76 +1,59 @@
-"""Listener events and the bus that delivers them.
+"""Listener events and the bus that delivers them (Spark's StreamingQueryListenerBus).
 
-The events carry Spark's fields. Delivery is asynchronous on one daemon thread,
-in posting order, so a slow listener never holds up a batch (Spark's
-StreamingQueryListenerBus); ``wait_until_empty`` lets tests wait for delivery.
+Listeners are users' ``pyspark.sql.streaming.StreamingQueryListener`` subclasses and the
+events are PySpark's own classes. Delivery follows Spark:
+
+- ``QueryStartedEvent`` is delivered synchronously, on the query's thread, before
+  ``start()`` returns (so a listener sees a query start before anything else of it);
+- the other events are delivered asynchronously, in posting order, on one daemon
+  thread, so a slow listener never holds up a batch;
+- an exception in a listener is logged and does not reach the query;
+- ``addListener`` twice registers a listener twice; ``removeListener`` removes one
+  registration (the first), and removing one that is not registered does nothing.
+
+``wait_until_empty`` lets tests wait for delivery.
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Any
+
+from pyspark.errors import PySparkAttributeError
+from pyspark.sql.streaming.listener import (QueryIdleEvent, QueryProgressEvent,
+                                            QueryStartedEvent, QueryTerminatedEvent,
+                                            StreamingQueryListener)
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class QueryStartedEvent:
-    id: str
-    runId: str
-    name: str | None
-    timestamp: str
-
-
-@dataclass(frozen=True)
-class QueryProgressEvent:
-    progress: dict
-
-
-@dataclass(frozen=True)
-class QueryIdleEvent:
-    id: str
-    runId: str
-    timestamp: str
-
-
-@dataclass(frozen=True)
-class QueryTerminatedEvent:
-    id: str
-    runId: str
-    exception: str | None
-    errorClassOnException: str | None = None
-
-
-class StreamingQueryListener:
-    """Subclass and override the callbacks you need (PySpark's method names)."""
-
-    def onQueryStarted(self, event: QueryStartedEvent) -> None:
-        pass
-
-    def onQueryProgress(self, event: QueryProgressEvent) -> None:
-        pass
-
-    def onQueryIdle(self, event: QueryIdleEvent) -> None:
-        pass
-
-    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
-        pass
-
+__all__ = ["ListenerBus", "QueryIdleEvent", "QueryProgressEvent", "QueryStartedEvent",
+           "QueryTerminatedEvent", "StreamingQueryListener"]
 
 _CALLBACKS = {QueryStartedEvent: "onQueryStarted", QueryProgressEvent: "onQueryProgress",
               QueryIdleEvent: "onQueryIdle", QueryTerminatedEvent: "onQueryTerminated"}
 
 
+def check_listener(listener: Any) -> None:
+    """PySpark fails on anything else with an ``AttributeError`` (``_jlistener``): this is
+    one too, with a message that says what is expected."""
+    if not isinstance(listener, StreamingQueryListener):
+        raise PySparkAttributeError(
+            errorClass="NOT_EXPECTED_TYPE",
+            messageParameters={"arg_name": "listener",
+                               "expected_type": "StreamingQueryListener",
+                               "arg_type": type(listener).__name__})
+
+
 class ListenerBus:
     def __init__(self):
-        self._listeners: list[Any] = []
+        self._listeners: list[StreamingQueryListener] = []
         self._lock = threading.Lock()
         self._queue: "queue.Queue[Any]" = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def add(self, listener: Any) -> None:
+    def add(self, listener: StreamingQueryListener) -> None:
+        check_listener(listener)
         with self._lock:
             self._listeners.append(listener)
             if self._thread is None:
@@ -78,15 +61,22 @@ class ListenerBus:
                                                 daemon=True)
                 self._thread.start()
 
-    def remove(self, listener: Any) -> None:
+    def remove(self, listener: StreamingQueryListener) -> None:
         with self._lock:
-            self._listeners = [x for x in self._listeners if x is not listener]
+            for i, registered in enumerate(self._listeners):
+                if registered is listener:
+                    del self._listeners[i]
+                    return
 
     def post(self, event: Any) -> None:
         with self._lock:
             if not self._listeners:
                 return
-        self._queue.put(event)
+            listeners = list(self._listeners)
+        if isinstance(event, QueryStartedEvent):
+            self._deliver(listeners, event)
+        else:
+            self._queue.put(event)
 
     def wait_until_empty(self, timeout: float = 10.0) -> bool:
         """Block until every posted event was delivered."""
@@ -105,12 +95,13 @@ class ListenerBus:
                 continue
             with self._lock:
                 listeners = list(self._listeners)
-            for listener in listeners:
-                callback = getattr(listener, _CALLBACKS[type(event)], None)
-                if callback is None:
-                    continue
-                try:
-                    callback(event)
-                except Exception:
-                    log.exception("Listener %s threw an exception handling %s",
-                                  listener, type(event).__name__)
+            self._deliver(listeners, event)
+
+    @staticmethod
+    def _deliver(listeners: list[StreamingQueryListener], event: Any) -> None:
+        name = _CALLBACKS[type(event)]
+        for listener in listeners:
+            try:
+                getattr(listener, name)(event)
+            except Exception:  # noqa: BLE001 - as Spark: a listener never fails the query
+                log.exception("Listener %s threw an exception", type(listener).__name__)

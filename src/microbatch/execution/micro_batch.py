@@ -27,16 +27,16 @@ The batch protocol (Spark's, step by step; each step is safe to crash in):
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import time
 from typing import Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from microbatch import spark_internals
 from microbatch.checkpoint.commits import CommitLog, CommitMetadata
-from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
+from microbatch.checkpoint.offsets import (OFFSET_LOG_VERSION_CONF, SOURCE_EVOLUTION_CONF, OffsetSeq,
+                                          OffsetSeqLog, OffsetSeqMetadata, to_json)
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
 from microbatch.execution.stateful import (BatchContext, DictSum, aggregated_event_time,
                                            committed_partitions, state_operator_progress,
@@ -48,10 +48,12 @@ from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Onc
                                            ProcessingTime, ProcessingTimeExecutor,
                                            SingleBatchExecutor, Trigger)
 from microbatch.plan.incremental import IncrementalExecution, uses_current_time
-from microbatch.plan.logical import Aggregate, PlanNode, StatefulNode, StreamingRelation, Watermark
+from microbatch.plan.logical import (Aggregate, Observe, PlanNode, StatefulNode, StreamingRelation,
+                                     Watermark)
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
 from microbatch.state.store import StateStoreConf
+from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,9 @@ class MicroBatchExecution(StreamExecution):
         self.trigger = trigger
         self.output_mode = output_mode
         self.relations: list[StreamingRelation] = plan.relations()
+        #: Each source's id in the checkpoint: its name (``readStream.name``) or its position.
+        self.source_ids = [r.user_name or str(i) for i, r in enumerate(self.relations)]
+        self.offset_log_version = 1
         self.sources: list[Source] = []
         self.offset_log = OffsetSeqLog(f"{self.checkpoint_root}/offsets", self.fs)
         self.commit_log = CommitLog(f"{self.checkpoint_root}/commits", self.fs)
@@ -131,6 +136,7 @@ class MicroBatchExecution(StreamExecution):
         self._described_batch: int | None = None
         self.stateful = stateful_nodes(plan)
         self.watermark_nodes = watermark_nodes(plan)
+        self.observes = any(isinstance(n, Observe) for n in plan.nodes())
         self.operator_ids = {node: i for i, node in enumerate(self.stateful)}
         self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
         self._operator_watermarks: dict[int, int] = {}
@@ -159,9 +165,10 @@ class MicroBatchExecution(StreamExecution):
         self._batch_session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
         self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
         self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
-        for i, relation in enumerate(self.relations):
-            context = SourceContext(self._batch_session, f"{self.checkpoint_root}/sources/{i}",
-                                    self.fs, self.clock)
+        self._source_evolution = conf_bool(spark, SOURCE_EVOLUTION_CONF, False)
+        for relation, source_id in zip(self.relations, self.source_ids):
+            context = SourceContext(self._batch_session,
+                                    f"{self.checkpoint_root}/sources/{source_id}", self.fs, self.clock)
             if relation.source_instance is not None:
                 source = relation.source_instance
             else:
@@ -220,6 +227,15 @@ class MicroBatchExecution(StreamExecution):
         if self._scan_counter is not None:
             self._scan_counter.close()
 
+    def offsets_description(self) -> tuple[str, str]:
+        def show(offsets: dict[int, Any]) -> str:
+            return "{" + ",".join(f"{self.sources[i]}: {to_json(o)}" for i, o in sorted(offsets.items())
+                                  if i < len(self.sources)) + "}"
+        return show(self.committed_offsets), show(self.available_offsets)
+
+    def logical_plan_string(self) -> str:
+        return self.plan.tree_string()
+
     # -- the batch runner ----------------------------------------------------
     def run_activated_stream(self) -> None:
         self.trigger_executor.execute(self._batch_runner)
@@ -269,7 +285,8 @@ class MicroBatchExecution(StreamExecution):
         stats = self._last_batch_stats if executed and self._last_batch_stats else {}
         kind, payload = self.progress.finish_trigger(
             executed, self.current_batch_id, stats.get("sources", []), stats.get("sink", {}),
-            event_time=stats.get("eventTime"), state_operators=stats.get("stateOperators"))
+            event_time=stats.get("eventTime"), state_operators=stats.get("stateOperators"),
+            observed_metrics=stats.get("observedMetrics"))
         self._last_batch_stats = None
         self.report(kind, payload)
 
@@ -279,9 +296,17 @@ class MicroBatchExecution(StreamExecution):
         if latest is None:
             log.info("Starting new streaming query.")
             self.current_batch_id = 0
-            self.offset_seq_metadata = OffsetSeqMetadata(0, 0, self._fix_confs(None))
+            configured = int(self._batch_session.conf.get(OFFSET_LOG_VERSION_CONF, "1"))
+            self.offset_log_version = max(configured, 2 if self._source_evolution else 1)
+            self.offset_seq_metadata = OffsetSeqMetadata(
+                0, 0, self._fix_confs(None), {} if self.offset_log_version == 2 else None)
             return
         latest_batch_id, next_offsets = latest
+        self.offset_log_version = next_offsets.version
+        if self.offset_log_version < 2 and self._source_evolution:
+            raise spark_internals.spark_error(
+                "AnalysisException", "STREAMING_QUERY_EVOLUTION_ERROR.CANNOT_ENABLE_ON_EXISTING_CHECKPOINT",
+                existingVersion=self.offset_log_version)
         self._check_source_count(next_offsets, latest_batch_id)
         self.current_batch_id = latest_batch_id
         self.is_current_batch_constructed = True
@@ -297,7 +322,8 @@ class MicroBatchExecution(StreamExecution):
             self.committed_offsets = self._to_progress(previous)
         recorded = next_offsets.metadata
         self.offset_seq_metadata = OffsetSeqMetadata(
-            recorded.batch_watermark_ms, recorded.batch_timestamp_ms, self._fix_confs(recorded.conf))
+            recorded.batch_watermark_ms, recorded.batch_timestamp_ms, self._fix_confs(recorded.conf),
+            recorded.source_metadata_info)
         self.watermark_ms = recorded.batch_watermark_ms
         if latest_batch_id != 0:  # the watermark batch N-1 ran with: rows behind it are late in N
             self._prev_batch_watermark_ms = previous.metadata.batch_watermark_ms
@@ -370,6 +396,8 @@ class MicroBatchExecution(StreamExecution):
             "start it with a new checkpoint location.")
 
     def _check_source_count(self, seq: OffsetSeq, batch_id: int) -> None:
+        if seq.version >= 2:
+            return   # sources by id: added ones start fresh, removed ones are dropped
         if len(seq.offsets) != len(self.sources):
             raise CheckpointError(
                 f"There are [{len(seq.offsets)}] sources in the checkpoint offsets and now there "
@@ -377,9 +405,19 @@ class MicroBatchExecution(StreamExecution):
                 f"(checkpoint '{self.checkpoint_root}', offsets/{batch_id}). A checkpoint belongs "
                 "to one query: restore the query's sources, or use a new checkpoint location.")
 
-    @staticmethod
-    def _to_progress(seq: OffsetSeq) -> dict[int, Any]:
-        return {i: o for i, o in enumerate(seq.offsets) if o is not None}
+    def _to_progress(self, seq: OffsetSeq) -> dict[int, Any]:
+        """Offsets by source index: by position (version 1) or by source id (version 2)."""
+        if seq.version < 2:
+            return {i: o for i, o in enumerate(seq.offsets) if o is not None}
+        index = {source_id: i for i, source_id in enumerate(self.source_ids)}
+        progress = {}
+        for source_id, offset in seq.by_source_id().items():
+            if source_id not in index:
+                log.warning("Source with name '%s' found in checkpoint but not in current query",
+                            source_id)
+            elif offset is not None:
+                progress[index[source_id]] = offset
+        return progress
 
     # -- step 2 --------------------------------------------------------------
     def _latest_offset(self, i: int, source: Source) -> Any:
@@ -401,7 +439,8 @@ class MicroBatchExecution(StreamExecution):
                 if latest is not None:
                     self.available_offsets[i] = latest
         self.offset_seq_metadata = OffsetSeqMetadata(
-            self.watermark_ms, self.clock.get_time_millis(), self.offset_seq_metadata.conf)
+            self.watermark_ms, self.clock.get_time_millis(), self.offset_seq_metadata.conf,
+            self.offset_seq_metadata.source_metadata_info)
         last_execution_requires_another = self._requires_another_batch
         new_data = self.is_new_data_available()
         should_construct = new_data or (self.no_data_batches_enabled and last_execution_requires_another)
@@ -416,8 +455,12 @@ class MicroBatchExecution(StreamExecution):
             return False
         progress.update_status_message("Writing offsets to log")
         with progress.time_phase("walCommit"):
-            seq = OffsetSeq([self.available_offsets.get(i) for i in range(len(self.sources))],
-                            self.offset_seq_metadata)
+            if self.offset_log_version >= 2:   # the sources that have an offset, by id
+                seq = OffsetSeq(list(self.available_offsets.values()), self.offset_seq_metadata,
+                                [self.source_ids[i] for i in self.available_offsets])
+            else:
+                seq = OffsetSeq([self.available_offsets.get(i) for i in range(len(self.sources))],
+                                self.offset_seq_metadata)
             if not self.offset_log.add(self.current_batch_id, seq):
                 raise ConcurrentUpdateError(
                     "Concurrent update to the log. Multiple streaming jobs detected for "
@@ -519,6 +562,7 @@ class MicroBatchExecution(StreamExecution):
             "stateOperators": [state_operator_progress(node, self._operator_metrics(ctx, i),
                                                        ctx.num_partitions)
                                for i, node in enumerate(self.stateful)] if ctx is not None else [],
+            "observedMetrics": self._user_observed_metrics(ctx),
         }
         log.debug("Completed batch %d", batch_id)
         with self.await_progress:
@@ -541,7 +585,7 @@ class MicroBatchExecution(StreamExecution):
 
     # -- stateful steps and event time ---------------------------------------------
     def _batch_context(self, batch_id: int) -> BatchContext | None:
-        if not self.stateful and not self.watermark_nodes:
+        if not self.stateful and not self.watermark_nodes and not self.observes:
             return None
         if self._store_conf is None:
             self._store_conf = dataclasses.replace(StateStoreConf.from_session(self._batch_session),
@@ -625,8 +669,9 @@ class MicroBatchExecution(StreamExecution):
                               min=format_timestamp(merged["min"]))
         return dict(sorted(event_time.items()))
 
-    def _observed(self, observation: Observation) -> dict | None:
-        """The observed metrics, or None if the sink never ran the batch's DataFrame.
+    def _observed_row(self, observation: Observation) -> Any:
+        """The JVM row of an ``Observation`` of the batch, or None if the sink never ran
+        the batch's DataFrame.
 
         Spark fills an ``Observation`` when a SQL action that ran it ends (through a
         listener, so it may lag the action a little). An RDD action (``foreach``,
@@ -634,20 +679,31 @@ class MicroBatchExecution(StreamExecution):
         read from the batch DataFrame's own executed plan, which that action ran."""
         reads_through = self.sink.reads_batch_through
         if reads_through != READS_RDD:
-            future = observation._jo.future()
-            deadline = time.monotonic() + 0.5
-            while not future.isCompleted() and time.monotonic() < deadline:
-                time.sleep(0.005)
-            if future.isCompleted():
-                return observation.get
+            row = spark_internals.observation_row(observation, wait_s=0.5)
+            if row is not None:
+                return row
         if reads_through == READS_SQL or self.last_batch_df is None:
             return None
         try:
-            found = self.last_batch_df._jdf.queryExecution().observedMetrics().get(observation._name)
+            return spark_internals.executed_observation_row(self.last_batch_df, observation._name)
         except Exception:  # noqa: BLE001 (a plan the sink never ran may not even plan)
             log.debug("No observed metrics in the batch's own plan", exc_info=True)
             return None
-        return json.loads(found.get().json()) if found.isDefined() else None
+
+    def _observed(self, observation: Observation) -> dict | None:
+        """The observed metrics as a dict (Spark's JSON of the row), or None."""
+        row = self._observed_row(observation)
+        return None if row is None else spark_internals.row_json(row)
+
+    def _user_observed_metrics(self, ctx: BatchContext | None) -> dict[str, tuple[dict, Any]]:
+        """The batch's ``observe(name, ...)`` metrics: per name, the row as Spark's JSON
+        and as a Python ``Row`` (for progress and listener events)."""
+        found = {}
+        for name, observation in (ctx.user_observations.items() if ctx is not None else ()):
+            row = self._observed_row(observation)
+            if row is not None:
+                found[name] = (spark_internals.row_json(row), spark_internals.python_row(row))
+        return found
 
     def _observed_rows(self, observation: Observation) -> int:
         """Rows the sink actually read; 0 if the sink never ran the batch's DataFrame."""

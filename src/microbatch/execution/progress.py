@@ -1,8 +1,13 @@
-"""ProgressReporter: time the phases of a trigger and build Spark's progress dict.
+"""ProgressReporter: time the phases of a trigger and build the query's progress.
 
-Field names are Spark's StreamingQueryProgress JSON, so tools that read Spark
-progress read ours. Rates are rounded to one decimal as Spark prints them;
-``eventTime`` is left out when there is no watermark, as Spark leaves it out.
+Each progress is first written as Spark's StreamingQueryProgress JSON (same fields, same
+order, the same fields left out: ``eventTime`` without a watermark, ``observedMetrics``
+without ``observe``, empty ``metrics`` maps), so tools that read Spark's progress JSON
+read ours. Users get it as PySpark gives it: a
+``pyspark.sql.streaming.listener.StreamingQueryProgress`` made from that JSON, as
+PySpark's ``StreamingQuery.lastProgress`` makes it (dict access, ``id`` and ``runId`` as
+strings by key and ``uuid.UUID`` as attributes, ``eventTime`` ``{}`` when the JSON has
+none, ``.json``, ``.prettyJson``). Rates are rounded to one decimal as Spark prints them.
 """
 from __future__ import annotations
 
@@ -13,6 +18,9 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterator
+
+from pyspark.sql import Row
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 
 def format_timestamp(ms: int) -> str:
@@ -34,7 +42,7 @@ class ProgressReporter:
         self.name = name
         self.clock = clock
         self.no_data_event_interval_ms = no_data_event_interval_ms
-        self._recent: collections.deque[dict] = collections.deque(maxlen=num_recent)
+        self._recent: collections.deque[StreamingQueryProgress] = collections.deque(maxlen=num_recent)
         self._lock = threading.Lock()
         self._status = {"message": "Initializing StreamExecution", "isDataAvailable": False,
                         "isTriggerActive": False}
@@ -59,12 +67,12 @@ class ProgressReporter:
 
     # -- progress ---------------------------------------------------------
     @property
-    def recent_progress(self) -> list[dict]:
+    def recent_progress(self) -> list[StreamingQueryProgress]:
         with self._lock:
             return list(self._recent)
 
     @property
-    def last_progress(self) -> dict | None:
+    def last_progress(self) -> StreamingQueryProgress | None:
         with self._lock:
             return self._recent[-1] if self._recent else None
 
@@ -86,8 +94,12 @@ class ProgressReporter:
 
     def finish_trigger(self, has_executed: bool, batch_id: int, sources: list[dict],
                        sink: dict, event_time: dict | None = None,
-                       state_operators: list | None = None) -> tuple[str, Any]:
-        """Close the trigger; return ("progress", dict), ("idle", timestamp) or ("none", None)."""
+                       state_operators: list | None = None,
+                       observed_metrics: dict[str, tuple[dict, Row]] | None = None
+                       ) -> tuple[str, Any]:
+        """Close the trigger. Returns ("progress", (progress, progress for the listener
+        event)), ("idle", timestamp) or ("none", None). ``observed_metrics``: per name, the
+        row as Spark's ``Row.json`` writes it and as a Python ``Row``."""
         processing_ms = (time.perf_counter_ns() - self._trigger_start_ns) // 1_000_000
         self._durations["triggerExecution"] = int(processing_ms)
         if self._last_trigger_start_ms >= 0:
@@ -110,7 +122,7 @@ class ProgressReporter:
         for s in sources:
             s["inputRowsPerSecond"] = _rate(s["numInputRows"], input_seconds)
             s["processedRowsPerSecond"] = _rate(s["numInputRows"], processing_seconds)
-        progress: dict[str, Any] = {
+        data: dict[str, Any] = {
             "id": self.id,
             "runId": self.run_id,
             "name": self.name,
@@ -123,10 +135,27 @@ class ProgressReporter:
             "durationMs": dict(sorted(self._durations.items())),
         }
         if event_time:
-            progress["eventTime"] = event_time
-        progress["stateOperators"] = state_operators or []
-        progress["sources"] = sources
-        progress["sink"] = sink
+            data["eventTime"] = event_time
+        data["stateOperators"] = [_without_empty(op, "customMetrics") for op in state_operators or []]
+        data["sources"] = [_without_empty(s, "metrics") for s in sources]
+        data["sink"] = _without_empty(sink, "metrics")
+        if observed_metrics:
+            data["observedMetrics"] = {name: row_json for name, (row_json, _) in observed_metrics.items()}
+        progress = StreamingQueryProgress.fromJson(data)
         with self._lock:
             self._recent.append(progress)
-        return "progress", progress
+        # PySpark's listener events carry the observed rows with their Python types, its
+        # lastProgress the rows as read back from JSON.
+        event_progress = progress
+        if observed_metrics:
+            event_progress = StreamingQueryProgress.fromJson(data)
+            dict.__setitem__(event_progress, "observedMetrics",
+                             {name: row for name, (_, row) in observed_metrics.items()})
+        return "progress", (progress, event_progress)
+
+
+def _without_empty(entry: dict, key: str) -> dict:
+    """Spark leaves an empty map out of the JSON."""
+    if key in entry and not entry[key]:
+        entry = {k: v for k, v in entry.items() if k != key}
+    return entry

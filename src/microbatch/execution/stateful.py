@@ -28,13 +28,14 @@ from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType, TimestampNTZType, TimestampType
 
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
-from microbatch.plan.logical import Aggregate, Deduplicate, PlanNode, StatefulNode, Watermark
+from microbatch.plan.logical import (Aggregate, Deduplicate, Observe, PlanNode, StatefulNode,
+                                     Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
 from microbatch.state.store import StateStoreConf
 
 #: Names of the progress fields of a state operator, in Spark's order.
-STATE_OPERATOR_FIELDS = ("numRowsTotal", "numRowsUpdated", "numRowsRemoved", "allUpdatesTimeMs",
+STATE_OPERATOR_FIELDS = ("numRowsTotal", "numRowsUpdated", "allUpdatesTimeMs", "numRowsRemoved",
                          "allRemovalsTimeMs", "commitTimeMs", "memoryUsedBytes",
                          "numRowsDroppedByWatermark")
 
@@ -121,6 +122,7 @@ class BatchContext:
         self.output_mode = output_mode
         self.late_observations: dict[int, Observation] = {}   # operator -> rows dropped before it
         self.observations: dict[Watermark, Observation] = {}
+        self.user_observations: dict[str, Observation] = {}   # observe(name, ...) by name
         #: watermarks whose event-time statistics the operator right above computes
         self.stats_in_operator = stats_in_operator
         self.stats_operators: dict[Watermark, int] = {}    # watermark -> operator reporting them
@@ -144,6 +146,13 @@ class BatchContext:
         ms = _ms_column(node.event_time)
         return df.observe(observation, F.max(ms).alias("max"), F.min(ms).alias("min"),
                           F.avg(ms).alias("avg"), F.count(ms).alias("count"))
+
+    def observe(self, node: Observe, df: DataFrame) -> DataFrame:
+        """The user's ``observe(name, *exprs)`` for this batch: an ``Observation`` of the
+        batch's DataFrame, read after the sink ran."""
+        observation = Observation(node.name)
+        self.user_observations[node.name] = observation
+        return df.observe(observation, *node.exprs)
 
     def filter_passes_watermark(self, node, watermark: Watermark, filtered: DataFrame) -> bool:
         """Whether the filter ``node`` (right above ``watermark``; ``filtered`` is its

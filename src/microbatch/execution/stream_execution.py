@@ -6,6 +6,14 @@ terminated, cancels the Spark jobs of the running batch (job group = run id)
 and waits for the thread. A failure ends the query with a
 ``StreamingQueryException`` that ``await_termination`` raises.
 
+A failure ends the query as Spark ends it: PySpark's ``StreamingQueryException``
+(``[STREAM_FAILED] Query [id = ..., runId = ...] terminated with exception: ...``) over
+a JVM ``StreamingQueryException`` (``spark_internals``), so ``getCondition()``,
+``getMessageParameters()``, ``getSqlState()`` and the stack trace answer as they do in
+PySpark; its cause is the failure's JVM exception (a Spark job's, or a stand-in that
+carries a Python error). ``QueryTerminatedEvent.exception`` is that cause as Spark's
+``Utils.exceptionString`` prints it, ``errorClassOnException`` the failure's error class.
+
 The batch runner itself lives in ``micro_batch.MicroBatchExecution``.
 """
 from __future__ import annotations
@@ -16,11 +24,12 @@ import threading
 import uuid
 from typing import Any, Callable
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
+from microbatch import spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.checkpoint.stream_metadata import StreamMetadata
-from microbatch.errors import StreamingQueryException
 from microbatch.execution.clock import Clock
 from microbatch.execution.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
                                          QueryStartedEvent, QueryTerminatedEvent)
@@ -62,7 +71,9 @@ class StreamExecution:
         self.id = StreamMetadata.read_or_create(fs, checkpoint_root).id
         self.run_id = str(uuid.uuid4())
         self.state = State.INITIALIZING
-        self.stream_death_cause: StreamingQueryException | None = None
+        self.stream_death_cause_jvm: Any = None    # the JVM StreamingQueryException
+        self._error_class_on_exception: str | None = None
+        self._job_tags: set[str] = set()
         self.progress = ProgressReporter(
             self.id, self.run_id, name, clock,
             num_recent=int(spark.conf.get("spark.sql.streaming.numRecentProgressUpdates", "100")),
@@ -70,6 +81,8 @@ class StreamExecution:
                 spark, "spark.sql.streaming.noDataProgressEventInterval", 10_000))
         self.interrupt = threading.Event()      # set by stop(): ends waits and sleeps
         self.stopped_by_user = False
+        self._python_cause: BaseException | None = None
+        self._fallback_cause: StreamingQueryException | None = None   # when the JVM is gone
         self.start_latch = threading.Event()
         self.initialization_latch = threading.Event()
         self.termination_latch = threading.Event()
@@ -88,10 +101,27 @@ class StreamExecution:
     def is_active(self) -> bool:
         return self.state is not State.TERMINATED
 
+    @property
+    def failed(self) -> bool:
+        return self.stream_death_cause_jvm is not None or self._fallback_cause is not None
+
+    @property
+    def stream_death_cause(self) -> StreamingQueryException | None:
+        """The exception that ended the query, as PySpark raises it from a py4j call
+        (chained to the Python error behind it, for Python tracebacks)."""
+        if self.stream_death_cause_jvm is None:
+            return self._fallback_cause
+        exception = spark_internals.captured(self.stream_death_cause_jvm)
+        exception.__cause__ = self._python_cause
+        return exception
+
     # -- lifecycle ---------------------------------------------------------
     def start(self) -> None:
         log.info("Starting %s. Use %s to store the query checkpoint.", self.pretty_id,
                  self.checkpoint_root)
+        # Spark's query thread inherits the starting thread's job tags; ours is a Python
+        # thread, so carry them over (they tag the batches' jobs too).
+        self._job_tags = set(self.spark.sparkContext.getJobTags())
         self.thread.start()
         self.start_latch.wait()
 
@@ -100,8 +130,11 @@ class StreamExecution:
         try:
             sc.setJobGroup(self.run_id, self.batch_description("init"), interruptOnCancel=True)
             sc.setLocalProperty("sql.streaming.queryId", self.id)
-            self.post(QueryStartedEvent(self.id, self.run_id, self.name,
-                                        format_timestamp(self.clock.get_time_millis())))
+            for tag in self._job_tags:
+                sc.addJobTag(tag)
+            self.post(QueryStartedEvent(uuid.UUID(self.id), uuid.UUID(self.run_id), self.name,
+                                        format_timestamp(self.clock.get_time_millis()),
+                                        set(self._job_tags)))
             self.start_latch.set()
             self.progress.update_status_message("Initializing sources")
             self.initialize()
@@ -115,10 +148,8 @@ class StreamExecution:
                 log.info("Query %s was interrupted by stop(): %s", self.pretty_id,
                          str(e).splitlines()[0] if str(e) else type(e).__name__)
             else:
-                self.stream_death_cause = StreamingQueryException(
-                    f"Query {self.pretty_id} terminated with exception: {e}", cause=e,
-                    query_desc=self.pretty_id)
-                self.progress.update_status_message(f"Terminated with exception: {e}")
+                message = self._fail(e)
+                self.progress.update_status_message(f"Terminated with exception: {message}")
                 log.error("Query %s terminated with error", self.pretty_id, exc_info=e)
         finally:
             self.start_latch.set()
@@ -129,12 +160,56 @@ class StreamExecution:
             with self.await_progress:
                 self.await_progress.notify_all()
             self.on_terminated(self)
-            cause = self.stream_death_cause
-            self.post(QueryTerminatedEvent(self.id, self.run_id,
-                                           None if cause is None else str(cause.cause or cause)))
-            if self.delete_checkpoint_on_stop and cause is None:
+            self.post(QueryTerminatedEvent(
+                uuid.UUID(self.id), uuid.UUID(self.run_id), self._terminated_exception_text(),
+                self._error_class_on_exception))
+            if self.delete_checkpoint_on_stop and not self.failed:
                 self.fs.delete_tree(self.checkpoint_root)
             self.termination_latch.set()
+
+    def _fail(self, error: BaseException) -> str:
+        """Record ``error`` as the reason the query ended (Spark's ``streamDeathCause``);
+        return its message."""
+        self._python_cause = error
+        try:
+            return self._fail_in_jvm(error)
+        except Exception:  # noqa: BLE001 - e.g. the SparkContext stopped under the query
+            log.warning("Cannot build the JVM exception of query %s", self.pretty_id, exc_info=True)
+            message = str(error)
+            self._fallback_cause = StreamingQueryException(
+                errorClass="STREAM_FAILED",
+                messageParameters={"id": self.id, "runId": self.run_id, "message": message})
+            self._fallback_cause.__cause__ = error
+            return message
+
+    def _fail_in_jvm(self, error: BaseException) -> str:
+        jerror = spark_internals.jvm_throwable(error)
+        message = jerror.getMessage() or ""
+        # Spark unwraps a foreach/foreachBatch user function's error, so that the cause
+        # users get is their own; the error class stays FOREACH_BATCH_USER_FUNCTION_ERROR.
+        cause = jerror.getCause() if spark_internals.is_foreach_user_error(jerror) else jerror
+        committed, available = self.offsets_description()
+        self.stream_death_cause_jvm = spark_internals.streaming_query_exception(
+            self.debug_string(), cause, committed, available, self.id, self.run_id, message)
+        self._error_class_on_exception = spark_internals.error_condition(jerror)
+        return message
+
+    def _terminated_exception_text(self) -> str | None:
+        if self.stream_death_cause_jvm is not None:
+            return spark_internals.exception_string(self.stream_death_cause_jvm.getCause())
+        if self._fallback_cause is not None:
+            return str(self._python_cause)
+        return None
+
+    def debug_string(self) -> str:
+        """Spark's ``StreamExecution.toDebugString``, the tail of a failure's message."""
+        committed, available = self.offsets_description()
+        text = (f"=== Streaming Query ===\nIdentifier: {self.pretty_id}\n"
+                f"Current Committed Offsets: {committed}\n"
+                f"Current Available Offsets: {available}\n\n"
+                f"Current State: {self.state.value}\nThread State: RUNNABLE")
+        plan = self.logical_plan_string()
+        return text + f"\n\nLogical Plan:\n{plan}" if plan else text
 
     def stop(self) -> None:
         """Stop the query; blocks until its thread has ended."""
@@ -155,7 +230,7 @@ class StreamExecution:
         if threading.current_thread() is self.thread:
             raise RuntimeError("Cannot wait for a query state from the same thread that is running the query")
         finished = self.termination_latch.wait(timeout)
-        if self.stream_death_cause is not None:
+        if self.failed:
             raise self.stream_death_cause
         return finished
 
@@ -163,7 +238,7 @@ class StreamExecution:
         """Block until every source's available data is processed, or the query ends."""
         if threading.current_thread() is self.thread:
             raise RuntimeError("Cannot wait for a query state from the same thread that is running the query")
-        if self.stream_death_cause is not None:
+        if self.failed:
             raise self.stream_death_cause
         if not self.is_active:
             return
@@ -171,7 +246,7 @@ class StreamExecution:
             self.no_new_data = False
             while True:
                 self.await_progress.wait(10.0)
-                if self.stream_death_cause is not None:
+                if self.failed:
                     raise self.stream_death_cause
                 if self.no_new_data or not self.is_active:
                     return
@@ -185,10 +260,11 @@ class StreamExecution:
 
     def report(self, kind: str, payload: Any) -> None:
         if kind == "progress":
-            log.info("Streaming query made progress: %s", payload)
-            self.post(QueryProgressEvent(payload))
+            progress, event_progress = payload
+            log.info("Streaming query made progress: %s", progress.json)
+            self.post(QueryProgressEvent(event_progress))
         elif kind == "idle":
-            self.post(QueryIdleEvent(self.id, self.run_id, payload))
+            self.post(QueryIdleEvent(uuid.UUID(self.id), uuid.UUID(self.run_id), payload))
 
     def initialize(self) -> None:
         raise NotImplementedError
@@ -198,3 +274,10 @@ class StreamExecution:
 
     def stop_sources(self) -> None:
         pass
+
+    def offsets_description(self) -> tuple[str, str]:
+        """The committed and available offsets as Spark prints them in a failure."""
+        return "{}", "{}"
+
+    def logical_plan_string(self) -> str:
+        return ""

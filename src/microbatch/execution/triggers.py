@@ -13,6 +13,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from pyspark import SparkContext
+from pyspark.errors import PySparkValueError
+
+from microbatch import spark_internals
+from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
 from microbatch.execution.clock import Clock
 from microbatch.util import interval_to_ms
 
@@ -39,16 +44,15 @@ class ProcessingTime(Trigger):
 
     @classmethod
     def of(cls, interval: str | int) -> "ProcessingTime":
+        """``interval``: milliseconds, or a string Spark parses (its errors when not)."""
         if isinstance(interval, int):
-            ms = interval
-        else:
-            if not str(interval).strip():
-                raise ValueError("Value for processingTime must be a non empty string, "
-                                 "e.g. '5 seconds'.")
-            ms = interval_to_ms(str(interval), "processingTime trigger interval")
-        if ms < 0:
-            raise ValueError("Interval cannot be negative")
-        return cls(ms)
+            if interval < 0:
+                raise IllegalArgumentException(
+                    "requirement failed: the interval of trigger should not be negative")
+            return cls(interval)
+        if SparkContext._jvm is None:   # no Spark yet: the same grammar, parsed here
+            return cls(interval_to_ms(str(interval), "processingTime trigger interval"))
+        return cls(spark_internals.processing_time_ms(str(interval)))
 
 
 @dataclass(frozen=True)
@@ -63,26 +67,30 @@ class AvailableNow(Trigger):
 
 def trigger_from_writer_args(processingTime=None, once=None, availableNow=None,
                              continuous=None, realTime=None) -> Trigger:
-    """PySpark's ``writeStream.trigger(...)`` keyword rules."""
-    given = [k for k, v in (("processingTime", processingTime), ("once", once),
-                            ("availableNow", availableNow), ("continuous", continuous),
-                            ("realTime", realTime)) if v is not None]
-    if len(given) != 1:
-        raise ValueError("Only one trigger can be set: give exactly one of processingTime=, "
-                         "once=True or availableNow=True.")
-    if continuous is not None or realTime is not None:
-        raise ValueError("Continuous and real-time triggers are not supported by microbatch, "
-                         "a micro-batch engine; use processingTime=, once=True or availableNow=True.")
+    """PySpark's ``writeStream.trigger(...)`` keyword rules and errors."""
+    params = [processingTime, once, continuous, availableNow, realTime]
+    if params.count(None) != 4:
+        raise PySparkValueError(errorClass="ONLY_ALLOW_SINGLE_TRIGGER", messageParameters={})
+    for name, value in (("processingTime", processingTime), ("continuous", continuous),
+                        ("realTime", realTime)):
+        if value is not None and (not isinstance(value, str) or len(value.strip()) == 0):
+            raise PySparkValueError(errorClass="VALUE_NOT_NON_EMPTY_STR",
+                                    messageParameters={"arg_name": name, "arg_value": str(value)})
     if processingTime is not None:
-        if not isinstance(processingTime, str):
-            raise TypeError(f"Value for processingTime must be a string, got {type(processingTime).__name__}")
-        return ProcessingTime.of(processingTime)
+        return ProcessingTime.of(processingTime.strip())
     if once is not None:
         if once is not True:
-            raise ValueError(f"Value for once must be True. Got: {once}")
+            raise PySparkValueError(errorClass="VALUE_NOT_ALLOWED",
+                                    messageParameters={"arg_name": "once", "allowed_values": "[True]"})
         return Once()
+    if continuous is not None or realTime is not None:
+        raise UnsupportedOperationError(
+            f"The {'continuous' if continuous is not None else 'real-time'} trigger runs a "
+            "query in Spark's continuous or real-time processing modes, which a micro-batch "
+            "engine does not have. Use processingTime=..., once=True or availableNow=True.")
     if availableNow is not True:
-        raise ValueError(f"Value for availableNow must be True. Got: {availableNow}")
+        raise PySparkValueError(errorClass="VALUE_NOT_ALLOWED",
+                                messageParameters={"arg_name": "availableNow", "allowed_values": "[True]"})
     return AvailableNow()
 
 

@@ -4,6 +4,7 @@ Messages follow Spark's wording where Spark has one.
 """
 from __future__ import annotations
 
+from microbatch import spark_internals
 from microbatch.errors import AnalysisException, UnsupportedOperationError
 from microbatch.plan.logical import PlanNode
 
@@ -13,16 +14,15 @@ OUTPUT_MODES = ("append", "complete", "update")
 def normalize_output_mode(mode: str) -> str:
     m = str(mode).strip().lower()
     if m not in OUTPUT_MODES:
-        raise AnalysisException(
-            f"Unknown output mode {mode}. Accepted output modes are 'append', 'complete', 'update'")
+        raise spark_internals.spark_error("SparkIllegalArgumentException",
+                                          "STREAMING_OUTPUT_MODE.INVALID", outputMode=mode)
     return m
 
 
-def _mode_error(mode: str, what: str) -> AnalysisException:
-    return AnalysisException(
-        f"[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: {mode}. "
-        f"This output mode is not supported for {what} on streaming DataFrames/DataSets. "
-        "SQLSTATE: 42KDE")
+def _mode_error(mode: str, what: str) -> Exception:
+    return spark_internals.spark_error("AnalysisException",
+                                       "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
+                                       outputMode=mode, operation=what)
 
 
 def check_output_mode(plan: PlanNode, mode: str) -> None:
@@ -36,10 +36,7 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
     from microbatch.plan.logical import Aggregate, Transform
     aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
     if mode == "complete" and not aggregates:
-        raise AnalysisException(
-            "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: "
-            "complete. This output mode is not supported for no streaming aggregations on "
-            "streaming DataFrames/DataSets. Use outputMode('append') (or 'update') for this query.")
+        raise _mode_error("complete", "no streaming aggregations")
     if mode == "update" and any(a.session_index is not None for a in aggregates):
         raise _mode_error("update", "session window streaming aggregations")
     if mode == "append" and any(a.event_time_key is None for a in aggregates):
@@ -62,3 +59,13 @@ def streaming_action(name: str) -> AnalysisException:
     return AnalysisException(
         f"Queries with streaming sources must be executed with writeStream.start(); "
         f"'{name}' cannot run on a streaming DataFrame.")
+
+
+def check_source_names(plan: PlanNode) -> None:
+    """Named sources must have distinct names (they key the checkpoint's offsets)."""
+    names = [r.user_name for r in plan.relations() if r.user_name is not None]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise spark_internals.spark_error(
+            "AnalysisException", "STREAMING_QUERY_EVOLUTION_ERROR.DUPLICATE_SOURCE_NAMES",
+            names=", ".join(f"'{n}'" for n in duplicates))

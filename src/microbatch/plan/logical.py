@@ -63,6 +63,7 @@ class StreamingRelation(PlanNode):
     user_schema: StructType | None
     provider: Any                      # sources.base.SourceProvider
     source_instance: Any = None        # a ready Source (MemoryStream), reused on restarts
+    user_name: str | None = None       # DataStreamReader.name(...): its id in the checkpoint
     id: int = field(default_factory=lambda: next(_relation_ids))
 
     def build(self, inputs, ctx=None):
@@ -73,7 +74,8 @@ class StreamingRelation(PlanNode):
 
     def describe(self) -> str:
         cols = ", ".join(self.schema.fieldNames())
-        return f"StreamingRelation {self.source_name}, [{cols}]"
+        named = f" AS {self.user_name}" if self.user_name else ""
+        return f"StreamingRelation {self.source_name}{named}, [{cols}]"
 
 
 @dataclass(eq=False)
@@ -200,6 +202,31 @@ class Watermark(PlanNode):
     def describe(self) -> str:
         return f"EventTimeWatermark {self.event_time}, {self.delay}"
 
+
+
+@dataclass(eq=False)
+class Observe(PlanNode):
+    """``observe(name, *exprs)``: named metrics of every batch, aggregated over the rows
+    that pass, reported in the batch's progress ``observedMetrics`` (Spark's
+    CollectMetrics). Each batch observes through an ``Observation`` of the batch's
+    DataFrame (``BatchContext.observe``); the template observes by name."""
+
+    child: PlanNode
+    name: str
+    exprs: tuple
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs, ctx=None):
+        df = self.child.build(inputs, ctx)
+        if ctx is None:
+            return df.observe(self.name, *self.exprs)
+        return ctx.observe(self, df)
+
+    def describe(self) -> str:
+        return f"CollectMetrics {self.name}, [{', '.join(str(e) for e in self.exprs)}]"
 
 
 class StatefulNode(PlanNode):

@@ -28,9 +28,10 @@ def lookup_sink(name: str) -> SinkProvider:
             f"The streaming sink '{name}' is not supported by microbatch yet. Available "
             f"sinks: {', '.join(sorted(_PROVIDERS))}.")
     raise AnalysisException(
-        f"[DATA_SOURCE_NOT_FOUND] Failed to find the data source: {name}. Make sure the "
+        f"Failed to find the data source: {name}. Make sure the "
         "provider name is correct and the package is properly registered and compatible "
-        f"with your Spark version. microbatch's sinks: {', '.join(sorted(_PROVIDERS))}.")
+        f"with your Spark version. microbatch's sinks: {', '.join(sorted(_PROVIDERS))}.",
+        "DATA_SOURCE_NOT_FOUND", {"provider": name})
 
 
 for _provider in (ConsoleSinkProvider(), MemorySinkProvider(), ForeachBatchSinkProvider(),

@@ -30,6 +30,7 @@ import uuid
 
 from pyspark.sql import DataFrame, SparkSession
 
+from microbatch import spark_internals
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, SinkFileStatus)
 from microbatch.checkpoint.fs import CheckpointFileSystem
@@ -143,22 +144,21 @@ class FileSinkProvider(SinkProvider):
     def create(self, context: SinkContext) -> Sink:
         options = context.options
         if "path" not in options:
-            raise IllegalArgumentException(
-                "'path' is not specified. Give the output directory: "
-                f"writeStream.format('{self.short_name}').start('/path/to/out').")
+            raise spark_internals.spark_error("SparkIllegalArgumentException",
+                                              "_LEGACY_ERROR_TEMP_2047")
         if context.output_mode != "append":
-            raise AnalysisException(
-                f"[STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE] Invalid streaming output mode: "
-                f"{context.output_mode}. This output mode is not supported in Data Source "
-                f"{self.short_name}. File sinks write in append mode only.")
+            raise spark_internals.spark_error(
+                "AnalysisException", "STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE",
+                outputMode=context.output_mode, className=self.short_name)
         path = local_path(options["path"], "output")
         columns = context.schema.fieldNames()
         lowered = {c.lower(): c for c in columns}
         partition_by = []
         for col in context.partition_by:
             if col.lower() not in lowered:
-                raise AnalysisException(
-                    f"Partition column {col} not found in existing columns ({', '.join(columns)}).")
+                raise spark_internals.spark_error(
+                    "AnalysisException", "_LEGACY_ERROR_TEMP_1196", columnType="Partition",
+                    columnName=col, validColumnNames=", ".join(columns))
             partition_by.append(lowered[col.lower()])
         if self.short_name == "text":
             data = [f for f in context.schema.fields if f.name not in partition_by]

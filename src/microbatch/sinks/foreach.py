@@ -12,28 +12,27 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from microbatch.errors import AnalysisException
+from pyspark.errors import PySparkAttributeError
 from microbatch.sinks.base import READS_RDD, Sink, SinkContext, SinkProvider
 
 
 def check_foreach_writer(f: Any) -> None:
-    if callable(f) and not hasattr(f, "process"):
+    """PySpark's checks: a callable is a function of one row; otherwise ``process`` must
+    be callable, and ``open`` and ``close`` too when present."""
+    if callable(f):
         return
-    if not hasattr(f, "process"):
-        raise AnalysisException(
-            "The object given to foreach() has no 'process' method: give a function of one "
-            "row, or an object with process(row) and optional open(partition_id, epoch_id) "
-            "and close(error).")
-    for name in ("process", "open", "close"):
-        if hasattr(f, name) and not callable(getattr(f, name)):
-            raise AnalysisException(f"Attribute '{name}' of the foreach writer is not callable.")
+    for name, required in (("process", True), ("open", False), ("close", False)):
+        present = hasattr(f, name)
+        if (required and not present) or (present and not callable(getattr(f, name))):
+            raise PySparkAttributeError(errorClass="ATTRIBUTE_NOT_CALLABLE",
+                                        messageParameters={"attr_name": name, "obj_name": "f"})
 
 
 def _partition_writer(f: Any, batch_id: int):
     def run(rows):
         from pyspark import TaskContext
 
-        if callable(f) and not hasattr(f, "process"):
+        if callable(f):
             for row in rows:
                 f(row)
             return

@@ -2,6 +2,10 @@
 
 At-least-once: a batch re-run after a crash calls ``fn`` again with the same
 batch id and the same rows, so ``fn`` can make its writes idempotent by batch id.
+
+An error in ``fn`` fails the query as in Spark: ``[STREAM_FAILED] ... terminated with
+exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided
+function in foreach batch sink. Reason: ...`` with the function's traceback.
 """
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from typing import Callable
 
 from pyspark.sql import DataFrame
 
+from microbatch import spark_internals
+from microbatch.errors import UserFunctionError
 from microbatch.sinks.base import Sink, SinkContext, SinkProvider
 
 
@@ -17,7 +23,10 @@ class ForeachBatchSink(Sink):
         self.fn = fn
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
-        self.fn(df, batch_id)
+        try:
+            self.fn(df, batch_id)
+        except Exception as e:
+            raise UserFunctionError(e, spark_internals.foreach_batch_user_error(e)) from e
 
     def __str__(self) -> str:
         return "ForeachBatchSink"

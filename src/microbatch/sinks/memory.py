@@ -13,7 +13,7 @@ import threading
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import StructType
 
-from microbatch.errors import AnalysisException
+from microbatch import spark_internals
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,5 @@ class MemorySinkProvider(SinkProvider):
 
     def create(self, context: SinkContext) -> Sink:
         if not context.query_name:
-            raise AnalysisException(
-                "queryName must be specified for memory sink: call "
-                ".queryName('<name>') before start(); the output is readable as a temp "
-                "view of that name.")
+            raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1194")
         return MemorySink(context.spark, context.schema, context.output_mode, context.query_name)

@@ -25,9 +25,10 @@ def lookup_source(name: str) -> SourceProvider:
             f"The streaming source '{name}' is not supported by microbatch yet. Available "
             f"sources: {', '.join(sorted(_PROVIDERS))}, and MemoryStream for tests.")
     raise AnalysisException(
-        f"[DATA_SOURCE_NOT_FOUND] Failed to find the data source: {name}. Make sure the "
+        f"Failed to find the data source: {name}. Make sure the "
         "provider name is correct and the package is properly registered and compatible "
-        f"with your Spark version. microbatch knows: {', '.join(sorted(_PROVIDERS))}.")
+        f"with your Spark version. microbatch knows: {', '.join(sorted(_PROVIDERS))}.",
+        "DATA_SOURCE_NOT_FOUND", {"provider": name})
 
 
 for _provider in (RateSourceProvider(), RateMicroBatchSourceProvider(), *FILE_SOURCE_PROVIDERS):

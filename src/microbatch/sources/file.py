@@ -1,4 +1,5 @@
-"""File sources: ``text``, ``csv``, ``json``, ``parquet``, ``orc`` over a directory (Spark's FileStreamSource).
+"""File sources: ``text``, ``csv``, ``json``, ``parquet``, ``orc``, ``xml`` over a directory
+(Spark's FileStreamSource).
 
 How a batch is made:
 
@@ -37,6 +38,7 @@ from pyspark.sql.types import StructField, StructType
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR, FileEntry,
                                                    FileStreamSinkLog, FileStreamSourceLog,
                                                    live_files, path_to_uri)
+from microbatch import spark_internals
 from microbatch.errors import (AnalysisException, IllegalArgumentException,
                                UnsupportedOperationError)
 from microbatch.sources.base import (ALL_AVAILABLE, ReadAllAvailable, ReadLimit, ReadMaxBytes,
@@ -172,7 +174,8 @@ def is_hidden(name: str) -> bool:
             or name.endswith("._COPYING_"))
 
 
-def _walk(directory: str) -> Iterator[ListedFile]:
+def _walk(directory: str, leaf_dirs: dict[str, list[ListedFile]]) -> None:
+    """Every data file under ``directory``, grouped by the directory that holds it."""
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
@@ -182,33 +185,103 @@ def _walk(directory: str) -> Iterator[ListedFile]:
             continue
         try:
             if entry.is_dir():
-                yield from _walk(entry.path)
+                _walk(entry.path, leaf_dirs)
             else:
                 st = entry.stat()
-                yield ListedFile(entry.path, st.st_size, st.st_mtime_ns // 1_000_000)
+                leaf_dirs.setdefault(directory, []).append(
+                    ListedFile(entry.path, st.st_size, st.st_mtime_ns // 1_000_000))
         except FileNotFoundError:
             continue  # removed while listing
 
 
-def list_input_files(path: str, path_glob_filter: str | None = None) -> list[ListedFile]:
-    """Every data file under ``path`` (a directory, a file or a glob pattern)."""
+def _partition_of(leaf_dir: str, base_paths: set[str]) -> tuple[list[str] | None, str]:
+    """Spark's ``PartitioningUtils.parsePartition``: the partition columns of a leaf
+    directory (``k=v`` names walking up from it) and the base path that walk found."""
+    columns: list[str] = []
+    current = leaf_dir
+    finished = os.path.dirname(current) == current
+    while not finished:
+        if current in base_paths:
+            break
+        name = os.path.basename(current)
+        key, sep, value = name.partition("=")
+        column = key if sep and key and value else None
+        if column is not None:
+            columns.append(column)
+        finished = (column is None and bool(columns)) or os.path.dirname(current) == current
+        if not finished:
+            current = os.path.dirname(current)
+    if not columns:
+        return None, leaf_dir
+    return list(reversed(columns)), current
+
+
+def _check_partitions(found: dict[str, tuple[list[str] | None, str]]) -> bool:
+    """Whether the leaf directories are partitions; Spark's errors for layouts it refuses."""
+    partitioned = {d: cols for d, (cols, _) in found.items() if cols is not None}
+    if not partitioned:
+        return False
+    bases = sorted({base for _, base in found.values()})
+    if len(bases) > 1:
+        raise spark_internals.spark_error(
+            "SparkRuntimeException", "CONFLICTING_DIRECTORY_STRUCTURES",
+            discoveredBasePaths="\n\t" + "\n\t".join("file:" + b for b in bases) + "\n")
+    names = []
+    for cols in partitioned.values():
+        lowered = [c.lower() for c in cols]
+        if lowered not in names:
+            names.append(lowered)
+    if len(names) > 1:
+        lists = "\n\t".join(f"Partition column name list #{i}: {', '.join(n)}"
+                             for i, n in enumerate(names))
+        paths = "\n\t".join("file:" + d for d in sorted(partitioned))
+        raise spark_internals.spark_error(
+            "SparkRuntimeException", "CONFLICTING_PARTITION_COLUMN_NAMES",
+            distinctPartColLists="\n\t" + lists + "\n", suspiciousPaths="\n\t" + paths)
+    return True
+
+
+def list_input_files(path: str, path_glob_filter: str | None = None,
+                     recursive: bool = False) -> list[ListedFile]:
+    """The data files a stream over ``path`` (a directory, a file or a glob pattern) reads,
+    as Spark's file index lists them for its file source:
+
+    - the files directly in each directory the path names (files in plain
+      subdirectories are not read);
+    - every file below, when the subdirectories are partition directories (``k=v``;
+      Spark's partition discovery, with its errors for conflicting layouts);
+    - every file below, with ``recursiveFileLookup`` (no partition discovery then).
+    """
     if is_glob_path(path):
         roots = sorted({m for p in expand_braces(path)
                         for m in globlib.glob(_to_python_glob(p))})
     else:
         roots = [path]
-    files: list[ListedFile] = []
+    leaf_dirs: dict[str, list[ListedFile]] = {}
+    root_dirs: list[str] = []
+    single_files: list[ListedFile] = []
     for root in roots:
         if os.path.isdir(root):
-            files.extend(_walk(root))
+            root = os.path.normpath(root)
+            root_dirs.append(root)
+            _walk(root, leaf_dirs)
         elif os.path.isfile(root) and not is_hidden(os.path.basename(root)):
             st = os.stat(root)
-            files.append(ListedFile(root, st.st_size, st.st_mtime_ns // 1_000_000))
+            single_files.append(ListedFile(root, st.st_size, st.st_mtime_ns // 1_000_000))
     if path_glob_filter:
         patterns = [_to_python_glob(p) for p in expand_braces(path_glob_filter)]
-        files = [f for f in files
-                 if any(fnmatch.fnmatchcase(os.path.basename(f.path), p) for p in patterns)]
-    return files
+
+        def matches(f: ListedFile) -> bool:
+            return any(fnmatch.fnmatchcase(os.path.basename(f.path), p) for p in patterns)
+        single_files = [f for f in single_files if matches(f)]
+        leaf_dirs = {d: kept for d, files in leaf_dirs.items() if (kept := [f for f in files if matches(f)])}
+    if recursive:
+        return single_files + [f for files in leaf_dirs.values() for f in files]
+    base_paths = set(root_dirs) | {os.path.dirname(f.path) for f in single_files}
+    found = {d: _partition_of(d, base_paths) for d in leaf_dirs}
+    if _check_partitions(found):
+        return single_files + [f for files in leaf_dirs.values() for f in files]
+    return single_files + [f for root in root_dirs for f in leaf_dirs.get(root, [])]
 
 
 def has_sink_metadata(spark: SparkSession, path: str) -> bool:
@@ -333,6 +406,7 @@ class FileStreamSource(Source):
         self._schema = schema
         self.options = FileStreamOptions.parse(options)
         self._path_glob_filter = options["pathGlobFilter"] if "pathGlobFilter" in options else None
+        self._recursive = options.get_bool("recursiveFileLookup", False)
         self._ignore_missing = options.get_bool(
             "ignoreMissingFiles", conf_bool(spark, "spark.sql.files.ignoreMissingFiles", False))
         self._ignore_corrupt = options.get_bool(
@@ -406,7 +480,7 @@ class FileStreamSource(Source):
         if self.source_has_metadata:
             files = self._files_from_sink_log()
         else:
-            files = list_input_files(self.path, self._path_glob_filter)
+            files = list_input_files(self.path, self._path_glob_filter, self._recursive)
             if files and self.source_has_metadata is None:
                 # The sink may have created its log after the check above.
                 if has_sink_metadata(self._spark, self.path):
@@ -565,6 +639,11 @@ class FileStreamSource(Source):
 
 
 # -- providers -------------------------------------------------------------------
+def _listed(path: str, options: CaseInsensitiveOptions) -> list[ListedFile]:
+    return list_input_files(path, options["pathGlobFilter"] if "pathGlobFilter" in options else None,
+                            options.get_bool("recursiveFileLookup", False))
+
+
 def _nullable(schema: StructType) -> StructType:
     return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields])
 
@@ -588,20 +667,14 @@ class FileSourceProvider(SourceProvider):
         FileStreamOptions.parse(options)
         glob = is_glob_path(path)
         if not glob and not os.path.exists(path):
-            raise AnalysisException(
-                f"[PATH_NOT_FOUND] Path does not exist: {path}. The file source watches an "
-                "existing directory: create it first (it may be empty).")
+            raise spark_internals.spark_error("AnalysisException", "PATH_NOT_FOUND", path=path)
         inference = conf_bool(spark, "spark.sql.streaming.schemaInference", False)
         self_describing = self.short_name in ("parquet", "orc")
         if user_schema is None and not inference and self.short_name != "text":
-            if not self_describing or not list_input_files(path):
-                raise IllegalArgumentException(
-                    "Schema must be specified when creating a streaming source DataFrame. If "
-                    "some files already exist in the directory, then depending on the file "
-                    "format you may be able to create a static DataFrame on that directory "
-                    "with 'spark.read.load(directory)' and infer schema from it. (Or set "
-                    "spark.sql.streaming.schemaInference=true.)")
-        if glob and not list_input_files(path):
+            if not self_describing or not _listed(path, options):
+                raise spark_internals.spark_error("SparkIllegalArgumentException",
+                                                  "_LEGACY_ERROR_TEMP_2048")
+        if glob and not _listed(path, options):
             if user_schema is None and self.short_name != "text":
                 raise AnalysisException(
                     f"Unable to infer schema for {self.short_name.upper()}: no file matches "

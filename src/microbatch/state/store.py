@@ -1,4 +1,4 @@
-"""The state store contract (Spark's StateStore / StateStoreProvider, seed 002 section 3.1).
+"""The state store contract (Spark's StateStore / StateStoreProvider; docs/design.md, section 4).
 
 A stateful operator keeps its state per ``(operator id, partition id)`` in a store
 versioned by batch: batch N reads version N and commits version N+1 (version 0

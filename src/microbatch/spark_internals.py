@@ -1,0 +1,243 @@
+"""The calls into Spark's JVM that PySpark has no public API for, in one place.
+
+microbatch gives users PySpark's own objects. Some of them only exist with a JVM
+object behind them: PySpark's ``StreamingQueryException`` answers ``getCondition()``,
+``getMessageParameters()`` and ``getSqlState()`` from the JVM exception it wraps, and
+Spark's error messages are formatted by the JVM from its error-condition catalogue.
+This module builds those JVM objects (py4j) and hands back what PySpark would hand
+back, so a Spark upgrade that moves one of them breaks here and nowhere else; each
+call has a test (``tests/test_pyspark_fidelity.py``).
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pyspark import SparkContext
+from pyspark.errors import PySparkException
+from pyspark.errors.exceptions.captured import CapturedException, convert_exception
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+#: JVM exception classes by the short names this module takes; each is built with
+#: ``(errorClass, messageParameters)`` and formatted from Spark's error catalogue.
+_ERROR_CLASSES = {
+    "AnalysisException": "org.apache.spark.sql.AnalysisException",
+    "SparkIllegalArgumentException": "org.apache.spark.SparkIllegalArgumentException",
+    "SparkUnsupportedOperationException": "org.apache.spark.SparkUnsupportedOperationException",
+}
+
+
+def _jvm():
+    jvm = SparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("No active SparkContext: start a SparkSession first.")
+    return jvm
+
+
+def scala_map(values: Mapping[str, str]) -> Any:
+    """A ``scala.collection.immutable.Map[String, String]``."""
+    jvm = _jvm()
+    java_map = jvm.java.util.HashMap()
+    for key, value in values.items():
+        java_map.put(str(key), str(value))
+    return jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map)
+
+
+def spark_error(kind: str, error_class: str, **parameters: Any) -> CapturedException:
+    """Spark's exception for ``error_class`` with its catalogued message, as PySpark
+    raises it (e.g. ``pyspark.errors.AnalysisException`` with ``getCondition()``)."""
+    params = scala_map({k: str(v) for k, v in parameters.items()})
+    if kind == "SparkRuntimeException":
+        jexception = _jvm().org.apache.spark.SparkRuntimeException(
+            error_class, params, None, _empty_query_contexts(), "")
+    else:
+        constructor = _jvm()
+        for part in _ERROR_CLASSES[kind].split("."):
+            constructor = getattr(constructor, part)
+        jexception = constructor(error_class, params)
+    return convert_exception(jexception)
+
+
+def jvm_throwable(error: BaseException) -> Any:
+    """The JVM exception behind ``error``, or a JVM stand-in for a Python one.
+
+    An error that came from a Spark job or from Spark's analyzer has its JVM exception
+    (PySpark keeps it as ``_origin``); it is used as it is. A Python error becomes a
+    ``SparkException`` carrying its message, error class and parameters (when it is a
+    ``PySparkException``), with the Python frames as its stack trace, so the JVM's
+    exception strings (``QueryTerminatedEvent.exception``) show where it happened."""
+    origin = getattr(error, "_origin", None)
+    if origin is not None:
+        return origin
+    java_exception = getattr(error, "java_exception", None)   # py4j.protocol.Py4JJavaError
+    if java_exception is not None:
+        return java_exception
+    jvm = _jvm()
+    error_class = params = None
+    if isinstance(error, PySparkException):
+        error_class = error.getCondition()
+        params = error.getMessageParameters()
+    message = str(error) if error_class else f"{type(error).__name__}: {error}"
+    option = jvm.scala.Option
+    jexception = jvm.org.apache.spark.SparkException(
+        message, None, option.apply(error_class), scala_map(params or {}),
+        _empty_query_contexts())
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
+    elements = SparkContext._gateway.new_array(jvm.java.lang.StackTraceElement, len(frames))
+    for i, frame in enumerate(reversed(frames)):
+        elements[i] = jvm.java.lang.StackTraceElement(
+            frame.filename.rsplit("/", 1)[-1].removesuffix(".py"), frame.name,
+            frame.filename, frame.lineno or -1)
+    jexception.setStackTrace(elements)
+    return jexception
+
+
+def _empty_query_contexts() -> Any:
+    return SparkContext._gateway.new_array(_jvm().org.apache.spark.QueryContext, 0)
+
+
+def python_proxy_error(error: BaseException) -> Any:
+    """What the JVM sees when Python code it called raised (py4j's proxy error): the
+    message carries the Python traceback, as for a Spark ``foreachBatch`` function."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return _jvm().py4j.Py4JException(
+        "An exception was raised by the Python Proxy. Return Message: " + text)
+
+
+def foreach_batch_user_error(error: BaseException) -> Any:
+    """Spark's ``FOREACH_BATCH_USER_FUNCTION_ERROR`` around a user function's error."""
+    cause = python_proxy_error(error)
+    jvm = _jvm()
+    return jvm.org.apache.spark.sql.execution.streaming.sources.ForeachBatchUserFuncException(cause)
+
+
+def is_foreach_user_error(jexception: Any) -> bool:
+    name = jexception.getClass().getName()
+    return name.endswith(".ForeachBatchUserFuncException") or name.endswith(".ForeachUserFuncException")
+
+
+def error_condition(jexception: Any) -> str | None:
+    """The error class of a JVM exception, if it is a ``SparkThrowable``."""
+    from py4j.java_gateway import is_instance_of
+    if is_instance_of(SparkContext._gateway, jexception, "org.apache.spark.SparkThrowable"):
+        return _jvm().PythonErrorUtils.getCondition(jexception)
+    return None
+
+
+def exception_string(jexception: Any) -> str:
+    """Spark's ``Utils.exceptionString``: class, message and stack trace."""
+    return getattr(_jvm(), "org.apache.spark.util.Utils").exceptionString(jexception)
+
+
+def streaming_query_exception(debug_string: str, cause: Any, start_offsets: str,
+                              end_offsets: str, query_id: str, run_id: str,
+                              message: str) -> Any:
+    """Spark's ``StreamingQueryException`` (``STREAM_FAILED``) as the JVM builds it."""
+    return _jvm().org.apache.spark.sql.streaming.StreamingQueryException(
+        debug_string, cause, start_offsets, end_offsets, "STREAM_FAILED",
+        scala_map({"id": query_id, "runId": run_id, "message": message}))
+
+
+def captured(jexception: Any) -> CapturedException:
+    """PySpark's exception for a JVM one, as py4j calls raise it."""
+    return convert_exception(jexception)
+
+
+def schema_ddl(spark: SparkSession, schema: StructType) -> str:
+    """``StructType.toDDL``: column definitions for ``CREATE TABLE``."""
+    return spark._jsparkSession.parseDataType(schema.json()).toDDL()
+
+
+@dataclass(frozen=True)
+class CatalogTableInfo:
+    """What a streaming read or write of a catalog table needs to know about it."""
+
+    name: str                     # the qualified name, e.g. spark_catalog.default.t
+    table_type: str               # MANAGED, EXTERNAL or VIEW
+    provider: str | None          # parquet, json, ...
+    location: str | None          # a file: URI
+    partition_columns: list[str]
+    storage_properties: dict[str, str]
+
+
+def temp_view_exists(spark: SparkSession, name: str) -> bool:
+    catalog = spark._jsparkSession.sessionState().catalog()
+    parts = spark._jsparkSession.sessionState().sqlParser().parseMultipartIdentifier(name)
+    return bool(catalog.isTempView(parts))
+
+
+def catalog_table(spark: SparkSession, name: str) -> CatalogTableInfo | None:
+    """The session catalog's metadata of table ``name``, or None if there is none."""
+    state = spark._jsparkSession.sessionState()
+    identifier = state.sqlParser().parseTableIdentifier(name)
+    catalog = state.catalog()
+    if not catalog.tableExists(identifier):
+        return None
+    table = catalog.getTableMetadata(identifier)
+    provider = table.provider()
+    location = table.storage().locationUri()
+    partitions = table.partitionColumnNames()
+    properties = table.storage().properties()
+    return CatalogTableInfo(
+        name=table.qualifiedName(),
+        table_type=table.tableType().name(),
+        provider=provider.get() if provider.isDefined() else None,
+        location=location.get().toString() if location.isDefined() else None,
+        partition_columns=[partitions.apply(i) for i in range(partitions.size())],
+        storage_properties={k: properties.apply(k) for k in _scala_keys(properties)})
+
+
+def _scala_keys(scala_mapping: Any) -> list[str]:
+    keys, iterator = [], scala_mapping.keys().iterator()
+    while iterator.hasNext():
+        keys.append(iterator.next())
+    return keys
+
+
+# -- observed metrics ------------------------------------------------------------------
+def observation_row(observation: Any, wait_s: float) -> Any:
+    """The JVM row an ``Observation`` received, waiting up to ``wait_s`` for the query
+    execution listener that fills it (it may lag the action a little); None if the
+    action that ran the observed DataFrame was not a SQL action, or none ran."""
+    import time
+    future = observation._jo.future()
+    deadline = time.monotonic() + wait_s
+    while not future.isCompleted() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return observation._jo.getRow() if future.isCompleted() else None
+
+
+def executed_observation_row(df: Any, name: str) -> Any:
+    """The JVM row observed as ``name`` by ``df``'s own executed plan (an RDD action such
+    as ``foreachPartition`` runs it); None if that plan has none."""
+    found = df._jdf.queryExecution().observedMetrics().get(name)
+    return found.get() if found.isDefined() else None
+
+
+def row_json(jrow: Any) -> Any:
+    """A JVM row as Spark's ``Row.json`` writes it (parsed)."""
+    import json
+    return json.loads(jrow.json())
+
+
+def python_row(jrow: Any) -> Any:
+    """A JVM row as PySpark hands one to Python (``Observation.get`` does the same)."""
+    from pyspark.serializers import CPickleSerializer
+    utils = getattr(_jvm(), "org.apache.spark.sql.api.python.PythonSQLUtils")
+    return CPickleSerializer().loads(utils.toPyRow(jrow))
+
+
+# -- arguments parsed as Spark parses them ------------------------------------------------
+def parse_schema_ddl(ddl: str) -> StructType:
+    """A DDL schema string parsed by Spark (``StructType.fromDDL``); a bad one raises
+    Spark's ``ParseException``, as ``readStream.schema(ddl)`` does in PySpark."""
+    jschema = _jvm().org.apache.spark.sql.types.StructType.fromDDL(ddl)
+    return StructType.fromJson(__import__("json").loads(jschema.json()))
+
+
+def processing_time_ms(interval: str) -> int:
+    """``Trigger.ProcessingTime(interval)`` as Spark parses it (``"5 seconds"``,
+    ``"interval 1 minute"``, ...): its error for an interval it refuses."""
+    return int(_jvm().org.apache.spark.sql.streaming.Trigger.ProcessingTime(interval).intervalMs())
