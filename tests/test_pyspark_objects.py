@@ -312,6 +312,8 @@ def test_a_failed_query_raises_pysparks_streaming_query_exception(engines, tmp_p
         assert not query.isActive and query.status["message"].startswith("Terminated with exception: ")
     theirs, ours = seen["spark"][1], seen["microbatch"][1]
     assert type(ours._cause) is type(theirs._cause)
+    if kind == "foreachBatch":   # and, for Python tracebacks, the user's own error behind it
+        assert isinstance(ours.__cause__, ValueError) and str(ours.__cause__) == "boom in batch"
     assert str(ours.getMessageParameters().keys()) == str(theirs.getMessageParameters().keys())
 
 

@@ -30,6 +30,7 @@ from pyspark.sql import SparkSession
 from microbatch import spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.checkpoint.stream_metadata import StreamMetadata
+from microbatch.errors import UserFunctionError
 from microbatch.execution.clock import Clock
 from microbatch.execution.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
                                          QueryStartedEvent, QueryTerminatedEvent)
@@ -170,7 +171,9 @@ class StreamExecution:
     def _fail(self, error: BaseException) -> str:
         """Record ``error`` as the reason the query ended (Spark's ``streamDeathCause``);
         return its message."""
-        self._python_cause = error
+        # as Spark unwraps a user function's error, so that users get their own
+        self._python_cause = (error.__cause__ if isinstance(error, UserFunctionError)
+                              and error.__cause__ is not None else error)
         try:
             return self._fail_in_jvm(error)
         except Exception:  # noqa: BLE001 - e.g. the SparkContext stopped under the query
