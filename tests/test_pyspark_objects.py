@@ -362,3 +362,28 @@ def test_a_ported_job_runs_unchanged(spark, ss, tmp_path):
     ours = ported_job(ss, src, "ported_microbatch", str(tmp_path / "microbatch"))
     assert ours == theirs
     assert [p[0] for p in ours[0]] == [0, 1, 2] and len(ours[1]) == 6
+
+
+def test_a_failure_is_still_reported_when_the_jvm_exception_cannot_be_built(ss, tmp_path, monkeypatch):
+    """E.g. the SparkContext stopped under the query: the query still ends with PySpark's
+    StreamingQueryException (without the JVM parts), and the listeners hear of it."""
+    from microbatch import spark_internals
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("no JVM")
+    monkeypatch.setattr(spark_internals, "streaming_query_exception", unavailable)
+    listener = Recorder()
+    ss.streams.addListener(listener)
+    try:
+        query = (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+                 .writeStream.foreachBatch(failing_batch).option("checkpointLocation", str(tmp_path)).start())
+        with pytest.raises(StreamingQueryException) as raised:
+            query.awaitTermination(60)
+        wait_for(lambda: any(isinstance(e, QueryTerminatedEvent) for e in listener.of(query)))
+    finally:
+        ss.streams.removeListener(listener)
+    assert raised.value.getCondition() == "STREAM_FAILED"
+    assert str(raised.value).startswith(f"[STREAM_FAILED] Query [id = {query.id}, runId = {query.runId}]")
+    assert isinstance(query.exception(), StreamingQueryException)
+    terminated = [e for e in listener.of(query) if isinstance(e, QueryTerminatedEvent)][0]
+    assert "boom in batch" in terminated.exception

@@ -3,8 +3,7 @@
 Lifecycle (Spark's): INITIALIZING -> ACTIVE -> TERMINATED. ``start()`` returns
 once the thread has posted QueryStartedEvent; ``stop()`` marks the query
 terminated, cancels the Spark jobs of the running batch (job group = run id)
-and waits for the thread. A failure ends the query with a
-``StreamingQueryException`` that ``await_termination`` raises.
+and waits for the thread.
 
 A failure ends the query as Spark ends it: PySpark's ``StreamingQueryException``
 (``[STREAM_FAILED] Query [id = ..., runId = ...] terminated with exception: ...``) over
@@ -180,7 +179,8 @@ class StreamExecution:
             log.warning("Cannot build the JVM exception of query %s", self.pretty_id, exc_info=True)
             message = str(error)
             self._fallback_cause = StreamingQueryException(
-                errorClass="STREAM_FAILED",
+                message=f"Query [id = {self.id}, runId = {self.run_id}] terminated with exception: "
+                        f"{message}", errorClass="STREAM_FAILED",
                 messageParameters={"id": self.id, "runId": self.run_id, "message": message})
             self._fallback_cause.__cause__ = error
             return message
