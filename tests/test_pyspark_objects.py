@@ -263,9 +263,15 @@ def failing_udf(value):
 
 
 def fail(session, kind: str, ckpt):
+    class FailingWriter:   # local: pickled by value for the Python workers
+        def process(self, row):
+            raise ValueError("writer failed")
+
     stream = session.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load()
     if kind == "foreachBatch":
         writer = stream.writeStream.foreachBatch(failing_batch)
+    elif kind == "foreach":
+        writer = stream.writeStream.foreach(FailingWriter())
     else:
         writer = stream.select(failing_udf("value")).writeStream.format("noop")
     listener = IdleRecorder()
@@ -279,15 +285,19 @@ def fail(session, kind: str, ckpt):
     return query, raised.value, terminated
 
 
-@pytest.mark.parametrize("kind, error_class, cause_type, cause_text", [
+PYTHON_WORKER_ERROR = ("org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception "
+                       "was thrown from the Python worker")
+
+
+@pytest.mark.parametrize("kind, error_class, cause_type, cause_text, user_text", [
     ("foreachBatch", "FOREACH_BATCH_USER_FUNCTION_ERROR", UnknownException,
-     "py4j.Py4JException: An exception was raised by the Python Proxy. Return Message: Traceback"),
-    ("udf", "PYTHON_EXCEPTION", PythonException,
-     "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown "
-     "from the Python worker"),
+     "py4j.Py4JException: An exception was raised by the Python Proxy. Return Message: Traceback",
+     "ValueError: boom in batch"),
+    ("udf", "PYTHON_EXCEPTION", PythonException, PYTHON_WORKER_ERROR, "RuntimeError: udf failed"),
+    ("foreach", "PYTHON_EXCEPTION", PythonException, PYTHON_WORKER_ERROR, "ValueError: writer failed"),
 ])
 def test_a_failed_query_raises_pysparks_streaming_query_exception(engines, tmp_path, kind, error_class,
-                                                                  cause_type, cause_text):
+                                                                  cause_type, cause_text, user_text):
     seen = {}
     for name, session in engines:
         seen[name] = fail(session, kind, tmp_path / name)
@@ -297,7 +307,7 @@ def test_a_failed_query_raises_pysparks_streaming_query_exception(engines, tmp_p
             assert isinstance(exception, StreamingQueryException)
         prefix = f"[STREAM_FAILED] Query [id = {query.id}, runId = {query.runId}] terminated with exception: "
         assert str(raised).startswith(prefix + f"[{error_class}] "), (name, str(raised)[:300])
-        assert "boom in batch" in str(raised) or "udf failed" in str(raised)
+        assert user_text in str(raised)
         assert raised.getCondition() == "STREAM_FAILED" and raised.getSqlState() == "XXKST"
         with pytest.warns(FutureWarning):
             assert raised.getErrorClass() == "STREAM_FAILED"
