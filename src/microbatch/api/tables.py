@@ -28,25 +28,23 @@ if TYPE_CHECKING:
     from microbatch.api.writer import DataStreamWriter
 
 
-def _file_table(spark, name: str) -> spark_internals.CatalogTableInfo | None:
-    return spark_internals.catalog_table(spark, name)
+def _check_file_table(table: spark_internals.CatalogTableInfo, doing: str, instead: str) -> None:
+    if table.provider not in FILE_FORMATS or table.location is None:
+        raise UnsupportedOperationError(
+            f"Table {table.name} is a '{table.provider}' table; microbatch {doing} tables whose "
+            f"data Spark keeps in files ({', '.join(FILE_FORMATS)}). {instead}")
 
 
 def stream_of_table(reader: "DataStreamReader", name: str) -> "StreamFrame":
     spark = reader._session.spark
     batch = spark.table(name)   # Spark's own TABLE_OR_VIEW_NOT_FOUND when there is none
-    if spark_internals.temp_view_exists(spark, name):
-        raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1008",
-                                          quoted=name)
-    table = _file_table(spark, name)
+    temp_view = spark_internals.temp_view_exists(spark, name)
+    table = None if temp_view else spark_internals.catalog_table(spark, name)
     if table is None or table.table_type == "VIEW":
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1008",
                                           quoted=name)
-    if table.provider not in FILE_FORMATS or table.location is None:
-        raise UnsupportedOperationError(
-            f"Table {table.name} is a '{table.provider}' table; microbatch streams tables whose "
-            f"data Spark keeps in files ({', '.join(FILE_FORMATS)}). Read it with spark.table(...) "
-            "in a foreachBatch, or stream the files it is loaded from.")
+    _check_file_table(table, "streams", "Read it with spark.table(...) in a foreachBatch, or "
+                                        "stream the files it is loaded from.")
     options = dict(table.storage_properties)
     options.update(reader._options)
     options["path"] = table.location
@@ -60,18 +58,14 @@ def write_to_table(writer: "DataStreamWriter", name: str) -> "StreamingQuery":
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1190",
                                           viewName=name)
     source = writer._format or spark.conf.get("spark.sql.sources.default", "parquet")
-    table = _file_table(spark, name)
+    table = spark_internals.catalog_table(spark, name)
     if table is None:
         _create_table(writer, name, source)
-        table = _file_table(spark, name)
+        table = spark_internals.catalog_table(spark, name)
     if table.table_type == "VIEW":
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1190",
                                           viewName=name)
-    if table.provider not in FILE_FORMATS or table.location is None:
-        raise UnsupportedOperationError(
-            f"Table {table.name} is a '{table.provider}' table; microbatch writes streams to "
-            f"tables whose data Spark keeps in files ({', '.join(FILE_FORMATS)}). Write it "
-            "from a foreachBatch function instead.")
+    _check_file_table(table, "writes streams to", "Write it from a foreachBatch function instead.")
     if source.lower() != table.provider.lower():
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1192",
                                           source=source, tableName=name, provider=table.provider)
