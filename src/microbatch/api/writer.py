@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from pyspark.errors import PySparkTypeError, PySparkValueError
 
 from microbatch import spark_internals
-from microbatch.checkpoint.fs import LOCAL
-from microbatch.errors import IllegalArgumentException
+from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, storage_for
+from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
 from microbatch.execution.clock import Clock, SystemClock
 from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
 from microbatch.plan.checks import check_output_mode, check_source_names, normalize_output_mode
@@ -45,7 +45,8 @@ class DataStreamWriter:
         self._cluster_by: list[str] = []
         self._extra: dict[str, Any] = {}
         self._clock: Clock | None = None
-        self._fs = LOCAL
+        self._fs = None   # a test's file system; otherwise the checkpoint location's
+        self._checkpoint_fs = LOCAL
         self._sink = None
 
     def format(self, source: str) -> "DataStreamWriter":
@@ -178,7 +179,8 @@ class DataStreamWriter:
             provider = lookup_sink(name)
             checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
             context = SinkContext(spark, opts, self._output_mode, self._frame.schema,
-                                  self._query_name, self._partition_by, self._extra, self._fs)
+                                  self._query_name, self._partition_by, self._extra,
+                                  self._fs or LOCAL)
             try:
                 sink = provider.create(context)
             except ValueError as e:
@@ -188,16 +190,42 @@ class DataStreamWriter:
         return session.streams._start_query(
             name=self._query_name, checkpoint_root=checkpoint, delete_checkpoint_on_stop=temporary,
             plan=self._frame._plan, sink=sink, trigger=self._trigger,
-            output_mode=self._output_mode, clock=self._clock or SystemClock(), fs=self._fs)
+            output_mode=self._output_mode, clock=self._clock or SystemClock(),
+            fs=self._checkpoint_fs)
+
+    def _spark_settings(self) -> dict[str, str]:
+        """The Spark settings a store may take its endpoint and credentials from: the
+        context's (``--conf spark.hadoop...``) overridden by the session's."""
+        spark = self._frame._session.spark
+        return {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
+
+    def _check_object_store(self, location: str) -> None:
+        """Refuse at start, writing nothing, what cannot work on an object store yet."""
+        from microbatch.plan.logical import StatefulNode
+        if any(isinstance(n, StatefulNode) for n in self._frame._plan.nodes()):
+            raise UnsupportedOperationError(
+                f"Checkpoint location '{location}' is on an object store, and this query keeps "
+                "state: its state files are still written to local disk by the executors. "
+                "Use a local or shared-disk checkpoint for stateful queries for now; stateless "
+                "queries keep their checkpoint on the object store.")
+        self._checkpoint_fs.check_reachable(location)
 
     def _checkpoint_location(self, opts: CaseInsensitiveOptions,
                              allows_temporary: bool) -> tuple[str, bool]:
+        """The checkpoint location, resolved on the store it lives on (``_checkpoint_fs``)."""
         spark = self._frame._session.spark
+        location = None
         if "checkpointLocation" in opts:
-            return self._fs.resolve(opts["checkpointLocation"]), False
-        root = spark.conf.get("spark.sql.streaming.checkpointLocation", None)
-        if root:
-            return self._fs.resolve(os.path.join(root, self._query_name or str(uuid.uuid4()))), False
+            location = opts["checkpointLocation"]
+        elif (root := spark.conf.get("spark.sql.streaming.checkpointLocation", None)):
+            location = root.rstrip("/") + "/" + (self._query_name or str(uuid.uuid4()))
+        if location is not None:
+            self._checkpoint_fs = self._fs or storage_for(location, self._spark_settings())
+            resolved = self._checkpoint_fs.resolve(location)
+            if isinstance(self._checkpoint_fs, ObjectStoreFileSystem):
+                self._check_object_store(resolved)
+            return resolved, False
+        self._checkpoint_fs = self._fs or LOCAL
         if allows_temporary:
             location = tempfile.mkdtemp(prefix="temporary-")
             log.warning("Temporary checkpoint location created which is deleted normally when "

@@ -259,11 +259,8 @@ class CompactibleFileStreamLog(MetadataLog[list[E]], Generic[E]):
             if batch_id >= min_compaction_batch_id:
                 continue
             path = f"{self.path}/{name}"
-            try:
-                mtime = os.stat(path).st_mtime_ns // 1_000_000
-            except FileNotFoundError:
-                continue
-            if mtime <= expired:
+            found = self.fs.stat(path)
+            if found is not None and found[1] <= expired:
                 self.fs.delete(path)
 
     # -- reading ----------------------------------------------------------
@@ -297,11 +294,10 @@ class CompactibleFileStreamLog(MetadataLog[list[E]], Generic[E]):
         """(number of log files, their total bytes): what progress reports as the log's size."""
         count = size = 0
         for _, name in self._listed():
-            try:
-                size += os.stat(f"{self.path}/{name}").st_size
+            found = self.fs.stat(f"{self.path}/{name}")
+            if found is not None:
+                size += found[0]
                 count += 1
-            except FileNotFoundError:
-                pass
         return count, size
 
 

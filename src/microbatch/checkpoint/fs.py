@@ -1,12 +1,26 @@
 """The one file-system layer all checkpoint I/O goes through.
 
-Every log file is written to a hidden temporary file first and then renamed, so
-a reader never sees a partial file. Log entries use ``create`` (create-if-absent):
-the final rename is a hard link, which fails atomically when the name is taken,
-so two runs writing the same batch cannot both win.
+The contract every store keeps: a reader never sees a partial log entry, and of two
+writers of the same entry (``create``) exactly one wins.
+
+- Local disk (``CheckpointFileSystem``): every file is written to a hidden temporary
+  file and then renamed; ``create`` links the temporary file to its name, which fails
+  atomically when the name is taken.
+- Object stores (``ObjectStoreFileSystem``, on fsspec): an object appears whole when its
+  PUT completes, so a write is a plain PUT; ``create`` is a conditional PUT
+  (``If-None-Match: *``), which the store refuses when the key exists. A store without
+  conditional writes is refused at start (``storage_for``), naming what is missing.
+
+``storage_for(location, conf)`` picks the store from the checkpoint location's scheme
+and Spark's usual settings (``spark.hadoop.fs.s3a.endpoint``, ``...access.key``, ...,
+or the environment's credentials); no secret is ever logged or put in a message.
 
 ``FailingFileSystem`` wraps any file system and fails chosen writes; tests use it
 to break the batch protocol at each of its steps.
+
+fsspec rather than pyarrow.fs: Arrow's S3 client has no conditional PUT, which the
+logs' create-if-absent needs on S3; fsspec's s3fs has it (``mode="create"``), and fsspec
+reaches the same stores (gcs, abfs, hdfs through pyarrow) with one API.
 """
 from __future__ import annotations
 
@@ -14,7 +28,7 @@ import errno
 import os
 import shutil
 import uuid
-from typing import Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
 
 from microbatch.errors import CheckpointError
@@ -22,6 +36,8 @@ from microbatch.errors import CheckpointError
 
 class CheckpointFileSystem:
     """Local-disk implementation; the base class other file systems follow."""
+
+    scheme = "file"
 
     def resolve(self, path: str) -> str:
         """Return the absolute form of ``path`` (``file:`` URIs accepted)."""
@@ -50,6 +66,14 @@ class CheckpointFileSystem:
     def read_text(self, path: str) -> str:
         with open(path, "r", encoding="utf-8") as f:
             return f.read()
+
+    def stat(self, path: str) -> tuple[int, int] | None:
+        """(size in bytes, modification time in ms) of a file, or None if it is not there."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime_ns // 1_000_000
 
     def _write_temp(self, path: str, text: str) -> str:
         directory, name = os.path.split(path)
@@ -96,6 +120,144 @@ class CheckpointFileSystem:
             os.remove(path)
         except FileNotFoundError:
             pass
+
+
+#: Spark's Hadoop settings for S3 (``spark.hadoop.`` + key) and the s3fs arguments they
+#: become. Credentials not given here come from the environment, as boto finds them.
+_S3A_SETTINGS = {
+    "fs.s3a.endpoint": "endpoint_url",
+    "fs.s3a.access.key": "key",
+    "fs.s3a.secret.key": "secret",
+    "fs.s3a.session.token": "token",
+    "fs.s3a.endpoint.region": "region_name",
+}
+#: Stores whose fsspec implementation writes an object only if its key is free.
+_CONDITIONAL_CREATE = {"s3"}
+
+
+class ObjectStoreFileSystem(CheckpointFileSystem):
+    """A checkpoint on an object store (``s3://``, ``s3a://``), through fsspec.
+
+    Paths are ``<scheme>://bucket/key``; an object store has no directories, so
+    ``mkdirs`` does nothing and a listing is the keys under a prefix."""
+
+    def __init__(self, scheme: str, fs: Any):
+        self.scheme = scheme
+        self._fs = fs
+
+    def _key(self, path: str) -> str:
+        parsed = urlparse(path)
+        return f"{parsed.netloc}{parsed.path}" if parsed.scheme else path
+
+    def resolve(self, path: str) -> str:
+        parsed = urlparse(path)
+        return f"{self.scheme}://{parsed.netloc}{parsed.path.rstrip('/')}"
+
+    def exists(self, path: str) -> bool:
+        key = self._key(path)
+        self._fs.invalidate_cache(key)
+        return self._fs.exists(key)
+
+    def mkdirs(self, path: str) -> None:
+        pass
+
+    def list(self, path: str) -> list[str]:
+        key = self._key(path)
+        try:
+            return [name.rstrip("/").rsplit("/", 1)[-1]
+                    for name in self._fs.ls(key, detail=False, refresh=True)]
+        except FileNotFoundError:
+            return []
+
+    def read_text(self, path: str) -> str:
+        return self._fs.cat_file(self._key(path)).decode("utf-8")
+
+    def stat(self, path: str) -> tuple[int, int] | None:
+        try:
+            info = self._fs.info(self._key(path), refresh=True)
+        except FileNotFoundError:
+            return None
+        modified = info.get("LastModified") or info.get("mtime")
+        ms = int(modified.timestamp() * 1000) if hasattr(modified, "timestamp") else 0
+        return int(info.get("size") or 0), ms
+
+    def write(self, path: str, text: str) -> None:
+        self._fs.pipe_file(self._key(path), text.encode("utf-8"))
+
+    def create(self, path: str, text: str) -> bool:
+        try:
+            self._fs.pipe_file(self._key(path), text.encode("utf-8"), mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def delete(self, path: str) -> None:
+        try:
+            self._fs.rm_file(self._key(path))
+        except FileNotFoundError:
+            pass
+
+    def delete_tree(self, path: str) -> None:
+        try:
+            self._fs.rm(self._key(path), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def check_reachable(self, location: str) -> None:
+        """At start: the bucket must exist and be readable with the credentials given."""
+        bucket = urlparse(location).netloc
+        try:
+            self._fs.ls(bucket, detail=False, refresh=True)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"Checkpoint location '{location}': the bucket '{bucket}' does not exist. "
+                "Create it, or choose a checkpoint location in an existing bucket.") from None
+        except PermissionError as e:
+            raise CheckpointError(
+                f"Checkpoint location '{location}': access to bucket '{bucket}' is denied "
+                f"({_reason(e)}). Give these credentials read and write access to it.") from None
+        except OSError as e:
+            raise CheckpointError(
+                f"Checkpoint location '{location}': cannot reach the store ({_reason(e)}). "
+                "Check spark.hadoop.fs.s3a.endpoint and the credentials.") from None
+
+
+def _reason(error: BaseException) -> str:
+    """An error's message without anything a secret could hide in (only the first line)."""
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+
+
+def storage_for(location: str, conf: Mapping[str, str] | None = None) -> CheckpointFileSystem:
+    """The file system a checkpoint location lives on (see the module docstring)."""
+    scheme = urlparse(location).scheme.lower()
+    if scheme in ("", "file") or len(scheme) == 1:   # a local path (or a Windows drive)
+        return LOCAL
+    if scheme in ("s3", "s3a", "s3n"):
+        try:
+            import s3fs
+        except ImportError:
+            raise CheckpointError(
+                f"Checkpoint location '{location}' is on S3, which needs the Python package "
+                "s3fs: pip install s3fs.") from None
+        settings = {arg: conf[f"spark.hadoop.{key}"] for key, arg in _S3A_SETTINGS.items()
+                    if conf and conf.get(f"spark.hadoop.{key}")}
+        client_kwargs = {k: settings.pop(k) for k in ("endpoint_url", "region_name") if k in settings}
+        if "endpoint_url" in client_kwargs and "://" not in client_kwargs["endpoint_url"]:
+            client_kwargs["endpoint_url"] = "https://" + client_kwargs["endpoint_url"]
+        fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, **settings)
+        return ObjectStoreFileSystem(scheme, fs)
+    import fsspec
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ImportError, ValueError) as e:
+        raise CheckpointError(
+            f"Checkpoint location '{location}' uses the scheme '{scheme}://', which no installed "
+            f"file-system library serves ({_reason(e)}). Use a local path, file:, or s3://.") from None
+    raise CheckpointError(
+        f"Checkpoint location '{location}' is on a '{scheme}' store, which microbatch cannot "
+        "write a checkpoint to: its logs need an atomic create-if-absent (a conditional write) "
+        f"so that two runs cannot both write a batch, and microbatch has it for "
+        f"{', '.join(sorted(_CONDITIONAL_CREATE))} and local disk only.")
 
 
 class InjectedFailure(OSError):

@@ -27,6 +27,12 @@ class StreamMetadata:
                     '{"id":"<uuid>"}. Restore it from a backup; deleting it gives the query '
                     "a new id.") from e
         metadata = cls(str(uuid.uuid4()))
-        fs.mkdirs(checkpoint_root)
-        fs.write(path, to_json({"id": metadata.id}))
+        try:
+            fs.mkdirs(checkpoint_root)
+            fs.write(path, to_json({"id": metadata.id}))
+        except OSError as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CheckpointError(
+                f"Cannot write the query metadata file '{path}' ({reason}). Give this user (or "
+                "these credentials) write access to the checkpoint location, or choose another.") from None
         return metadata

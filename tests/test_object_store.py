@@ -1,0 +1,137 @@
+"""A checkpoint on a real S3 endpoint (moto's server on 127.0.0.1): the logs go through
+the storage layer with S3's conditional PUT, a restart resumes, a second run of the same
+checkpoint is refused, and bad locations fail at start with nothing written.
+
+Spark here has no hadoop-aws jar, so the query's input and output data stay on local
+disk; only the checkpoint is on S3."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from file_inputs import write_json_files
+from microbatch import StreamingSession
+from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
+from microbatch.errors import CheckpointError, UnsupportedOperationError
+
+BUCKET = "checkpoints"
+SECRET = "moto-secret-never-logged"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(spark):
+    port = free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "moto_server did not start"
+            time.sleep(0.1)
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="moto",
+                          aws_secret_access_key=SECRET, region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "moto",
+                "spark.hadoop.fs.s3a.secret.key": SECRET, "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    yield client, settings
+    for key in settings:
+        spark.conf.unset(key)
+    server.terminate()
+    server.wait(10)
+
+
+def keys(client, prefix: str) -> list[str]:
+    found = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return sorted(o["Key"][len(prefix):] for o in found)
+
+
+def json_to_parquet(ss, src, out, ckpt):
+    query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
+             .writeStream.format("parquet").option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start(out))
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def test_stateless_query_keeps_its_checkpoint_on_s3_and_resumes(ss, spark, s3, tmp_path, caplog):
+    client, _ = s3
+    src, out = str(tmp_path / "in"), str(tmp_path / "out")
+    rows = write_json_files(src, 0, 2)
+    ckpt = f"s3a://{BUCKET}/json-to-parquet"
+    with caplog.at_level(logging.DEBUG):
+        first = json_to_parquet(ss, src, out, ckpt)
+    assert SECRET not in caplog.text
+    assert first.lastProgress.batchId == 1
+    assert keys(client, "json-to-parquet/") == [
+        "commits/0", "commits/1", "metadata", "offsets/0", "offsets/1", "sources/0/0", "sources/0/1"]
+    assert client.get_object(Bucket=BUCKET, Key="json-to-parquet/offsets/1")["Body"].read() \
+        .decode().endswith('\n{"logOffset":1}')
+    rows += write_json_files(src, 2, 1)
+    second = json_to_parquet(ss, src, out, ckpt)
+    assert second.id == first.id and [p.batchId for p in second.recentProgress] == [2]
+    assert sorted(r.id for r in spark.read.parquet(out).collect()) == sorted(r["id"] for r in rows)
+
+
+def test_two_writers_of_one_log_entry_cannot_both_win(spark, s3):
+    fs = storage_for(f"s3://{BUCKET}/race", {**s3[1]})
+    assert isinstance(fs, ObjectStoreFileSystem)
+    assert fs.create(f"s3://{BUCKET}/race/offsets/0", "first") is True
+    assert fs.create(f"s3://{BUCKET}/race/offsets/0", "second") is False
+    assert fs.read_text(f"s3://{BUCKET}/race/offsets/0") == "first"
+
+
+def test_a_second_run_on_the_same_checkpoint_is_refused(spark, s3):
+    """Two runs of one query (two sessions of one application) race for the same batches:
+    the conditional PUT lets one write each offsets entry, the other fails."""
+    ckpt = f"s3://{BUCKET}/twice"
+    queries = []
+    for _ in range(2):
+        session = StreamingSession(spark)
+        queries.append(session.readStream.format("rate-micro-batch").option("rowsPerBatch", 10).load()
+                       .writeStream.format("noop").option("checkpointLocation", ckpt)
+                       .trigger(processingTime="50 milliseconds").start())
+    deadline = time.monotonic() + 60
+    while all(q.isActive for q in queries):
+        assert time.monotonic() < deadline, "neither run was refused"
+        time.sleep(0.1)
+    failed = [q for q in queries if not q.isActive]
+    with pytest.raises(StreamingQueryException, match="Concurrent update to the log"):
+        failed[0].awaitTermination(10)
+    for query in queries:
+        query.stop()
+
+
+def test_bad_locations_fail_at_start_and_write_nothing(ss, s3, tmp_path):
+    client, _ = s3
+    stream = ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+    with pytest.raises(CheckpointError, match="bucket 'no-such-bucket' does not exist"):
+        stream.writeStream.format("noop").option("checkpointLocation", "s3://no-such-bucket/q").start()
+    with pytest.raises(CheckpointError, match="scheme 'nosuch://'"):
+        stream.writeStream.format("noop").option("checkpointLocation", "nosuch://x/q").start()
+    with pytest.raises(UnsupportedOperationError, match="keeps state"):
+        stream.groupBy("value").count().writeStream.format("noop").outputMode("complete") \
+            .option("checkpointLocation", f"s3://{BUCKET}/stateful").start()
+    assert keys(client, "stateful/") == []
+    assert [b["Name"] for b in client.list_buckets()["Buckets"]] == [BUCKET]
