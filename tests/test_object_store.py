@@ -16,11 +16,12 @@ import time
 import boto3
 import pytest
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
 from microbatch import StreamingSession
 from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
-from microbatch.errors import CheckpointError, UnsupportedOperationError
+from microbatch.errors import CheckpointError
 
 BUCKET = "checkpoints"
 SECRET = "moto-secret-never-logged"
@@ -46,7 +47,8 @@ def s3(spark):
             break
         except OSError:
             assert time.monotonic() < deadline, "moto_server did not start"
-            time.sleep(0.1)
+            with pytest.raises(subprocess.TimeoutExpired):   # and has not exited
+                server.wait(0.1)
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="moto",
                           aws_secret_access_key=SECRET, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
@@ -113,12 +115,17 @@ def test_a_second_run_on_the_same_checkpoint_is_refused(spark, s3):
                        .writeStream.format("noop").option("checkpointLocation", ckpt)
                        .trigger(processingTime="50 milliseconds").start())
     deadline = time.monotonic() + 60
-    while all(q.isActive for q in queries):
+    refused = None
+    while refused is None:
         assert time.monotonic() < deadline, "neither run was refused"
-        time.sleep(0.1)
-    failed = [q for q in queries if not q.isActive]
-    with pytest.raises(StreamingQueryException, match="Concurrent update to the log"):
-        failed[0].awaitTermination(10)
+        for query in queries:
+            try:
+                query.awaitTermination(0.2)
+            except StreamingQueryException as e:
+                refused = e
+                break
+    assert "Concurrent update to the log" in str(refused)
+    assert sum(q.isActive for q in queries) == 1   # the other run goes on
     for query in queries:
         query.stop()
 
@@ -130,8 +137,36 @@ def test_bad_locations_fail_at_start_and_write_nothing(ss, s3, tmp_path):
         stream.writeStream.format("noop").option("checkpointLocation", "s3://no-such-bucket/q").start()
     with pytest.raises(CheckpointError, match="scheme 'nosuch://'"):
         stream.writeStream.format("noop").option("checkpointLocation", "nosuch://x/q").start()
-    with pytest.raises(UnsupportedOperationError, match="keeps state"):
-        stream.groupBy("value").count().writeStream.format("noop").outputMode("complete") \
-            .option("checkpointLocation", f"s3://{BUCKET}/stateful").start()
-    assert keys(client, "stateful/") == []
     assert [b["Name"] for b in client.list_buckets()["Buckets"]] == [BUCKET]
+
+
+def windowed_counts(session, src, out, ckpt):
+    counts = (session.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
+              .withColumn("ts", F.timestamp_seconds("id")).withWatermark("ts", "50 seconds")
+              .groupBy(F.window("ts", "100 seconds"), "name").count())
+    query = (counts.writeStream.format("parquet").outputMode("append").option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start(out))
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def test_stateful_query_keeps_its_state_on_s3(ss, spark, s3, tmp_path):
+    """Logs and state files on S3, written by the executors through the same storage layer;
+    a restart reads the state back; the output equals a local-checkpoint run's."""
+    client, _ = s3
+    src = str(tmp_path / "in")
+    write_json_files(src, 0, 3)
+    ckpt = f"s3://{BUCKET}/windowed"
+    windowed_counts(ss, src, str(tmp_path / "out"), ckpt)
+    state = keys(client, "windowed/state/")
+    assert "0/_metadata/schema" in state and "0/0/1.delta.arrow" in state and "0/1/3.delta.arrow" in state
+    write_json_files(src, 3, 3)
+    windowed_counts(ss, src, str(tmp_path / "out"), ckpt)
+    windowed_counts(ss, src, str(tmp_path / "local_out"), str(tmp_path / "local_ckpt"))
+
+    def rows(out):
+        return sorted((r.window.start, r.name, r["count"]) for r in spark.read.parquet(out).collect())
+    assert rows(str(tmp_path / "out")) == rows(str(tmp_path / "local_out")) and len(rows(str(tmp_path / "out"))) >= 3
+    state_rows = ss.read.format("statestore").load(ckpt).count()
+    assert state_rows == ss.read.format("statestore").load(str(tmp_path / "local_ckpt")).count()

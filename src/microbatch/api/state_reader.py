@@ -11,7 +11,6 @@ tool, not a path for big data.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +20,7 @@ from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from microbatch.checkpoint.commits import CommitLog
-from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
 from microbatch.errors import AnalysisException, CheckpointError, IllegalArgumentException
 from microbatch.state.map_provider import MapStateStoreProvider
 from microbatch.state.store import StateStoreConf, StateStoreId
@@ -73,7 +72,8 @@ class StateStoreReader:
         path = path or self._options.get("path")
         if not path:
             raise IllegalArgumentException("'path' (the query's checkpoint location) is not specified.")
-        fs = CheckpointFileSystem()
+        settings = {**dict(self._spark.sparkContext.getConf().getAll()), **self._spark.conf.getAll}
+        fs = storage_for(path, settings)
         root = fs.resolve(path)
         operator = self._int_option("operatorId", 0)
         store_name = self._options.get("storename", "default")
@@ -101,12 +101,12 @@ class StateStoreReader:
         storage: tuple[pa.DataType, pa.DataType] | None = None
         for partition in partitions:
             store_id = StateStoreId(f"{root}/state", operator, partition, store_name)
-            file_schema = _file_schema(store_id.path)
+            file_schema = _file_schema(fs, store_id.path)
             if file_schema is None:
                 continue
             storage = (file_schema.field("key").type, file_schema.field("value").type)
             provider = MapStateStoreProvider(store_id, pa.schema(list(storage[0])),
-                                             pa.schema(list(storage[1])), StateStoreConf())
+                                             pa.schema(list(storage[1])), StateStoreConf(storage=fs.spec()))
             try:
                 provider.get_store(batch_id + 1)
             except CheckpointError as e:
@@ -127,16 +127,12 @@ class StateStoreReader:
         return self._spark.createDataFrame(table, spark_schema)
 
 
-def _file_schema(directory: str) -> pa.Schema | None:
+def _file_schema(fs: CheckpointFileSystem, directory: str) -> pa.Schema | None:
     """The Arrow schema of a state directory's files (they all share it)."""
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".arrow"))
-    except FileNotFoundError:
-        return None
+    names = sorted(n for n in fs.list(directory) if n.endswith(".arrow"))
     if not names:
         return None
-    with pa.OSFile(os.path.join(directory, names[-1]), "rb") as source:
-        return ipc.open_stream(source).schema
+    return ipc.open_stream(pa.py_buffer(fs.read_bytes(f"{directory}/{names[-1]}"))).schema
 
 
 def _struct(rows: list[tuple], storage: pa.StructType, spark_type: StructType) -> pa.Array:

@@ -17,7 +17,7 @@ from pyspark.errors import PySparkTypeError, PySparkValueError
 
 from microbatch import spark_internals
 from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, storage_for
-from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
+from microbatch.errors import IllegalArgumentException
 from microbatch.execution.clock import Clock, SystemClock
 from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
 from microbatch.plan.checks import check_output_mode, check_source_names, normalize_output_mode
@@ -200,14 +200,7 @@ class DataStreamWriter:
         return {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
 
     def _check_object_store(self, location: str) -> None:
-        """Refuse at start, writing nothing, what cannot work on an object store yet."""
-        from microbatch.plan.logical import StatefulNode
-        if any(isinstance(n, StatefulNode) for n in self._frame._plan.nodes()):
-            raise UnsupportedOperationError(
-                f"Checkpoint location '{location}' is on an object store, and this query keeps "
-                "state: its state files are still written to local disk by the executors. "
-                "Use a local or shared-disk checkpoint for stateful queries for now; stateless "
-                "queries keep their checkpoint on the object store.")
+        """At start, writing nothing: the bucket must be there and readable."""
         self._checkpoint_fs.check_reachable(location)
 
     def _checkpoint_location(self, opts: CaseInsensitiveOptions,

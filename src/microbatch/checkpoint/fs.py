@@ -84,6 +84,27 @@ class CheckpointFileSystem:
             f.flush()
         return tmp
 
+    def spec(self) -> tuple[str, tuple]:
+        """What an executor needs to reach this store (``storage_from_spec``)."""
+        return "file", ()
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Atomically write ``path`` (temporary file, then rename), replacing it."""
+        directory, name = os.path.split(path)
+        self.mkdirs(directory)
+        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            self._remove_quietly(tmp)
+            raise
+
     def write(self, path: str, text: str) -> None:
         """Atomically write ``path``, replacing it if it exists."""
         tmp = self._write_temp(path, text)
@@ -141,9 +162,19 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
     Paths are ``<scheme>://bucket/key``; an object store has no directories, so
     ``mkdirs`` does nothing and a listing is the keys under a prefix."""
 
-    def __init__(self, scheme: str, fs: Any):
+    def __init__(self, scheme: str, fs: Any, settings: Mapping[str, str] | None = None):
         self.scheme = scheme
         self._fs = fs
+        self._settings = dict(settings or {})   # spark.hadoop.fs.s3a.*: for the executors
+
+    def spec(self) -> tuple[str, tuple]:
+        return self.scheme, tuple(sorted(self._settings.items()))
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._fs.cat_file(self._key(path))
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._fs.pipe_file(self._key(path), bytes(data))
 
     def _key(self, path: str) -> str:
         parsed = urlparse(path)
@@ -245,7 +276,9 @@ def storage_for(location: str, conf: Mapping[str, str] | None = None) -> Checkpo
         if "endpoint_url" in client_kwargs and "://" not in client_kwargs["endpoint_url"]:
             client_kwargs["endpoint_url"] = "https://" + client_kwargs["endpoint_url"]
         fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, **settings)
-        return ObjectStoreFileSystem(scheme, fs)
+        spark_settings = {f"spark.hadoop.{key}": conf[f"spark.hadoop.{key}"] for key in _S3A_SETTINGS
+                          if conf and conf.get(f"spark.hadoop.{key}")}
+        return ObjectStoreFileSystem(scheme, fs, spark_settings)
     import fsspec
     try:
         fsspec.get_filesystem_class(scheme)
@@ -258,6 +291,17 @@ def storage_for(location: str, conf: Mapping[str, str] | None = None) -> Checkpo
         "write a checkpoint to: its logs need an atomic create-if-absent (a conditional write) "
         f"so that two runs cannot both write a batch, and microbatch has it for "
         f"{', '.join(sorted(_CONDITIONAL_CREATE))} and local disk only.")
+
+
+_FROM_SPEC: dict[tuple, CheckpointFileSystem] = {}
+
+
+def storage_from_spec(spec: tuple[str, tuple]) -> CheckpointFileSystem:
+    """The store a ``spec()`` names, made once per process (executors reuse it)."""
+    if spec not in _FROM_SPEC:
+        scheme, settings = spec
+        _FROM_SPEC[spec] = LOCAL if scheme == "file" else storage_for(f"{scheme}://", dict(settings))
+    return _FROM_SPEC[spec]
 
 
 class InjectedFailure(OSError):

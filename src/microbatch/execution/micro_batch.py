@@ -589,7 +589,7 @@ class MicroBatchExecution(StreamExecution):
             return None
         if self._store_conf is None:
             self._store_conf = dataclasses.replace(StateStoreConf.from_session(self._batch_session),
-                                                   run_id=self.run_id)
+                                                   run_id=self.run_id, storage=self.fs.spec())
         for accumulator in self._state_metrics.values():
             accumulator.value = {}
         return BatchContext(

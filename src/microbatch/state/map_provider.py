@@ -25,11 +25,9 @@ one batch to the next; any miss (another worker, a restart) reloads from files.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 import time
-import uuid
 from collections import deque
 from itertools import compress, filterfalse, repeat
 from operator import countOf, is_, itemgetter, or_
@@ -234,14 +232,11 @@ class MapStateStoreProvider(StateStoreProvider):
 
     # -- files --------------------------------------------------------------
     def _file(self, version: int, kind: str) -> str:
-        return os.path.join(self.id.path, f"{version}.{kind}.arrow")
+        return f"{self.id.path}/{version}.{kind}.arrow"
 
     def _list_files(self) -> list[tuple[int, str]]:
         """(version, kind) of every state file, oldest first, snapshots before deltas."""
-        try:
-            names = os.listdir(self.id.path)
-        except FileNotFoundError:
-            return []
+        names = self.conf.fs.list(self.id.path)
         files = []
         for name in names:
             m = _FILE.match(name)
@@ -259,18 +254,16 @@ class MapStateStoreProvider(StateStoreProvider):
     def _write_arrays(self, path: str, keys: pa.Array, values: pa.Array) -> None:
         """Write a state file from its ``key`` and ``value`` struct arrays, atomically."""
         batch = pa.RecordBatch.from_arrays([keys, values], schema=self._file_schema)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
         options = ipc.IpcWriteOptions(compression=self.conf.compression)
-        with pa.OSFile(tmp, "wb") as sink, ipc.new_stream(sink, self._file_schema, options=options) as writer:
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, self._file_schema, options=options) as writer:
             writer.write_batch(batch)
-        os.replace(tmp, path)  # a re-committed version has the same content
+        self.conf.fs.write_bytes(path, sink.getvalue())   # atomic; a re-commit writes the same
 
     def _read_table(self, path: str) -> pa.Table:
         """A state file as an Arrow table (columns ``key``, ``value``), checked."""
         try:
-            with pa.OSFile(path, "rb") as source:
-                table = ipc.open_stream(source).read_all()
+            table = ipc.open_stream(pa.py_buffer(self.conf.fs.read_bytes(path))).read_all()
         except FileNotFoundError:
             raise
         except (OSError, pa.ArrowInvalid) as e:
@@ -316,7 +309,8 @@ class MapStateStoreProvider(StateStoreProvider):
             self.loaded_version = version
             return
         if version > self.loaded_version >= 0 and all(
-                os.path.exists(self._file(v, "delta")) for v in range(self.loaded_version + 1, version + 1)):
+                self.conf.fs.exists(self._file(v, "delta"))
+                for v in range(self.loaded_version + 1, version + 1)):
             for v in range(self.loaded_version + 1, version + 1):
                 self._apply(v, self._read(self._file(v, "delta")))
             return
@@ -405,10 +399,7 @@ class MapStateStoreProvider(StateStoreProvider):
         keep_from = max(snapshots) if snapshots else 0
         for v, kind in files:
             if v < keep_from or (v == keep_from and kind == "delta" and snapshots):
-                try:
-                    os.remove(self._file(v, kind))
-                except FileNotFoundError:
-                    pass
+                self.conf.fs.delete(self._file(v, kind))
 
     def estimate_memory(self) -> int:
         """Bytes the map uses, estimated from a sample of entries."""

@@ -49,6 +49,14 @@ class StateStoreConf:
     #: keys its providers by the run id: a new run (a restart, or a checkpoint deleted
     #: and made again at the same path) reads the files instead of trusting memory.
     run_id: str = ""
+    #: The checkpoint's store, as ``CheckpointFileSystem.spec()``: every state file goes
+    #: through it, from the executors too.
+    storage: tuple = ("file", ())
+
+    @property
+    def fs(self):
+        from microbatch.checkpoint.fs import storage_from_spec
+        return storage_from_spec(self.storage)
 
     @classmethod
     def from_session(cls, spark: Any) -> "StateStoreConf":

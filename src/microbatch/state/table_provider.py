@@ -21,7 +21,6 @@ column and an is-null flag per nullable key column).
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import numpy as np
@@ -100,7 +99,7 @@ class TableStateStoreProvider(MapStateStoreProvider):
         if version not in self.tables:
             base = self.loaded_version
             if base in self.tables and base < version and all(
-                    os.path.exists(self._file(v, "delta")) for v in range(base + 1, version + 1)):
+                    self.conf.fs.exists(self._file(v, "delta")) for v in range(base + 1, version + 1)):
                 # another worker committed the versions after ours: read only their deltas
                 table = self.tables[base]
                 for v in range(base + 1, version + 1):
