@@ -1,0 +1,124 @@
+"""The checkpoint on S3 against local disk, for a stateful query.
+
+``python -m benchmarks.checkpoint_storage [--batches 30] [--rows 20000]``
+
+A ``rate-micro-batch`` stream of ``rows`` new distinct values per batch,
+``dropDuplicates(["value"])`` (the state grows by ``rows`` keys a batch) into the ``noop``
+sink, run twice in one process: with its checkpoint on local disk, and on an S3 endpoint
+(moto's server on 127.0.0.1, started here: it shows the cost of the S3 protocol and of
+the storage layer, not of a network to a real region). Per batch it records
+``triggerExecution``, ``walCommit``, ``commitOffsets`` and the state's ``commitTimeMs``;
+it prints their medians per engine, the S3/local ratios, and the state commit time per
+tenth of the run (flat: the last tenth about the second), and writes everything to
+``benchmarks/results/checkpoint_storage.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUCKET = "bench"
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("moto_server did not start (pip install 'moto[server]')")
+            time.sleep(0.1)
+
+
+def run(ss, checkpoint: str, rows: int, batches: int) -> list[dict]:
+    frame = (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
+             .option("numPartitions", 2).load().dropDuplicates(["value"]))
+    query = (frame.writeStream.format("noop").option("checkpointLocation", checkpoint)
+             .trigger(processingTime="0 seconds").start())
+    progress, seen = [], -1
+    try:
+        while len(progress) < batches:
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            for p in query.recentProgress:
+                if p.batchId > seen:
+                    progress.append(p)
+                    seen = p.batchId
+            time.sleep(0.05)
+    finally:
+        query.stop()
+    return [{"batchId": p.batchId, "triggerMs": p.durationMs.get("triggerExecution", 0),
+             "walCommitMs": p.durationMs.get("walCommit", 0),
+             "commitOffsetsMs": p.durationMs.get("commitOffsets", 0),
+             "stateCommitMs": p.stateOperators[0].commitTimeMs,
+             "stateRows": p.stateOperators[0].numRowsTotal} for p in progress[:batches]]
+
+
+def medians(batches: list[dict]) -> dict:
+    body = batches[1:]   # the first batch warms the Python workers up
+    return {k: statistics.median(b[k] for b in body)
+            for k in ("triggerMs", "walCommitMs", "commitOffsetsMs", "stateCommitMs")}
+
+
+def by_tenth(batches: list[dict], key: str) -> list[float]:
+    tenth = max(1, len(batches) // 10)
+    return [statistics.median(b[key] for b in batches[i:i + tenth]) for i in range(0, len(batches), tenth)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--rows", type=int, default=20_000)
+    args = parser.parse_args(argv)
+
+    import boto3
+    from microbatch import StreamingSession, embedded_spark
+
+    server, endpoint = start_moto()
+    try:
+        settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "bench",
+                    "spark.hadoop.fs.s3a.secret.key": "bench", "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
+                     region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        ss = StreamingSession(embedded_spark(conf={"spark.sql.shuffle.partitions": "4", **settings}))
+        results = {"local": run(ss, tempfile.mkdtemp(prefix="bench-ckpt-"), args.rows, args.batches),
+                   "s3": run(ss, f"s3://{BUCKET}/dedup", args.rows, args.batches)}
+    finally:
+        server.terminate()
+    summary = {store: medians(batches) for store, batches in results.items()}
+    print(f"{args.batches} batches of {args.rows} new keys, dropDuplicates, medians (ms) of batches 1..:")
+    print(f"{'checkpoint':10} {'trigger':>8} {'walCommit':>10} {'commitOffsets':>14} {'state commit':>13}")
+    for store, m in summary.items():
+        print(f"{store:10} {m['triggerMs']:8.0f} {m['walCommitMs']:10.0f} {m['commitOffsetsMs']:14.0f} "
+              f"{m['stateCommitMs']:13.0f}")
+    local, s3 = summary["local"], summary["s3"]
+    print(f"S3 / local: trigger {s3['triggerMs'] / max(local['triggerMs'], 1):.2f}, per-batch extra "
+          f"{s3['triggerMs'] - local['triggerMs']:.0f} ms")
+    for store, batches in results.items():
+        tenths = by_tenth(batches, "stateCommitMs")
+        ratio = tenths[-1] / max(tenths[1], 1) if len(tenths) > 2 else float("nan")
+        print(f"state commit per tenth ({store}): {[round(t) for t in tenths]}  last/second {ratio:.2f}  "
+              f"(state rows at end: {batches[-1]['stateRows']})")
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "checkpoint_storage.json"), "w") as f:
+        json.dump({"args": vars(args), "summary": summary, "batches": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
