@@ -17,33 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUCKET = "bench"
-
-
-def start_moto() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                               "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return server, f"http://127.0.0.1:{port}"
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("moto_server did not start (pip install 'moto[server]')")
-            time.sleep(0.1)
 
 
 def run(ss, checkpoint: str, rows: int, batches: int) -> list[dict]:
@@ -89,9 +68,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import boto3
     from microbatch import StreamingSession, embedded_spark
+    from microbatch.testing.s3_server import s3_server
 
-    server, endpoint = start_moto()
-    try:
+    with s3_server() as endpoint:
         settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "bench",
                     "spark.hadoop.fs.s3a.secret.key": "bench", "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
         boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
@@ -99,8 +78,6 @@ def main(argv: list[str] | None = None) -> None:
         ss = StreamingSession(embedded_spark(conf={"spark.sql.shuffle.partitions": "4", **settings}))
         results = {"local": run(ss, tempfile.mkdtemp(prefix="bench-ckpt-"), args.rows, args.batches),
                    "s3": run(ss, f"s3://{BUCKET}/dedup", args.rows, args.batches)}
-    finally:
-        server.terminate()
     summary = {store: medians(batches) for store, batches in results.items()}
     print(f"{args.batches} batches of {args.rows} new keys, dropDuplicates, medians (ms) of batches 1..:")
     print(f"{'checkpoint':10} {'trigger':>8} {'walCommit':>10} {'commitOffsets':>14} {'state commit':>13}")

@@ -7,10 +7,6 @@ disk; only the checkpoint is on S3."""
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import boto3
@@ -22,45 +18,26 @@ from file_inputs import write_json_files
 from microbatch import StreamingSession
 from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
 from microbatch.errors import CheckpointError
+from microbatch.testing.s3_server import s3_server
 
 BUCKET = "checkpoints"
 SECRET = "moto-secret-never-logged"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3(spark):
-    port = free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                               "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "moto_server did not start"
-            with pytest.raises(subprocess.TimeoutExpired):   # and has not exited
-                server.wait(0.1)
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="moto",
-                          aws_secret_access_key=SECRET, region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "moto",
-                "spark.hadoop.fs.s3a.secret.key": SECRET, "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    yield client, settings
-    for key in settings:
-        spark.conf.unset(key)
-    server.terminate()
-    server.wait(10)
+    with s3_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="moto",
+                              aws_secret_access_key=SECRET, region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "moto",
+                    "spark.hadoop.fs.s3a.secret.key": SECRET,
+                    "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        yield client, settings
+        for key in settings:
+            spark.conf.unset(key)
 
 
 def keys(client, prefix: str) -> list[str]:

@@ -1,0 +1,44 @@
+"""A real S3 endpoint for tests and benchmarks: moto's server on 127.0.0.1.
+
+    with s3_server() as endpoint:      # "http://127.0.0.1:<port>"
+        ...
+
+Needs ``moto[server]`` (the ``test`` extra). The server is a separate process, killed
+when the block ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def s3_server(timeout_s: float = 30.0) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not start (pip install 'moto[server]')") from None
+                try:
+                    server.wait(0.1)   # returns early only if the server died
+                except subprocess.TimeoutExpired:
+                    pass
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
