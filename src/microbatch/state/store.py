@@ -50,8 +50,8 @@ class StateStoreConf:
     #: and made again at the same path) reads the files instead of trusting memory.
     run_id: str = ""
     #: The checkpoint's store, as ``CheckpointFileSystem.spec()``: every state file goes
-    #: through it, from the executors too.
-    storage: tuple = ("file", ())
+    #: through it, from the executors too. It may hold credentials: kept out of repr().
+    storage: tuple = field(default=("file", ()), repr=False)
 
     @property
     def fs(self):
