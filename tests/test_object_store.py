@@ -117,6 +117,24 @@ def test_bad_locations_fail_at_start_and_write_nothing(ss, s3, tmp_path):
     assert [b["Name"] for b in client.list_buckets()["Buckets"]] == [BUCKET]
 
 
+def test_unknown_credentials_fail_at_start_without_the_secret(ss, spark, s3):
+    with s3_server(authenticate=True) as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="admin", aws_secret_access_key="admin",
+                     region_name="us-east-1").create_bucket(Bucket="locked")
+        overrides = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "nobody",
+                     "spark.hadoop.fs.s3a.secret.key": "not-the-secret-" + SECRET}
+        for key, value in overrides.items():
+            spark.conf.set(key, value)
+        try:
+            with pytest.raises(CheckpointError, match="access to bucket 'locked' is denied") as raised:
+                (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load().writeStream
+                 .format("noop").option("checkpointLocation", "s3://locked/q").start())
+        finally:
+            for key, value in s3[1].items():
+                spark.conf.set(key, value)
+    assert SECRET not in str(raised.value) and "nobody" not in str(raised.value)
+
+
 def windowed_counts(session, src, out, ckpt):
     counts = (session.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
               .withColumn("ts", F.timestamp_seconds("id")).withWatermark("ts", "50 seconds")
