@@ -5,11 +5,14 @@ object behind them: PySpark's ``StreamingQueryException`` answers ``getCondition
 ``getMessageParameters()`` and ``getSqlState()`` from the JVM exception it wraps, and
 Spark's error messages are formatted by the JVM from its error-condition catalogue.
 This module builds those JVM objects (py4j) and hands back what PySpark would hand
-back, so a Spark upgrade that moves one of them breaks here and nowhere else; each
-call has a test (``tests/test_pyspark_fidelity.py``).
+back, so a Spark upgrade that moves one of them breaks here and nowhere else. The
+side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
+``test_argument_checks.py``, ``test_tables.py``, ``test_named_sources.py``).
 """
 from __future__ import annotations
 
+import json
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -201,7 +204,6 @@ def observation_row(observation: Any, wait_s: float) -> Any:
     """The JVM row an ``Observation`` received, waiting up to ``wait_s`` for the query
     execution listener that fills it (it may lag the action a little); None if the
     action that ran the observed DataFrame was not a SQL action, or none ran."""
-    import time
     future = observation._jo.future()
     deadline = time.monotonic() + wait_s
     while not future.isCompleted() and time.monotonic() < deadline:
@@ -218,7 +220,6 @@ def executed_observation_row(df: Any, name: str) -> Any:
 
 def row_json(jrow: Any) -> Any:
     """A JVM row as Spark's ``Row.json`` writes it (parsed)."""
-    import json
     return json.loads(jrow.json())
 
 
@@ -234,7 +235,7 @@ def parse_schema_ddl(ddl: str) -> StructType:
     """A DDL schema string parsed by Spark (``StructType.fromDDL``); a bad one raises
     Spark's ``ParseException``, as ``readStream.schema(ddl)`` does in PySpark."""
     jschema = _jvm().org.apache.spark.sql.types.StructType.fromDDL(ddl)
-    return StructType.fromJson(__import__("json").loads(jschema.json()))
+    return StructType.fromJson(json.loads(jschema.json()))
 
 
 def processing_time_ms(interval: str) -> int:
