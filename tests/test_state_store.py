@@ -9,8 +9,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 from microbatch.errors import CheckpointError
-from microbatch.state.map_provider import MapStateStoreProvider, get_provider, unload_all
-from microbatch.state.store import StateStoreConf, StateStoreId
+from microbatch.state.map_provider import MapStateStoreProvider
+from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, unload_all
 
 KEY = pa.schema([pa.field("word", pa.string())])
 VALUE = pa.schema([pa.field("count", pa.int64())])
@@ -126,14 +126,14 @@ def test_missing_and_damaged_files_are_clear_errors(tmp_path):
     other = MapStateStoreProvider(StateStoreId(str(tmp_path / "state"), 0, 0), KEY,
                                   pa.schema([pa.field("count", pa.string())]), StateStoreConf())
     with pytest.raises(CheckpointError, match="operator's state has"):
-        other.get_store(3)
+        other.get_store(3).get(("a",))   # a store loads at its first call
     directory = tmp_path / "state" / "0" / "0"
     os.remove(directory / "2.delta.arrow")
     with pytest.raises(CheckpointError, match=r"2\.delta\.arrow.*does not exist.*version 3 needs it"):
-        provider(tmp_path).get_store(3)
+        provider(tmp_path).get_store(3).get(("a",))
     (directory / "1.delta.arrow").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"Error reading state file .*1\.delta\.arrow"):
-        provider(tmp_path).get_store(1)
+        provider(tmp_path).get_store(1).get(("a",))
 
 
 # -- inside Spark tasks -------------------------------------------------------------
@@ -142,7 +142,7 @@ def count_words_in_state(state_root: str, version: int):
     def run(batches):
         from pyspark import TaskContext
 
-        store = get_provider(StateStoreId(state_root, 0, TaskContext.get().partitionId()),
+        store = load_provider(StateStoreId(state_root, 0, TaskContext.get().partitionId()),
                              KEY, VALUE, StateStoreConf()).get_store(version)
         for batch in batches:
             for word in batch.column(0).to_pylist():
@@ -195,8 +195,8 @@ def test_bulk_operations_agree_with_the_contracts_key_by_key_versions(tmp_path):
     """The map store's vectorised put_absent / keys_at_or_below / remove_many give what
     the contract's plain loops give, with nulls, removed keys and keys changed in the
     open version, and what they commit reads back from the files."""
-    from microbatch.state.map_provider import MapStateStoreProvider, unload_all
-    from microbatch.state.store import StateStore, StateStoreConf, StateStoreId
+    from microbatch.state.map_provider import MapStateStoreProvider
+    from microbatch.state.store import StateStore, StateStoreConf, StateStoreId, unload_all
     import pyarrow as pa
     key_schema = pa.schema([("id", pa.string()), ("t", pa.int64())])
     value_schema = pa.schema([("expires", pa.int64())])
@@ -230,92 +230,118 @@ def test_bulk_operations_agree_with_the_contracts_key_by_key_versions(tmp_path):
     assert dict(reloaded.get_store(1).iterator()) == \
         {("a", 1): (10,), ("b", 5): (50,), ("c", None): (None,), ("d", 9): (90,)}
 
-def test_table_provider_files_are_the_map_providers_and_reload_after_snapshots(tmp_path):
-    """The Arrow-table store (deduplication) writes the map store's files: each reads the
-    other's, a reload from snapshot + deltas gives the same keys, null keys included,
-    and a re-run of a version starts from the kept table."""
-    import pyarrow as pa
-    from microbatch.state.map_provider import MapStateStoreProvider
-    from microbatch.state.store import StateStoreConf, StateStoreId
-    from microbatch.state.table_provider import TableStateStoreProvider, anti_join
+def bulk_commit(provider, version, ids, times, expiries, remove_below=None):
+    """One version changed a batch at a time: insert rows, then remove keys whose
+    time is at or below ``remove_below``; the store's answers and metrics."""
+    store = provider.get_store(version)
+    keys = pa.table({"id": pa.array(ids, pa.string()), "t": pa.array(times, pa.int64())})
+    new = store.insert_new(keys, pa.table({"expires": pa.array(expiries, pa.int64())}))
+    removed = store.remove_at_or_below(remove_below, key_field=1) if remove_below is not None else 0
+    store.commit()
+    return list(new), removed, store.metrics()
+
+
+def test_bulk_changes_keep_arrow_tables_with_the_same_files_as_the_map(tmp_path):
+    """Joinable keys changed a batch at a time live as Arrow tables: the same files as
+    the map (each form reads the other's), a reload from snapshot + deltas gives the
+    same keys, null keys included, a provider behind reads only the newer deltas, and
+    a re-run of a version starts from the kept table."""
     key_schema = pa.schema([("id", pa.string()), ("t", pa.int64())])
     value_schema = pa.schema([("expires", pa.int64())])
     conf = StateStoreConf(min_deltas_for_snapshot=2)
     store_id = StateStoreId(str(tmp_path), 0, 0)
-    provider = TableStateStoreProvider(store_id, key_schema, value_schema, conf)
+    provider = MapStateStoreProvider(store_id, key_schema, value_schema, conf)
     expected: dict = {}
     for version in range(6):
-        state = provider.table(version)
-        ids = [f"k{version}", f"k{version - 1}", None if version % 2 else "x"]
-        rows = pa.table({"k0": ids, "k1": [version, version - 1, version],
-                         "v0": pa.array([version * 10, None, version], pa.int64())})
-        new = anti_join(rows, state, ["k0", "k1"])
-        removed = state.filter(pa.compute.less(state.column("k1"), version - 2))
-        following = anti_join(pa.concat_tables([state, new]), removed, ["k0", "k1"]).combine_chunks()
-        provider.commit_table(version, following, new, removed)
-        for r in new.to_pylist():
-            expected[(r["k0"], r["k1"])] = (r["v0"],)
-        for r in removed.to_pylist():
-            del expected[(r["k0"], r["k1"])]
+        ids = [f"k{version}", f"k{version - 1}", None if version % 2 else "x", f"k{version}"]
+        times = [version, version - 1, version, version]
+        expiries = [version * 10, None, version, 99]
+        new, removed, metrics = bulk_commit(provider, version, ids, times, expiries, remove_below=version - 3)
+        assert not new[3]    # the same key twice in a batch: new once
+        assert provider.tables.tables and not provider.map     # the table form holds it
+        for key, value, is_new in zip(zip(ids, times), expiries, new):
+            if is_new:
+                expected[key] = (value,)
+        gone = [k for k in expected if k[1] <= version - 3]
+        for key in gone:
+            del expected[key]
+        assert removed == len(gone) and metrics.num_keys == len(expected)
     assert any(name.endswith(".snapshot.arrow") for name in os.listdir(store_id.path))
+    # a re-run of batch 5 starts from version 5 as it was, from memory
+    hit, changes = provider.load_table(5)
+    assert hit and changes.num_keys() == \
+        len(dict(MapStateStoreProvider(store_id, key_schema, value_schema, conf).get_store(5).iterator()))
 
-    def as_dict(table):
-        return {(r["k0"], r["k1"]): (r["v0"],) for r in table.to_pylist()}
-    assert as_dict(provider.table(6)) == expected and (None, 5) in expected
-    reloaded = TableStateStoreProvider(store_id, key_schema, value_schema, conf)
-    assert as_dict(reloaded.table(6)) == expected
-    assert dict(MapStateStoreProvider(store_id, key_schema, value_schema, conf).get_store(6).iterator()) == expected
-    # a provider that last saw version 3 reads only the deltas after it
-    behind = TableStateStoreProvider(store_id, key_schema, value_schema, conf)
-    behind.table(3)
+    def read(p, version):
+        return dict(p.get_store(version).iterator())
+    assert read(provider, 6) == expected and (None, 5) in expected
+    assert read(MapStateStoreProvider(store_id, key_schema, value_schema, conf), 6) == expected
+    # a provider that last saw version 3 in tables reads only the deltas after it
+    behind = MapStateStoreProvider(store_id, key_schema, value_schema, conf)
+    behind.load_table(3)
     os.rename(os.path.join(store_id.path, "6.snapshot.arrow"), os.path.join(str(tmp_path), "aside"))
-    assert as_dict(behind.table(6)) == expected
+    hit, changes = behind.load_table(6)
+    assert not hit and changes.num_keys() == len(expected)
     os.rename(os.path.join(str(tmp_path), "aside"), os.path.join(store_id.path, "6.snapshot.arrow"))
-    # a re-run of batch 5 starts from version 5 as it was
-    before = as_dict(provider.table(5))
-    assert before == as_dict(TableStateStoreProvider(store_id, key_schema, value_schema, conf).table(5))
-    # the map store's files read back as a table too
+    # the map form's files read back in the table form too
     other = StateStoreId(str(tmp_path / "map"), 0, 0)
     map_store = MapStateStoreProvider(other, key_schema, value_schema, conf).get_store(0)
     map_store.put(("a", 1), (7,))
     map_store.put((None, 2), (None,))
     map_store.commit()
-    assert as_dict(TableStateStoreProvider(other, key_schema, value_schema, conf).table(1)) == \
-        {("a", 1): (7,), (None, 2): (None,)}
+    again = MapStateStoreProvider(other, key_schema, value_schema, conf)
+    assert list(bulk_commit(again, 1, ["a", None, "b"], [1, 2, 3], [0, 0, 0])[0]) == [False, False, True]
+    assert not again.map
+
+
+def test_keys_arrow_cannot_join_take_the_bulk_calls_on_the_map(tmp_path):
+    """Struct keys: insert_new and remove_at_or_below work through the map (the
+    contract's default versions over the one key encoding)."""
+    key_schema = pa.schema([("s", pa.struct([("a", pa.int64())])), ("t", pa.int64())])
+    provider = MapStateStoreProvider(StateStoreId(str(tmp_path), 0, 0), key_schema, pa.schema([]),
+                                     StateStoreConf())
+    assert not provider.tables_fit
+    store = provider.get_store(0)
+    keys = pa.table({"s": pa.array([{"a": 1}, {"a": 2}, {"a": 1}]), "t": pa.array([1, 5, 1], pa.int64())})
+    assert list(store.insert_new(keys)) == [True, True, False]
+    assert store.num_keys() == 2 and store.remove_at_or_below(3, key_field=1) == 1
+    store.commit()
+    assert dict(provider.get_store(1).iterator()) == {((2,), 5): ()}
+    with pytest.raises(RuntimeError, match="cannot also be changed"):
+        store = MapStateStoreProvider(StateStoreId(str(tmp_path / "t"), 0, 0), pa.schema([("k", pa.int64())]),
+                                      pa.schema([]), StateStoreConf()).get_store(0)
+        store.insert_new(pa.table({"k": pa.array([1], pa.int64())}))
+        store.put((2,), ())
 
 
 def test_a_new_run_does_not_trust_the_state_an_earlier_run_left_in_memory(tmp_path):
     """Executors cache providers per query run (Spark keys them by run id). A checkpoint
     deleted and made again at the same path: another worker commits the new run's
-    version 1, and this worker, which still holds the old run's version 1, must read
-    the new one from the files."""
+    version 1, and this worker, which still holds the old run's version 1 (in either
+    form), must read the new one from the files."""
     import shutil
-    import pyarrow as pa
-    from microbatch.state.map_provider import MapStateStoreProvider, get_provider
-    from microbatch.state.store import StateStoreConf, StateStoreId
-    from microbatch.state.table_provider import TableStateStoreProvider, anti_join, get_table_provider
     key_schema, value_schema = pa.schema([("id", pa.int64())]), pa.schema([])
     store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
 
-    def commit_table(provider, version, ids):
-        state = provider.table(version)
-        new = anti_join(pa.table({"k0": pa.array(ids, pa.int64())}), state, ["k0"])
-        provider.commit_table(version, pa.concat_tables([state, new]).combine_chunks(), new, new.slice(0, 0))
+    def commit_bulk(provider, version, ids):
+        store = provider.get_store(version)
+        store.insert_new(pa.table({"id": pa.array(ids, pa.int64())}))
+        store.commit()
 
-    def commit_map(provider, version, ids):
+    def commit_rows(provider, version, ids):
         store = provider.get_store(version)
         store.put_absent([(i,) for i in ids])
         store.commit()
 
-    cases = [(commit_table, TableStateStoreProvider, lambda conf: get_table_provider(store_id, key_schema, value_schema, conf),
-              lambda p, v: sorted(p.table(v).column("k0").to_pylist())),
-             (commit_map, MapStateStoreProvider, lambda conf: get_provider(store_id, key_schema, value_schema, conf),
-              lambda p, v: sorted(k[0] for k, _ in p.get_store(v).iterator()))]
-    for commit, kind, cached, read in cases:
+    def read(p, v):
+        return sorted(k[0] for k, _ in p.get_store(v).iterator())
+
+    for commit in (commit_bulk, commit_rows):
         first, second = StateStoreConf(run_id="first"), StateStoreConf(run_id="second")
-        commit(cached(first), 0, [1, 2])                  # this worker, the first run
-        assert read(cached(first), 1) == [1, 2]
+        commit(load_provider(store_id, key_schema, value_schema, first), 0, [1, 2])   # this worker, run 1
+        assert read(load_provider(store_id, key_schema, value_schema, first), 1) == [1, 2]
         shutil.rmtree(tmp_path / "state")                 # the checkpoint is deleted and made again
-        commit(kind(store_id, key_schema, value_schema, second), 0, [5])   # another worker
-        assert read(cached(second), 1) == [5], kind
+        commit(MapStateStoreProvider(store_id, key_schema, value_schema, second), 0, [5])   # another worker
+        assert read(load_provider(store_id, key_schema, value_schema, second), 1) == [5], commit
         shutil.rmtree(tmp_path / "state")
+        unload_all()

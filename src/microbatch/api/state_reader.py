@@ -22,8 +22,9 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 from microbatch.checkpoint.commits import CommitLog
 from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
 from microbatch.errors import AnalysisException, CheckpointError, IllegalArgumentException
-from microbatch.state.map_provider import MapStateStoreProvider
-from microbatch.state.store import StateStoreConf, StateStoreId
+from microbatch.checkpoint.offsets import OffsetSeqLog
+from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, StateStoreConf, StateStoreId,
+                                    provider_class)
 from microbatch.util import option_value
 
 class SessionReader:
@@ -95,6 +96,9 @@ class StateStoreReader:
         key_type = StructType.fromJson(doc["keySchema"])
         value_type = StructType.fromJson(doc["valueSchema"])
         partitions = sorted(int(n) for n in fs.list(op_dir) if n.isdigit())
+        offsets = OffsetSeqLog(f"{root}/offsets", fs).get(batch_id)
+        provider_name = (offsets.metadata.conf if offsets else {}).get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)
+        kind = provider_class(provider_name)
         keys: list = []
         values: list = []
         partition_ids: list[int] = []
@@ -105,15 +109,17 @@ class StateStoreReader:
             if file_schema is None:
                 continue
             storage = (file_schema.field("key").type, file_schema.field("value").type)
-            provider = MapStateStoreProvider(store_id, pa.schema(list(storage[0])),
-                                             pa.schema(list(storage[1])), StateStoreConf(storage=fs.spec()))
+            provider = kind(store_id, pa.schema(list(storage[0])), pa.schema(list(storage[1])),
+                            StateStoreConf(storage=fs.spec(), provider_class=provider_name))
             try:
-                provider.get_store(batch_id + 1)
+                rows = list(provider.get_store(batch_id + 1).iterator())
             except CheckpointError as e:
                 raise CheckpointError(
                     f"The state of operator {operator} after batch {batch_id} is not available: {e} "
                     "(state older than spark.sql.streaming.minBatchesToRetain batches is removed).") from e
-            for key, value in provider.map.items():
+            finally:
+                provider.close()
+            for key, value in rows:
                 keys.append(key)
                 values.append(value)
                 partition_ids.append(partition)

@@ -52,7 +52,8 @@ from microbatch.plan.logical import (Aggregate, Observe, PlanNode, StatefulNode,
                                      Watermark)
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
-from microbatch.state.store import StateStoreConf
+from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER,
+                                    SPARK_ROCKSDB_PROVIDER, StateStoreConf, provider_class, provider_name)
 from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
@@ -79,10 +80,6 @@ CHECKPOINTED_CONFS = {
     "spark.sql.streaming.stateStore.compression.codec": "lz4",
     "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "false",
 }
-PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
-#: What a stateful query records as its state store provider: Spark cannot read our
-#: Arrow state files, and we cannot read Spark's, so the two must not be mixed up.
-MICROBATCH_PROVIDER_CLASS = "microbatch.state.map_provider.MapStateStoreProvider"
 
 
 class AvailableNowPin:
@@ -184,6 +181,30 @@ class MicroBatchExecution(StreamExecution):
                 else:
                     self._available_now[i] = AvailableNowPin(source)
 
+    def _state_provider(self, written: str | None, asked: str | None) -> str:
+        """The state store provider of this run: the one the checkpoint's state was written
+        with, or for a checkpoint without state the one the session asks for (by default
+        microbatch's). State files of one provider are not another's: a checkpoint whose
+        state another provider wrote is refused, naming both."""
+        has_state = written is not None and self.fs.exists(f"{self.checkpoint_root}/state")
+        if has_state and written in (SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER):
+            raise CheckpointError(
+                f"The state in checkpoint '{self.checkpoint_root}' was written by the state "
+                f"store provider {written} (Spark's own engine), whose files microbatch "
+                "cannot read. Start this stateful query with a new checkpoint location.")
+        if has_state:
+            if asked is not None and provider_name(asked) != written:
+                raise CheckpointError(
+                    f"The state in checkpoint '{self.checkpoint_root}' was written by the state "
+                    f"store provider {written}, but {PROVIDER_CLASS_CONF} is {asked}: one provider "
+                    f"does not read another's state. Unset the conf (or set it to {written}), or "
+                    "start the query with a new checkpoint location.")
+            provider_class(written)   # importable here, or a clear error before any batch
+            return written
+        chosen = provider_name(asked or DEFAULT_PROVIDER)
+        provider_class(chosen)
+        return chosen
+
     def _fix_confs(self, recorded: dict[str, str] | None) -> dict[str, str]:
         """Apply the confs recorded in the checkpoint to the batch session; return the set."""
         conf = self._batch_session.conf
@@ -191,16 +212,9 @@ class MicroBatchExecution(StreamExecution):
         for key, default in CHECKPOINTED_CONFS.items():
             session_value = conf.get(key, default)
             if key == PROVIDER_CLASS_CONF and self.stateful:
-                written = (recorded or {}).get(key)
-                if written not in (None, MICROBATCH_PROVIDER_CLASS) and self.fs.exists(
-                        f"{self.checkpoint_root}/state"):
-                    raise CheckpointError(
-                        f"The state in checkpoint '{self.checkpoint_root}' was written by the state "
-                        f"store provider {written} (Spark's own engine), whose files microbatch "
-                        "cannot read. Start this stateful query with a new checkpoint location.")
-                # No state yet (a new query, or one that was stateless): ours from now on.
-                conf.set(key, MICROBATCH_PROVIDER_CLASS)
-                fixed[key] = MICROBATCH_PROVIDER_CLASS
+                chosen = self._state_provider((recorded or {}).get(key), conf.get(key, None))
+                conf.set(key, chosen)
+                fixed[key] = chosen
                 continue
             if recorded is not None and key in recorded:
                 value = recorded[key]

@@ -25,13 +25,14 @@ from pyspark import AccumulatorParam
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import StructType, TimestampNTZType, TimestampType
+from pyspark.sql.types import StructType
 
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import (Aggregate, Deduplicate, Observe, PlanNode, StatefulNode,
                                      Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
+from microbatch.state.files import storage_type
 from microbatch.state.store import StateStoreConf
 
 #: Names of the progress fields of a state operator, in Spark's order.
@@ -95,11 +96,9 @@ def _ms_column(name: str):
     return F.expr(f"unix_micros(CAST(`{name}` AS TIMESTAMP)) div 1000")
 
 
-def _store_field(field) -> tuple[pa.Field, bool]:
-    """The Arrow field a key column is stored as; timestamps become int64 microseconds."""
-    if isinstance(field.dataType, (TimestampType, TimestampNTZType)):
-        return pa.field(field.name, pa.int64()), True
-    return pa.field(field.name, to_arrow_type(field.dataType)), False
+def _store_field(field) -> pa.Field:
+    """The Arrow field a key column is stored as (``state.files.storage_type``)."""
+    return pa.field(field.name, storage_type(to_arrow_type(field.dataType, timezone="UTC")))
 
 
 class BatchContext:
@@ -191,8 +190,7 @@ class BatchContext:
             self.stats_operators[node.child] = self.operator_ids[node]
         task = DedupTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
-            timestamp_keys=tuple(t for _, t in fields),
-            key_schema=pa.schema([f for f, _ in fields]),
+            key_schema=pa.schema(fields),
             value_schema=pa.schema([pa.field("expiresAtMicros", pa.int64())] if node.within_watermark else []),
             event_time_index=inputs.index(late_column) if late_column else None,
             watermark_key=node.keys.index(watermark) if watermark else None,

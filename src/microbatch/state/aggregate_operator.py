@@ -29,37 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.state.hll import estimate as hll_estimate
-from microbatch.state.map_provider import get_provider, hashable
-from microbatch.state.store import EventTimeStats, StateStoreConf, StateStoreId, task_metrics
-
-
-def storage_type(t: pa.DataType) -> pa.DataType:
-    """How a value of Arrow type ``t`` is kept in the state: timestamps as int64 micros."""
-    if pa.types.is_timestamp(t):
-        return pa.int64()
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, storage_type(f.type), f.nullable) for f in t])
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        field = t.value_field
-        return pa.list_(pa.field(field.name, storage_type(field.type), field.nullable))
-    if pa.types.is_map(t):
-        return pa.map_(storage_type(t.key_type), storage_type(t.item_type))
-    return t
-
-
-def to_python(column: pa.Array, storage: pa.DataType, as_key: bool = False) -> list:
-    """An Arrow column as state values (``as_key``: structs and lists become tuples)."""
-    if column.type != storage:
-        column = column.cast(storage)
-    values = column.to_pylist()
-    if as_key and (pa.types.is_struct(storage) or pa.types.is_list(storage) or pa.types.is_map(storage)):
-        values = [hashable(v) for v in values]
-    return values
-
-
-def from_python(values: list, storage: pa.DataType, target: pa.DataType) -> pa.Array:
-    array = pa.array(values, type=storage)
-    return array if storage == target else array.cast(target)
+from microbatch.state.files import from_state_values, hashable, state_values, storage_type
+from microbatch.state.store import EventTimeStats, StateStoreConf, StateStoreId, load_provider, task_metrics
 
 
 def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[pa.Array]:
@@ -74,7 +45,7 @@ def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[p
             columns.append(pa.array(estimates, type=pa.int64()))
             continue
         for j in range(start, start + count):
-            columns.append(from_python([v[j] for v in values], value_storage[j], fields[j].type))
+            columns.append(from_state_values([v[j] for v in values], value_storage[j], fields[j].type))
     return columns
 
 
@@ -190,13 +161,11 @@ class AggregateTask:
             batches = event_time_statistics(batches, partition, self.metrics)
         key_storage = [storage_type(f.type) for f in self.key_fields]
         value_storage = [storage_type(f.type) for f in self.buffer_fields]
-        provider = get_provider(
+        store = load_provider(
             StateStoreId(self.state_root, self.operator_id, partition),
             pa.schema([pa.field(f.name, t) for f, t in zip(self.key_fields, key_storage)]),
             pa.schema([pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)]),
-            self.conf)
-        cache_hit = provider.loaded_version == self.version
-        store = provider.get_store(self.version)
+            self.conf).get_store(self.version)
         num_keys = len(self.key_fields)
         check_late = self.mode != "complete" and self.watermark_key is not None and self.late_us is not None
         emitted: list[tuple[tuple, tuple]] = []
@@ -205,8 +174,8 @@ class AggregateTask:
         with decimal.localcontext() as ctx:
             ctx.prec = 76       # exact sums of decimal(38) buffers
             for batch in batches:
-                keys = [to_python(batch.column(i), key_storage[i], as_key=True) for i in range(num_keys)]
-                buffers = [to_python(batch.column(num_keys + j), value_storage[j])
+                keys = [state_values(batch.column(i), key_storage[i], as_key=True) for i in range(num_keys)]
+                buffers = [state_values(batch.column(num_keys + j), value_storage[j])
                            for j in range(len(value_storage))]
                 for r in range(batch.num_rows):
                     key = tuple(column[r] for column in keys)
@@ -249,7 +218,7 @@ class AggregateTask:
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
         self.metrics.add(task_metrics(
-            partition, m, cache_hit, numRowsUpdated=updated, numRowsRemoved=removed,
+            partition, m, numRowsUpdated=updated, numRowsRemoved=removed,
             allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
             numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read))
 
@@ -257,7 +226,7 @@ class AggregateTask:
         columns = []
         out = self.output_schema
         for i, storage in enumerate(key_storage):
-            columns.append(from_python([k[i] for k, _ in rows], storage, out.field(i).type))
+            columns.append(from_state_values([k[i] for k, _ in rows], storage, out.field(i).type))
         columns += buffer_columns([v for _, v in rows], self.merges, value_storage,
                                   list(out)[len(key_storage):])
         return pa.RecordBatch.from_arrays(columns, schema=out)
@@ -304,11 +273,10 @@ class SessionAggregateTask:
                         if i != self.session_index]
         session_struct = pa.struct([pa.field("start", pa.int64()), pa.field("end", pa.int64())]
                                    + [pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)])
-        provider = get_provider(StateStoreId(self.state_root, self.operator_id, partition),
-                                pa.schema(group_fields),
-                                pa.schema([pa.field("sessions", pa.list_(session_struct))]), self.conf)
-        cache_hit = provider.loaded_version == self.version
-        store = provider.get_store(self.version)
+        store = load_provider(StateStoreId(self.state_root, self.operator_id, partition),
+                              pa.schema(group_fields),
+                              pa.schema([pa.field("sessions", pa.list_(session_struct))]),
+                              self.conf).get_store(self.version)
         num_keys = len(self.key_fields)
         s = self.session_index
         incoming: dict[tuple, list[tuple]] = {}
@@ -316,8 +284,8 @@ class SessionAggregateTask:
         with decimal.localcontext() as ctx:
             ctx.prec = 76
             for batch in batches:
-                keys = [to_python(batch.column(i), key_storage[i], as_key=True) for i in range(num_keys)]
-                buffers = [to_python(batch.column(num_keys + j), value_storage[j])
+                keys = [state_values(batch.column(i), key_storage[i], as_key=True) for i in range(num_keys)]
+                buffers = [state_values(batch.column(num_keys + j), value_storage[j])
                            for j in range(len(value_storage))]
                 for r in range(batch.num_rows):
                     window = keys[s][r]
@@ -358,7 +326,7 @@ class SessionAggregateTask:
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
         self.metrics.add(task_metrics(
-            partition, m, cache_hit, numRowsTotal=total, numRowsUpdated=updated, numRowsRemoved=removed,
+            partition, m, numRowsTotal=total, numRowsUpdated=updated, numRowsRemoved=removed,
             allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
             # Spark 4.3 reports no state store instances for this operator in complete mode.
             numStateStoreInstances=0 if self.mode == "complete" else 1))
@@ -393,7 +361,7 @@ class SessionAggregateTask:
             else:
                 g = i if i < self.session_index else i - 1
                 values = [group[g] for group, _ in rows]
-            columns.append(from_python(values, storage, out.field(i).type))
+            columns.append(from_state_values(values, storage, out.field(i).type))
         columns += buffer_columns([x[2:] for _, x in rows], self.merges, value_storage,
                                   list(out)[len(key_storage):])
         return pa.RecordBatch.from_arrays(columns, schema=out)

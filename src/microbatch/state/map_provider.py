@@ -1,31 +1,26 @@
-"""The default state store: a map in executor memory, a delta file per version.
+"""microbatch's default state store provider: a map in executor memory, a delta file per version.
 
 Like Spark's HDFSBackedStateStoreProvider, with two differences: the files are
-Arrow IPC (lz4 or zstd compressed), and a commit never copies the map. The
-provider keeps one map at its newest version plus an undo record per recent
-version, so a commit and a step back (a batch re-run) cost the keys the batch
-touched, not the size of the state.
+Arrow IPC (``state.files``), and a commit never copies the map. The provider keeps
+one map at its newest version plus an undo record per recent version, so a commit
+and a step back (a batch re-run) cost the keys the batch touched, not the size of
+the state. Maintenance (after a commit, when due) writes a snapshot once more than
+``minDeltasForSnapshot`` deltas follow the last one, and deletes files no retained
+version needs.
 
-Files in ``<checkpoint>/state/<op>/<partition>/``:
+When the keys are types Arrow joins on and the operator changes a version a batch
+at a time (``insert_new``, ``remove_at_or_below``: deduplication), the provider
+keeps its memory as Arrow tables instead (``state.table_form``): the same files,
+hash joins instead of a Python call per key. A store uses the form its first call
+asks for; the provider drops the other form's memory.
 
-- ``<v>.delta.arrow``: the changes that make version v from v-1: columns ``key``
-  (a struct of the key schema) and ``value`` (a struct of the value schema; null
-  marks a removed key).
-- ``<v>.snapshot.arrow``: every key and value of version v, same columns.
-
-A version is loaded from the newest snapshot at or below it plus the deltas
-after that. Maintenance (run after a commit when due) writes a snapshot once more
-than ``minDeltasForSnapshot`` deltas follow the last one, and deletes files that
-no version among the last ``minBatchesToRetain`` needs.
-
-Providers live in a module-level cache of the Python worker, which Spark reuses
-across tasks (``spark.python.worker.reuse``), so the map usually survives from
-one batch to the next; any miss (another worker, a restart) reloads from files.
+The provider lives in the executor-side cache of ``state.store``; its memory is
+used only at a version it holds (or can step back to), or that version plus the
+deltas other executors committed after it; anything else reads the files.
 """
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 from collections import deque
@@ -35,69 +30,33 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
-from microbatch.errors import CheckpointError
+from microbatch.state.files import REMOVED, StateFiles
 from microbatch.state.store import (Key, StateStore, StateStoreConf, StateStoreId,
                                     StateStoreMetrics, StateStoreProvider, Value)
+from microbatch.state.table_form import TableChanges, TableVersions, joinable
 
 log = logging.getLogger(__name__)
 
-_MISSING = object()
-_ABSENT = object()
-_FILE = re.compile(r"^(\d+)\.(delta|snapshot)\.arrow$")
-
-
-def _struct_type(schema: pa.Schema) -> pa.StructType:
-    return pa.struct(list(schema))
-
-
-def _to_struct_array(rows: list[tuple | None], schema: pa.Schema) -> pa.Array:
-    """Tuples (or None for a null struct) -> a struct array of ``schema``, column by
-    column (``zip(*rows)`` transposes at C speed)."""
-    nulls = countOf(rows, None)
-    mask = pa.array(list(map(is_, rows, repeat(None))), type=pa.bool_()) if nulls else None
-    if nulls:
-        empty = (None,) * len(schema)
-        rows = [empty if r is None else r for r in rows]
-    transposed = list(zip(*rows)) if rows else [()] * len(schema)
-    columns = [pa.array(values, type=f.type) for values, f in zip(transposed, schema)]
-    if not columns:   # a struct without fields: only its length and validity
-        return pa.StructArray.from_arrays([], fields=[], mask=mask if mask is not None
-                                          else pa.array([False] * len(rows), type=pa.bool_()))
-    return pa.StructArray.from_arrays(columns, fields=list(schema), mask=mask)
-
-
-def hashable(value):
-    """A nested value as a key can hold it: structs (dicts) and lists become tuples."""
-    if isinstance(value, dict):
-        return tuple(hashable(v) for v in value.values())
-    if isinstance(value, list):
-        return tuple(hashable(v) for v in value)
-    return value
-
-
-def _from_struct_array(array: pa.Array, keys: bool = False) -> list[tuple | None]:
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    valid = array.is_valid().to_pylist()
-    columns = []
-    for column in array.flatten():
-        values = column.to_pylist()
-        if keys and not (pa.types.is_primitive(column.type) or pa.types.is_string(column.type)):
-            values = [hashable(v) for v in values]
-        columns.append(values)
-    return [tuple(values) if ok else None for ok, values in zip(valid, zip(*columns))] \
-        if columns else [() if ok else None for ok in valid]
+_MISSING = REMOVED
 
 
 class MapStateStore(StateStore):
+    """One version of a ``MapStateStoreProvider``'s store. Its memory form is chosen by
+    the first call: key by key (and the bulk calls of keys Arrow cannot join) on the
+    map, ``insert_new``/``remove_at_or_below`` of joinable keys on Arrow tables."""
+
     def __init__(self, provider: "MapStateStoreProvider", version: int):
         self.provider = provider
         self.id = provider.id
         self.version = version
+        self.key_schema = provider.key_schema
+        self.value_schema = provider.value_schema
         self._pending: dict[Key, object] = {}     # key -> value tuple, or _MISSING (removed)
         self._removals = False                    # whether _pending holds any _MISSING
+        self._table: TableChanges | None = None   # the changes of the table form, once chosen
+        self._form: str | None = None
+        self._cache_hit = False
         self._committed = False
         self._aborted = False
         self._metrics = StateStoreMetrics()
@@ -107,7 +66,53 @@ class MapStateStore(StateStore):
             raise RuntimeError(f"State store {self.id} version {self.version} is already "
                                f"{'committed' if self._committed else 'aborted'}")
 
+    def _use(self, form: str) -> None:
+        """Load this version in ``form`` ("map" or "table") on the first call."""
+        if self._form == form:
+            return
+        if self._form is not None:
+            raise RuntimeError(
+                f"State store {self.id} version {self.version} is changed in the {self._form} "
+                f"form; it cannot also be changed in the {form} form.")
+        self._check_open()
+        if form == "map":
+            self._cache_hit = self.provider.load_map(self.version)
+        else:
+            self._cache_hit, self._table = self.provider.load_table(self.version)
+        self._form = form
+
+    def _in_tables(self) -> bool:
+        return self._form == "table" or (self._form is None and self.provider.tables_fit)
+
+    # -- a batch at a time --------------------------------------------------------------
+    def insert_new(self, keys: pa.Table, values: pa.Table | None = None) -> np.ndarray:
+        if not self._in_tables():
+            return super().insert_new(keys, values)
+        self._use("table")
+        self._check_open()
+        return self._table.insert_new(keys, values)
+
+    def remove_at_or_below(self, bound: int, *, key_field: int | None = None,
+                           value_field: int | None = None) -> int:
+        if not self._in_tables():
+            return super().remove_at_or_below(bound, key_field=key_field, value_field=value_field)
+        self._use("table")
+        self._check_open()
+        names = self._table.versions.key_names if key_field is not None else self._table.versions.value_names
+        return self._table.remove_at_or_below(bound, names[key_field if key_field is not None else value_field])
+
+    def num_keys(self) -> int:
+        if self._form == "table":
+            return self._table.num_keys()
+        self._use("map")
+        base, pending = self.provider.map, self._pending
+        added = sum(1 for k, v in pending.items() if v is not _MISSING and k not in base)
+        removed = sum(1 for k, v in pending.items() if v is _MISSING and k in base)
+        return len(base) + added - removed
+
+    # -- key by key (on the map) ------------------------------------------------------------
     def get(self, key: Key) -> Value | None:
+        self._use("map")
         value = self._pending.get(key, _MISSING)
         if value is _MISSING:
             if key in self._pending:
@@ -116,6 +121,7 @@ class MapStateStore(StateStore):
         return value  # type: ignore[return-value]
 
     def put(self, key: Key, value: Value) -> None:
+        self._use("map")
         self._check_open()
         self._pending[key] = value
 
@@ -123,6 +129,7 @@ class MapStateStore(StateStore):
     # (dict.__contains__, itemgetter, ...), about 30 ns a key instead of a Python loop.
 
     def put_absent(self, keys: list[Key], values: list[Value] | None = None) -> np.ndarray:
+        self._use("map")
         self._check_open()
         pending, base = self._pending, self.provider.map
         n = len(keys)
@@ -146,6 +153,7 @@ class MapStateStore(StateStore):
         return new
 
     def remove_many(self, keys: list[Key]) -> None:
+        self._use("map")
         self._check_open()
         pending, base = self._pending, self.provider.map
         held = list(compress(keys, map(or_, map(pending.__contains__, keys), map(base.__contains__, keys))))
@@ -155,6 +163,7 @@ class MapStateStore(StateStore):
 
     def keys_at_or_below(self, bound: int, *, key_field: int | None = None,
                          value_field: int | None = None) -> list[Key]:
+        self._use("map")
         pending, base = self._pending, self.provider.map
         found = []
         for source in (base, pending):
@@ -174,12 +183,22 @@ class MapStateStore(StateStore):
         return found
 
     def remove(self, key: Key) -> None:
+        self._use("map")
         self._check_open()
         if key in self._pending or key in self.provider.map:
             self._pending[key] = _MISSING
             self._removals = True
 
     def iterator(self) -> Iterator[tuple[Key, Value]]:
+        if self._form == "table":
+            from microbatch.state.files import from_struct_array
+            versions = self._table.versions
+            table = pa.concat_tables([self._table.base, self._table.added])
+            keys = from_struct_array(versions._struct(table, versions.key_names, self.key_schema), keys=True)
+            values = from_struct_array(versions._struct(table, versions.value_names, self.value_schema))
+            yield from zip(keys, values)
+            return
+        self._use("map")
         pending = self._pending
         for key, value in self.provider.map.items():
             if key in pending:
@@ -193,15 +212,26 @@ class MapStateStore(StateStore):
                 yield key, value  # type: ignore[misc]
 
     def commit(self) -> int:
+        if self._form is None:
+            self._use("table" if self.provider.tables_fit else "map")
         self._check_open()
         started = time.monotonic()
+        hits = {"loadedMapCacheHitCount": int(self._cache_hit), "loadedMapCacheMissCount": int(not self._cache_hit)}
+        if self._form == "table":
+            following, commit_ms = self._table.commit()   # (it snapshots and cleans up when due)
+            self._committed = True
+            self._metrics = StateStoreMetrics(
+                num_keys=following.num_rows, num_updated=self._table.inserted,
+                num_removed=self._table.removed_count, memory_used_bytes=following.nbytes,
+                commit_time_ms=commit_ms, custom=hits)
+            return self.version + 1
         self.provider.commit(self.version, self._pending)
         self._committed = True
         removed = countOf(self._pending.values(), _MISSING)
         self._metrics = StateStoreMetrics(
             num_keys=len(self.provider.map), num_updated=len(self._pending) - removed,
             num_removed=removed, memory_used_bytes=self.provider.estimate_memory(),
-            commit_time_ms=int((time.monotonic() - started) * 1000))
+            commit_time_ms=int((time.monotonic() - started) * 1000), custom=hits)
         self.provider.maybe_maintain()
         return self.version + 1
 
@@ -209,6 +239,7 @@ class MapStateStore(StateStore):
         if not self._committed:
             self._aborted = True
             self._pending = {}
+            self._table = None
 
     def metrics(self) -> StateStoreMetrics:
         return self._metrics
@@ -222,76 +253,36 @@ class MapStateStoreProvider(StateStoreProvider):
     def __init__(self, store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
                  conf: StateStoreConf):
         super().__init__(store_id, key_schema, value_schema, conf)
+        self.files = StateFiles(store_id, key_schema, value_schema, conf)
         self.map: dict[Key, Value] = {}
         self.loaded_version = -1                  # the version ``map`` holds; -1: nothing
         self._undo: dict[int, dict[Key, object]] = {}   # v -> how to go from v back to v-1
-        self._file_schema = pa.schema([pa.field("key", _struct_type(key_schema)),
-                                       pa.field("value", _struct_type(value_schema))])
         self._deltas_since_snapshot = 0
         self._memory_per_entry = 0
+        #: whether the table form can hold these keys (Arrow joins on every key type)
+        self.tables_fit = all(joinable(f.type) for f in key_schema)
+        self.tables = TableVersions(self.files)
 
-    # -- files --------------------------------------------------------------
-    def _file(self, version: int, kind: str) -> str:
-        return f"{self.id.path}/{version}.{kind}.arrow"
+    def latest_version(self) -> int:
+        return max(self.loaded_version, self.tables.loaded_version)
 
-    def _list_files(self) -> list[tuple[int, str]]:
-        """(version, kind) of every state file, oldest first, snapshots before deltas."""
-        names = self.conf.fs.list(self.id.path)
-        files = []
-        for name in names:
-            m = _FILE.match(name)
-            if m:
-                files.append((int(m.group(1)), m.group(2)))
-        return sorted(files, key=lambda f: (f[0], f[1] != "snapshot"))
+    # -- the two forms ------------------------------------------------------------------
+    def load_map(self, version: int) -> bool:
+        """Make the map hold ``version``; whether it held it already."""
+        if version < 0:
+            raise ValueError(f"Version cannot be less than 0, got {version}")
+        if self.tables.tables:
+            self.tables.clear()
+        hit = self.loaded_version == version
+        self._load(version)
+        return hit
 
-    def _write(self, path: str, keys: list[Key], values: list[object]) -> None:
-        """Write ``keys`` and ``values`` (_MISSING: removed, a null value) as one Arrow file."""
-        if _MISSING in values:
-            values = [None if v is _MISSING else v for v in values]
-        self._write_arrays(path, _to_struct_array(keys, self.key_schema),
-                           _to_struct_array(values, self.value_schema))
-
-    def _write_arrays(self, path: str, keys: pa.Array, values: pa.Array) -> None:
-        """Write a state file from its ``key`` and ``value`` struct arrays, atomically."""
-        batch = pa.RecordBatch.from_arrays([keys, values], schema=self._file_schema)
-        options = ipc.IpcWriteOptions(compression=self.conf.compression)
-        sink = pa.BufferOutputStream()
-        with ipc.new_stream(sink, self._file_schema, options=options) as writer:
-            writer.write_batch(batch)
-        self.conf.fs.write_bytes(path, sink.getvalue())   # atomic; a re-commit writes the same
-
-    def _read_table(self, path: str) -> pa.Table:
-        """A state file as an Arrow table (columns ``key``, ``value``), checked."""
-        try:
-            table = ipc.open_stream(pa.py_buffer(self.conf.fs.read_bytes(path))).read_all()
-        except FileNotFoundError:
-            raise
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CheckpointError(
-                f"Error reading state file {path} of state store {self.id}: {e}. The file is "
-                "damaged; restore it from a backup, or start the query with a new checkpoint "
-                "location.") from e
-        if table.schema != self._file_schema:
-            raise CheckpointError(
-                f"The state file {path} has the schema {table.schema}, but the operator's state "
-                f"has {self._file_schema}. The query's stateful operator changed since the "
-                "checkpoint was written; use a new checkpoint location.")
-        return table
-
-    def _read(self, path: str) -> list[tuple[Key, Value | None]]:
-        table = self._read_table(path)
-        keys = _from_struct_array(table.column("key"), keys=True)
-        values = _from_struct_array(table.column("value"))
-        if None in values:   # a removed key: the same marker as in a store's changes
-            values = [_MISSING if v is None else v for v in values]
-        return list(zip(keys, values))
-
-    def _missing_delta(self, path: str, version: int, snapshot: int) -> CheckpointError:
-        return CheckpointError(
-            f"Error reading delta file {path} of state store {self.id}: the file does not "
-            f"exist, but version {version} needs it (the newest snapshot at or below it "
-            f"is {snapshot or 'none'}). The state of this checkpoint is incomplete; restore "
-            "the file or use a new checkpoint location.")
+    def load_table(self, version: int) -> tuple[bool, TableChanges]:
+        """The changes of ``version`` in the table form; whether memory held it already."""
+        if self.loaded_version >= 0:
+            self.map, self._undo, self.loaded_version = {}, {}, -1
+        hit = version in self.tables.tables
+        return hit, TableChanges(self.tables, version)
 
     # -- loading --------------------------------------------------------------
     def _load(self, version: int) -> None:
@@ -309,10 +300,10 @@ class MapStateStoreProvider(StateStoreProvider):
             self.loaded_version = version
             return
         if version > self.loaded_version >= 0 and all(
-                self.conf.fs.exists(self._file(v, "delta"))
-                for v in range(self.loaded_version + 1, version + 1)):
+                self.files.exists(v, "delta") for v in range(self.loaded_version + 1, version + 1)):
+            # other executors committed the versions after ours: read only their deltas
             for v in range(self.loaded_version + 1, version + 1):
-                self._apply(v, self._read(self._file(v, "delta")))
+                self._apply(v, self.files.read_delta(v, version, 0))
             return
         self._load_from_files(version)
 
@@ -323,21 +314,13 @@ class MapStateStoreProvider(StateStoreProvider):
         self._deltas_since_snapshot = 0
         if version == 0:
             return
-        files = self._list_files()
-        snapshots = [v for v, kind in files if kind == "snapshot" and v <= version]
-        start = 0
-        if snapshots:
-            start = max(snapshots)
-            for key, value in self._read(self._file(start, "snapshot")):
-                self.map[key] = value  # type: ignore[assignment]
+        start = self.files.newest_snapshot(version)
+        if start:
+            self.map.update(self.files.read_rows(start, "snapshot"))
             self.loaded_version = start
         for v in range(start + 1, version + 1):
-            path = self._file(v, "delta")
-            try:
-                changes = self._read(path)
-            except FileNotFoundError:
-                raise self._missing_delta(path, version, start) from None
-            self._apply(v, changes, keep_undo=v > version - self.conf.max_versions_in_memory)
+            self._apply(v, self.files.read_delta(v, version, start),
+                        keep_undo=v > version - self.conf.max_versions_in_memory)
         self._deltas_since_snapshot = version - start
         log.info("Loaded state store %s version %d (snapshot %d + %d deltas, %d keys)",
                  self.id, version, start, version - start, len(self.map))
@@ -360,9 +343,9 @@ class MapStateStoreProvider(StateStoreProvider):
 
     # -- the contract ---------------------------------------------------------
     def get_store(self, version: int) -> StateStore:
+        """The store at ``version``; it loads in the form its first call asks for."""
         if version < 0:
             raise ValueError(f"Version cannot be less than 0, got {version}")
-        self._load(version)
         return MapStateStore(self, version)
 
     def commit(self, version: int, pending: dict[Key, object]) -> None:
@@ -370,7 +353,7 @@ class MapStateStoreProvider(StateStoreProvider):
             raise RuntimeError(f"State store {self.id}: committing version {version + 1} on top "
                                f"of version {self.loaded_version}; another store of the same "
                                "partition was committed meanwhile.")
-        self._write(self._file(version + 1, "delta"), list(pending), list(pending.values()))
+        self.files.write_rows(version + 1, "delta", list(pending), list(pending.values()))
         self._apply(version + 1, pending)
 
     def maybe_maintain(self) -> None:
@@ -381,25 +364,14 @@ class MapStateStoreProvider(StateStoreProvider):
         version = self.loaded_version
         if version > 0 and self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot:
             started = time.monotonic()
-            self._write(self._file(version, "snapshot"), list(self.map), list(self.map.values()))
+            self.files.write_rows(version, "snapshot", list(self.map), list(self.map.values()))
             self._deltas_since_snapshot = 0
             log.info("Written snapshot file for version %d of %s at %s in %d ms", version, self.id,
-                     self._file(version, "snapshot"), (time.monotonic() - started) * 1000)
+                     self.files.path(version, "snapshot"), (time.monotonic() - started) * 1000)
         self.cleanup()
 
     def cleanup(self) -> None:
-        """Delete files no version among the last ``minBatchesToRetain`` needs."""
-        files = self._list_files()
-        if not files:
-            return
-        earliest = files[-1][0] - self.conf.min_versions_to_retain
-        if earliest <= 0:
-            return
-        snapshots = [v for v, kind in files if kind == "snapshot" and v <= earliest]
-        keep_from = max(snapshots) if snapshots else 0
-        for v, kind in files:
-            if v < keep_from or (v == keep_from and kind == "delta" and snapshots):
-                self.conf.fs.delete(self._file(v, kind))
+        self.files.cleanup()
 
     def estimate_memory(self) -> int:
         """Bytes the map uses, estimated from a sample of entries."""
@@ -412,31 +384,3 @@ class MapStateStoreProvider(StateStoreProvider):
                       for _, (k, v) in sample) / len(sample)
             self._memory_per_entry = int(per) + 100  # + the dict slot and hash
         return self._memory_per_entry * len(self.map)
-
-
-# -- the executor-side cache ------------------------------------------------------
-#: (provider class, store id) -> the provider of the latest run, for every provider kind
-_LOADED: dict[tuple[type, StateStoreId], StateStoreProvider] = {}
-
-
-def cached_provider(kind: type, store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
-                    conf: StateStoreConf):
-    """The ``kind`` provider of ``store_id`` in this process, created on first use and
-    again for a new query run or changed schemas."""
-    provider = _LOADED.get((kind, store_id))
-    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema \
-            or provider.conf.run_id != conf.run_id:   # another run's memory is not trusted
-        provider = kind(store_id, key_schema, value_schema, conf)
-        _LOADED[(kind, store_id)] = provider
-    return provider
-
-
-def get_provider(store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
-                 conf: StateStoreConf) -> MapStateStoreProvider:
-    """The map provider of ``store_id`` in this process."""
-    return cached_provider(MapStateStoreProvider, store_id, key_schema, value_schema, conf)
-
-
-def unload_all() -> None:
-    """Forget every loaded provider, of every kind (as a new executor process would have none)."""
-    _LOADED.clear()

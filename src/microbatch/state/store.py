@@ -1,25 +1,55 @@
-"""The state store contract (Spark's StateStore / StateStoreProvider; docs/design.md, section 4).
+"""The state store contract and the executor-side provider cache (Spark's StateStore,
+StateStoreProvider and the executor's loaded providers; docs/design.md, section 4).
 
 A stateful operator keeps its state per ``(operator id, partition id)`` in a store
 versioned by batch: batch N reads version N and commits version N+1 (version 0
-is empty). Inside a Spark task the operator asks the provider for the store at
-version N, reads and changes keys, then ``commit()`` makes version N+1 durable,
-or ``abort()`` forgets the changes. A retried or speculative task may commit the
+is empty). Inside a Spark task the operator asks ``load_provider`` for the
+provider of its store, the provider for the store at version N; the operator
+reads and changes keys, then ``commit()`` makes version N+1 durable, or
+``abort()`` forgets the changes. A retried or speculative task may commit the
 same version again: it writes the same content, so that is harmless.
 
 Keys and values are tuples of plain Python values, in the order of the key and
-value schemas (``pyarrow.Schema``), so a store can write them as Arrow.
+value schemas (``pyarrow.Schema``; the encoding is ``state.files``). A store is
+changed key by key (``get``/``put``/``remove``) or a batch at a time with Arrow
+tables (``insert_new``, ``remove_at_or_below``); a provider may keep its memory in
+the form that suits the calls it gets, but one version of a store is changed one
+way or the other, not both.
+
+The provider is chosen by ``spark.sql.streaming.stateStore.providerClass``: a
+Python class path (microbatch's ``MapStateStoreProvider`` by default, or a user's
+``StateStoreProvider`` subclass importable on the executors). Spark's default,
+``HDFSBackedStateStoreProvider``, means microbatch's default; Spark's RocksDB
+provider is refused (microbatch has none yet).
+
+Executors keep providers in a module-level cache of the Python worker, which
+Spark reuses across tasks (``spark.python.worker.reuse``), keyed by provider class
+and store id. A provider's memory is trusted only for the query run that filled
+it (``StateStoreConf.run_id``) and only at a version it holds or committed; for
+any other version it reads the files, so a partition's task may move between
+executors (A, then B, then A) without changing an answer.
 """
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
+
+from microbatch.errors import IllegalArgumentException
 
 Key = tuple
 Value = tuple
+
+PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
+#: microbatch's default provider: a map in executor memory, Arrow delta files.
+DEFAULT_PROVIDER = "microbatch.state.map_provider.MapStateStoreProvider"
+#: Spark's providers, by the name a ported job sets (or Spark's default records).
+SPARK_HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+SPARK_ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 @dataclass(frozen=True)
@@ -52,6 +82,8 @@ class StateStoreConf:
     #: The checkpoint's store, as ``CheckpointFileSystem.spec()``: every state file goes
     #: through it, from the executors too. It may hold credentials: kept out of repr().
     storage: tuple = field(default=("file", ()), repr=False)
+    #: The provider class path (``spark.sql.streaming.stateStore.providerClass``).
+    provider_class: str = DEFAULT_PROVIDER
 
     @property
     def fs(self):
@@ -66,7 +98,8 @@ class StateStoreConf:
             min_deltas_for_snapshot=int(get("spark.sql.streaming.stateStore.minDeltasForSnapshot", "10")),
             min_versions_to_retain=int(get("spark.sql.streaming.minBatchesToRetain", "100")),
             max_versions_in_memory=int(get("spark.sql.streaming.maxBatchesToRetainInMemory", "2")),
-            compression="zstd" if codec == "zstd" else "lz4")
+            compression="zstd" if codec == "zstd" else "lz4",
+            provider_class=provider_name(get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)))
 
 
 @dataclass
@@ -78,6 +111,7 @@ class StateStoreMetrics:
     num_removed: int = 0
     memory_used_bytes: int = 0
     commit_time_ms: int = 0
+    #: Provider-specific metrics (progress ``customMetrics``), e.g. the map cache's hits.
     custom: dict[str, int] = field(default_factory=dict)
 
 
@@ -86,6 +120,8 @@ class StateStore(ABC):
 
     id: StateStoreId
     version: int
+    key_schema: pa.Schema
+    value_schema: pa.Schema
 
     @abstractmethod
     def get(self, key: Key) -> Value | None: ...
@@ -123,6 +159,32 @@ class StateStore(ABC):
             new.append(absent)
         return new
 
+    # -- a batch at a time, in Arrow ---------------------------------------------------
+    def insert_new(self, keys: pa.Table, values: pa.Table | None = None) -> np.ndarray:
+        """For each row of ``keys`` (the key schema's columns, in order, storage types):
+        true when it is the first row of a key the store does not hold; that key is put,
+        with the same row of ``values`` (the value schema's columns) or the empty value.
+        Stores may override this with a faster bulk version."""
+        from microbatch.state.files import state_values
+        columns = [state_values(keys.column(i), f.type, as_key=True) for i, f in enumerate(self.key_schema)]
+        key_rows = list(zip(*columns)) if columns else [()] * keys.num_rows
+        value_rows = None
+        if values is not None:
+            value_columns = [state_values(values.column(i), f.type) for i, f in enumerate(self.value_schema)]
+            value_rows = list(zip(*value_columns)) if value_columns else [()] * values.num_rows
+        return np.asarray(self.put_absent(key_rows, value_rows), dtype=bool)
+
+    def remove_at_or_below(self, bound: int, *, key_field: int | None = None,
+                           value_field: int | None = None) -> int:
+        """Remove the keys ``keys_at_or_below`` names; how many."""
+        expired = self.keys_at_or_below(bound, key_field=key_field, value_field=value_field)
+        self.remove_many(expired)
+        return len(expired)
+
+    def num_keys(self) -> int:
+        """How many keys the store holds, its uncommitted changes included."""
+        return sum(1 for _ in self.iterator())
+
     @abstractmethod
     def iterator(self) -> Iterator[tuple[Key, Value]]:
         """Every key and value, this store's uncommitted changes included."""
@@ -157,6 +219,10 @@ class StateStoreProvider(ABC):
         """The store at ``version`` (0: empty), to change and commit as ``version + 1``."""
 
     @abstractmethod
+    def latest_version(self) -> int:
+        """The version this provider's memory holds (-1: none), for cache metrics."""
+
+    @abstractmethod
     def do_maintenance(self) -> None:
         """Snapshot and remove files no retained version needs."""
 
@@ -164,13 +230,76 @@ class StateStoreProvider(ABC):
         pass
 
 
-def task_metrics(partition: int, store_metrics, cache_hit: bool, **counts) -> dict:
+# -- choosing a provider, and the executor-side cache ----------------------------------------
+def provider_name(conf_value: str) -> str:
+    """The provider a ``providerClass`` setting means: Spark's default is microbatch's
+    default; Spark's RocksDB provider is refused with what to do instead."""
+    name = (conf_value or DEFAULT_PROVIDER).strip()
+    if name == SPARK_HDFS_PROVIDER:
+        return DEFAULT_PROVIDER
+    if name == SPARK_ROCKSDB_PROVIDER:
+        raise IllegalArgumentException(
+            f"{PROVIDER_CLASS_CONF} is {name}, Spark's RocksDB state store, which runs in Spark's "
+            "own engine only. microbatch keeps state with its own providers: unset the conf (or "
+            f"set it to {DEFAULT_PROVIDER}).")
+    return name
+
+
+def provider_class(name: str) -> type:
+    """The ``StateStoreProvider`` subclass a class path names, or a clear error."""
+    name = provider_name(name)
+    module_name, _, class_name = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name) if module_name else None
+    except ImportError as e:
+        cls, reason = None, f"its module cannot be imported ({e})"
+    else:
+        reason = f"module '{module_name}' has no class '{class_name}'" if module_name else "it is not a class path"
+    if cls is None:
+        raise IllegalArgumentException(
+            f"Cannot load the state store provider '{name}' ({PROVIDER_CLASS_CONF}): {reason}. Set "
+            f"it to the path of a microbatch.state.store.StateStoreProvider subclass importable on "
+            f"the driver and the executors, or unset it for {DEFAULT_PROVIDER}.")
+    if not (isinstance(cls, type) and issubclass(cls, StateStoreProvider)):
+        raise IllegalArgumentException(
+            f"The state store provider '{name}' ({PROVIDER_CLASS_CONF}) is not a subclass of "
+            "microbatch.state.store.StateStoreProvider.")
+    return cls
+
+
+#: (provider class, store id) -> the provider of the latest run, for every provider kind
+_LOADED: dict[tuple[type, StateStoreId], StateStoreProvider] = {}
+
+
+def load_provider(store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
+                  conf: StateStoreConf) -> StateStoreProvider:
+    """The provider of ``store_id`` in this process (``conf.provider_class``), created on
+    first use and again for a new query run or changed schemas: another run's memory is
+    never trusted."""
+    kind = provider_class(conf.provider_class)
+    provider = _LOADED.get((kind, store_id))
+    if provider is None or provider.key_schema != key_schema or provider.value_schema != value_schema \
+            or provider.conf.run_id != conf.run_id:
+        if provider is not None:
+            provider.close()
+        provider = kind(store_id, key_schema, value_schema, conf)
+        _LOADED[(kind, store_id)] = provider
+    return provider
+
+
+def unload_all() -> None:
+    """Forget every loaded provider (as a new executor process would have none)."""
+    for provider in _LOADED.values():
+        provider.close()
+    _LOADED.clear()
+
+
+def task_metrics(partition: int, store_metrics: StateStoreMetrics, **counts) -> dict:
     """What a state task adds to its operator's accumulator: Spark's progress fields,
-    the partition that committed, and the map cache hit or miss."""
+    the provider's custom metrics, and the partition that committed."""
     return {"numRowsTotal": store_metrics.num_keys, "commitTimeMs": store_metrics.commit_time_ms,
             "memoryUsedBytes": store_metrics.memory_used_bytes, "numStateStoreInstances": 1,
-            **counts, f"partition_{partition}": 1,
-            "loadedMapCacheHitCount": int(cache_hit), "loadedMapCacheMissCount": int(not cache_hit)}
+            **store_metrics.custom, **counts, f"partition_{partition}": 1}
 
 
 class EventTimeStats:

@@ -1,19 +1,18 @@
-"""A state store held as one Arrow table per version, changed in bulk.
+"""The Arrow-table form of a store's memory, for changes a batch at a time.
 
 For operators whose state is a set of keys with a few fixed-width values, all
-changed a batch at a time (deduplication): lookups are hash joins and evictions
-are filters, in Arrow's C++ (Acero), never a Python call per key. On this
-machine a Python dict of tuple keys costs 300-500 ns per lookup or insert once
-it holds a few hundred thousand keys; a join costs about 0.3 µs per row for all
-of its work.
+changed a batch at a time (deduplication, through ``StateStore.insert_new`` and
+``remove_at_or_below``): lookups are hash joins and evictions are filters, in
+Arrow's C++ (Acero), never a Python call per key. On this machine a Python dict
+of tuple keys costs 300-500 ns per lookup or insert once it holds a few hundred
+thousand keys; a join costs about 0.3 µs per row for all of its work.
 
-Same files as ``MapStateStoreProvider`` (``<v>.delta.arrow``, ``<v>.snapshot.arrow``,
-columns ``key`` and ``value`` structs, a null value for a removed key), so each
-reads what the other wrote and the state reader works unchanged. A version's
-table is immutable: version N+1 is version N minus the removed keys plus the
-added rows. The provider keeps the tables of the last
-``maxBatchesToRetainInMemory`` versions, so a re-run of batch N starts from
-table N without reading a file.
+``MapStateStoreProvider`` keeps its memory in this form when its keys are types
+Arrow joins on and its operator changes the store in bulk. The files are the same
+(``state.files``). A version's table is immutable: version N+1 is version N minus
+the removed keys plus the added rows. The last ``maxBatchesToRetainInMemory``
+versions stay in memory, so a re-run of batch N starts from table N without
+reading a file.
 
 Keys compare as Spark groups them: a null equals a null (joins get a "filled"
 column and an is-null flag per nullable key column).
@@ -27,8 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.state.map_provider import MapStateStoreProvider, cached_provider
-from microbatch.state.store import StateStoreConf, StateStoreId
+from microbatch.state.files import StateFiles
 
 log = logging.getLogger(__name__)
 
@@ -75,63 +73,64 @@ def anti_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
     return joined.select(columns)
 
 
-class TableStateStoreProvider(MapStateStoreProvider):
-    """The tables of one ``StateStoreId``: columns ``k0..`` (the key fields) and ``v0..``
-    (the value fields), in the order of the key and value schemas."""
+class TableVersions:
+    """The Arrow tables of one store's recent versions: columns ``k0..`` (the key
+    fields) and ``v0..`` (the value fields), in the order of the key and value schemas."""
 
-    def __init__(self, store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
-                 conf: StateStoreConf):
-        super().__init__(store_id, key_schema, value_schema, conf)
+    def __init__(self, files: StateFiles):
+        self.files = files
+        self.conf = files.conf
+        key_schema, value_schema = files.key_schema, files.value_schema
         self.key_names = [f"k{i}" for i in range(len(key_schema))]
         self.value_names = [f"v{i}" for i in range(len(value_schema))]
-        self.table_schema = pa.schema(
+        self.schema = pa.schema(
             [pa.field(n, f.type) for n, f in zip(self.key_names, key_schema)]
             + [pa.field(n, f.type) for n, f in zip(self.value_names, value_schema)])
         self.tables: dict[int, pa.Table] = {}
+        self.loaded_version = -1
+        self._deltas_since_snapshot = 0
 
     def empty(self) -> pa.Table:
-        return self.table_schema.empty_table()
+        return self.schema.empty_table()
+
+    def clear(self) -> None:
+        self.tables = {}
+        self.loaded_version = -1
 
     def table(self, version: int) -> pa.Table:
-        """The state at ``version`` (0: empty), from memory or the files."""
+        """The state at ``version`` (0: empty): a version in memory, or the newest one in
+        memory plus the deltas after it, or the files."""
         if version < 0:
             raise ValueError(f"Version cannot be less than 0, got {version}")
         if version not in self.tables:
             base = self.loaded_version
             if base in self.tables and base < version and all(
-                    self.conf.fs.exists(self._file(v, "delta")) for v in range(base + 1, version + 1)):
+                    self.files.exists(v, "delta") for v in range(base + 1, version + 1)):
                 # another worker committed the versions after ours: read only their deltas
                 table = self.tables[base]
                 for v in range(base + 1, version + 1):
-                    table = self._apply_delta(table, self._read_table(self._file(v, "delta")))
+                    table = self._apply_delta(table, self.files.read_delta(v, version, 0, rows=False))
                 self._deltas_since_snapshot += version - base
                 self.tables = {version: table}
             else:
-                self.tables = {version: self._load_table(version)}
+                self.tables = {version: self._load(version)}
         elif version < self.loaded_version:   # a re-run: forget the versions after it
             self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - (self.loaded_version - version))
             self.tables = {v: t for v, t in self.tables.items() if v <= version}
         self.loaded_version = version
         return self.tables[version]
 
-    def _load_table(self, version: int) -> pa.Table:
+    def _load(self, version: int) -> pa.Table:
         if version == 0:
             self._deltas_since_snapshot = 0
             return self.empty()
-        files = self._list_files()
-        snapshots = [v for v, kind in files if kind == "snapshot" and v <= version]
-        start = max(snapshots) if snapshots else 0
-        table = self._rows(self._read_table(self._file(start, "snapshot"))) if start else self.empty()
+        start = self.files.newest_snapshot(version)
+        table = self._rows(self.files.read_table(start, "snapshot")) if start else self.empty()
         for v in range(start + 1, version + 1):
-            path = self._file(v, "delta")
-            try:
-                delta = self._read_table(path)
-            except FileNotFoundError:
-                raise self._missing_delta(path, version, start) from None
-            table = self._apply_delta(table, delta)
+            table = self._apply_delta(table, self.files.read_delta(v, version, start, rows=False))
         self._deltas_since_snapshot = version - start
         log.info("Loaded state store %s version %d (snapshot %d + %d deltas, %d keys)",
-                 self.id, version, start, version - start, table.num_rows)
+                 self.files.id, version, start, version - start, table.num_rows)
         return table
 
     def _apply_delta(self, table: pa.Table, delta: pa.Table) -> pa.Table:
@@ -151,17 +150,17 @@ class TableStateStoreProvider(MapStateStoreProvider):
             return self.empty()
         return pa.Table.from_arrays(columns, names=names)
 
-    def commit_table(self, version: int, table: pa.Table, added: pa.Table, removed: pa.Table) -> int:
+    def commit(self, version: int, table: pa.Table, added: pa.Table, removed: pa.Table) -> int:
         """Make ``table`` version ``version + 1``: its delta file holds the ``added`` rows
         and the ``removed`` keys (null values). Returns the commit time in ms."""
         started = time.monotonic()
         keys = pa.concat_tables([added.select(self.key_names), removed.select(self.key_names)])
         values = added.select(self.value_names)
         valid = pa.array(np.arange(added.num_rows + removed.num_rows) < added.num_rows)
-        self._write_arrays(self._file(version + 1, "delta"),
-                           self._struct(keys, self.key_names, self.key_schema),
-                           self._struct(values, self.value_names, self.value_schema,
-                                        length=len(valid), mask=pc.invert(valid)))
+        self.files.write_arrays(version + 1, "delta",
+                                self._struct(keys, self.key_names, self.files.key_schema),
+                                self._struct(values, self.value_names, self.files.value_schema,
+                                             length=len(valid), mask=pc.invert(valid)))
         self.tables[version + 1] = table
         for old in [v for v in self.tables if v <= version + 1 - max(1, self.conf.max_versions_in_memory)]:
             del self.tables[old]
@@ -169,7 +168,7 @@ class TableStateStoreProvider(MapStateStoreProvider):
         self._deltas_since_snapshot += 1
         if self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot:
             self._snapshot(version + 1, table)
-            self.cleanup()
+            self.files.cleanup()
         return int((time.monotonic() - started) * 1000)
 
     def _struct(self, table: pa.Table, names: list[str], schema: pa.Schema, length: int | None = None,
@@ -189,15 +188,77 @@ class TableStateStoreProvider(MapStateStoreProvider):
 
     def _snapshot(self, version: int, table: pa.Table) -> None:
         started = time.monotonic()
-        self._write_arrays(self._file(version, "snapshot"),
-                           self._struct(table, self.key_names, self.key_schema),
-                           self._struct(table, self.value_names, self.value_schema))
+        self.files.write_arrays(version, "snapshot",
+                                self._struct(table, self.key_names, self.files.key_schema),
+                                self._struct(table, self.value_names, self.files.value_schema))
         self._deltas_since_snapshot = 0
-        log.info("Written snapshot file for version %d of %s at %s in %d ms", version, self.id,
-                 self._file(version, "snapshot"), (time.monotonic() - started) * 1000)
+        log.info("Written snapshot file for version %d of %s at %s in %d ms", version, self.files.id,
+                 self.files.path(version, "snapshot"), (time.monotonic() - started) * 1000)
 
 
-def get_table_provider(store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
-                       conf: StateStoreConf) -> TableStateStoreProvider:
-    """The table provider of ``store_id`` in this process (the cache of ``map_provider``)."""
-    return cached_provider(TableStateStoreProvider, store_id, key_schema, value_schema, conf)
+class TableChanges:
+    """One version of a store changed a batch at a time in the table form: the rows of
+    the version not removed yet (``base``), the rows added, the rows removed."""
+
+    def __init__(self, versions: TableVersions, version: int):
+        self.versions = versions
+        self.version = version
+        self.base = versions.table(version)
+        self.added = versions.empty()
+        self.removed = versions.empty()
+        self.inserted = 0
+        self.removed_count = 0
+
+    def insert_new(self, keys: pa.Table, values: pa.Table | None) -> np.ndarray:
+        """``StateStore.insert_new``: a group-by finds each key's first row, an anti join
+        against the store the new ones."""
+        names, files = self.versions.key_names, self.versions.files
+        n = keys.num_rows
+        table = pa.Table.from_arrays([keys.column(i).cast(f.type) for i, f in enumerate(files.key_schema)],
+                                     names=names)
+        table = table.append_column("__row", pa.array(np.arange(n, dtype=np.int64)))
+        first = table
+        if n:
+            first = table.group_by(names, use_threads=False).aggregate([("__row", "min")])
+            first = first.select(names + ["__row_min"]).rename_columns(names + ["__row"])
+        current = pa.concat_tables([self.base, self.added]) if self.added.num_rows else self.base
+        new = anti_join(first, current, names)
+        rows = new.column("__row")
+        new = new.select(names)
+        for i, (name, field) in enumerate(zip(self.versions.value_names, files.value_schema)):
+            column = values.column(i).take(rows) if values is not None else pa.nulls(len(rows), field.type)
+            new = new.append_column(name, column.cast(field.type))
+        self.added = pa.concat_tables([self.added, new]) if self.added.num_rows else new
+        self.inserted += new.num_rows
+        keep = np.zeros(n, bool)
+        keep[rows.to_numpy()] = True
+        return keep
+
+    def remove_at_or_below(self, bound: int, column: str) -> int:
+        def due(t: pa.Table) -> pa.Array:
+            return pc.fill_null(pc.less_equal(t.column(column), bound), False)
+        base_due = due(self.base)
+        expired = self.base.filter(base_due)
+        count = expired.num_rows
+        if count:
+            self.removed = pa.concat_tables([self.removed, expired])
+            self.base = self.base.filter(pc.invert(base_due))
+        if self.added.num_rows:
+            added_due = due(self.added)
+            added_count = pc.sum(added_due).as_py() or 0
+            if added_count:
+                self.added = self.added.filter(pc.invert(added_due))
+                count += added_count
+        self.removed_count += count
+        return count
+
+    def num_keys(self) -> int:
+        return self.base.num_rows + self.added.num_rows
+
+    def commit(self) -> tuple[pa.Table, int]:
+        """Commit version ``version + 1``: the new table and the commit time in ms."""
+        following = pa.concat_tables([self.base, self.added]).combine_chunks()
+        removed = self.removed
+        if removed.num_rows and self.added.num_rows:   # a key removed, then added again: added
+            removed = anti_join(removed, self.added, self.versions.key_names)
+        return following, self.versions.commit(self.version, following, self.added, removed)

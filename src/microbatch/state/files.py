@@ -1,0 +1,218 @@
+"""The state files and the one encoding of keys and values (docs/design.md, section 4).
+
+Every provider writes the same files, so each reads what another wrote and the
+state reader reads them all. In ``<checkpoint>/state/<op>/<partition>[/<store>]/``:
+
+- ``<v>.delta.arrow``: the changes that make version v from v-1: columns ``key``
+  (a struct of the key schema) and ``value`` (a struct of the value schema; null
+  marks a removed key).
+- ``<v>.snapshot.arrow``: every key and value of version v, same columns.
+
+Both are Arrow IPC streams (lz4 or zstd, ``spark.sql.streaming.stateStore.compression.codec``),
+written whole through the checkpoint's storage layer (``checkpoint/fs.py``), so a
+reader never sees a partial file. A version is loaded from the newest snapshot at
+or below it plus the deltas after that; clean-up deletes the files no version
+among the last ``minBatchesToRetain`` needs.
+
+In memory a key or a value is a tuple of plain Python values in the order of its
+schema: timestamps as int64 microseconds, structs and lists as tuples in keys
+(so they hash). ``state_values`` turns an Arrow column into such values; every
+operator and provider goes through it and through ``to_struct_array`` /
+``from_struct_array``.
+"""
+from __future__ import annotations
+
+import re
+from itertools import repeat
+from operator import countOf, is_
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from microbatch.errors import CheckpointError
+
+#: The value of a key removed in a version (a null ``value`` in a file).
+REMOVED = object()
+_FILE = re.compile(r"^(\d+)\.(delta|snapshot)\.arrow$")
+
+
+# -- the encoding of keys and values ------------------------------------------------
+def storage_type(t: pa.DataType) -> pa.DataType:
+    """How a value of Arrow type ``t`` is kept in the state: timestamps as int64 micros."""
+    if pa.types.is_timestamp(t):
+        return pa.int64()
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, storage_type(f.type), f.nullable) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        field = t.value_field
+        return pa.list_(pa.field(field.name, storage_type(field.type), field.nullable))
+    if pa.types.is_map(t):
+        return pa.map_(storage_type(t.key_type), storage_type(t.item_type))
+    return t
+
+
+def hashable(value):
+    """A nested value as a key can hold it: structs (dicts) and lists become tuples."""
+    if isinstance(value, dict):
+        return tuple(hashable(v) for v in value.values())
+    if isinstance(value, list):
+        return tuple(hashable(v) for v in value)
+    return value
+
+
+def _flat(kind: pa.DataType) -> bool:
+    return pa.types.is_primitive(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind) \
+        or pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_decimal(kind)
+
+
+def state_values(column: pa.Array, storage: pa.DataType | None = None, as_key: bool = False) -> list:
+    """An Arrow column as state values: cast to its storage type (timestamps become int64
+    µs), numbers through numpy when they have no nulls, nested values of a key as tuples."""
+    storage = storage_type(column.type) if storage is None else storage
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.type != storage:
+        column = column.cast(storage)
+    if column.null_count == 0 and (pa.types.is_integer(storage) or pa.types.is_floating(storage)):
+        return column.to_numpy().tolist()
+    values = column.to_pylist()
+    if as_key and not _flat(storage):
+        values = [hashable(v) for v in values]
+    return values
+
+
+def from_state_values(values: list, storage: pa.DataType, target: pa.DataType) -> pa.Array:
+    """State values back to an Arrow column of ``target`` (their storage type cast back)."""
+    array = pa.array(values, type=storage)
+    return array if storage == target else array.cast(target)
+
+
+def to_struct_array(rows: list, schema: pa.Schema) -> pa.Array:
+    """Tuples (None or ``REMOVED`` for a null struct) -> a struct array of ``schema``, column
+    by column (``zip(*rows)`` transposes at C speed)."""
+    if REMOVED in rows:
+        rows = [None if r is REMOVED else r for r in rows]
+    nulls = countOf(rows, None)
+    mask = pa.array(list(map(is_, rows, repeat(None))), type=pa.bool_()) if nulls else None
+    if nulls:
+        empty = (None,) * len(schema)
+        rows = [empty if r is None else r for r in rows]
+    transposed = list(zip(*rows)) if rows else [()] * len(schema)
+    columns = [pa.array(values, type=f.type) for values, f in zip(transposed, schema)]
+    if not columns:   # a struct without fields: only its length and validity
+        return pa.StructArray.from_arrays([], fields=[], mask=mask if mask is not None
+                                          else pa.array([False] * len(rows), type=pa.bool_()))
+    return pa.StructArray.from_arrays(columns, fields=list(schema), mask=mask)
+
+
+def from_struct_array(array: pa.Array, keys: bool = False) -> list:
+    """A struct array -> tuples (None for a null struct); ``keys``: nested values as tuples."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    valid = array.is_valid().to_pylist()
+    columns = [state_values(column, column.type, as_key=keys) for column in array.flatten()]
+    return [tuple(values) if ok else None for ok, values in zip(valid, zip(*columns))] \
+        if columns else [() if ok else None for ok in valid]
+
+
+# -- the files of one store ---------------------------------------------------------------
+class StateFiles:
+    """The delta and snapshot files of one store, read and written through the
+    checkpoint's storage layer (``conf.fs``)."""
+
+    def __init__(self, store_id, key_schema: pa.Schema, value_schema: pa.Schema, conf):
+        self.id = store_id
+        self.key_schema = key_schema
+        self.value_schema = value_schema
+        self.conf = conf
+        self.schema = pa.schema([pa.field("key", pa.struct(list(key_schema))),
+                                 pa.field("value", pa.struct(list(value_schema)))])
+
+    def path(self, version: int, kind: str) -> str:
+        return f"{self.id.path}/{version}.{kind}.arrow"
+
+    def exists(self, version: int, kind: str) -> bool:
+        return self.conf.fs.exists(self.path(version, kind))
+
+    def list(self) -> list[tuple[int, str]]:
+        """(version, kind) of every state file, oldest first, snapshots before deltas."""
+        files = []
+        for name in self.conf.fs.list(self.id.path):
+            m = _FILE.match(name)
+            if m:
+                files.append((int(m.group(1)), m.group(2)))
+        return sorted(files, key=lambda f: (f[0], f[1] != "snapshot"))
+
+    def newest_snapshot(self, version: int) -> int:
+        """The newest snapshot at or below ``version`` (0: none)."""
+        return max((v for v, kind in self.list() if kind == "snapshot" and v <= version), default=0)
+
+    def write_rows(self, version: int, kind: str, keys: list, values: list) -> None:
+        """Write key tuples and value tuples (``REMOVED``: a removed key) as one file."""
+        self.write_arrays(version, kind, to_struct_array(keys, self.key_schema),
+                          to_struct_array(values, self.value_schema))
+
+    def write_arrays(self, version: int, kind: str, keys: pa.Array, values: pa.Array) -> None:
+        """Write a state file from its ``key`` and ``value`` struct arrays, whole: a
+        reader sees the old file or the new one. A re-commit writes the same content."""
+        batch = pa.RecordBatch.from_arrays([keys, values], schema=self.schema)
+        options = ipc.IpcWriteOptions(compression=self.conf.compression)
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, self.schema, options=options) as writer:
+            writer.write_batch(batch)
+        self.conf.fs.write_bytes(self.path(version, kind), sink.getvalue())
+
+    def read_table(self, version: int, kind: str) -> pa.Table:
+        """A state file as an Arrow table (columns ``key``, ``value``), checked;
+        FileNotFoundError when it does not exist."""
+        path = self.path(version, kind)
+        try:
+            table = ipc.open_stream(pa.py_buffer(self.conf.fs.read_bytes(path))).read_all()
+        except FileNotFoundError:
+            raise
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CheckpointError(
+                f"Error reading state file {path} of state store {self.id}: {e}. The file is "
+                "damaged; restore it from a backup, or start the query with a new checkpoint "
+                "location.") from e
+        if table.schema != self.schema:
+            raise CheckpointError(
+                f"The state file {path} has the schema {table.schema}, but the operator's state "
+                f"has {self.schema}. The query's stateful operator changed since the "
+                "checkpoint was written; use a new checkpoint location.")
+        return table
+
+    def read_rows(self, version: int, kind: str) -> list[tuple]:
+        """(key, value) pairs of a file; a removed key's value is ``REMOVED``."""
+        table = self.read_table(version, kind)
+        keys = from_struct_array(table.column("key"), keys=True)
+        values = from_struct_array(table.column("value"))
+        if None in values:
+            values = [REMOVED if v is None else v for v in values]
+        return list(zip(keys, values))
+
+    def read_delta(self, version: int, wanted: int, snapshot: int, rows: bool = True):
+        """Delta ``version`` (rows, or the table), or a clear error naming the file
+        when it is missing though version ``wanted`` needs it."""
+        try:
+            return self.read_rows(version, "delta") if rows else self.read_table(version, "delta")
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"Error reading delta file {self.path(version, 'delta')} of state store {self.id}: "
+                f"the file does not exist, but version {wanted} needs it (the newest snapshot at "
+                f"or below it is {snapshot or 'none'}). The state of this checkpoint is "
+                "incomplete; restore the file or use a new checkpoint location.") from None
+
+    def cleanup(self) -> None:
+        """Delete files no version among the last ``minBatchesToRetain`` needs."""
+        files = self.list()
+        if not files:
+            return
+        earliest = files[-1][0] - self.conf.min_versions_to_retain
+        if earliest <= 0:
+            return
+        snapshots = [v for v, kind in files if kind == "snapshot" and v <= earliest]
+        keep_from = max(snapshots) if snapshots else 0
+        for v, kind in files:
+            if v < keep_from or (v == keep_from and kind == "delta" and snapshots):
+                self.conf.fs.delete(self.path(v, kind))
