@@ -135,6 +135,51 @@ def test_unknown_credentials_fail_at_start_without_the_secret(ss, spark, s3):
     assert SECRET not in str(raised.value) and "nobody" not in str(raised.value)
 
 
+def test_credentials_without_write_access_fail_at_start_and_write_nothing(ss, spark, s3):
+    """IAM users of the S3 endpoint: one may only read the bucket, one may read and write
+    but not delete. Each gets a clear error at start naming the location and the
+    permission it lacks; the read-only one leaves the bucket as it was."""
+    import json
+    with s3_server(authenticate=8) as endpoint:
+        admin = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "admin",
+                 "aws_secret_access_key": "admin"}
+        boto3.client("s3", **admin).create_bucket(Bucket="shared")
+        iam = boto3.client("iam", **admin)
+        users = {}
+        for user, actions in (("reader", ["s3:GetObject", "s3:ListBucket"]),
+                              ("writer", ["s3:GetObject", "s3:ListBucket", "s3:PutObject"])):
+            iam.create_user(UserName=user)
+            iam.put_user_policy(UserName=user, PolicyName="access", PolicyDocument=json.dumps(
+                {"Version": "2012-10-17",
+                 "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]}))
+            users[user] = iam.create_access_key(UserName=user)["AccessKey"]
+        expected = {"reader": r"'s3://shared/q': these credentials cannot write to it \(Access Denied\)",
+                    "writer": r"'s3://shared/q': these credentials cannot delete objects under it"}
+        try:
+            for user, message in expected.items():
+                overrides = {"spark.hadoop.fs.s3a.endpoint": endpoint,
+                             "spark.hadoop.fs.s3a.access.key": users[user]["AccessKeyId"],
+                             "spark.hadoop.fs.s3a.secret.key": users[user]["SecretAccessKey"]}
+                for key, value in overrides.items():
+                    spark.conf.set(key, value)
+                with pytest.raises(CheckpointError, match=message) as raised:
+                    (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load().writeStream
+                     .format("noop").option("checkpointLocation", "s3://shared/q").start())
+                assert users[user]["SecretAccessKey"] not in str(raised.value)
+                listed = [o["Key"] for o in boto3.client(
+                    "s3", endpoint_url=endpoint, region_name="us-east-1",
+                    aws_access_key_id=users[user]["AccessKeyId"],
+                    aws_secret_access_key=users[user]["SecretAccessKey"]).list_objects_v2(
+                        Bucket="shared").get("Contents", [])]
+                if user == "reader":
+                    assert listed == []           # nothing written
+                else:                             # only the probe, which the error names
+                    assert len(listed) == 1 and listed[0] in str(raised.value)
+        finally:
+            for key, value in s3[1].items():
+                spark.conf.set(key, value)
+
+
 def windowed_counts(session, src, out, ckpt):
     counts = (session.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
               .withColumn("ts", F.timestamp_seconds("id")).withWatermark("ts", "50 seconds")

@@ -345,3 +345,51 @@ def test_a_new_run_does_not_trust_the_state_an_earlier_run_left_in_memory(tmp_pa
         assert read(load_provider(store_id, key_schema, value_schema, second), 1) == [5], commit
         shutil.rmtree(tmp_path / "state")
         unload_all()
+
+
+def test_a_partition_moving_between_executors_gets_the_same_answers(tmp_path):
+    """A partition's task runs on executor A for batch 0, on B for 1, on A again for 2
+    (whose memory still holds version 1), is retried on B (committing version 3 a second
+    time), then runs on A for 3, and on B again for 4. Each executor is a provider of its
+    own, as in another process. In both memory forms the stores answer as one provider
+    that saw every batch, and the files read back to the same state."""
+    key_schema, value_schema = pa.schema([("id", pa.int64())]), pa.schema([("n", pa.int64())])
+    batches = [[1, 2, 2], [2, 3], [3, 4, 1], [5, 1], [6, 2]]
+    # (executor, batch) in the order the tasks run; batch 2 runs twice (a retried task)
+    schedule = [("A", 0), ("B", 1), ("A", 2), ("B", 2), ("A", 3), ("B", 4)]
+
+    def run_rows(provider, version, ids):
+        """Count per id, key by key; the emitted counts."""
+        store = provider.get_store(version)
+        out = []
+        for i in ids:
+            current = store.get((i,))
+            store.put((i,), ((current[0] if current else 0) + 1,))
+            out.append(store.get((i,))[0])
+        store.commit()
+        return out
+
+    def run_bulk(provider, version, ids):
+        """Keep the first row of each id never seen; drop ids <= version - 2."""
+        store = provider.get_store(version)
+        new = store.insert_new(pa.table({"id": pa.array(ids, pa.int64())}),
+                               pa.table({"n": pa.array([version] * len(ids), pa.int64())}))
+        store.remove_at_or_below(version - 2, key_field=0)
+        store.commit()
+        return [i for i, keep in zip(ids, new) if keep]
+
+    for run in (run_rows, run_bulk):
+        conf = StateStoreConf(run_id="run", min_deltas_for_snapshot=2)
+        reference = MapStateStoreProvider(StateStoreId(str(tmp_path / run.__name__ / "ref"), 0, 0),
+                                          key_schema, value_schema, conf)
+        store_id = StateStoreId(str(tmp_path / run.__name__ / "moving"), 0, 0)
+        executors = {name: MapStateStoreProvider(store_id, key_schema, value_schema, conf) for name in "AB"}
+        expected = {}
+        for executor, batch in schedule:
+            answer = run(executors[executor], batch, batches[batch])
+            if batch not in expected:
+                expected[batch] = run(reference, batch, batches[batch])
+            assert answer == expected[batch], (run.__name__, executor, batch)
+        final = dict(reference.get_store(5).iterator())
+        for provider in (*executors.values(), MapStateStoreProvider(store_id, key_schema, value_schema, conf)):
+            assert dict(provider.get_store(5).iterator()) == final, run.__name__

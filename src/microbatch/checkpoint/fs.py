@@ -67,6 +67,10 @@ class CheckpointFileSystem:
         with open(path, "r", encoding="utf-8") as f:
             return f.read()
 
+    def find(self, path: str) -> list[str]:
+        """Paths of every file below a directory (recursively); empty when it does not exist."""
+        return [os.path.join(d, name) for d, _, names in os.walk(path) for name in names]
+
     def stat(self, path: str) -> tuple[int, int] | None:
         """(size in bytes, modification time in ms) of a file, or None if it is not there."""
         try:
@@ -203,6 +207,11 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
     def read_text(self, path: str) -> str:
         return self._fs.cat_file(self._key(path)).decode("utf-8")
 
+    def find(self, path: str) -> list[str]:
+        key = self._key(path).rstrip("/")
+        self._fs.invalidate_cache(key)
+        return [f"{self.scheme}://{k}" for k in self._fs.find(key)]
+
     def stat(self, path: str) -> tuple[int, int] | None:
         try:
             info = self._fs.info(self._key(path), refresh=True)
@@ -235,10 +244,26 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
             pass
 
     def check_reachable(self, location: str) -> None:
-        """At start: the bucket must exist and be readable with the credentials given."""
+        """At start: the bucket must exist, and the credentials given must read it and
+        write and delete under the location (a probe object, deleted at once)."""
         bucket = urlparse(location).netloc
         try:
             self._fs.ls(bucket, detail=False, refresh=True)
+            probe = f"{self._key(location).rstrip('/')}/.microbatch-write-probe-{uuid.uuid4().hex}"
+            try:
+                self._fs.pipe_file(probe, b"")
+            except PermissionError as e:
+                raise CheckpointError(
+                    f"Checkpoint location '{location}': these credentials cannot write to it "
+                    f"({_reason(e)}). Give them write and delete access (s3:PutObject, "
+                    "s3:DeleteObject) under the location.") from None
+            try:
+                self._fs.rm_file(probe)
+            except PermissionError as e:
+                raise CheckpointError(
+                    f"Checkpoint location '{location}': these credentials cannot delete objects "
+                    f"under it ({_reason(e)}), which the logs' clean-up needs. Give them "
+                    f"s3:DeleteObject there (and remove the probe object {self.scheme}://{probe}).") from None
         except FileNotFoundError:
             raise CheckpointError(
                 f"Checkpoint location '{location}': the bucket '{bucket}' does not exist. "

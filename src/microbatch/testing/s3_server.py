@@ -4,8 +4,9 @@
         ...
 
 Needs ``moto[server]`` (the ``test`` extra). The server is a separate process, killed
-when the block ends. ``authenticate=True``: after its first request (e.g. creating a
-bucket), the server refuses keys it does not know, as S3 does.
+when the block ends. ``authenticate=N``: after its first N requests (e.g. creating a
+bucket, an IAM user, its policy and its access key), the server checks every request's
+keys and the IAM policies of their user, as S3 does (``True``: after one request).
 """
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ from typing import Iterator
 
 
 @contextlib.contextmanager
-def s3_server(timeout_s: float = 30.0, authenticate: bool = False) -> Iterator[str]:
+def s3_server(timeout_s: float = 30.0, authenticate: bool | int = False) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
                                "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "1"}
+                              env={**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": str(int(authenticate))}
                                                     if authenticate else {})})
     try:
         deadline = time.monotonic() + timeout_s
