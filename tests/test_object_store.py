@@ -6,6 +6,7 @@ Spark here has no hadoop-aws jar, so the query's input and output data stay on l
 disk; only the checkpoint is on S3."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -210,3 +211,104 @@ def test_stateful_query_keeps_its_state_on_s3(ss, spark, s3, tmp_path):
     assert rows(str(tmp_path / "out")) == rows(str(tmp_path / "local_out")) and len(rows(str(tmp_path / "out"))) >= 3
     state_rows = ss.read.format("statestore").load(ckpt).count()
     assert state_rows == ss.read.format("statestore").load(str(tmp_path / "local_ckpt")).count()
+
+
+def manifest_batches(read_text, path: str, batches: int) -> list[list[str]]:
+    """The files each ``_spark_metadata/N`` lists (N < ``batches``), by ``read_text(path)``."""
+    out = []
+    for n in range(batches):
+        lines = read_text(f"{path}/_spark_metadata/{n}").split("\n")
+        assert lines[0] == "v1"
+        out.append(sorted(json.loads(line)["path"] for line in lines[1:] if line))
+    return out
+
+
+def test_file_sink_on_s3_commits_through_its_manifest_without_renames(ss, spark, s3, tmp_path):
+    """The file sink writes to s3:// in place: each batch's files at their final names
+    (batch id and attempt in the name), the _spark_metadata entry as the commit. Batch by
+    batch, the rows (parquet, partitioned) and the lines (json, csv with a header) are
+    those Spark's own engine writes for the same query into a local directory."""
+    import io
+    import pyarrow.parquet as pq
+    client, _ = s3
+    src = str(tmp_path / "in")
+    write_json_files(src, 0, 3)
+    fs = storage_for(f"s3://{BUCKET}/sink", {**s3[1]})
+    cases = [("parquet", ["name"], {}), ("json", [], {}), ("csv", [], {"header": "true"})]
+    for fmt, partition_by, options in cases:
+        theirs, ours = str(tmp_path / f"spark-{fmt}"), f"s3://{BUCKET}/sink/{fmt}"
+        for engine, out in ((spark, theirs), (ss, ours)):
+            query = (engine.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
+                     .writeStream.format(fmt).options(**options).partitionBy(*partition_by)
+                     .option("checkpointLocation", str(tmp_path / f"ckpt-{fmt}-{engine is ss}"))
+                     .trigger(availableNow=True).start(out))
+            query.awaitTermination(120)
+            assert query.exception() is None
+        mine = manifest_batches(fs.read_text, ours, 3)
+        spark_files = manifest_batches(lambda p: open(p).read(), theirs, 3)
+        for n, (files, reference) in enumerate(zip(mine, spark_files)):
+            assert files and all(f.startswith(ours + "/") and f"-{n}-" in f.rsplit("/", 1)[1] for f in files)
+            if fmt == "parquet":
+                def rows(paths, read):
+                    found = []
+                    for p in paths:
+                        name = p.split("/")[-2].split("=", 1)[1]
+                        found += [(r["id"], name) for r in pq.read_table(io.BytesIO(read(p))).to_pylist()]
+                    return sorted(found)
+                assert rows(files, fs.read_bytes) == \
+                    rows(reference, lambda p: open(p.replace("file://", ""), "rb").read()), n
+                assert all(f.endswith(".snappy.parquet") and "/name=n" in f for f in files)
+            else:
+                def lines(paths, read):
+                    return sorted(line for p in paths for line in read(p).splitlines())
+                assert lines(files, fs.read_text) == \
+                    lines(reference, lambda p: open(p.replace("file://", "")).read()), (fmt, n)
+        # every data object is one the manifest lists: nothing was staged or left behind
+        data = [k for k in keys(client, f"sink/{fmt}/") if not k.startswith("_spark_metadata/")]
+        assert sorted(f"{ours}/{k}" for k in data) == sorted(f for batch in mine for f in batch)
+
+
+def test_an_interrupted_attempt_on_s3_stays_invisible_and_is_removed(ss, spark, s3, tmp_path):
+    """A batch whose job fails after some tasks wrote their files: the files are listed by
+    no manifest entry; the restart removes them and writes the batch again, once."""
+    import os
+    src, flag = str(tmp_path / "in"), str(tmp_path / "fail")
+    rows = write_json_files(src, 0, 2, rows_per_file=4)
+    out = f"s3://{BUCKET}/interrupted"
+    fs = storage_for(out, {**s3[1]})
+
+    def run():
+        def check(i):
+            if i == 101 and os.path.exists(flag):     # one row of batch 1, while the flag is up
+                time.sleep(3)                         # (the other task writes its file first)
+                raise ValueError("injected failure in a task")
+            return i
+        checked = F.udf(check, "int")
+        query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
+                 .repartition(2).withColumn("id", checked("id"))
+                 .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "ckpt"))
+                 .trigger(availableNow=True).start(out))
+        try:
+            query.awaitTermination(120)
+        except StreamingQueryException:
+            pass
+        return query
+
+    open(flag, "w").close()
+    assert "injected failure" in str(run().exception())
+    assert [k.split("-")[0] for k in keys(s3[0], "interrupted/_microbatch_attempts/")] == ["1"]
+    assert fs.list(f"{out}/_spark_metadata") == ["0"]
+    committed = manifest_batches(fs.read_text, out, 1)[0]
+    orphans = [f"{out}/{k}" for k in keys(s3[0], "interrupted/") if k.startswith("part-")
+               and f"{out}/{k}" not in committed]
+    assert orphans and all(o.rsplit("/", 1)[1].startswith(("part-00000-1-", "part-00001-1-")) for o in orphans)
+    os.remove(flag)
+    assert run().exception() is None
+    listed = [f for batch in manifest_batches(fs.read_text, out, 2) for f in batch]
+    data = [f"{out}/{k}" for k in keys(s3[0], "interrupted/")
+            if not k.startswith("_spark_metadata/")]
+    assert sorted(data) == sorted(listed)            # the failed attempt's files are gone
+    import io
+    import pyarrow.parquet as pq
+    written = sorted(r["id"] for f in listed for r in pq.read_table(io.BytesIO(fs.read_bytes(f))).to_pylist())
+    assert written == sorted(r["id"] for r in rows)

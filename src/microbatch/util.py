@@ -147,5 +147,6 @@ def local_path(path: str, what: str) -> str:
         from microbatch.errors import UnsupportedOperationError
         raise UnsupportedOperationError(
             f"The {what} path '{path}' is not on the local file system. microbatch's file "
-            "source and sink read and write local paths (or file: URIs) only for now.")
+            "source reads local paths (or file: URIs); its file sink writes local paths and "
+            "s3://, s3a:// object stores.")
     return os.path.abspath(os.path.expanduser(path))

@@ -243,7 +243,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         except FileNotFoundError:
             pass
 
-    def check_reachable(self, location: str) -> None:
+    def check_reachable(self, location: str, what: str = "Checkpoint location") -> None:
         """At start: the bucket must exist, and the credentials given must read it and
         write and delete under the location (a probe object, deleted at once)."""
         bucket = urlparse(location).netloc
@@ -254,27 +254,27 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                 self._fs.pipe_file(probe, b"")
             except PermissionError as e:
                 raise CheckpointError(
-                    f"Checkpoint location '{location}': these credentials cannot write to it "
+                    f"{what} '{location}': these credentials cannot write to it "
                     f"({_reason(e)}). Give them write and delete access (s3:PutObject, "
                     "s3:DeleteObject) under the location.") from None
             try:
                 self._fs.rm_file(probe)
             except PermissionError as e:
                 raise CheckpointError(
-                    f"Checkpoint location '{location}': these credentials cannot delete objects "
+                    f"{what} '{location}': these credentials cannot delete objects "
                     f"under it ({_reason(e)}), which the logs' clean-up needs. Give them "
                     f"s3:DeleteObject there (and remove the probe object {self.scheme}://{probe}).") from None
         except FileNotFoundError:
             raise CheckpointError(
-                f"Checkpoint location '{location}': the bucket '{bucket}' does not exist. "
-                "Create it, or choose a checkpoint location in an existing bucket.") from None
+                f"{what} '{location}': the bucket '{bucket}' does not exist. "
+                "Create it, or choose a location in an existing bucket.") from None
         except PermissionError as e:
             raise CheckpointError(
-                f"Checkpoint location '{location}': access to bucket '{bucket}' is denied "
+                f"{what} '{location}': access to bucket '{bucket}' is denied "
                 f"({_reason(e)}). Give these credentials read and write access to it.") from None
         except OSError as e:
             raise CheckpointError(
-                f"Checkpoint location '{location}': cannot reach the store ({_reason(e)}). "
+                f"{what} '{location}': cannot reach the store ({_reason(e)}). "
                 "Check spark.hadoop.fs.s3a.endpoint and the credentials.") from None
 
 

@@ -20,20 +20,46 @@ the engine re-runs batch N under new file names. Staging directories left by a
 crash are removed before the next batch is written. The log's size is reported in progress
 (``sink.metrics``); the ``retention`` option drops entries of files older than
 it at the next compaction, as in Spark.
+
+On an object store (``s3://``, ``s3a://``; Spark here cannot write there, and a
+rename there is a copy) the batch is written in place, with no rename:
+
+1. as above;
+2. record the attempt: an empty object ``<out>/_microbatch_attempts/N-<attempt>``;
+3. Spark tasks write the batch's files straight to their final names
+   ``<out>/[k=v/]part-<task>-<N>-<attempt>-c000.<ext>`` through the storage layer
+   (parquet and orc by Arrow; json, csv and text as lines Spark's own ``to_json`` /
+   ``to_csv`` made), one PUT per file;
+4. write ``_spark_metadata/N`` listing them (the commit), then delete the record.
+
+Files of an attempt that did not commit are listed by no log entry, so readers never
+see them; before the next batch, each record left by a crash has its attempt's files
+deleted (unless the log shows the attempt committed), then the record.
+On local disk the staging-and-rename protocol stays: Spark's own writer with a rename
+is faster there than writing through Python tasks (``benchmarks/RESULTS.md``), and the
+layout is Spark's.
 """
 from __future__ import annotations
 
+import gzip
+import io
 import logging
 import os
 import shutil
+import time
 import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+from urllib.parse import urlparse
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from microbatch import spark_internals
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, SinkFileStatus)
-from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem, storage_for, storage_from_spec
 from microbatch.errors import (AnalysisException, ConcurrentUpdateError,
                                IllegalArgumentException)
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
@@ -42,6 +68,94 @@ from microbatch.util import conf_bool, local_path, time_string_as_ms
 log = logging.getLogger(__name__)
 
 STAGING_DIR = "_microbatch_staging"
+ATTEMPTS_DIR = "_microbatch_attempts"
+#: What Spark's S3A file system reports for an object (SinkFileStatus fields).
+OBJECT_BLOCK_REPLICATION, OBJECT_BLOCK_SIZE = 1, 32 * 1024 * 1024
+_OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n")
+#: Compression codecs of the in-place writer per format: option value -> (Arrow or
+#: Python codec, file name suffix), with Spark's defaults first.
+_CODECS = {
+    "parquet": {"snappy": ("snappy", ".snappy"), "none": ("none", ""), "uncompressed": ("none", ""),
+                "gzip": ("gzip", ".gz"), "zstd": ("zstd", ".zstd"), "lz4": ("lz4", ".lz4")},
+    "orc": {"snappy": ("snappy", ".snappy"), "none": ("uncompressed", ""), "uncompressed": ("uncompressed", ""),
+            "zlib": ("zlib", ".zlib"), "zstd": ("zstd", ".zstd"), "lz4": ("lz4", ".lz4")},
+    "text": {"none": (None, ""), "uncompressed": (None, ""), "gzip": ("gzip", ".gz")},
+}
+_EXTENSIONS = {"parquet": ".parquet", "orc": ".orc", "json": ".json", "csv": ".csv", "text": ".txt"}
+_STATUS_SCHEMA = "path STRING, size LONG, modificationTime LONG"
+
+
+def escape_path_name(value: str) -> str:
+    """A partition value as Spark writes it in a path (``ExternalCatalogUtils.escapePathName``)."""
+    special = set('"#%\'*/:=?\\\x7f{[]^')
+    return "".join(f"%{ord(c):02X}" if c in special or ord(c) < 0x20 else c for c in value)
+
+
+@dataclass(frozen=True)
+class InPlaceWriteTask:
+    """The Spark task of an in-place write: one partition's rows, grouped by the
+    partition columns (already strings), each group one file at its final name, written
+    whole through the storage layer. Yields a status row per file."""
+
+    root: str                         # the output directory, e.g. s3://bucket/out
+    fmt: str
+    batch_id: int
+    attempt: str
+    partition_columns: tuple[str, ...]
+    codec: str | None
+    suffix: str                       # codec suffix + extension, e.g. ".snappy.parquet"
+    header: str | None                # csv: the header line to write first
+    storage: tuple = field(repr=False, default=("file", ()))   # may hold credentials
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+        import pyarrow.compute as pc
+
+        batches = list(batches)
+        if not batches or not sum(b.num_rows for b in batches):
+            return
+        table = pa.Table.from_batches(batches)
+        task = TaskContext.get().partitionId()
+        groups = [((), table)]
+        if self.partition_columns:
+            distinct = table.select(list(self.partition_columns)).group_by(
+                list(self.partition_columns), use_threads=False).aggregate([]).to_pylist()
+            groups = []
+            for values in distinct:
+                mask = None
+                for name in self.partition_columns:
+                    value = values[name]
+                    test = pc.is_null(table.column(name)) if value is None \
+                        else pc.fill_null(pc.equal(table.column(name), value), False)
+                    mask = test if mask is None else pc.and_(mask, test)
+                groups.append((tuple(values[n] for n in self.partition_columns), table.filter(mask)))
+        fs = storage_from_spec(self.storage)
+        for values, rows in groups:
+            directory = self.root + "".join(
+                f"/{escape_path_name(n)}="
+                f"{'__HIVE_DEFAULT_PARTITION__' if v in (None, '') else escape_path_name(v)}"
+                for n, v in zip(self.partition_columns, values))
+            path = f"{directory}/part-{task:05d}-{self.batch_id}-{self.attempt}-c000{self.suffix}"
+            data = self._encode(rows.drop_columns(list(self.partition_columns)))
+            fs.write_bytes(path, data)
+            yield pa.RecordBatch.from_pylist(
+                [{"path": path, "size": len(data), "modificationTime": int(time.time() * 1000)}],
+                schema=pa.schema([("path", pa.string()), ("size", pa.int64()), ("modificationTime", pa.int64())]))
+
+    def _encode(self, rows: pa.Table) -> bytes:
+        sink = io.BytesIO()
+        if self.fmt == "parquet":
+            import pyarrow.parquet as pq
+            pq.write_table(rows, sink, compression=self.codec)
+        elif self.fmt == "orc":
+            import pyarrow.orc as orc
+            orc.write_table(rows, sink, compression=self.codec)
+        else:   # one column of lines Spark made (to_json, to_csv, or the text column)
+            lines = [("" if line is None else line) for line in rows.column(0).to_pylist()]
+            text = "".join(f"{line}\n" for line in ([self.header] if self.header else []) + lines)
+            data = text.encode("utf-8")
+            return gzip.compress(data) if self.codec == "gzip" else data
+        return sink.getvalue()
 #: Options of the sink itself; the rest go to Spark's batch writer.
 _SINK_OPTIONS = {"path", "checkpointlocation", "retention"}
 
@@ -50,13 +164,17 @@ class FileStreamSink(Sink):
     reads_batch_through = READS_SQL
 
     def __init__(self, spark: SparkSession, fmt: str, path: str, partition_by: list[str],
-                 options: dict[str, str], retention_ms: int | None, fs: CheckpointFileSystem):
+                 options: dict[str, str], retention_ms: int | None, fs: CheckpointFileSystem,
+                 in_place: bool = False):
         self.format = fmt
         self.path = path
         self.partition_by = partition_by
         self.writer_options = options
+        #: write each batch's files at their final names, the manifest as the commit
+        self.in_place = in_place
+        self.fs = fs
         self.file_log = FileStreamSinkLog(
-            os.path.join(path, SINK_METADATA_DIR), fs,
+            f"{path}/{SINK_METADATA_DIR}", fs,
             default_compact_interval=int(spark.conf.get(
                 "spark.sql.streaming.fileSink.log.compactInterval", "10")),
             cleanup_delay_ms=time_string_as_ms(spark.conf.get(
@@ -87,6 +205,9 @@ class FileStreamSink(Sink):
         if latest is not None and batch_id <= latest:
             log.info("Skipping already committed batch %d", batch_id)
             return
+        if self.in_place:
+            self._add_batch_in_place(batch_id, df)
+            return
         self._remove_stale_staging(batch_id)
         staging = os.path.join(self.staging_root, f"batch-{batch_id}-{uuid.uuid4()}")
         writer = df.write.format(self.format).options(**self.writer_options).mode("errorifexists")
@@ -94,19 +215,80 @@ class FileStreamSink(Sink):
             writer = writer.partitionBy(*self.partition_by)
         writer.save("file://" + staging)
         statuses = self._move_into_place(staging)
-        if not self.file_log.add(batch_id, statuses):
-            raise ConcurrentUpdateError(
-                f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id} "
-                f"({self.file_log.path}). Another query writes to the output directory "
-                f"'{self.path}'; give each query its own output directory.")
+        self._commit(batch_id, statuses)
         shutil.rmtree(staging, ignore_errors=True)
         try:
             os.rmdir(self.staging_root)
         except OSError:
             pass  # not empty: leftovers of another attempt, removed before a later batch
+        self._report(statuses)
+
+    def _commit(self, batch_id: int, statuses: list[SinkFileStatus]) -> None:
+        if not self.file_log.add(batch_id, statuses):
+            raise ConcurrentUpdateError(
+                f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id} "
+                f"({self.file_log.path}). Another query writes to the output directory "
+                f"'{self.path}'; give each query its own output directory.")
+
+    def _report(self, statuses: list[SinkFileStatus]) -> None:
         files, size = self.file_log.log_size()
         self._metrics = {"numOutputFiles": str(len(statuses)),
                          "metadataLogFiles": str(files), "metadataLogBytes": str(size)}
+
+    # -- in place (object stores) ---------------------------------------------------------
+    def _add_batch_in_place(self, batch_id: int, df: DataFrame) -> None:
+        self._remove_interrupted_attempts()
+        attempt = uuid.uuid4().hex[:12]
+        record = f"{self.path}/{ATTEMPTS_DIR}/{batch_id}-{attempt}"
+        self.fs.write_bytes(record, b"")
+        statuses = self._write_in_place(batch_id, attempt, df)
+        self._commit(batch_id, statuses)
+        self.fs.delete(record)
+        self._report(statuses)
+
+    def _remove_interrupted_attempts(self) -> None:
+        """Delete the files of attempts a crash left uncommitted (found by their records)."""
+        records = self.fs.list(f"{self.path}/{ATTEMPTS_DIR}")
+        if not records:
+            return
+        committed = " ".join(e.path for e in self.file_log.all_files())
+        everything = None
+        for record in records:
+            attempt = record.partition("-")[2]
+            if attempt and f"-{attempt}-c000" not in committed:
+                if everything is None:
+                    everything = [p for p in self.fs.find(self.path)
+                                  if f"/{SINK_METADATA_DIR}/" not in p and f"/{ATTEMPTS_DIR}/" not in p]
+                leftovers = [p for p in everything if f"-{attempt}-c000" in p.rsplit("/", 1)[-1]]
+                log.info("Removing %d files of an interrupted attempt (%s) of the file sink at %s",
+                         len(leftovers), record, self.path)
+                for path in leftovers:
+                    self.fs.delete(path)
+            self.fs.delete(f"{self.path}/{ATTEMPTS_DIR}/{record}")
+
+    def _write_in_place(self, batch_id: int, attempt: str, df: DataFrame) -> list[SinkFileStatus]:
+        options = {k.lower(): v for k, v in self.writer_options.items()}
+        data = [c for c in df.columns if c not in self.partition_by]
+        partitions = [F.col(_quoted(c)).cast("string").alias(c) for c in self.partition_by]
+        header = None
+        if self.format in ("parquet", "orc"):
+            prepared = df.select(*partitions, *[F.col(_quoted(c)) for c in data])
+        elif self.format == "json":
+            prepared = df.select(*partitions, F.to_json(F.struct(*[F.col(_quoted(c)) for c in data]),
+                                                         self.writer_options).alias("__line"))
+        elif self.format == "csv":
+            prepared = df.select(*partitions, F.to_csv(F.struct(*[F.col(_quoted(c)) for c in data]),
+                                                        self.writer_options).alias("__line"))
+            if options.get("header", "false").lower() == "true":
+                header = options.get("sep", options.get("delimiter", ",")).join(data)
+        else:
+            prepared = df.select(*partitions, F.col(_quoted(data[0])).alias("__line"))
+        codec, suffix = in_place_codec(self.format, options)
+        task = InPlaceWriteTask(self.path, self.format, batch_id, attempt, tuple(self.partition_by),
+                                codec, suffix + _EXTENSIONS[self.format], header, storage=self.fs.spec())
+        rows = prepared.mapInArrow(task, _STATUS_SCHEMA).collect()
+        return [SinkFileStatus(r.path, r.size, False, r.modificationTime, OBJECT_BLOCK_REPLICATION,
+                               OBJECT_BLOCK_SIZE, "add") for r in sorted(rows, key=lambda r: r.path)]
 
     def _move_into_place(self, staging: str) -> list[SinkFileStatus]:
         """Move the data files of a finished write from ``staging`` into the output directory."""
@@ -132,7 +314,23 @@ class FileStreamSink(Sink):
         return dict(self._metrics)
 
     def __str__(self) -> str:
-        return f"FileSink[file:{self.path}]"
+        return f"FileSink[{self.path}]" if self.in_place else f"FileSink[file:{self.path}]"
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def in_place_codec(fmt: str, options: dict[str, str]) -> tuple[str | None, str]:
+    """The codec and file-name suffix of the ``compression`` option for an in-place write."""
+    codecs = _CODECS.get(fmt, _CODECS["text"])
+    default = next(iter(codecs)) if fmt in ("parquet", "orc") else "none"
+    name = options.get("compression", options.get("codec", default)).lower()
+    if name not in codecs:
+        raise IllegalArgumentException(
+            f"Codec [{name}] is not available for the {fmt} sink on an object store. Known "
+            f"codecs are {', '.join(sorted(codecs))}.")
+    return codecs[name]
 
 
 class FileSinkProvider(SinkProvider):
@@ -150,7 +348,15 @@ class FileSinkProvider(SinkProvider):
             raise spark_internals.spark_error(
                 "AnalysisException", "STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE",
                 outputMode=context.output_mode, className=self.short_name)
-        path = local_path(options["path"], "output")
+        raw = options["path"]
+        in_place = urlparse(raw).scheme.lower() in _OBJECT_STORE_SCHEMES
+        if in_place:
+            spark = context.spark
+            fs = storage_for(raw, {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll})
+            path = fs.resolve(raw)
+        else:
+            fs = context.fs
+            path = local_path(raw, "output")
         columns = context.schema.fieldNames()
         lowered = {c.lower(): c for c in columns}
         partition_by = []
@@ -167,6 +373,23 @@ class FileSinkProvider(SinkProvider):
                     "Text data source supports only a single column of type string, and the "
                     f"query writes {', '.join(f'{f.name} {f.dataType.simpleString()}' for f in data)}. "
                     "Select one string column (e.g. with to_json or concat_ws) before the sink.")
+        writer_options = {k: v for k, v in options.as_dict().items() if k.lower() not in _SINK_OPTIONS}
+        if in_place:
+            in_place_codec(self.short_name, {k.lower(): v for k, v in writer_options.items()})
+            fs.check_reachable(path, "Output path")
+        else:
+            self._check_local_output(path)
+        retention_ms = None
+        if "retention" in options:
+            try:
+                retention_ms = time_string_as_ms(options["retention"])
+            except ValueError as e:
+                raise IllegalArgumentException(f"Invalid value for option 'retention': {e}") from None
+        return FileStreamSink(context.spark, self.short_name, path, partition_by, writer_options,
+                              retention_ms, fs, in_place=in_place)
+
+    @staticmethod
+    def _check_local_output(path: str) -> None:
         try:
             os.makedirs(os.path.join(path, SINK_METADATA_DIR), exist_ok=True)
             probe = os.path.join(path, SINK_METADATA_DIR, f".write-probe-{uuid.uuid4().hex}")
@@ -177,15 +400,6 @@ class FileSinkProvider(SinkProvider):
             raise AnalysisException(
                 f"Cannot write to the output directory '{path}': {e.strerror or e}. Make the "
                 "directory writable by this user, or choose another output path.") from e
-        retention_ms = None
-        if "retention" in options:
-            try:
-                retention_ms = time_string_as_ms(options["retention"])
-            except ValueError as e:
-                raise IllegalArgumentException(f"Invalid value for option 'retention': {e}") from None
-        writer_options = {k: v for k, v in options.as_dict().items() if k.lower() not in _SINK_OPTIONS}
-        return FileStreamSink(context.spark, self.short_name, path, partition_by, writer_options,
-                              retention_ms, context.fs)
 
 
 PROVIDERS = [FileSinkProvider(fmt) for fmt in FILE_FORMATS]
