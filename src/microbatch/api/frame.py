@@ -19,7 +19,8 @@ from pyspark.sql.types import StructType
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.plan.aggregation import plan_aggregation
-from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, Observe, PlanNode, StaticJoin,
+from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, Observe, PlanNode, StatefulNode,
+                                     StaticJoin, StreamingLimit,
                                      StreamingRelation, Transform, Union, Watermark)
 from microbatch.util import interval_to_ms
 
@@ -287,6 +288,7 @@ class StreamFrame:
         template = self._template.dropDuplicates(list(subset) if subset is not None else None)
         by_lower = {c.lower(): c for c in self.columns}
         keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
+        self._refuse_after_limit("A deduplication")
         return StreamFrame(self._session, Deduplicate(self._plan, keys), template)
 
     drop_duplicates = dropDuplicates
@@ -302,13 +304,27 @@ class StreamFrame:
         template = self._template.dropDuplicatesWithinWatermark(list(subset) if subset is not None else None)
         by_lower = {c.lower(): c for c in self.columns}
         keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
+        self._refuse_after_limit("A deduplication")
         return StreamFrame(self._session, Deduplicate(self._plan, keys, within_watermark=True), template)
 
     def distinct(self) -> "StreamFrame":
         return self.dropDuplicates()
 
-    def limit(self, num: int):
-        raise not_yet("limit")
+    def _refuse_after_limit(self, what: str) -> None:
+        if any(isinstance(n, StreamingLimit) for n in self._plan.nodes()):
+            raise not_yet(f"{what} after a limit (chained stateful operators)")
+
+    def limit(self, num: int) -> "StreamFrame":
+        """At most ``num`` rows. Over the stream's rows (appends): Spark's streaming limit,
+        whose count of rows let through is state kept across batches and restarts
+        (append mode). Over an aggregation: the limit of each batch's result (complete
+        mode, e.g. the top rows after ``orderBy``)."""
+        template = self._template.limit(num)   # PySpark's argument checks
+        if any(isinstance(n, Aggregate) for n in self._plan.nodes()):
+            return StreamFrame(self._session, Transform(self._plan, "limit", (num,)), template)
+        if any(isinstance(n, StatefulNode) for n in self._plan.nodes()):
+            raise not_yet("A limit after another stateful operator (chained stateful operators)")
+        return StreamFrame(self._session, StreamingLimit(self._plan, num), template)
 
     def orderBy(self, *cols: Any, **kwargs: Any) -> "StreamFrame":
         """Sorting works only on an aggregation in complete mode (checked at start)."""
@@ -371,6 +387,8 @@ class GroupedStream:
         template = apply(frame._template.groupBy(*self._keys))
         if any(isinstance(n, Aggregate) for n in frame._plan.nodes()):
             raise not_yet("A second aggregation after an aggregation (chained aggregations)")
+        if any(isinstance(n, StreamingLimit) for n in frame._plan.nodes()):
+            raise not_yet("An aggregation after a limit (chained stateful operators)")
         spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_")
         session = self._session_key(template, spec.key_names)
         key_index, is_window = self._event_time_key(template, spec.key_names, session)

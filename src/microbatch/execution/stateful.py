@@ -29,9 +29,10 @@ from pyspark.sql.types import StructType
 
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import (Aggregate, Deduplicate, Observe, PlanNode, StatefulNode,
-                                     Watermark)
+                                     StreamingLimit, Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
+from microbatch.state.limit_operator import LimitTask
 from microbatch.state.files import storage_type
 from microbatch.state.store import StateStoreConf
 
@@ -205,6 +206,13 @@ class BatchContext:
         keep = _row_filter_udf(task)(*arguments)
         return keyed.withColumn(KEEP_COLUMN, keep).filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN)
 
+    def limit(self, node: StreamingLimit, df: DataFrame) -> DataFrame:
+        """The batch's first ``n`` rows (a plain limit: one partition, the batch's order),
+        then the task that lets through only what the run's total leaves room for."""
+        op = self.operator_ids[node]
+        task = LimitTask(self.state_root, op, self.batch_id, node.limit, self.conf, self.accumulators[op])
+        return df.limit(node.limit).mapInArrow(task, df.schema)
+
     def aggregate(self, node: Aggregate, df: DataFrame) -> DataFrame:
         """Buffers per key in Spark, merged with the state per partition, then finalised."""
         spec = node.spec
@@ -267,8 +275,10 @@ class BatchContext:
 
     def partitions_of(self, node: StatefulNode) -> int:
         """State partitions of an operator: a global aggregation (or a session window
-        without other keys) has one."""
+        without other keys) and a limit have one."""
         if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
+            return 1
+        if isinstance(node, StreamingLimit):
             return 1
         return self.num_partitions
 
@@ -304,6 +314,8 @@ def operator_name(node: StatefulNode) -> str:
         return "dedupeWithinWatermark" if node.within_watermark else "dedupe"
     if isinstance(node, Aggregate):
         return "stateStoreSave" if node.session_index is None else "sessionWindowStateStoreSaveExec"
+    if isinstance(node, StreamingLimit):
+        return "globalLimit"
     return type(node).__name__
 
 
@@ -338,6 +350,9 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
         keys = [f for i, f in enumerate(fields[:count]) if i != node.session_index]
         sessions = StructType(list(session.fields) + list(fields[count:]))
         return StructType(keys), StructType([StructField("sessions", ArrayType(sessions))])
+    if isinstance(node, StreamingLimit):
+        from pyspark.sql.types import NullType
+        return StructType([StructField("key", NullType())]), StructType([StructField("value", LongType())])
     by_name = {f.name: f for f in child_schema.fields}
     key = StructType([by_name[k] for k in node.keys])
     within = isinstance(node, Deduplicate) and node.within_watermark

@@ -33,7 +33,7 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
     (the event-time column or a window over it), or no row could ever be final.
     Sorting needs an aggregation in complete mode.
     """
-    from microbatch.plan.logical import Aggregate, Transform
+    from microbatch.plan.logical import Aggregate, StreamingLimit, Transform
     aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
     if mode == "complete" and not aggregates:
         raise _mode_error("complete", "no streaming aggregations")
@@ -41,6 +41,13 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
         raise _mode_error("update", "session window streaming aggregations")
     if mode == "append" and any(a.event_time_key is None for a in aggregates):
         raise _mode_error("append", "streaming aggregations without watermark")
+    limits = [n for n in plan.nodes() if isinstance(n, StreamingLimit)
+              or (isinstance(n, Transform) and n.method == "limit")]
+    if limits and mode == "update":
+        raise AnalysisException(
+            "Limits are not supported on streaming DataFrames/Datasets in Update output mode;")
+    if mode == "append" and any(isinstance(n, Transform) for n in limits):
+        raise not_yet("A limit after an aggregation in append mode (chained stateful operators)")
     sorts = [n for n in plan.nodes() if isinstance(n, Transform) and n.method in ("orderBy", "sort")]
     if sorts and (mode != "complete" or not aggregates):
         raise AnalysisException(

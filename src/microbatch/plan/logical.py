@@ -309,3 +309,22 @@ class Aggregate(StatefulNode):
     def describe(self) -> str:
         outputs = ", ".join(name for name, _ in self.spec.outputs)
         return f"Aggregate [{', '.join(self.spec.key_names)}], [{outputs}]"
+
+
+@dataclass(eq=False)
+class StreamingLimit(StatefulNode):
+    """``limit(n)`` of a stream whose rows are appends (Spark's StreamingGlobalLimitExec over
+    a local limit): at most n rows over the whole run, the first ones of each batch in the
+    batch's order. Its state is one key (null) holding how many rows it let through."""
+
+    child: PlanNode
+    limit: int
+
+    def build(self, inputs, ctx=None):
+        df = self.child.build(inputs, ctx)
+        if ctx is None:
+            return df.limit(self.limit)
+        return ctx.limit(self, df)
+
+    def describe(self) -> str:
+        return f"StreamingGlobalLimit {self.limit}"

@@ -1,0 +1,102 @@
+"""limit(n) on a stream, on microbatch next to Spark's own engine, batch by batch."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import functions as F
+
+from stream_events import comparable, write_event_files
+
+# One file per batch: the limit of 5 is reached in the middle of the second file.
+EVENTS = [
+    [(1, "a"), (2, "b"), (3, "a")],
+    [(4, "c"), (5, "b"), (6, "a"), (7, "c")],
+    [(8, "a"), (9, "d")],
+    [(10, "d")],
+]
+
+
+@pytest.fixture
+def events(tmp_path):
+    return write_event_files(tmp_path / "events", EVENTS, lambda i, k: {"id": i, "k": k})
+
+
+def run(session, events, ckpt, transform, mode="append", files=None):
+    batches = []
+    frame = session.readStream.schema("id INT, k STRING").option("maxFilesPerTrigger", 1).json(events)
+    query = (transform(frame).writeStream.outputMode(mode)
+             .foreachBatch(lambda df, i: batches.append((i, [tuple(r) for r in df.collect()])))
+             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return batches, query.recentProgress
+
+
+def test_a_limit_of_appends_keeps_its_count_as_state(spark, ss, events, tmp_path):
+    def transform(frame):
+        return frame.where("id != 6").select("id", F.upper("k").alias("k")).limit(5)
+    theirs, their_progress = run(spark, events, tmp_path / "spark", transform)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", transform)
+    assert ours == theirs
+    assert [len(rows) for _, rows in ours] == [3, 2, 0, 0]
+    assert comparable(our_progress) == comparable(their_progress)
+    state = sorted(tuple(r) for r in ss.read.format("statestore").load(str(tmp_path / "microbatch")).collect())
+    assert state == [((None,), (5,), 0)]
+    schema = json.loads((tmp_path / "microbatch" / "state" / "0" / "_metadata" / "schema").read_text())
+    assert (schema["operatorName"], schema["keySchema"]["fields"][0]["type"],
+            schema["valueSchema"]["fields"][0]["type"]) == ("globalLimit", "void", "long")
+
+
+def test_the_limits_count_survives_a_restart(ss, events, tmp_path):
+    def transform(frame):
+        return frame.limit(4)
+    whole, _ = run(ss, events, tmp_path / "one-run", transform)
+    source = tmp_path / "events"
+    later = {}
+    for name in ("f2.json", "f3.json"):   # the first run sees two files
+        later[name] = (source / name).read_text(), (source / name).stat().st_mtime
+        (source / name).unlink()
+    first, _ = run(ss, events, tmp_path / "two-runs", transform)
+    for name, (text, mtime) in later.items():
+        (source / name).write_text(text)
+        import os
+        os.utime(source / name, (mtime, mtime))
+    second, _ = run(ss, events, tmp_path / "two-runs", transform)
+    assert first + second == whole
+    assert sum(len(rows) for _, rows in whole) == 4
+
+
+def test_a_limit_of_a_complete_aggregation_limits_each_result(spark, ss, events, tmp_path):
+    def transform(frame):
+        return frame.groupBy("k").count().orderBy(F.desc("count"), "k").limit(2)
+    theirs, their_progress = run(spark, events, tmp_path / "spark", transform, mode="complete")
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", transform, mode="complete")
+    assert ours == theirs and all(len(rows) <= 2 for _, rows in ours)
+    assert comparable(our_progress) == comparable(their_progress)
+
+
+def test_limits_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, events, tmp_path):
+    def start(session, transform, mode):
+        frame = session.readStream.schema("id INT, k STRING").json(events)
+        query = transform(frame).writeStream.outputMode(mode).format("noop") \
+            .option("checkpointLocation", str(tmp_path / f"ck-{id(session)}-{mode}")).start()
+        query.awaitTermination(60)
+        return query
+
+    update = (lambda frame: frame.limit(2)), "update"
+    with pytest.raises(Exception) as theirs:
+        start(spark, *update)
+    with pytest.raises(Exception) as ours:
+        start(ss, *update)
+    assert "Limits are not supported on streaming DataFrames/Datasets in Update output mode" in str(theirs.value)
+    assert type(ours.value).__name__ == type(theirs.value).__name__
+    assert str(ours.value).split(";")[0] in str(theirs.value)
+    # chained stateful operators: refused with a clear message until they are built
+    with pytest.raises(Exception, match="chained stateful operators"):
+        ss.readStream.schema("id INT, k STRING").json(events).limit(2).groupBy("k").count()
+    with pytest.raises(Exception, match="chained stateful operators"):
+        ss.readStream.schema("id INT, k STRING").json(events).dropDuplicates(["k"]).limit(2)
+    with pytest.raises(Exception, match="chained stateful operators"):
+        start(ss, lambda frame: frame.withColumn("ts", F.timestamp_seconds("id"))
+              .withWatermark("ts", "1 second").groupBy("ts").count().limit(2), "append")
