@@ -20,7 +20,7 @@ from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.plan.aggregation import plan_aggregation
 from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, Observe, PlanNode, StatefulNode,
-                                     StaticJoin, StreamingLimit,
+                                     StaticJoin, StreamingLimit, StreamJoin,
                                      StreamingRelation, Transform, Union, Watermark)
 from microbatch.util import interval_to_ms
 
@@ -224,7 +224,7 @@ class StreamFrame:
 
     def join(self, other: Any, on: Any = None, how: str | None = None) -> "StreamFrame":
         if isinstance(other, StreamFrame):
-            raise not_yet("A join of two streams (stream-stream join)")
+            return self._stream_join(other, on, how)
         if not isinstance(other, DataFrame):
             raise TypeError(f"join() needs a DataFrame, got {type(other).__name__}")
         if other.isStreaming:
@@ -240,6 +240,27 @@ class StreamFrame:
                 "left and a static DataFrame/Dataset on the right not supported")
         template = self._template.join(other, on, how)
         node = StaticJoin(self._plan, other, on, how or "inner", "left")
+        return StreamFrame(self._session, node, template)
+
+    def _stream_join(self, other: "StreamFrame", on: Any, how: str | None) -> "StreamFrame":
+        """A stream-stream join: inner, on column names both sides have, for now."""
+        kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
+        if kind is None:
+            raise IllegalArgumentException(f"Unsupported join type '{how}'.")
+        if kind != "inner":
+            raise not_yet(f"A stream-stream {kind} join", "stream-stream outer and semi joins")
+        names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
+        if not names or not all(isinstance(n, str) for n in names):
+            raise not_yet("A stream-stream join on a condition expression (not column names)",
+                          "stream-stream joins with time-range conditions")
+        for side in (self, other):
+            if any(isinstance(n, StatefulNode) for n in side._plan.nodes()):
+                raise not_yet("A stream-stream join of a stateful result (chained stateful operators)")
+        template = self._template.join(other._template, names, "inner")   # Spark's analysis
+        left = {c.lower(): c for c in self.columns}
+        keys = tuple(left[n.lower()] for n in names)
+        node = StreamJoin(self._plan, other._plan, keys, "inner")
+        check_source_names(node)
         return StreamFrame(self._session, node, template)
 
     def crossJoin(self, other: Any) -> "StreamFrame":

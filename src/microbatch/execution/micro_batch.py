@@ -49,7 +49,7 @@ from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Onc
                                            SingleBatchExecutor, Trigger)
 from microbatch.plan.incremental import IncrementalExecution, uses_current_time
 from microbatch.plan.logical import (Aggregate, Observe, PlanNode, StatefulNode, StreamingRelation,
-                                     Watermark)
+                                     StreamJoin, Watermark)
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER,
@@ -364,8 +364,12 @@ class MicroBatchExecution(StreamExecution):
         """(schema file, operator, key schema, value schema) of every stateful operator."""
         from microbatch.execution.stateful import state_schema
         inputs = {r: self._empty_batch(i) for i, r in enumerate(self.relations)}
+        def input_schema(node):
+            if isinstance(node, StreamJoin):
+                return node.left.build(inputs).schema, node.right.build(inputs).schema
+            return node.child.build(inputs).schema
         return [(f"{self.checkpoint_root}/state/{op}/_metadata/schema", node,
-                 *state_schema(node, node.child.build(inputs).schema))
+                 *state_schema(node, input_schema(node)))
                 for op, node in enumerate(self.stateful)]
 
     def _check_state_schemas(self) -> None:
@@ -640,7 +644,7 @@ class MicroBatchExecution(StreamExecution):
     def _update_watermark(self, ctx: BatchContext) -> dict | None:
         """Move the watermark from the batch's event times; return progress ``eventTime``."""
         used_ms = self.offset_seq_metadata.batch_watermark_ms
-        merged: dict[str, float] = {}
+        merged: dict[str, float] = {}   # the first watermark (plan order) that saw rows
         observed = [(node, self._observed(observation)) for node, observation in ctx.observations.items()]
         observed += [(node, aggregated_event_time(self._state_metrics[op].value))
                      for node, op in ctx.stats_operators.items()]
@@ -650,15 +654,9 @@ class MicroBatchExecution(StreamExecution):
             index = self.watermark_ids[node]
             candidate = int(stats["max"]) - node.delay_ms
             self._operator_watermarks[index] = max(self._operator_watermarks.get(index, candidate), candidate)
-            count = int(stats["count"])
-            if merged:
-                total = merged["count"] + count
-                merged["avg"] = (merged["avg"] * merged["count"] + float(stats["avg"]) * count) / total
-                merged.update(max=max(merged["max"], int(stats["max"])),
-                              min=min(merged["min"], int(stats["min"])), count=total)
-            else:
+            if not merged:   # progress shows the first watermark's statistics, as Spark's does
                 merged = {"max": int(stats["max"]), "min": int(stats["min"]),
-                          "avg": float(stats["avg"]), "count": count}
+                          "avg": float(stats["avg"]), "count": int(stats["count"])}
         if self._operator_watermarks:
             policy = self._batch_session.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min")
             values = self._operator_watermarks.values()
@@ -671,9 +669,11 @@ class MicroBatchExecution(StreamExecution):
         self._prev_batch_watermark_ms = used_ms
         # Spark's shouldRunAnotherBatch: a stateful operator with a watermark below it,
         # which evicts (not an aggregation in complete mode), and a watermark that moved.
+        # A stream-stream join only when it evicts by a watermarked join key.
         self._requires_another_batch = self.watermark_ms > ctx.eviction_watermark_ms and any(
             any(isinstance(n, Watermark) for n in node.nodes())
             and not (isinstance(node, Aggregate) and self.output_mode == "complete")
+            and not (isinstance(node, StreamJoin) and node.watermark_key() is None)
             for node in self.stateful)
         if not self.watermark_nodes:
             return None

@@ -29,9 +29,10 @@ from pyspark.sql.types import StructType
 
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import (Aggregate, Deduplicate, Observe, PlanNode, StatefulNode,
-                                     StreamingLimit, Watermark)
+                                     StreamingLimit, StreamJoin, Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
+from microbatch.state.join_operator import JoinTask
 from microbatch.state.limit_operator import LimitTask
 from microbatch.state.files import storage_type
 from microbatch.state.store import StateStoreConf
@@ -62,8 +63,9 @@ def stats_in_operator(stateful: list[StatefulNode]) -> frozenset:
     """Watermarks right below an aggregation (not a session window, which drops late rows
     before aggregating) or a deduplication: every row of theirs reaches the operator's
     partial aggregation or its task, which computes their event-time statistics."""
-    return frozenset(n.child for n in stateful if isinstance(n.child, Watermark) and (
-        isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None)))
+    return frozenset(n.child for n in stateful if (
+        isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None))
+        and isinstance(n.child, Watermark))
 
 
 def aggregated_event_time(metrics: dict) -> dict | None:
@@ -206,6 +208,59 @@ class BatchContext:
         keep = _row_filter_udf(task)(*arguments)
         return keyed.withColumn(KEEP_COLUMN, keep).filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN)
 
+    def stream_join(self, node: StreamJoin, left: DataFrame, right: DataFrame) -> DataFrame:
+        """Both sides' rows, tagged by side and hash-partitioned by the join keys into the
+        state partitions (as Spark distributes each side of its join), then the join's
+        task per partition (``state.join_operator``), then the join's columns by name."""
+        from functools import reduce
+        from pyspark.sql.types import StructField
+        op = self.operator_ids[node]
+        schemas = (left.schema, right.schema)
+        keys = list(node.keys)
+        present = reduce(lambda a, b: a & b, [F.col(_quoted(k)).isNotNull() for k in keys])
+
+        def tagged(df: DataFrame, side: int) -> DataFrame:
+            columns = [F.lit(side).alias("__side")] + [F.col(_quoted(k)).alias(f"__k{i}") for i, k in enumerate(keys)]
+            for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
+                columns += [(F.col(_quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
+                            for j, f in enumerate(schema.fields)]
+            return df.where(present).select(*columns)   # (Spark infers isnotnull of the keys)
+
+        both = tagged(left, 0).union(tagged(right, 1))
+        arrow = [[to_arrow_type(f.dataType, timezone="UTC") for f in schema.fields] for schema in schemas]
+        key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
+
+        def event_time(side: PlanNode, schema: StructType) -> int | None:
+            column = node.side_event_time(side)
+            names = [n.lower() for n in schema.fieldNames()]
+            return names.index(column.lower()) if column and column.lower() in names else None
+
+        times = (event_time(node.left, schemas[0]), event_time(node.right, schemas[1]))
+        watermarked = any(t is not None for t in times)
+        task = JoinTask(
+            state_root=self.state_root, operator_id=op, version=self.batch_id,
+            key_schema=pa.schema([pa.field(f.name, storage_type(to_arrow_type(f.dataType, timezone="UTC")))
+                                  for f in key_fields]),
+            row_schemas=tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
+                              for schema, types in zip(schemas, arrow)),
+            output_types=tuple(tuple(types) for types in arrow),
+            event_times=times, watermark_key=node.watermark_key(),
+            late_us=self.late_watermark_ms * 1000 if watermarked else None,
+            evict_us=self.eviction_watermark_ms * 1000 if watermarked else None,
+            conf=self.conf, metrics=self.accumulators[op])
+        out = StructType([StructField(f"{prefix}{j}", f.dataType, True)
+                          for prefix, schema in (("__l", schemas[0]), ("__r", schemas[1]))
+                          for j, f in enumerate(schema.fields)])
+        keyed = both.repartition(self.num_partitions, *[F.col(f"__k{i}") for i in range(len(keys))])
+        joined = keyed.mapInArrow(task, out)
+        lowered = [k.lower() for k in keys]
+        left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
+        key_index = {n.lower(): j for j, n in enumerate(left_names)}
+        result = [F.col(f"__l{key_index[k.lower()]}").alias(k) for k in keys]
+        result += [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names) if n.lower() not in lowered]
+        result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
+        return joined.select(*result)
+
     def limit(self, node: StreamingLimit, df: DataFrame) -> DataFrame:
         """The batch's first ``n`` rows (a plain limit: one partition, the batch's order),
         then the task that lets through only what the run's total leaves room for."""
@@ -316,6 +371,8 @@ def operator_name(node: StatefulNode) -> str:
         return "stateStoreSave" if node.session_index is None else "sessionWindowStateStoreSaveExec"
     if isinstance(node, StreamingLimit):
         return "globalLimit"
+    if isinstance(node, StreamJoin):
+        return "symmetricHashJoin"
     return type(node).__name__
 
 
@@ -350,6 +407,11 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
         keys = [f for i, f in enumerate(fields[:count]) if i != node.session_index]
         sessions = StructType(list(session.fields) + list(fields[count:]))
         return StructType(keys), StructType([StructField("sessions", ArrayType(sessions))])
+    if isinstance(node, StreamJoin):   # child_schema: (left, right)
+        left, right = child_schema
+        by_name = {f.name.lower(): f for f in left.fields}
+        key = StructType([by_name[k.lower()] for k in node.keys])
+        return key, StructType([StructField("left", left), StructField("right", right)])
     if isinstance(node, StreamingLimit):
         from pyspark.sql.types import NullType
         return StructType([StructField("key", NullType())]), StructType([StructField("value", LongType())])

@@ -328,3 +328,55 @@ class StreamingLimit(StatefulNode):
 
     def describe(self) -> str:
         return f"StreamingGlobalLimit {self.limit}"
+
+
+@dataclass(eq=False)
+class StreamJoin(StatefulNode):
+    """An inner equi-join of two streams on columns both sides have (``join(other, on=names)``;
+    Spark's StreamingSymmetricHashJoinExec). Each side's rows are kept in state, per key,
+    to meet the other side's later rows. With a join key that is a side's watermarked
+    event-time column, state at or before the watermark is evicted, and rows at or
+    before the previous batch's watermark are late and dropped."""
+
+    left: PlanNode
+    right: PlanNode
+    keys: tuple[str, ...]
+    how: str = "inner"
+
+    @property
+    def children(self):
+        return (self.left, self.right)
+
+    @property
+    def child(self):   # the left side, for code that looks at an operator's input
+        return self.left
+
+    def side_event_time(self, side: PlanNode) -> str | None:
+        """The watermarked event-time column of a side, if a watermark is below it."""
+        for node in side.nodes():
+            if isinstance(node, Watermark):
+                return node.event_time
+        return None
+
+    def watermark_key(self) -> int | None:
+        """The index of the join key that is a side's watermarked event time (Spark looks
+        at the left keys first), or None."""
+        for side in (self.left, self.right):
+            column = self.side_event_time(side)
+            lowered = [k.lower() for k in self.keys]
+            if column is not None and column.lower() in lowered:
+                return lowered.index(column.lower())
+        return None
+
+    def watermark_column(self) -> str | None:
+        index = self.watermark_key()
+        return None if index is None else self.keys[index]
+
+    def build(self, inputs, ctx=None):
+        left, right = self.left.build(inputs, ctx), self.right.build(inputs, ctx)
+        if ctx is None:
+            return left.join(right, list(self.keys), self.how)
+        return ctx.stream_join(self, left, right)
+
+    def describe(self) -> str:
+        return f"StreamingSymmetricHashJoin {self.how}, [{', '.join(self.keys)}]"

@@ -1,0 +1,170 @@
+"""The state step of a stream-stream join: one Spark task per state partition.
+
+Spark's ``StreamingSymmetricHashJoinExec`` (inner joins, state format 2). Both sides'
+new rows of the batch arrive in the task of their key's partition (tagged with their
+side). Per side the state is two stores, as Spark keeps them:
+
+- ``<side>-keyToNumValues``: join key -> how many rows the side holds for it;
+- ``<side>-keyWithIndexToValue``: (join key, index) -> the row and its ``matched`` flag.
+
+The task drops late rows (a side's watermarked event time at or before the previous
+batch's watermark); then, left side first, joins each new row with the other side's
+rows of its key and adds it to its own side's state. The right side's rows so meet the
+left side's new rows too, and each pair is produced once; a left row is always added
+(this batch's right rows have not met it yet), a right row only if its key is not
+already behind this batch's watermark (Spark 4's rule). Then keys at or before this batch's watermark (when a
+join key is the watermarked event time) are evicted from both sides, and the four
+stores commit version N+1.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from microbatch.state.files import from_state_values, state_values
+from microbatch.state.store import (StateStoreConf, StateStoreId, StateStoreMetrics, load_provider,
+                                    task_metrics)
+
+SIDES = ("left", "right")
+
+
+@dataclass(frozen=True)
+class JoinTask:
+    """The per-partition function of a stream-stream join (shipped by cloudpickle). Its
+    input columns: ``__side`` (0 left, 1 right), the keys ``__k0..``, the left row
+    ``__l0..`` and the right row ``__r0..``; its output: ``__l0..`` then ``__r0..``."""
+
+    state_root: str
+    operator_id: int
+    version: int
+    key_schema: pa.Schema              # the join keys, storage types
+    row_schemas: tuple[pa.Schema, pa.Schema]    # each side's row, storage types
+    output_types: tuple[tuple[pa.DataType, ...], tuple[pa.DataType, ...]]   # Arrow types out
+    event_times: tuple[int | None, int | None]  # per side: its watermarked column in the row
+    watermark_key: int | None          # the join key that is a watermarked event time
+    late_us: int | None                # rows at or before this are late
+    evict_us: int | None               # state at or before this is evicted
+    conf: StateStoreConf
+    metrics: Any                       # an Accumulator of DictSum
+
+    def _stores(self, partition: int) -> dict[str, Any]:
+        counts = pa.schema([pa.field("value", pa.int64())])
+        indexed = pa.schema(list(self.key_schema) + [pa.field("index", pa.int64())])
+        stores = {}
+        for side, rows in zip(SIDES, self.row_schemas):
+            values = pa.schema(list(rows) + [pa.field("matched", pa.bool_())])
+            for name, key, value in ((f"{side}-keyToNumValues", self.key_schema, counts),
+                                     (f"{side}-keyWithIndexToValue", indexed, values)):
+                store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
+                stores[name] = load_provider(store_id, key, value, self.conf).get_store(self.version)
+        return stores
+
+    def _side_rows(self, table: pa.Table, side: int) -> tuple[list, list, int]:
+        """A side's (keys, rows) without its late rows, and how many were late."""
+        prefix = "__l" if side == 0 else "__r"
+        rows_table = table.filter(pc.equal(table.column("__side"), side))
+        keys = list(zip(*[state_values(rows_table.column(f"__k{i}"), f.type, as_key=True)
+                          for i, f in enumerate(self.key_schema)]))
+        rows = list(zip(*[state_values(rows_table.column(f"{prefix}{j}"), f.type)
+                          for j, f in enumerate(self.row_schemas[side])]))
+        time_index = self.event_times[side]
+        if time_index is None or self.late_us is None:
+            return keys, rows, 0
+        kept = [(k, r) for k, r in zip(keys, rows) if r[time_index] is None or r[time_index] > self.late_us]
+        return [k for k, _ in kept], [r for _, r in kept], len(rows) - len(kept)
+
+    def _behind_watermark(self, key: tuple) -> bool:
+        if self.watermark_key is None or self.evict_us is None:
+            return False
+        value = key[self.watermark_key]
+        return value is not None and value <= self.evict_us
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        started = time.monotonic()
+        batches = list(batches)
+        stores = self._stores(partition)
+        late = updated = 0
+        output: list[tuple[tuple, tuple]] = []
+        if batches:
+            table = pa.Table.from_batches(batches)
+            for side in (0, 1):
+                keys, rows, dropped = self._side_rows(table, side)
+                late += dropped
+                updated += self._store_and_join(stores, side, keys, rows, output)
+        updates_ms = (time.monotonic() - started) * 1000
+        started = time.monotonic()
+        removed = sum(self._evict(stores, side) for side in SIDES)
+        removals_ms = (time.monotonic() - started) * 1000
+        if output:
+            yield self._output(output)
+        total = memory = commit_ms = 0
+        custom: dict[str, int] = {}
+        for name, store in stores.items():
+            store.commit()
+            m = store.metrics()
+            if name.endswith("keyWithIndexToValue"):
+                total += m.num_keys
+            memory += m.memory_used_bytes
+            commit_ms += m.commit_time_ms
+            for key, value in m.custom.items():
+                custom[key] = custom.get(key, 0) + value
+        combined = StateStoreMetrics(num_keys=total, memory_used_bytes=memory, commit_time_ms=commit_ms,
+                                     custom=custom)
+        self.metrics.add(task_metrics(
+            partition, combined, numRowsUpdated=updated, numRowsRemoved=removed,
+            allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+            numRowsDroppedByWatermark=late, numStateStoreInstances=len(stores)))
+
+    def _store_and_join(self, stores, side: int, keys: list, rows: list, output: list) -> int:
+        """Join a side's rows with the other side's state and add them to their own."""
+        this, other = SIDES[side], SIDES[1 - side]
+        counts, values = stores[f"{this}-keyToNumValues"], stores[f"{this}-keyWithIndexToValue"]
+        other_counts, other_values = stores[f"{other}-keyToNumValues"], stores[f"{other}-keyWithIndexToValue"]
+        added = 0
+        for key, row in zip(keys, rows):
+            held = other_counts.get(key)
+            matched = False
+            for index in range(held[0] if held else 0):
+                stored = other_values.get(key + (index,))
+                other_row = stored[:-1]
+                output.append((row, other_row) if side == 0 else (other_row, row))
+                matched = True
+                if not stored[-1]:   # Spark marks the other side's row as matched
+                    other_values.put(key + (index,), other_row + (True,))
+            if side == 1 and self._behind_watermark(key):
+                continue   # a right row behind the watermark met this batch's left rows already
+            count = counts.get(key)
+            index = count[0] if count else 0
+            values.put(key + (index,), tuple(row) + (matched,))
+            counts.put(key, (index + 1,))
+            added += 1
+        return added
+
+    def _evict(self, stores, side: str) -> int:
+        """Remove a side's rows whose key is at or behind this batch's watermark."""
+        if self.watermark_key is None or self.evict_us is None:
+            return 0
+        counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
+        removed = 0
+        for key, (count,) in list(counts.iterator()):
+            if self._behind_watermark(key):
+                for index in range(count):
+                    values.remove(key + (index,))
+                counts.remove(key)
+                removed += count
+        return removed
+
+    def _output(self, pairs: list[tuple[tuple, tuple]]) -> pa.RecordBatch:
+        columns, names = [], []
+        for side, prefix in ((0, "__l"), (1, "__r")):
+            for j, (field, target) in enumerate(zip(self.row_schemas[side], self.output_types[side])):
+                columns.append(from_state_values([pair[side][j] for pair in pairs], field.type, target))
+                names.append(f"{prefix}{j}")
+        return pa.RecordBatch.from_arrays(columns, names=names)

@@ -1,0 +1,128 @@
+"""Stream-stream inner joins on microbatch next to Spark's own engine, batch by batch."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from pyspark.sql import functions as F
+
+from stream_events import comparable, watermarks
+
+T = "2026-01-01 00:"
+# One file per batch on each side: matches within a batch and across batches, a key
+# matched twice, a late row on each side, and a row whose key is already evictable.
+LEFT = [
+    [(1, "00:10", "x"), (2, "00:20", "y")],
+    [(3, "00:40", "z"), (1, "00:10", "x2")],
+    [(1, "01:40", "w"), (2, "00:05", "late")],
+    [(4, "02:00", "v")],
+]
+RIGHT = [
+    [(1, "00:10", 10)],
+    [(2, "00:20", 20), (1, "00:10", 11)],
+    [(3, "00:40", 30), (9, "00:01", 99)],
+    [(1, "01:40", 12), (4, "02:00", 40)],
+]
+
+
+def write(directory, batches, column):
+    directory.mkdir()
+    base = time.time() - 10_000
+    for i, rows in enumerate(batches):
+        path = directory / f"f{i}.json"
+        path.write_text("".join(json.dumps({"id": k, "ts": T + t, column: v}) + "\n" for k, t, v in rows))
+        os.utime(path, (base + i, base + i))
+    return str(directory)
+
+
+@pytest.fixture
+def sides(tmp_path):
+    return write(tmp_path / "left", LEFT, "a"), write(tmp_path / "right", RIGHT, "b")
+
+
+def run(session, sides, ckpt, transform):
+    left = session.readStream.schema("id INT, ts TIMESTAMP, a STRING").option("maxFilesPerTrigger", 1).json(sides[0])
+    right = session.readStream.schema("id INT, ts TIMESTAMP, b INT").option("maxFilesPerTrigger", 1).json(sides[1])
+    batches = []
+    query = (transform(left, right).writeStream
+             .foreachBatch(lambda df, i: batches.append((i, df.columns, sorted(map(tuple, df.collect()), key=repr))))
+             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return batches, query.recentProgress
+
+
+CASES = {
+    # the event time is a join key: state behind the watermark is evicted, late rows dropped
+    "on id and event time, watermarks on both sides": lambda l, r: (
+        l.withWatermark("ts", "10 seconds").join(r.withWatermark("ts", "20 seconds"), ["id", "ts"])),
+    "on event time and id, a watermark on the left only": lambda l, r: (
+        l.withWatermark("ts", "10 seconds").join(r, ["ts", "id"])),
+    # no watermark: every row stays in state and matches later rows of its key
+    "on id, no watermark": lambda l, r: l.join(r.withColumnRenamed("ts", "rts"), "id").select("id", "a", "b", "rts"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_inner_join_matches_spark_batch_by_batch(spark, ss, sides, tmp_path, case):
+    theirs, their_progress = run(spark, sides, tmp_path / "spark", CASES[case])
+    ours, our_progress = run(ss, sides, tmp_path / "microbatch", CASES[case])
+    assert ours == theirs
+    assert comparable(our_progress) == comparable(their_progress)
+    assert our_progress[0]["stateOperators"][0]["operatorName"] == "symmetricHashJoin"
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+def test_a_restart_in_the_middle_gives_the_same_answer(ss, sides, tmp_path):
+    transform = CASES["on id and event time, watermarks on both sides"]
+    whole, _ = run(ss, sides, tmp_path / "one-run", transform)
+    ckpt = tmp_path / "two-runs"
+    attempts, outputs = [], {}
+
+    def sink(df, batch_id):
+        rows = sorted(map(tuple, df.collect()), key=repr)   # the join's state of batch 1 commits here
+        attempts.append(batch_id)
+        if batch_id == 1 and attempts.count(1) == 1:
+            raise RuntimeError("the sink fails after reading batch 1")
+        outputs[batch_id] = rows
+
+    def start():
+        left = ss.readStream.schema("id INT, ts TIMESTAMP, a STRING").option("maxFilesPerTrigger", 1).json(sides[0])
+        right = ss.readStream.schema("id INT, ts TIMESTAMP, b INT").option("maxFilesPerTrigger", 1).json(sides[1])
+        return (transform(left, right).writeStream.foreachBatch(sink).option("checkpointLocation", str(ckpt))
+                .trigger(availableNow=True).start())
+
+    with pytest.raises(Exception, match="the sink fails after reading batch 1"):
+        start().awaitTermination(120)
+    start().awaitTermination(120)
+    assert attempts[:3] == [0, 1, 1]
+    assert sorted(outputs.items()) == [(i, rows) for i, _, rows in whole]
+
+
+def test_joins_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, sides, tmp_path):
+    def frames(session):
+        left = session.readStream.schema("id INT, ts TIMESTAMP, a STRING").json(sides[0])
+        right = session.readStream.schema("id INT, ts TIMESTAMP, b INT").json(sides[1])
+        return left, right
+
+    def start(session):
+        left, right = frames(session)
+        query = left.join(right, "id").writeStream.outputMode("complete").format("noop") \
+            .option("checkpointLocation", str(tmp_path / f"ck-{id(session)}")).start()
+        query.awaitTermination(60)
+
+    with pytest.raises(Exception) as theirs:
+        start(spark)
+    with pytest.raises(Exception) as ours:
+        start(ss)
+    assert type(ours.value).__name__ == type(theirs.value).__name__
+    assert str(ours.value).split(";")[0] in str(theirs.value)
+    left, right = frames(ss)
+    with pytest.raises(Exception, match="stream-stream left join"):
+        left.join(right, "id", "left_outer")
+    with pytest.raises(Exception, match="condition expression"):
+        left.join(right, left.id == right.id)
+    with pytest.raises(Exception, match="chained stateful operators"):
+        left.dropDuplicates(["id"]).join(right, "id")
