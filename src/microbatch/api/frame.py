@@ -243,12 +243,13 @@ class StreamFrame:
         return StreamFrame(self._session, node, template)
 
     def _stream_join(self, other: "StreamFrame", on: Any, how: str | None) -> "StreamFrame":
-        """A stream-stream join: inner, on column names both sides have, for now."""
+        """A stream-stream join on column names both sides have: inner, left, right and full
+        outer."""
         kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
         if kind is None:
             raise IllegalArgumentException(f"Unsupported join type '{how}'.")
-        if kind != "inner":
-            raise not_yet(f"A stream-stream {kind} join", "stream-stream outer and semi joins")
+        if kind in ("cross", "anti", "semi"):
+            raise not_yet(f"A stream-stream {kind} join", "more stream-stream join types")
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         if not names or not all(isinstance(n, str) for n in names):
             raise not_yet("A stream-stream join on a condition expression (not column names)",
@@ -256,10 +257,10 @@ class StreamFrame:
         for side in (self, other):
             if any(isinstance(n, StatefulNode) for n in side._plan.nodes()):
                 raise not_yet("A stream-stream join of a stateful result (chained stateful operators)")
-        template = self._template.join(other._template, names, "inner")   # Spark's analysis
+        template = self._template.join(other._template, names, how or "inner")   # Spark's analysis
         left = {c.lower(): c for c in self.columns}
         keys = tuple(left[n.lower()] for n in names)
-        node = StreamJoin(self._plan, other._plan, keys, "inner")
+        node = StreamJoin(self._plan, other._plan, keys, kind)
         check_source_names(node)
         return StreamFrame(self._session, node, template)
 

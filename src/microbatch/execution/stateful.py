@@ -244,7 +244,7 @@ class BatchContext:
             row_schemas=tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
                               for schema, types in zip(schemas, arrow)),
             output_types=tuple(tuple(types) for types in arrow),
-            event_times=times, watermark_key=node.watermark_key(),
+            event_times=times, watermark_key=node.watermark_key(), how=node.how,
             late_us=self.late_watermark_ms * 1000 if watermarked else None,
             evict_us=self.eviction_watermark_ms * 1000 if watermarked else None,
             conf=self.conf, metrics=self.accumulators[op])
@@ -255,8 +255,18 @@ class BatchContext:
         joined = keyed.mapInArrow(task, out)
         lowered = [k.lower() for k in keys]
         left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
-        key_index = {n.lower(): j for j, n in enumerate(left_names)}
-        result = [F.col(f"__l{key_index[k.lower()]}").alias(k) for k in keys]
+        # Spark's USING join output: the keys (the left's; the right's in a right outer join;
+        # the one that is there in a full outer join), then the other columns of each side
+        left_key = {n.lower(): j for j, n in enumerate(left_names)}
+        right_key = {n.lower(): j for j, n in enumerate(right_names)}
+
+        def key_column(k: str):
+            if node.how == "right":
+                return F.col(f"__r{right_key[k.lower()]}")
+            if node.how == "full":
+                return F.coalesce(F.col(f"__l{left_key[k.lower()]}"), F.col(f"__r{right_key[k.lower()]}"))
+            return F.col(f"__l{left_key[k.lower()]}")
+        result = [key_column(k).alias(k) for k in keys]
         result += [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names) if n.lower() not in lowered]
         result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
         return joined.select(*result)

@@ -9,6 +9,7 @@ from microbatch.errors import AnalysisException, UnsupportedOperationError
 from microbatch.plan.logical import PlanNode
 
 OUTPUT_MODES = ("append", "complete", "update")
+_JOIN_NAMES = {"left": "LeftOuter", "right": "RightOuter", "full": "FullOuter"}
 
 
 def normalize_output_mode(mode: str) -> str:
@@ -33,7 +34,7 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
     (the event-time column or a window over it), or no row could ever be final.
     Sorting needs an aggregation in complete mode.
     """
-    from microbatch.plan.logical import Aggregate, StreamingLimit, Transform
+    from microbatch.plan.logical import Aggregate, StreamingLimit, StreamJoin, Transform
     aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
     if mode == "complete" and not aggregates:
         raise _mode_error("complete", "no streaming aggregations")
@@ -41,6 +42,12 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
         raise _mode_error("update", "session window streaming aggregations")
     if mode == "append" and any(a.event_time_key is None for a in aggregates):
         raise _mode_error("append", "streaming aggregations without watermark")
+    for join in (n for n in plan.nodes() if isinstance(n, StreamJoin)):
+        if join.how != "inner" and join.watermark_key() is None:
+            raise AnalysisException(
+                f"Stream-stream {_JOIN_NAMES[join.how]} join between two streaming DataFrame/Datasets "
+                "is not supported without a watermark in the join keys, or a watermark on the "
+                "nullable side and an appropriate range condition;")
     limits = [n for n in plan.nodes() if isinstance(n, StreamingLimit)
               or (isinstance(n, Transform) and n.method == "limit")]
     if limits and mode == "update":

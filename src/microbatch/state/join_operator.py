@@ -1,6 +1,7 @@
 """The state step of a stream-stream join: one Spark task per state partition.
 
-Spark's ``StreamingSymmetricHashJoinExec`` (inner joins, state format 2). Both sides'
+Spark's ``StreamingSymmetricHashJoinExec`` (inner and left/right/full outer joins on
+equal keys, state format 2). Both sides'
 new rows of the batch arrive in the task of their key's partition (tagged with their
 side). Per side the state is two stores, as Spark keeps them:
 
@@ -12,7 +13,9 @@ batch's watermark); then, left side first, joins each new row with the other sid
 rows of its key and adds it to its own side's state. The right side's rows so meet the
 left side's new rows too, and each pair is produced once; a left row is always added
 (this batch's right rows have not met it yet), a right row only if its key is not
-already behind this batch's watermark (Spark 4's rule). Then keys at or before this batch's watermark (when a
+already behind this batch's watermark (Spark 4's rule) or, in a right or full outer
+join, it matched nothing (it is emitted with nulls when evicted). An outer side's rows
+that never matched are emitted with nulls when the watermark evicts them. Then keys at or before this batch's watermark (when a
 join key is the watermarked event time) are evicted from both sides, and the four
 stores commit version N+1.
 """
@@ -46,6 +49,7 @@ class JoinTask:
     output_types: tuple[tuple[pa.DataType, ...], tuple[pa.DataType, ...]]   # Arrow types out
     event_times: tuple[int | None, int | None]  # per side: its watermarked column in the row
     watermark_key: int | None          # the join key that is a watermarked event time
+    how: str                           # inner, left, right or full (outer)
     late_us: int | None                # rows at or before this are late
     evict_us: int | None               # state at or before this is evicted
     conf: StateStoreConf
@@ -100,7 +104,7 @@ class JoinTask:
                 updated += self._store_and_join(stores, side, keys, rows, output)
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
-        removed = sum(self._evict(stores, side) for side in SIDES)
+        removed = sum(self._evict(stores, side, output) for side in SIDES)
         removals_ms = (time.monotonic() - started) * 1000
         if output:
             yield self._output(output)
@@ -138,7 +142,8 @@ class JoinTask:
                 matched = True
                 if not stored[-1]:   # Spark marks the other side's row as matched
                     other_values.put(key + (index,), other_row + (True,))
-            if side == 1 and self._behind_watermark(key):
+            if side == 1 and self._behind_watermark(key) and not (
+                    self.how in ("right", "full") and not matched):
                 continue   # a right row behind the watermark met this batch's left rows already
             count = counts.get(key)
             index = count[0] if count else 0
@@ -147,15 +152,21 @@ class JoinTask:
             added += 1
         return added
 
-    def _evict(self, stores, side: str) -> int:
-        """Remove a side's rows whose key is at or behind this batch's watermark."""
+    def _evict(self, stores, side: str, output: list) -> int:
+        """Remove a side's rows whose key is at or behind this batch's watermark; on the
+        outer side(s) of an outer join, emit those that never matched with nulls."""
         if self.watermark_key is None or self.evict_us is None:
             return 0
         counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
+        outer = self.how == "full" or self.how == side
         removed = 0
         for key, (count,) in list(counts.iterator()):
             if self._behind_watermark(key):
                 for index in range(count):
+                    if outer:
+                        stored = values.get(key + (index,))
+                        if not stored[-1]:
+                            output.append((stored[:-1], None) if side == "left" else (None, stored[:-1]))
                     values.remove(key + (index,))
                 counts.remove(key)
                 removed += count
@@ -165,6 +176,7 @@ class JoinTask:
         columns, names = [], []
         for side, prefix in ((0, "__l"), (1, "__r")):
             for j, (field, target) in enumerate(zip(self.row_schemas[side], self.output_types[side])):
-                columns.append(from_state_values([pair[side][j] for pair in pairs], field.type, target))
+                columns.append(from_state_values([None if pair[side] is None else pair[side][j] for pair in pairs],
+                                                 field.type, target))
                 names.append(f"{prefix}{j}")
         return pa.RecordBatch.from_arrays(columns, names=names)
