@@ -19,7 +19,8 @@ import json
 import os
 import statistics
 import tempfile
-import time
+
+from benchmarks.progress import by_tenth, first_batches
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUCKET = "bench"
@@ -30,34 +31,18 @@ def run(ss, checkpoint: str, rows: int, batches: int) -> list[dict]:
              .option("numPartitions", 2).load().dropDuplicates(["value"]))
     query = (frame.writeStream.format("noop").option("checkpointLocation", checkpoint)
              .trigger(processingTime="0 seconds").start())
-    progress, seen = [], -1
-    try:
-        while len(progress) < batches:
-            if query.exception() is not None:
-                raise RuntimeError(str(query.exception()))
-            for p in query.recentProgress:
-                if p.batchId > seen:
-                    progress.append(p)
-                    seen = p.batchId
-            time.sleep(0.05)
-    finally:
-        query.stop()
+    progress = first_batches(query, batches)
     return [{"batchId": p.batchId, "triggerMs": p.durationMs.get("triggerExecution", 0),
              "walCommitMs": p.durationMs.get("walCommit", 0),
              "commitOffsetsMs": p.durationMs.get("commitOffsets", 0),
              "stateCommitMs": p.stateOperators[0].commitTimeMs,
-             "stateRows": p.stateOperators[0].numRowsTotal} for p in progress[:batches]]
+             "stateRows": p.stateOperators[0].numRowsTotal} for p in progress]
 
 
 def medians(batches: list[dict]) -> dict:
     body = batches[1:]   # the first batch warms the Python workers up
     return {k: statistics.median(b[k] for b in body)
             for k in ("triggerMs", "walCommitMs", "commitOffsetsMs", "stateCommitMs")}
-
-
-def by_tenth(batches: list[dict], key: str) -> list[float]:
-    tenth = max(1, len(batches) // 10)
-    return [statistics.median(b[key] for b in batches[i:i + tenth]) for i in range(0, len(batches), tenth)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,8 @@ import statistics
 import tempfile
 import time
 
+from benchmarks.progress import by_tenth, first_batches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -42,26 +44,10 @@ def run(session, rows: int, batches: int) -> list[dict]:
     query = (join_query(session, rows).writeStream.format("noop")
              .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-join-"))
              .trigger(processingTime="0 seconds").start())
-    progress, seen = [], -1
-    try:
-        while len(progress) < batches:
-            if query.exception() is not None:
-                raise RuntimeError(str(query.exception()))
-            for p in query.recentProgress:
-                if p.batchId > seen:
-                    progress.append(p)
-                    seen = p.batchId
-            time.sleep(0.05)
-    finally:
-        query.stop()
+    progress = first_batches(query, batches)
     return [{"batchId": p.batchId, "triggerMs": p.durationMs.get("triggerExecution", 0),
              "inputRows": p.numInputRows, "stateRows": p.stateOperators[0].numRowsTotal,
-             "removed": p.stateOperators[0].numRowsRemoved} for p in progress[:batches]]
-
-
-def by_tenth(batches: list[dict], key: str) -> list[float]:
-    tenth = max(1, len(batches) // 10)
-    return [statistics.median(b[key] for b in batches[i:i + tenth]) for i in range(0, len(batches), tenth)]
+             "removed": p.stateOperators[0].numRowsRemoved} for p in progress]
 
 
 def main(argv: list[str] | None = None) -> None:
