@@ -12,15 +12,17 @@ from stream_events import comparable, watermarks
 
 T = "2026-01-01 00:"
 # One file per batch on each side: matches within a batch and across batches, a key
-# matched twice, a late row on each side, and a row whose key is already evictable.
+# matched twice, a late row on each side, a row whose key is already evictable, and null
+# ids (never in an inner side's state; an outer side keeps them; a late null-id row must
+# not move the watermark of a side where Spark filters it out below the watermark).
 LEFT = [
-    [(1, "00:10", "x"), (2, "00:20", "y")],
-    [(3, "00:40", "z"), (1, "00:10", "x2")],
+    [(1, "00:10", "x"), (2, "00:20", "y"), (None, "00:20", "n")],
+    [(3, "00:40", "z"), (1, "00:10", "x2"), (None, "00:55", "m")],
     [(1, "01:40", "w"), (2, "00:05", "late")],
     [(4, "02:00", "v")],
 ]
 RIGHT = [
-    [(1, "00:10", 10)],
+    [(1, "00:10", 10), (None, "00:20", 5)],
     [(2, "00:20", 20), (1, "00:10", 11)],
     [(3, "00:40", 30), (9, "00:01", 99)],
     [(1, "01:40", 12), (4, "02:00", 40)],

@@ -212,19 +212,16 @@ class BatchContext:
         """Both sides' rows, tagged by side and hash-partitioned by the join keys into the
         state partitions (as Spark distributes each side of its join), then the join's
         task per partition (``state.join_operator``), then the join's columns by name."""
-        from functools import reduce
         from pyspark.sql.types import StructField
         op = self.operator_ids[node]
         schemas = (left.schema, right.schema)
         keys = list(node.keys)
-        present = reduce(lambda a, b: a & b, [F.col(_quoted(k)).isNotNull() for k in keys])
-
-        def tagged(df: DataFrame, side: int) -> DataFrame:
+        def tagged(df: DataFrame, side: int) -> DataFrame:   # (null keys: StreamJoin.side_input)
             columns = [F.lit(side).alias("__side")] + [F.col(_quoted(k)).alias(f"__k{i}") for i, k in enumerate(keys)]
             for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
                 columns += [(F.col(_quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
                             for j, f in enumerate(schema.fields)]
-            return df.where(present).select(*columns)   # (Spark infers isnotnull of the keys)
+            return df.select(*columns)
 
         both = tagged(left, 0).union(tagged(right, 1))
         arrow = [[to_arrow_type(f.dataType, timezone="UTC") for f in schema.fields] for schema in schemas]

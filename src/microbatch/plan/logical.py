@@ -342,10 +342,32 @@ class StreamJoin(StatefulNode):
     right: PlanNode
     keys: tuple[str, ...]
     how: str = "inner"
+    _inputs: dict = field(default_factory=dict, repr=False)
 
     @property
     def children(self):
         return (self.left, self.right)
+
+    def side_input(self, side: int) -> PlanNode:
+        """A side as the join reads it in a batch: Spark infers "the keys are not null" for
+        a side whose rows only come out matched (both sides of an inner join, the other
+        side of an outer one) and pushes the part that does not use the event time below
+        the side's watermark, so those rows move no watermark."""
+        if side not in self._inputs:
+            from functools import reduce
+            from pyspark.sql import functions as F
+            plan = (self.left, self.right)[side]
+            outer = {"left": (0,), "right": (1,), "full": (0, 1)}.get(self.how, ())
+            if side not in outer:
+                event_time = (self.side_event_time(plan) or "").lower()
+                for timed in (False, True):
+                    names = [k for k in self.keys if (k.lower() == event_time) == timed]
+                    if names:
+                        condition = reduce(lambda a, b: a & b,
+                                           [F.col("`" + k.replace("`", "``") + "`").isNotNull() for k in names])
+                        plan = Transform(plan, "where", (condition,))
+            self._inputs[side] = plan
+        return self._inputs[side]
 
     @property
     def child(self):   # the left side, for code that looks at an operator's input
@@ -373,10 +395,9 @@ class StreamJoin(StatefulNode):
         return None if index is None else self.keys[index]
 
     def build(self, inputs, ctx=None):
-        left, right = self.left.build(inputs, ctx), self.right.build(inputs, ctx)
         if ctx is None:
-            return left.join(right, list(self.keys), self.how)
-        return ctx.stream_join(self, left, right)
+            return self.left.build(inputs).join(self.right.build(inputs), list(self.keys), self.how)
+        return ctx.stream_join(self, self.side_input(0).build(inputs, ctx), self.side_input(1).build(inputs, ctx))
 
     def describe(self) -> str:
         return f"StreamingSymmetricHashJoin {self.how}, [{', '.join(self.keys)}]"

@@ -133,7 +133,7 @@ class JoinTask:
         other_counts, other_values = stores[f"{other}-keyToNumValues"], stores[f"{other}-keyWithIndexToValue"]
         added = 0
         for key, row in zip(keys, rows):
-            held = other_counts.get(key)
+            held = other_counts.get(key)   # (a null key meets a null key, as in Spark's state)
             matched = False
             for index in range(held[0] if held else 0):
                 stored = other_values.get(key + (index,))
