@@ -145,3 +145,16 @@ def test_joins_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, sides, tm
         left.join(right, left.id == right.id)
     with pytest.raises(Exception, match="chained stateful operators"):
         left.dropDuplicates(["id"]).join(right, "id")
+
+
+def test_the_state_reader_reads_each_side_as_sparks_does(spark, ss, sides, tmp_path):
+    transform = CASES["on event time and id, a watermark on the left only"]
+    run(spark, sides, tmp_path / "spark", transform)
+    run(ss, sides, tmp_path / "microbatch", transform)
+    for side in ("left", "right"):
+        theirs = spark.read.format("statestore").option("joinSide", side).load(str(tmp_path / "spark"))
+        ours = ss.read.format("statestore").option("joinSide", side).load(str(tmp_path / "microbatch"))
+        assert ours.schema.simpleString() == theirs.schema.simpleString()
+        assert sorted(map(str, ours.collect())) == sorted(map(str, theirs.collect())) != []
+    with pytest.raises(Exception, match="'joinSide': it must be 'left' or 'right'"):
+        ss.read.format("statestore").option("joinSide", "middle").load(str(tmp_path / "microbatch"))

@@ -1,8 +1,9 @@
 """Reading a query's state as a DataFrame: ``ss.read.format("statestore")``.
 
 Like Spark's state data source, with its option names: ``batchId`` (default: the
-latest committed batch; the state *after* that batch), ``operatorId`` (default 0)
-and ``storeName`` (default ``default``). The result has Spark's columns ``key``
+latest committed batch; the state *after* that batch), ``operatorId`` (default 0),
+``storeName`` (default ``default``) and, for a stream-stream join, ``joinSide``
+(``left`` or ``right``: that side's rows, keyed by the join key as ``field0..``). The result has Spark's columns ``key``
 and ``value`` (structs of the operator's key and value schema) and
 ``partition_id``. An aggregation's value holds its merge buffers (e.g. the sum
 and count of an ``avg``). The state is read on the driver: this is an inspection
@@ -95,6 +96,21 @@ class StateStoreReader:
         doc = json.loads(fs.read_text(schema_path))
         key_type = StructType.fromJson(doc["keySchema"])
         value_type = StructType.fromJson(doc["valueSchema"])
+        join_side = self._options.get("joinside")
+        if join_side is not None:   # one side of a stream-stream join: its rows per key
+            join_side = join_side.lower()
+            if join_side not in ("left", "right"):
+                raise IllegalArgumentException(
+                    f"Invalid value '{self._options['joinside']}' for option 'joinSide': it must be "
+                    "'left' or 'right'.")
+            if doc.get("operatorName") != "symmetricHashJoin":
+                raise IllegalArgumentException(
+                    f"Option 'joinSide' reads a stream-stream join's state, but operator {operator} "
+                    f"is {doc.get('operatorName')}. Give the join's operatorId, or drop the option.")
+            store_name = f"{join_side}-keyWithIndexToValue"
+            key_type = StructType([StructField(f"field{i}", f.dataType, f.nullable)
+                                   for i, f in enumerate(key_type.fields)])
+            value_type = value_type[join_side].dataType
         partitions = sorted(int(n) for n in fs.list(op_dir) if n.isdigit())
         offsets = OffsetSeqLog(f"{root}/offsets", fs).get(batch_id)
         provider_name = (offsets.metadata.conf if offsets else {}).get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)
@@ -119,6 +135,10 @@ class StateStoreReader:
                     "(state older than spark.sql.streaming.minBatchesToRetain batches is removed).") from e
             finally:
                 provider.close()
+            if join_side is not None:   # (join key, index) -> (row, matched): the key and the row
+                storage = (pa.struct([pa.field(f"field{i}", f.type) for i, f in enumerate(list(storage[0])[:-1])]),
+                           pa.struct(list(storage[1])[:-1]))
+                rows = [(key[:-1], value[:-1]) for key, value in rows]
             for key, value in rows:
                 keys.append(key)
                 values.append(value)
