@@ -56,6 +56,12 @@ def run(session, sides, ckpt, transform):
     return batches, query.recentProgress
 
 
+def ranged(left, right, how):
+    left = left.withColumnRenamed("ts", "lts").withWatermark("lts", "10 seconds")
+    right = right.withColumnRenamed("id", "rid").withColumnRenamed("ts", "rts").withWatermark("rts", "20 seconds")
+    return left.join(right, F.expr("id = rid AND lts >= rts AND lts <= rts + interval 20 seconds"), how)
+
+
 CASES = {
     # the event time is a join key: state behind the watermark is evicted, late rows dropped
     "on id and event time, watermarks on both sides": lambda l, r: (
@@ -69,6 +75,10 @@ CASES = {
         l.withWatermark("ts", "10 seconds").join(r.withWatermark("ts", "20 seconds"), ["id", "ts"], "right")),
     "full outer": lambda l, r: (
         l.withWatermark("ts", "10 seconds").join(r.withWatermark("ts", "20 seconds"), ["id", "ts"], "full_outer")),
+    # a condition with a time range: state evicted by each side's state value watermark
+    "time range, inner": lambda l, r: ranged(l, r, "inner"),
+    "time range, left outer": lambda l, r: ranged(l, r, "left_outer"),
+    "time range, right outer": lambda l, r: ranged(l, r, "right_outer"),
     # no watermark: every row stays in state and matches later rows of its key
     "on id, no watermark": lambda l, r: l.join(r.withColumnRenamed("ts", "rts"), "id").select("id", "a", "b", "rts"),
 }
@@ -141,8 +151,8 @@ def test_joins_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, sides, tm
     for how in ("left_anti", "left_semi"):
         with pytest.raises(Exception, match=f"stream-stream {how.split('_')[1]} join"):
             left.join(right, "id", how)
-    with pytest.raises(Exception, match="condition expression"):
-        left.join(right, left.id == right.id)
+    with pytest.raises(Exception, match="on this condition .*OR"):
+        left.join(right.withColumnRenamed("id", "rid"), F.expr("id = rid OR a = 'x'"))
     with pytest.raises(Exception, match="chained stateful operators"):
         left.dropDuplicates(["id"]).join(right, "id")
 

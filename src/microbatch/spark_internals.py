@@ -242,3 +242,88 @@ def processing_time_ms(interval: str) -> int:
     """``Trigger.ProcessingTime(interval)`` as Spark parses it (``"5 seconds"``,
     ``"interval 1 minute"``, ...): its error for an interval it refuses."""
     return int(_jvm().org.apache.spark.sql.streaming.Trigger.ProcessingTime(interval).intervalMs())
+
+
+# -- a stream-stream join's condition, from Spark's analyzed plan ------------------------
+@dataclass(frozen=True)
+class TimeTerm:
+    """One side of a time comparison: ``side``'s column ``index`` (None: no column) plus
+    ``offset_us`` microseconds (interval literals)."""
+
+    side: int | None
+    index: int | None
+    offset_us: int
+
+
+def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, TimeTerm, TimeTerm]]]:
+    """The equality keys (left index, right index) and the time comparisons
+    (op, lhs, rhs) of ``left.join(right, condition)``, read from Spark's analyzed ``Join``;
+    ValueError naming the part of the condition that is neither."""
+    plan = joined._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() != "Join" or plan.condition().isEmpty():
+        raise ValueError("the join has no condition")
+    sides = []
+    for child in (plan.left(), plan.right()):
+        output = child.output()
+        sides.append({output.apply(i).exprId().id(): i for i in range(output.size())})
+
+    def attribute(e: Any) -> tuple[int, int] | None:
+        if e.getClass().getSimpleName() != "AttributeReference":
+            return None
+        for side, ids in enumerate(sides):
+            if e.exprId().id() in ids:
+                return side, ids[e.exprId().id()]
+        return None
+
+    def term(e: Any) -> TimeTerm:
+        name = e.getClass().getSimpleName()
+        if name == "Cast":
+            return term(e.child())
+        if name == "DatetimeSub":
+            return term(e.replacement())
+        if name in ("TimestampAddInterval", "TimeAdd", "DatetimeAdd"):
+            base, interval = term(e.children().apply(0)), term(e.children().apply(1))
+            if interval.side is not None:
+                raise ValueError(f"an interval that is a column ({e.toString()})")
+            return TimeTerm(base.side, base.index, base.offset_us + interval.offset_us)
+        if name == "UnaryMinus":
+            inner = term(e.child())
+            if inner.side is not None:
+                raise ValueError(f"a negated time column ({e.toString()})")
+            return TimeTerm(None, None, -inner.offset_us)
+        if name == "Literal" and e.dataType().typeName().startswith("interval"):
+            value = e.value()
+            if e.dataType().getClass().getSimpleName().startswith("CalendarInterval"):
+                if value.months != 0:
+                    raise ValueError(f"an interval in months or years ({e.toString()})")
+                return TimeTerm(None, None, value.days * 86_400_000_000 + value.microseconds)
+            return TimeTerm(None, None, int(value))
+        found = attribute(e)
+        if found is not None and e.dataType().typeName() in ("timestamp", "timestamp_ntz"):
+            return TimeTerm(found[0], found[1], 0)
+        raise ValueError(f"'{e.toString()}'")
+
+    keys: list[tuple[int, int]] = []
+    comparisons: list[tuple[str, TimeTerm, TimeTerm]] = []
+    operators = {"LessThan": "<", "LessThanOrEqual": "<=", "GreaterThan": ">", "GreaterThanOrEqual": ">="}
+
+    def split(e: Any) -> None:
+        name = e.getClass().getSimpleName()
+        if name == "And":
+            split(e.left())
+            split(e.right())
+            return
+        if name == "EqualTo":
+            a, b = attribute(e.left()), attribute(e.right())
+            if a and b and a[0] != b[0]:
+                keys.append((a[1], b[1]) if a[0] == 0 else (b[1], a[1]))
+                return
+        if name in operators:
+            lhs, rhs = term(e.left()), term(e.right())
+            if lhs.side is not None and rhs.side is not None and lhs.side != rhs.side:
+                comparisons.append((operators[name], lhs, rhs))
+                return
+        raise ValueError(f"'{e.toString()}'")
+
+    split(plan.condition().get())
+    return keys, comparisons

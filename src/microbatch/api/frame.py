@@ -250,17 +250,30 @@ class StreamFrame:
             raise IllegalArgumentException(f"Unsupported join type '{how}'.")
         if kind in ("cross", "anti", "semi"):
             raise not_yet(f"A stream-stream {kind} join", "more stream-stream join types")
-        names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
-        if not names or not all(isinstance(n, str) for n in names):
-            raise not_yet("A stream-stream join on a condition expression (not column names)",
-                          "stream-stream joins with time-range conditions")
         for side in (self, other):
             if any(isinstance(n, StatefulNode) for n in side._plan.nodes()):
                 raise not_yet("A stream-stream join of a stateful result (chained stateful operators)")
-        template = self._template.join(other._template, names, how or "inner")   # Spark's analysis
-        left = {c.lower(): c for c in self.columns}
-        keys = tuple(left[n.lower()] for n in names)
-        node = StreamJoin(self._plan, other._plan, keys, kind)
+        template = self._template.join(other._template, on, how or "inner")   # Spark's analysis
+        names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
+        columns = (tuple(self.columns), tuple(other.columns))
+        if names is not None and all(isinstance(n, str) for n in names):
+            left = {c.lower(): c for c in self.columns}
+            node = StreamJoin(self._plan, other._plan, tuple(left[n.lower()] for n in names), kind,
+                              side_columns=columns)
+        else:
+            from microbatch import spark_internals
+            try:
+                pairs, comparisons = spark_internals.join_condition(template)
+            except ValueError as e:
+                raise not_yet(f"A stream-stream join on this condition ({e}: only equal columns of the "
+                              "two sides and time comparisons between them are planned so far)",
+                              "more stream-stream join conditions") from None
+            if not pairs:
+                raise AnalysisException(
+                    "Stream-stream join without equality predicate is not supported;")
+            node = StreamJoin(self._plan, other._plan, tuple(columns[0][i] for i, _ in pairs), kind,
+                              right_keys=tuple(columns[1][j] for _, j in pairs),
+                              comparisons=tuple(comparisons), condition=on, side_columns=columns)
         check_source_names(node)
         return StreamFrame(self._session, node, template)
 

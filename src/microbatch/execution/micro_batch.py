@@ -673,7 +673,7 @@ class MicroBatchExecution(StreamExecution):
         self._requires_another_batch = self.watermark_ms > ctx.eviction_watermark_ms and any(
             any(isinstance(n, Watermark) for n in node.nodes())
             and not (isinstance(node, Aggregate) and self.output_mode == "complete")
-            and not (isinstance(node, StreamJoin) and node.watermark_key() is None)
+            and not (isinstance(node, StreamJoin) and not node.evicts())
             for node in self.stateful)
         if not self.watermark_nodes:
             return None

@@ -216,8 +216,11 @@ class BatchContext:
         op = self.operator_ids[node]
         schemas = (left.schema, right.schema)
         keys = list(node.keys)
+        side_keys = (list(node.keys), list(node.right_keys))
+
         def tagged(df: DataFrame, side: int) -> DataFrame:   # (null keys: StreamJoin.side_input)
-            columns = [F.lit(side).alias("__side")] + [F.col(_quoted(k)).alias(f"__k{i}") for i, k in enumerate(keys)]
+            columns = [F.lit(side).alias("__side")] + [F.col(_quoted(k)).alias(f"__k{i}")
+                                                       for i, k in enumerate(side_keys[side])]
             for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
                 columns += [(F.col(_quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
                             for j, f in enumerate(schema.fields)]
@@ -234,6 +237,9 @@ class BatchContext:
 
         times = (event_time(node.left, schemas[0]), event_time(node.right, schemas[1]))
         watermarked = any(t is not None for t in times)
+        value_watermarks = tuple(None if times[side] is None or node.watermark_key() is not None
+                                 else node.value_watermark_ms(side, self.eviction_watermark_ms)
+                                 for side in (0, 1))
         task = JoinTask(
             state_root=self.state_root, operator_id=op, version=self.batch_id,
             key_schema=pa.schema([pa.field(f.name, storage_type(to_arrow_type(f.dataType, timezone="UTC")))
@@ -242,6 +248,9 @@ class BatchContext:
                               for schema, types in zip(schemas, arrow)),
             output_types=tuple(tuple(types) for types in arrow),
             event_times=times, watermark_key=node.watermark_key(), how=node.how,
+            comparisons=tuple((op, (a.side, a.index, a.offset_us), (b.side, b.index, b.offset_us))
+                              for op, a, b in node.comparisons),
+            value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
             late_us=self.late_watermark_ms * 1000 if watermarked else None,
             evict_us=self.eviction_watermark_ms * 1000 if watermarked else None,
             conf=self.conf, metrics=self.accumulators[op])
@@ -252,6 +261,9 @@ class BatchContext:
         joined = keyed.mapInArrow(task, out)
         lowered = [k.lower() for k in keys]
         left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
+        if not node.using:   # a condition: every column of the left, then of the right
+            return joined.select(*[F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names)],
+                                 *[F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names)])
         # Spark's USING join output: the keys (the left's; the right's in a right outer join;
         # the one that is there in a full outer join), then the other columns of each side
         left_key = {n.lower(): j for j, n in enumerate(left_names)}

@@ -332,27 +332,40 @@ class StreamingLimit(StatefulNode):
 
 @dataclass(eq=False)
 class StreamJoin(StatefulNode):
-    """An inner equi-join of two streams on columns both sides have (``join(other, on=names)``;
-    Spark's StreamingSymmetricHashJoinExec). Each side's rows are kept in state, per key,
-    to meet the other side's later rows. With a join key that is a side's watermarked
-    event-time column, state at or before the watermark is evicted, and rows at or
-    before the previous batch's watermark are late and dropped."""
+    """A join of two streams (Spark's StreamingSymmetricHashJoinExec): on column names both
+    sides have (``using``), or on a condition of equal columns and time comparisons between
+    the sides (``a.ts BETWEEN b.ts AND b.ts + INTERVAL 1 HOUR``). Each side's rows are kept
+    in state, per key, to meet the other side's later rows. State is evicted by a join key
+    that is a side's watermarked event time, or by the time comparisons (Spark's "state
+    value watermark" of a side); rows at or before the previous batch's watermark are
+    late and dropped."""
 
     left: PlanNode
     right: PlanNode
-    keys: tuple[str, ...]
+    keys: tuple[str, ...]                  # the left side's key columns
     how: str = "inner"
+    right_keys: tuple[str, ...] = ()       # the right side's (using: the same names)
+    comparisons: tuple = ()                # (op, TimeTerm, TimeTerm) of the condition
+    condition: Any = None                  # the user's Column (not using), for templates
     _inputs: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if not self.right_keys:
+            self.right_keys = self.keys
+
+    @property
+    def using(self) -> bool:
+        return self.condition is None
 
     @property
     def children(self):
         return (self.left, self.right)
 
     def side_input(self, side: int) -> PlanNode:
-        """A side as the join reads it in a batch: Spark infers "the keys are not null" for
-        a side whose rows only come out matched (both sides of an inner join, the other
-        side of an outer one) and pushes the part that does not use the event time below
-        the side's watermark, so those rows move no watermark."""
+        """A side as the join reads it in a batch: Spark infers "not null" for the columns
+        of the condition on a side whose rows only come out matched (both sides of an inner
+        join, the other side of an outer one) and pushes the part that does not use the
+        event time below the side's watermark, so those rows move no watermark."""
         if side not in self._inputs:
             from functools import reduce
             from pyspark.sql import functions as F
@@ -360,18 +373,26 @@ class StreamJoin(StatefulNode):
             outer = {"left": (0,), "right": (1,), "full": (0, 1)}.get(self.how, ())
             if side not in outer:
                 event_time = (self.side_event_time(plan) or "").lower()
+                names = list((self.keys, self.right_keys)[side])
+                columns = self._side_columns(side)
+                for op, a, b in self.comparisons:
+                    for t in (a, b):
+                        if t.side == side and columns[t.index] not in names:
+                            names.append(columns[t.index])
                 for timed in (False, True):
-                    names = [k for k in self.keys if (k.lower() == event_time) == timed]
-                    if names:
-                        condition = reduce(lambda a, b: a & b,
-                                           [F.col("`" + k.replace("`", "``") + "`").isNotNull() for k in names])
+                    chosen = [k for k in names if (k.lower() == event_time) == timed]
+                    if chosen:
+                        condition = reduce(lambda x, y: x & y,
+                                           [F.col("`" + k.replace("`", "``") + "`").isNotNull() for k in chosen])
                         plan = Transform(plan, "where", (condition,))
             self._inputs[side] = plan
         return self._inputs[side]
 
-    @property
-    def child(self):   # the left side, for code that looks at an operator's input
-        return self.left
+    #: each side's column names, set when the join is defined (for the time comparisons)
+    side_columns: tuple = ()
+
+    def _side_columns(self, side: int) -> list[str]:
+        return list(self.side_columns[side]) if self.side_columns else []
 
     def side_event_time(self, side: PlanNode) -> str | None:
         """The watermarked event-time column of a side, if a watermark is below it."""
@@ -383,12 +404,41 @@ class StreamJoin(StatefulNode):
     def watermark_key(self) -> int | None:
         """The index of the join key that is a side's watermarked event time (Spark looks
         at the left keys first), or None."""
-        for side in (self.left, self.right):
+        for side, names in ((self.left, self.keys), (self.right, self.right_keys)):
             column = self.side_event_time(side)
-            lowered = [k.lower() for k in self.keys]
+            lowered = [k.lower() for k in names]
             if column is not None and column.lower() in lowered:
                 return lowered.index(column.lower())
         return None
+
+    def value_watermark_ms(self, side: int, watermark_ms: int) -> int | None:
+        """Spark's state value watermark of a side (StreamingJoinHelper): from each time
+        comparison ``other.t + c1 < this.t + c2`` (or ``<=``, or the same turned around)
+        where ``other.t`` is the other side's watermarked column, ``watermark + c1 - c2``
+        in ms (minus 1 for ``<=``); the smallest. Rows of this side whose watermarked
+        column is at or before it can meet no later row. None when no comparison gives one
+        or a side has no watermark."""
+        plans = (self.left, self.right)
+        this_time, other_time = self.side_event_time(plans[side]), self.side_event_time(plans[1 - side])
+        if this_time is None or other_time is None:
+            return None
+        other_columns = [c.lower() for c in self._side_columns(1 - side)]
+        found = []
+        for op, a, b in self.comparisons:
+            if op in (">", ">="):
+                a, b, op = b, a, "<" if op == ">" else "<="
+            if b.side != side or a.side != 1 - side:
+                continue
+            if other_columns[a.index] != other_time.lower():
+                continue   # Spark substitutes only the watermarked column
+            value = int((watermark_ms * 1000 + a.offset_us - b.offset_us) / 1000)
+            found.append(value - 1 if op == "<=" else value)
+        return min(found) if found else None
+
+    def evicts(self) -> bool:
+        """Whether state is ever evicted: by a watermarked key, or a state value watermark."""
+        return self.watermark_key() is not None or any(
+            self.value_watermark_ms(side, 0) is not None for side in (0, 1))
 
     def watermark_column(self) -> str | None:
         index = self.watermark_key()
@@ -396,8 +446,10 @@ class StreamJoin(StatefulNode):
 
     def build(self, inputs, ctx=None):
         if ctx is None:
-            return self.left.build(inputs).join(self.right.build(inputs), list(self.keys), self.how)
+            on = list(self.keys) if self.using else self.condition
+            return self.left.build(inputs).join(self.right.build(inputs), on, self.how)
         return ctx.stream_join(self, self.side_input(0).build(inputs, ctx), self.side_input(1).build(inputs, ctx))
 
     def describe(self) -> str:
-        return f"StreamingSymmetricHashJoin {self.how}, [{', '.join(self.keys)}]"
+        on = ", ".join(self.keys) if self.using else str(self.condition)
+        return f"StreamingSymmetricHashJoin {self.how}, [{on}]"

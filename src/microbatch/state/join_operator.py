@@ -54,6 +54,11 @@ class JoinTask:
     evict_us: int | None               # state at or before this is evicted
     conf: StateStoreConf
     metrics: Any                       # an Accumulator of DictSum
+    #: the condition's time comparisons: (op, (side, column, offset µs), (side, column, offset µs))
+    comparisons: tuple = ()
+    #: per side: rows whose watermarked column is at or before this are evicted (the
+    #: state value watermark of the time comparisons), or None
+    value_evict_us: tuple = (None, None)
 
     def _stores(self, partition: int) -> dict[str, Any]:
         counts = pa.schema([pa.field("value", pa.int64())])
@@ -81,11 +86,31 @@ class JoinTask:
         kept = [(k, r) for k, r in zip(keys, rows) if r[time_index] is None or r[time_index] > self.late_us]
         return [k for k, _ in kept], [r for _, r in kept], len(rows) - len(kept)
 
-    def _behind_watermark(self, key: tuple) -> bool:
+    def _behind_watermark(self, key: tuple, row: tuple = (), side: int = 0) -> bool:
+        """Spark's state watermark predicates: the key's, or the side's value predicate."""
+        bound = self.value_evict_us[side]
+        if bound is not None and row:
+            value = row[self.event_times[side]]
+            if value is not None and value <= bound:
+                return True
         if self.watermark_key is None or self.evict_us is None:
             return False
         value = key[self.watermark_key]
         return value is not None and value <= self.evict_us
+
+    def _condition(self, left: tuple, right: tuple) -> bool:
+        """The time comparisons of the condition on a pair (a null compares false)."""
+        for op, a, b in self.comparisons:
+            values = []
+            for side, index, offset in (a, b):
+                value = (left, right)[side][index]
+                if value is None:
+                    return False
+                values.append(value + offset)
+            x, y = values
+            if not (x < y if op == "<" else x <= y if op == "<=" else x > y if op == ">" else x >= y):
+                return False
+        return True
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -138,11 +163,14 @@ class JoinTask:
             for index in range(held[0] if held else 0):
                 stored = other_values.get(key + (index,))
                 other_row = stored[:-1]
-                output.append((row, other_row) if side == 0 else (other_row, row))
+                pair = (row, other_row) if side == 0 else (other_row, row)
+                if self.comparisons and not self._condition(*pair):
+                    continue
+                output.append(pair)
                 matched = True
                 if not stored[-1]:   # Spark marks the other side's row as matched
                     other_values.put(key + (index,), other_row + (True,))
-            if side == 1 and self._behind_watermark(key) and not (
+            if side == 1 and self._behind_watermark(key, row, 1) and not (
                     self.how in ("right", "full") and not matched):
                 continue   # a right row behind the watermark met this batch's left rows already
             count = counts.get(key)
@@ -153,23 +181,34 @@ class JoinTask:
         return added
 
     def _evict(self, stores, side: str, output: list) -> int:
-        """Remove a side's rows whose key is at or behind this batch's watermark; on the
-        outer side(s) of an outer join, emit those that never matched with nulls."""
-        if self.watermark_key is None or self.evict_us is None:
+        """Remove a side's rows behind this batch's watermark (by key, or by the side's
+        value watermark); on the outer side(s) of an outer join, emit those that never
+        matched with nulls. A key's remaining rows keep indexes 0..n-1."""
+        index_of_side = SIDES.index(side)
+        if (self.watermark_key is None or self.evict_us is None) and self.value_evict_us[index_of_side] is None:
             return 0
         counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
         outer = self.how == "full" or self.how == side
         removed = 0
         for key, (count,) in list(counts.iterator()):
-            if self._behind_watermark(key):
-                for index in range(count):
-                    if outer:
-                        stored = values.get(key + (index,))
-                        if not stored[-1]:
-                            output.append((stored[:-1], None) if side == "left" else (None, stored[:-1]))
-                    values.remove(key + (index,))
+            stored = [values.get(key + (index,)) for index in range(count)]
+            kept = [v for v in stored if not self._behind_watermark(key, v[:-1], index_of_side)]
+            if len(kept) == count:
+                continue
+            if outer:
+                for v in stored:
+                    if not v[-1] and self._behind_watermark(key, v[:-1], index_of_side):
+                        output.append((v[:-1], None) if side == "left" else (None, v[:-1]))
+            for index, v in enumerate(kept):
+                if stored[index] != v:
+                    values.put(key + (index,), v)
+            for index in range(len(kept), count):
+                values.remove(key + (index,))
+            if kept:
+                counts.put(key, (len(kept),))
+            else:
                 counts.remove(key)
-                removed += count
+            removed += count - len(kept)
         return removed
 
     def _output(self, pairs: list[tuple[tuple, tuple]]) -> pa.RecordBatch:
