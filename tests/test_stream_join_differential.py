@@ -56,10 +56,10 @@ def run(session, sides, ckpt, transform):
     return batches, query.recentProgress
 
 
-def ranged(left, right, how):
+def ranged(left, right, how, condition="id = rid AND lts >= rts AND lts <= rts + interval 20 seconds"):
     left = left.withColumnRenamed("ts", "lts").withWatermark("lts", "10 seconds")
     right = right.withColumnRenamed("id", "rid").withColumnRenamed("ts", "rts").withWatermark("rts", "20 seconds")
-    return left.join(right, F.expr("id = rid AND lts >= rts AND lts <= rts + interval 20 seconds"), how)
+    return left.join(right, F.expr(condition), how)
 
 
 CASES = {
@@ -79,6 +79,9 @@ CASES = {
     "time range, inner": lambda l, r: ranged(l, r, "inner"),
     "time range, left outer": lambda l, r: ranged(l, r, "left_outer"),
     "time range, right outer": lambda l, r: ranged(l, r, "right_outer"),
+    "time range with BETWEEN and a strict bound, inner": lambda l, r: ranged(
+        l, r, "inner", "rid = id AND lts BETWEEN rts - interval 5 seconds AND rts + interval 30 seconds "
+                       "AND rts < lts + interval 1 minute"),
     # no watermark: every row stays in state and matches later rows of its key
     "on id, no watermark": lambda l, r: l.join(r.withColumnRenamed("ts", "rts"), "id").select("id", "a", "b", "rts"),
 }

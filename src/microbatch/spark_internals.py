@@ -313,6 +313,11 @@ def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, 
             split(e.left())
             split(e.right())
             return
+        if name == "Between":   # input BETWEEN lower AND upper: input >= lower AND input <= upper
+            value, lower, upper = term(e.input()), term(e.lower()), term(e.upper())
+            if value.side is not None and {lower.side, upper.side} == {1 - value.side}:
+                comparisons.extend([(">=", value, lower), ("<=", value, upper)])
+                return
         if name == "EqualTo":
             a, b = attribute(e.left()), attribute(e.right())
             if a and b and a[0] != b[0]:
