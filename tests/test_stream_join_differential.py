@@ -171,3 +171,22 @@ def test_the_state_reader_reads_each_side_as_sparks_does(spark, ss, sides, tmp_p
         assert sorted(map(str, ours.collect())) == sorted(map(str, theirs.collect())) != []
     with pytest.raises(Exception, match="'joinSide': it must be 'left' or 'right'"):
         ss.read.format("statestore").option("joinSide", "middle").load(str(tmp_path / "microbatch"))
+
+
+AGGREGATED = {
+    "a window count after a join on a watermarked key": lambda l, r: CASES[
+        "on id and event time, watermarks on both sides"](l, r).groupBy(F.window("ts", "30 seconds")).count(),
+    # the count sees the join's output watermark, below the query's by the time range
+    "a window count after a time-range join": lambda l, r: ranged(l, r, "inner").groupBy(
+        F.window("lts", "10 seconds")).count(),
+}
+
+
+@pytest.mark.parametrize("case", list(AGGREGATED))
+def test_an_aggregation_after_a_join_matches_spark(spark, ss, sides, tmp_path, case):
+    theirs, their_progress = run(spark, sides, tmp_path / "spark", AGGREGATED[case])
+    ours, our_progress = run(ss, sides, tmp_path / "microbatch", AGGREGATED[case])
+    assert ours == theirs and any(rows for _, _, rows in ours)
+    assert comparable(our_progress) == comparable(their_progress)
+    assert [op["operatorName"] for op in our_progress[0]["stateOperators"]] == ["stateStoreSave", "symmetricHashJoin"]
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")

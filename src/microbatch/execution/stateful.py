@@ -132,6 +132,17 @@ class BatchContext:
         #: the query run: building one costs a py4j round trip or more
         self.columns = columns if columns is not None else {}
 
+    def watermarks_for(self, node: StatefulNode) -> tuple[int, int]:
+        """The (late, eviction) watermarks of an operator, in ms: the query's, or, above a
+        stream-stream join, the join's output watermark of each (Spark 3.4+'s propagation
+        of watermarks through stateful operators)."""
+        late, evict = self.late_watermark_ms, self.eviction_watermark_ms
+        below = [n for n in node.child.nodes() if isinstance(n, StreamJoin)]
+        if below:
+            join = below[0]
+            late, evict = join.output_watermark_ms(late), join.output_watermark_ms(evict)
+        return late, evict
+
     def _columns(self, key, make):
         if key not in self.columns:
             self.columns[key] = make()
@@ -198,8 +209,8 @@ class BatchContext:
             event_time_index=inputs.index(late_column) if late_column else None,
             watermark_key=node.keys.index(watermark) if watermark else None,
             expiry_delay_us=event_time[1] * 1000 if node.within_watermark else None,
-            late_us=self.late_watermark_ms * 1000 if late_column else None,
-            evict_us=self.eviction_watermark_ms * 1000 if event_time else None,
+            late_us=self.watermarks_for(node)[0] * 1000 if late_column else None,
+            evict_us=self.watermarks_for(node)[1] * 1000 if event_time else None,
             conf=self.conf, metrics=self.accumulators[self.operator_ids[node]],
             event_time_stats=reports_event_time)
         keys, arguments = self._columns(("dedup", id(node)), lambda: (
@@ -291,11 +302,12 @@ class BatchContext:
         """Buffers per key in Spark, merged with the state per partition, then finalised."""
         spec = node.spec
         op = self.operator_ids[node]
+        late_ms, evict_ms = self.watermarks_for(node)
         if node.session_index is not None and node.event_time_key is not None:
             # A session is late when it ends (event time + gap) at or before the previous
             # batch's watermark: such rows are dropped before the batch's sessions form.
             late = _us_column(node.session_time_column) + node.session_gap_ms * 1000 \
-                <= F.lit(self.late_watermark_ms * 1000)
+                <= F.lit(late_ms * 1000)
             observation = Observation(f"microbatch_late_rows_{op}_{self.batch_id}")
             self.late_observations[op] = observation
             df = df.observe(observation, F.count(F.when(late, 1)).alias("late")).filter(~late | late.isNull())
@@ -330,7 +342,7 @@ class BatchContext:
                 output_schema=pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
                                          for f in spec.merged_schema.fields]),
                 mode=self.output_mode,
-                evict_us=self.eviction_watermark_ms * 1000 if has_watermark else None,
+                evict_us=evict_ms * 1000 if has_watermark else None,
                 conf=self.conf, metrics=self.accumulators[op])
             return finalize(partial.mapInArrow(session_task, spec.merged_schema), spec, results)
         task = AggregateTask(
@@ -341,8 +353,8 @@ class BatchContext:
                                      for f in spec.merged_schema.fields]),
             mode=self.output_mode, watermark_key=node.event_time_key,
             watermark_is_window=node.event_time_is_window,
-            late_us=self.late_watermark_ms * 1000 if has_watermark else None,
-            evict_us=self.eviction_watermark_ms * 1000 if has_watermark else None,
+            late_us=late_ms * 1000 if has_watermark else None,
+            evict_us=evict_ms * 1000 if has_watermark else None,
             conf=self.conf, metrics=self.accumulators[self.operator_ids[node]],
             event_time_stats=watermark is not None)
         return finalize(partial.mapInArrow(task, spec.merged_schema), spec, results)

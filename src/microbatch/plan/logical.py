@@ -435,6 +435,15 @@ class StreamJoin(StatefulNode):
             found.append(value - 1 if op == "<=" else value)
         return min(found) if found else None
 
+    def output_watermark_ms(self, watermark_ms: int) -> int:
+        """The watermark an operator above the join sees (Spark's produceOutputWatermark):
+        the smallest of the input watermark and each side's state watermark (the input
+        watermark with a watermarked key; the state value watermark otherwise)."""
+        if self.watermark_key() is not None:
+            return watermark_ms
+        found = [self.value_watermark_ms(side, watermark_ms) for side in (0, 1)]
+        return min([watermark_ms] + [v for v in found if v is not None])
+
     def evicts(self) -> bool:
         """Whether state is ever evicted: by a watermarked key, or a state value watermark."""
         return self.watermark_key() is not None or any(
