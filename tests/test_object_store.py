@@ -277,10 +277,20 @@ def test_an_interrupted_attempt_on_s3_stays_invisible_and_is_removed(ss, spark, 
     out = f"s3://{BUCKET}/interrupted"
     fs = storage_for(out, {**s3[1]})
 
+    endpoint = s3[1]["spark.hadoop.fs.s3a.endpoint"]
+
     def run():
         def check(i):
-            if i == 101 and os.path.exists(flag):     # one row of batch 1, while the flag is up
-                time.sleep(3)                         # (the other task writes its file first)
+            if i == 101 and os.path.exists(flag):     # one row of batch 1, while the flag is up,
+                import time as clock                  # fails once the other task wrote its file
+                import boto3 as aws
+                client = aws.client("s3", endpoint_url=endpoint, aws_access_key_id="moto",
+                                    aws_secret_access_key=SECRET, region_name="us-east-1")
+                deadline = clock.monotonic() + 60
+                while clock.monotonic() < deadline and not [
+                        o for o in client.list_objects_v2(Bucket=BUCKET, Prefix="interrupted/part-")
+                        .get("Contents", []) if "-1-" in o["Key"]]:
+                    clock.sleep(0.05)
                 raise ValueError("injected failure in a task")
             return i
         checked = F.udf(check, "int")

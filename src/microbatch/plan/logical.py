@@ -347,6 +347,7 @@ class StreamJoin(StatefulNode):
     right_keys: tuple[str, ...] = ()       # the right side's (using: the same names)
     comparisons: tuple = ()                # (op, TimeTerm, TimeTerm) of the condition
     condition: Any = None                  # the user's Column (not using), for templates
+    side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
     _inputs: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -374,7 +375,7 @@ class StreamJoin(StatefulNode):
             if side not in outer:
                 event_time = (self.side_event_time(plan) or "").lower()
                 names = list((self.keys, self.right_keys)[side])
-                columns = self._side_columns(side)
+                columns = self.side_columns[side]
                 for op, a, b in self.comparisons:
                     for t in (a, b):
                         if t.side == side and columns[t.index] not in names:
@@ -387,12 +388,6 @@ class StreamJoin(StatefulNode):
                         plan = Transform(plan, "where", (condition,))
             self._inputs[side] = plan
         return self._inputs[side]
-
-    #: each side's column names, set when the join is defined (for the time comparisons)
-    side_columns: tuple = ()
-
-    def _side_columns(self, side: int) -> list[str]:
-        return list(self.side_columns[side]) if self.side_columns else []
 
     def side_event_time(self, side: PlanNode) -> str | None:
         """The watermarked event-time column of a side, if a watermark is below it."""
@@ -422,7 +417,7 @@ class StreamJoin(StatefulNode):
         this_time, other_time = self.side_event_time(plans[side]), self.side_event_time(plans[1 - side])
         if this_time is None or other_time is None:
             return None
-        other_columns = [c.lower() for c in self._side_columns(1 - side)]
+        other_columns = [c.lower() for c in self.side_columns[1 - side]]
         found = []
         for op, a, b in self.comparisons:
             if op in (">", ">="):
