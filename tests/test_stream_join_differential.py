@@ -190,3 +190,20 @@ def test_an_aggregation_after_a_join_matches_spark(spark, ss, sides, tmp_path, c
     assert comparable(our_progress) == comparable(their_progress)
     assert [op["operatorName"] for op in our_progress[0]["stateOperators"]] == ["stateStoreSave", "symmetricHashJoin"]
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+def test_the_max_watermark_policy_matches_spark(spark, ss, sides, tmp_path):
+    """spark.sql.streaming.multipleWatermarkPolicy=max: the join evicts by the larger of
+    its sides' watermarks, on both engines alike."""
+    transform = CASES["on id and event time, watermarks on both sides"]
+    spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
+    try:
+        theirs, their_progress = run(spark, sides, tmp_path / "spark", transform)
+        ours, our_progress = run(ss, sides, tmp_path / "microbatch", transform)
+    finally:
+        spark.conf.unset("spark.sql.streaming.multipleWatermarkPolicy")
+    assert ours == theirs
+    assert comparable(our_progress) == comparable(their_progress)
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+    min_policy = run(ss, sides, tmp_path / "min", transform)[1]
+    assert [p["eventTime"]["watermark"] for p in our_progress] != [p["eventTime"]["watermark"] for p in min_policy]
