@@ -207,3 +207,18 @@ def test_the_max_watermark_policy_matches_spark(spark, ss, sides, tmp_path):
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
     min_policy = run(ss, sides, tmp_path / "min", transform)[1]
     assert [p["eventTime"]["watermark"] for p in our_progress] != [p["eventTime"]["watermark"] for p in min_policy]
+
+
+def test_a_restart_with_another_join_type_or_keys_is_refused(ss, sides, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run(ss, sides, ckpt, CASES["on id and event time, watermarks on both sides"])
+    before = sorted(p.name for p in (ckpt / "offsets").iterdir())
+    changed = {
+        "the join was inner and is now left": CASES["left outer"],
+        "the key schema was": lambda l, r: l.withWatermark("ts", "10 seconds").join(
+            r.withWatermark("ts", "20 seconds"), ["ts"]),
+    }
+    for message, transform in changed.items():
+        with pytest.raises(Exception, match=r"operator 0 \(symmetricHashJoin\).*" + message):
+            run(ss, sides, ckpt, transform)
+    assert sorted(p.name for p in (ckpt / "offsets").iterdir()) == before

@@ -383,8 +383,9 @@ class MicroBatchExecution(StreamExecution):
                 raise CheckpointError(
                     f"The state of stateful operator {op} ({operator_name(node)}) in checkpoint "
                     f"'{self.checkpoint_root}' does not fit the query: {difference} ({path}). "
-                    "Changing the grouping keys, the aggregate functions or the deduplication "
-                    "columns of a running query is not supported (as in Spark): restore the "
+                    "Changing the grouping keys, the aggregate functions, the deduplication "
+                    "columns or a join's keys, columns or type of a running query is not "
+                    "supported (as in Spark): restore the "
                     "query as it was, or start it with a new checkpoint location.")
 
     def _write_state_schemas(self) -> None:

@@ -455,8 +455,11 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
 def schema_document(node: StatefulNode, key: StructType, value: StructType) -> str:
     """``state/<op>/_metadata/schema``: JSON text naming the operator and its schemas."""
     import json
-    return json.dumps({"version": 1, "operatorName": operator_name(node),
-                       "keySchema": key.jsonValue(), "valueSchema": value.jsonValue()}, sort_keys=True)
+    doc = {"version": 1, "operatorName": operator_name(node),
+           "keySchema": key.jsonValue(), "valueSchema": value.jsonValue()}
+    if isinstance(node, StreamJoin):
+        doc["joinType"] = node.how
+    return json.dumps(doc, sort_keys=True)
 
 
 def schema_difference(stored: str, node: StatefulNode, key: StructType, value: StructType) -> str | None:
@@ -466,6 +469,8 @@ def schema_difference(stored: str, node: StatefulNode, key: StructType, value: S
     found = []
     if doc.get("operatorName") != operator_name(node):
         found.append(f"the operator was {doc.get('operatorName')} and is now {operator_name(node)}")
+    elif isinstance(node, StreamJoin) and doc.get("joinType", "inner") != node.how:
+        found.append(f"the join was {doc.get('joinType', 'inner')} and is now {node.how}")
     for what, now in (("key", key), ("value", value)):
         before = StructType.fromJson(doc[f"{what}Schema"])
         if [(f.name, f.dataType) for f in before.fields] != [(f.name, f.dataType) for f in now.fields]:
