@@ -222,3 +222,18 @@ def test_a_restart_with_another_join_type_or_keys_is_refused(ss, sides, tmp_path
         with pytest.raises(Exception, match=r"operator 0 \(symmetricHashJoin\).*" + message):
             run(ss, sides, ckpt, transform)
     assert sorted(p.name for p in (ckpt / "offsets").iterdir()) == before
+
+
+def test_explain_shows_each_stateful_operator_with_its_id(ss, sides, tmp_path, capsys):
+    left = ss.readStream.schema("id INT, ts TIMESTAMP, a STRING").option("maxFilesPerTrigger", 1).json(sides[0])
+    right = ss.readStream.schema("id INT, ts TIMESTAMP, b INT").option("maxFilesPerTrigger", 1).json(sides[1])
+    query = (AGGREGATED["a window count after a join on a watermarked key"](left, right).writeStream
+             .format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    query.explain()
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if "state info" in line]
+    assert len(lines) == 2
+    assert lines[0].startswith("Aggregate") and "opId = 0, ver = " in lines[0] and "numPartitions = 2]" in lines[0]
+    assert "StreamingSymmetricHashJoin inner, [id, ts]" in lines[1] and "opId = 1" in lines[1]
+    assert f"checkpoint = {tmp_path / 'ckpt'}/state, runId = {query.runId}" in lines[1]

@@ -360,6 +360,11 @@ class MicroBatchExecution(StreamExecution):
         self._check_state_operators()
         self._check_state_schemas()
 
+    def num_state_partitions(self, node: StatefulNode) -> int:
+        """The state partitions of a stateful operator."""
+        from microbatch.execution.stateful import state_partitions
+        return state_partitions(node, int(self._batch_session.conf.get("spark.sql.shuffle.partitions")))
+
     def _state_schemas(self) -> list[tuple[str, StatefulNode, Any, Any]]:
         """(schema file, operator, key schema, value schema) of every stateful operator."""
         from microbatch.execution.stateful import state_schema

@@ -360,13 +360,17 @@ class BatchContext:
         return finalize(partial.mapInArrow(task, spec.merged_schema), spec, results)
 
     def partitions_of(self, node: StatefulNode) -> int:
-        """State partitions of an operator: a global aggregation (or a session window
-        without other keys) and a limit have one."""
-        if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
-            return 1
-        if isinstance(node, StreamingLimit):
-            return 1
-        return self.num_partitions
+        return state_partitions(node, self.num_partitions)
+
+
+def state_partitions(node: StatefulNode, shuffle_partitions: int) -> int:
+    """State partitions of an operator: a global aggregation (or a session window without
+    other keys) and a limit have one; the others the checkpoint's shuffle partitions."""
+    if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
+        return 1
+    if isinstance(node, StreamingLimit):
+        return 1
+    return shuffle_partitions
 
 
 def _event_time_stats_columns(watermark: Watermark) -> tuple:

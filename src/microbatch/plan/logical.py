@@ -46,10 +46,12 @@ class PlanNode:
     def describe(self) -> str:
         raise NotImplementedError
 
-    def tree_string(self, indent: int = 0) -> str:
-        lines = ["   " * indent + ("+- " if indent else "") + self.describe()]
+    def tree_string(self, indent: int = 0, annotate: Callable[["PlanNode"], str] | None = None) -> str:
+        """The plan as an indented tree; ``annotate`` adds text after a node's line."""
+        extra = annotate(self) if annotate else ""
+        lines = ["   " * indent + ("+- " if indent else "") + self.describe() + extra]
         for child in self.children:
-            lines.append(child.tree_string(indent + 1))
+            lines.append(child.tree_string(indent + 1, annotate))
         return "\n".join(lines)
 
 
