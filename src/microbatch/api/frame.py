@@ -243,12 +243,12 @@ class StreamFrame:
         return StreamFrame(self._session, node, template)
 
     def _stream_join(self, other: "StreamFrame", on: Any, how: str | None) -> "StreamFrame":
-        """A stream-stream join on column names both sides have: inner, left, right and full
-        outer."""
+        """A stream-stream join on column names both sides have, or on equal columns and time
+        comparisons: inner, left, right and full outer, left semi."""
         kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
         if kind is None:
             raise IllegalArgumentException(f"Unsupported join type '{how}'.")
-        if kind in ("cross", "anti", "semi"):
+        if kind in ("cross", "anti"):
             raise not_yet(f"A stream-stream {kind} join", "more stream-stream join types")
         for side in (self, other):
             if any(isinstance(n, StatefulNode) for n in side._plan.nodes()):

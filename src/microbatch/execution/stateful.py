@@ -274,7 +274,8 @@ class BatchContext:
         left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
         if not node.using:   # a condition: every column of the left, then of the right
             return joined.select(*[F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names)],
-                                 *[F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names)])
+                                 *([] if node.how == "semi" else
+                                   [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names)]))
         # Spark's USING join output: the keys (the left's; the right's in a right outer join;
         # the one that is there in a full outer join), then the other columns of each side
         left_key = {n.lower(): j for j, n in enumerate(left_names)}
@@ -288,7 +289,8 @@ class BatchContext:
             return F.col(f"__l{left_key[k.lower()]}")
         result = [key_column(k).alias(k) for k in keys]
         result += [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names) if n.lower() not in lowered]
-        result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
+        if node.how != "semi":   # a left semi join gives the left side's columns only
+            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
         return joined.select(*result)
 
     def limit(self, node: StreamingLimit, df: DataFrame) -> DataFrame:

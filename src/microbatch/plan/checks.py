@@ -9,7 +9,7 @@ from microbatch.errors import AnalysisException, UnsupportedOperationError
 from microbatch.plan.logical import PlanNode
 
 OUTPUT_MODES = ("append", "complete", "update")
-_JOIN_NAMES = {"left": "LeftOuter", "right": "RightOuter", "full": "FullOuter"}
+_JOIN_NAMES = {"left": "LeftOuter", "right": "RightOuter", "full": "FullOuter", "semi": "LeftSemi"}
 
 
 def normalize_output_mode(mode: str) -> str:
@@ -43,7 +43,7 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
     if mode == "append" and any(a.event_time_key is None for a in aggregates):
         raise _mode_error("append", "streaming aggregations without watermark")
     for join in (n for n in plan.nodes() if isinstance(n, StreamJoin)):
-        nullable = {"left": (1,), "right": (0,), "full": (0, 1)}.get(join.how, ())
+        nullable = {"left": (1,), "semi": (1,), "right": (0,), "full": (0, 1)}.get(join.how, ())
         ranged = all(join.value_watermark_ms(1 - side, 0) is not None for side in nullable)
         if join.how != "inner" and join.watermark_key() is None and not ranged:
             raise AnalysisException(

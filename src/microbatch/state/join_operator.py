@@ -49,7 +49,7 @@ class JoinTask:
     output_types: tuple[tuple[pa.DataType, ...], tuple[pa.DataType, ...]]   # Arrow types out
     event_times: tuple[int | None, int | None]  # per side: its watermarked column in the row
     watermark_key: int | None          # the join key that is a watermarked event time
-    how: str                           # inner, left, right or full (outer)
+    how: str                           # inner, left, right or full (outer), semi
     late_us: int | None                # rows at or before this are late
     evict_us: int | None               # state at or before this is evicted
     conf: StateStoreConf
@@ -123,7 +123,7 @@ class JoinTask:
         output: list[tuple[tuple, tuple]] = []
         if batches:
             table = pa.Table.from_batches(batches)
-            for side in (0, 1):
+            for side in ((1, 0) if self.how == "semi" else (0, 1)):   # Spark 4.3: a semi join's right first
                 keys, rows, dropped = self._side_rows(table, side)
                 late += dropped
                 updated += self._store_and_join(stores, side, keys, rows, output)
@@ -156,6 +156,7 @@ class JoinTask:
         this, other = SIDES[side], SIDES[1 - side]
         counts, values = stores[f"{this}-keyToNumValues"], stores[f"{this}-keyWithIndexToValue"]
         other_counts, other_values = stores[f"{other}-keyToNumValues"], stores[f"{other}-keyWithIndexToValue"]
+        semi = self.how == "semi"
         added = 0
         for key, row in zip(keys, rows):
             held = other_counts.get(key)   # (a null key meets a null key, as in Spark's state)
@@ -163,13 +164,21 @@ class JoinTask:
             for index in range(held[0] if held else 0):
                 stored = other_values.get(key + (index,))
                 other_row = stored[:-1]
+                if semi and side == 1 and stored[-1]:
+                    continue   # a left row comes out once, at its first match
                 pair = (row, other_row) if side == 0 else (other_row, row)
                 if self.comparisons and not self._condition(*pair):
                     continue
-                output.append(pair)
+                if not semi:
+                    output.append(pair)
+                elif side == 1:
+                    output.append((other_row, None))
                 matched = True
                 if not stored[-1]:   # Spark marks the other side's row as matched
                     other_values.put(key + (index,), other_row + (True,))
+            if semi and side == 0 and matched:
+                output.append((row, None))   # matched at once: out, and never stored
+                continue
             if side == 1 and self._behind_watermark(key, row, 1) and not (
                     self.how in ("right", "full") and not matched):
                 continue   # a right row behind the watermark met this batch's left rows already
@@ -185,14 +194,17 @@ class JoinTask:
         value watermark); on the outer side(s) of an outer join, emit those that never
         matched with nulls. A key's remaining rows keep indexes 0..n-1."""
         index_of_side = SIDES.index(side)
-        if (self.watermark_key is None or self.evict_us is None) and self.value_evict_us[index_of_side] is None:
+        matched_out = self.how == "semi" and side == "left"   # a matched left row is done
+        if (self.watermark_key is None or self.evict_us is None) and self.value_evict_us[index_of_side] is None \
+                and not matched_out:
             return 0
         counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
         outer = self.how == "full" or self.how == side
         removed = 0
         for key, (count,) in list(counts.iterator()):
             stored = [values.get(key + (index,)) for index in range(count)]
-            kept = [v for v in stored if not self._behind_watermark(key, v[:-1], index_of_side)]
+            kept = [v for v in stored if not (self._behind_watermark(key, v[:-1], index_of_side)
+                                              or (matched_out and v[-1]))]
             if len(kept) == count:
                 continue
             if outer:
