@@ -55,8 +55,8 @@ def test_definition_errors_come_where_the_step_is_written(ss):
         frame.dropDuplicates(["no_such_column"])
     with pytest.raises(AnalysisException, match="dropDuplicatesWithinWatermark is not supported .* without watermark"):
         frame.dropDuplicatesWithinWatermark(["value"])
-    with pytest.raises(UnsupportedOperationError, match="stream-stream semi join"):
-        frame.join(rate(ss), "value", "left_semi")
+    with pytest.raises(UnsupportedOperationError, match="stream-stream anti join"):
+        frame.join(rate(ss), "value", "left_anti")
     with pytest.raises(UnsupportedOperationError, match="chained stateful operators"):
         frame.dropDuplicates(["value"]).limit(3)
     with pytest.raises(AnalysisException, match="must be executed with writeStream.start"):
