@@ -263,9 +263,6 @@ class MapStateStoreProvider(StateStoreProvider):
         self.tables_fit = all(joinable(f.type) for f in key_schema)
         self.tables = TableVersions(self.files)
 
-    def latest_version(self) -> int:
-        return max(self.loaded_version, self.tables.loaded_version)
-
     # -- the two forms ------------------------------------------------------------------
     def load_map(self, version: int) -> bool:
         """Make the map hold ``version``; whether it held it already."""

@@ -219,10 +219,6 @@ class StateStoreProvider(ABC):
         """The store at ``version`` (0: empty), to change and commit as ``version + 1``."""
 
     @abstractmethod
-    def latest_version(self) -> int:
-        """The version this provider's memory holds (-1: none), for cache metrics."""
-
-    @abstractmethod
     def do_maintenance(self) -> None:
         """Snapshot and remove files no retained version needs."""
 
