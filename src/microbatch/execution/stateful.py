@@ -222,76 +222,28 @@ class BatchContext:
     def stream_join(self, node: StreamJoin, left: DataFrame, right: DataFrame) -> DataFrame:
         """Both sides' rows, tagged by side and hash-partitioned by the join keys into the
         state partitions (as Spark distributes each side of its join), then the join's
-        task per partition (``state.join_operator``), then the join's columns by name."""
-        from pyspark.sql.types import StructField
+        task per partition (``state.join_operator``), then the join's columns by name. The
+        columns and schemas are made once per run (``_join_shape``); a batch binds its rows
+        and watermarks."""
+        shape = self._columns(("join", id(node)), lambda: _join_shape(node, left, right))
         op = self.operator_ids[node]
-        schemas = (left.schema, right.schema)
-        keys = list(node.keys)
-        side_keys = (list(node.keys), list(node.right_keys))
-
-        def tagged(df: DataFrame, side: int) -> DataFrame:   # (null keys: StreamJoin.side_input)
-            columns = [F.lit(side).alias("__side")] + [F.col(_quoted(k)).alias(f"__k{i}")
-                                                       for i, k in enumerate(side_keys[side])]
-            for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
-                columns += [(F.col(_quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
-                            for j, f in enumerate(schema.fields)]
-            return df.select(*columns)
-
-        both = tagged(left, 0).union(tagged(right, 1))
-        arrow = [[to_arrow_type(f.dataType, timezone="UTC") for f in schema.fields] for schema in schemas]
-        key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
-
-        def event_time(side: PlanNode, schema: StructType) -> int | None:
-            column = node.side_event_time(side)
-            names = [n.lower() for n in schema.fieldNames()]
-            return names.index(column.lower()) if column and column.lower() in names else None
-
-        times = (event_time(node.left, schemas[0]), event_time(node.right, schemas[1]))
+        times = shape["times"]
         watermarked = any(t is not None for t in times)
         value_watermarks = tuple(None if times[side] is None or node.watermark_key() is not None
                                  else node.value_watermark_ms(side, self.eviction_watermark_ms)
                                  for side in (0, 1))
         task = JoinTask(
             state_root=self.state_root, operator_id=op, version=self.batch_id,
-            key_schema=pa.schema([pa.field(f.name, storage_type(to_arrow_type(f.dataType, timezone="UTC")))
-                                  for f in key_fields]),
-            row_schemas=tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
-                              for schema, types in zip(schemas, arrow)),
-            output_types=tuple(tuple(types) for types in arrow),
-            event_times=times, watermark_key=node.watermark_key(), how=node.how,
-            comparisons=tuple((op, (a.side, a.index, a.offset_us), (b.side, b.index, b.offset_us))
-                              for op, a, b in node.comparisons),
+            key_schema=shape["key_schema"], row_schemas=shape["row_schemas"],
+            output_types=shape["output_types"], event_times=times,
+            watermark_key=node.watermark_key(), how=node.how, comparisons=shape["comparisons"],
             value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
             late_us=self.late_watermark_ms * 1000 if watermarked else None,
             evict_us=self.eviction_watermark_ms * 1000 if watermarked else None,
             conf=self.conf, metrics=self.accumulators[op])
-        out = StructType([StructField(f"{prefix}{j}", f.dataType, True)
-                          for prefix, schema in (("__l", schemas[0]), ("__r", schemas[1]))
-                          for j, f in enumerate(schema.fields)])
-        keyed = both.repartition(self.num_partitions, *[F.col(f"__k{i}") for i in range(len(keys))])
-        joined = keyed.mapInArrow(task, out)
-        lowered = [k.lower() for k in keys]
-        left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
-        if not node.using:   # a condition: every column of the left, then of the right
-            return joined.select(*[F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names)],
-                                 *([] if node.how == "semi" else
-                                   [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names)]))
-        # Spark's USING join output: the keys (the left's; the right's in a right outer join;
-        # the one that is there in a full outer join), then the other columns of each side
-        left_key = {n.lower(): j for j, n in enumerate(left_names)}
-        right_key = {n.lower(): j for j, n in enumerate(right_names)}
-
-        def key_column(k: str):
-            if node.how == "right":
-                return F.col(f"__r{right_key[k.lower()]}")
-            if node.how == "full":
-                return F.coalesce(F.col(f"__l{left_key[k.lower()]}"), F.col(f"__r{right_key[k.lower()]}"))
-            return F.col(f"__l{left_key[k.lower()]}")
-        result = [key_column(k).alias(k) for k in keys]
-        result += [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names) if n.lower() not in lowered]
-        if node.how != "semi":   # a left semi join gives the left side's columns only
-            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
-        return joined.select(*result)
+        both = left.select(*shape["tagged"][0]).union(right.select(*shape["tagged"][1]))
+        keyed = both.repartition(self.num_partitions, *shape["partition"])
+        return keyed.mapInArrow(task, shape["out"]).select(*shape["result"])
 
     def limit(self, node: StreamingLimit, df: DataFrame) -> DataFrame:
         """The batch's first ``n`` rows (a plain limit: one partition, the batch's order),
@@ -363,6 +315,71 @@ class BatchContext:
 
     def partitions_of(self, node: StatefulNode) -> int:
         return state_partitions(node, self.num_partitions)
+
+
+def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
+    """What a stream-stream join's batches share: each side's tagging columns (``__side``,
+    the keys ``__k..``, the left row ``__l..``, the right row ``__r..``), the task's schemas,
+    the partitioning columns and the output columns (Spark's USING or condition output)."""
+    from pyspark.sql.types import StructField
+    schemas = (left.schema, right.schema)
+    keys = list(node.keys)
+    side_keys = (list(node.keys), list(node.right_keys))
+    tagged = []
+    for side in (0, 1):
+        columns = [F.lit(side).alias("__side")] + [F.col(_quoted(k)).alias(f"__k{i}")
+                                                   for i, k in enumerate(side_keys[side])]
+        for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
+            columns += [(F.col(_quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
+                        for j, f in enumerate(schema.fields)]
+        tagged.append(columns)
+    both = left.select(*tagged[0]).union(right.select(*tagged[1]))   # the keys' common types
+    key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
+    arrow = [[to_arrow_type(f.dataType, timezone="UTC") for f in schema.fields] for schema in schemas]
+
+    def event_time(side: PlanNode, schema: StructType) -> int | None:
+        column = node.side_event_time(side)
+        names = [n.lower() for n in schema.fieldNames()]
+        return names.index(column.lower()) if column and column.lower() in names else None
+
+    left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
+    if not node.using:   # a condition: every column of the left, then of the right
+        result = [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names)]
+        if node.how != "semi":
+            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names)]
+    else:
+        # Spark's USING join output: the keys (the left's; the right's in a right outer join;
+        # the one that is there in a full outer join), then the other columns of each side
+        lowered = [k.lower() for k in keys]
+        left_key = {n.lower(): j for j, n in enumerate(left_names)}
+        right_key = {n.lower(): j for j, n in enumerate(right_names)}
+
+        def key_column(k: str):
+            if node.how == "right":
+                return F.col(f"__r{right_key[k.lower()]}")
+            if node.how == "full":
+                return F.coalesce(F.col(f"__l{left_key[k.lower()]}"), F.col(f"__r{right_key[k.lower()]}"))
+            return F.col(f"__l{left_key[k.lower()]}")
+        result = [key_column(k).alias(k) for k in keys]
+        result += [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names) if n.lower() not in lowered]
+        if node.how != "semi":   # a left semi join gives the left side's columns only
+            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
+    return {
+        "tagged": tagged,
+        "key_schema": pa.schema([pa.field(f.name, storage_type(to_arrow_type(f.dataType, timezone="UTC")))
+                                 for f in key_fields]),
+        "row_schemas": tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
+                             for schema, types in zip(schemas, arrow)),
+        "output_types": tuple(tuple(types) for types in arrow),
+        "times": (event_time(node.left, schemas[0]), event_time(node.right, schemas[1])),
+        "comparisons": tuple((op, (a.side, a.index, a.offset_us), (b.side, b.index, b.offset_us))
+                             for op, a, b in node.comparisons),
+        "out": StructType([StructField(f"{prefix}{j}", f.dataType, True)
+                           for prefix, schema in (("__l", schemas[0]), ("__r", schemas[1]))
+                           for j, f in enumerate(schema.fields)]),
+        "partition": [F.col(f"__k{i}") for i in range(len(keys))],
+        "result": result,
+    }
 
 
 def state_partitions(node: StatefulNode, shuffle_partitions: int) -> int:
