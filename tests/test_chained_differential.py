@@ -4,6 +4,7 @@ operators' progress (Spark numbers them top down: the aggregation is operator 0)
 from __future__ import annotations
 
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks, write_event_files
@@ -64,3 +65,47 @@ def test_a_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
     first, _ = run(ss, events, tmp_path / "two-runs", case, fail_after_batch=2)
     second, _ = run(ss, events, tmp_path / "two-runs", case)
     assert first + second == whole and [b for b, _ in second][0] == 2
+
+
+def counts_per_window(frame):
+    """Rows per id and 10-second window, then the ids and rows of each 30-second window,
+    grouped on the first windows' ``window_time`` (Spark 3.4+'s chained aggregation)."""
+    first = frame.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds").alias("w"), "id").count()
+    return first.groupBy(F.window(F.window_time("w"), "30 seconds")).agg(
+        F.sum("count").alias("rows"), F.count("*").alias("ids"))
+
+
+@pytest.mark.parametrize("mode", ["append", "update", "complete"])
+def test_an_aggregation_after_an_aggregation_matches_spark_batch_by_batch(spark, ss, events, tmp_path, mode):
+    """Append mode runs; update and complete are refused as Spark refuses them, and run as
+    Spark runs them when its correctness check is turned off (the second aggregation then
+    counts the first one's updated rows again: the issue Spark's check warns about)."""
+    CASES["window of windows"] = (mode, counts_per_window)
+    if mode != "append":
+        with pytest.raises(AnalysisException) as theirs:
+            run(spark, events, tmp_path / "spark-refused", "window of windows")
+        with pytest.raises(AnalysisException) as ours:
+            run(ss, events, tmp_path / "microbatch-refused", "window of windows")
+        assert str(ours.value).split(";")[0] == str(theirs.value).split(";")[0]
+        assert "possible 'correctness' issue" in str(ours.value)
+        assert not (tmp_path / "microbatch-refused").exists()
+        spark.conf.set("spark.sql.streaming.statefulOperator.checkCorrectness.enabled", "false")
+    try:
+        theirs, their_progress = run(spark, events, tmp_path / "spark", "window of windows")
+        ours, our_progress = run(ss, events, tmp_path / "microbatch", "window of windows")
+    finally:
+        spark.conf.unset("spark.sql.streaming.statefulOperator.checkCorrectness.enabled")
+    assert ours == theirs
+    assert any(rows for _, rows in ours)
+    assert comparable(our_progress) == comparable(their_progress)
+    assert [op["operatorName"] for op in our_progress[0]["stateOperators"]] == ["stateStoreSave"] * 2
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+def test_chained_aggregations_restart_in_the_middle_with_the_same_answer(ss, events, tmp_path):
+    CASES["window of windows"] = ("append", counts_per_window)
+    whole, _ = run(ss, events, tmp_path / "one-run", "window of windows")
+    first, _ = run(ss, events, tmp_path / "two-runs", "window of windows", fail_after_batch=2)
+    second, _ = run(ss, events, tmp_path / "two-runs", "window of windows")
+    assert first + second == whole and [b for b, _ in second][0] == 2
+    assert any(rows for _, rows in second)

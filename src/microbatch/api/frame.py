@@ -420,8 +420,6 @@ class GroupedStream:
     def _aggregate(self, apply: Callable[[Any], DataFrame]) -> StreamFrame:
         frame = self._frame
         template = apply(frame._template.groupBy(*self._keys))
-        if any(isinstance(n, Aggregate) for n in frame._plan.nodes()):
-            raise not_yet("A second aggregation after an aggregation (chained aggregations)")
         if any(isinstance(n, StreamingLimit) for n in frame._plan.nodes()):
             raise not_yet("An aggregation after a limit (chained stateful operators)")
         spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_")
@@ -452,8 +450,13 @@ class GroupedStream:
     def _event_time_key(self, template: DataFrame, key_names: tuple,
                         session: tuple | None) -> tuple[int | None, bool]:
         """The first grouping key that carries a watermark's event time: the column
-        itself, or a window or session over it (Spark keeps the watermark on all)."""
-        event_times = [n.event_time for n in self._frame._plan.nodes() if isinstance(n, Watermark)]
+        itself, or a window or session over it (Spark keeps the watermark on all). Over an
+        earlier aggregation, its event-time key carries the watermark on: that window, or a
+        window over its ``window_time``."""
+        nodes = list(self._frame._plan.nodes())
+        event_times = [n.event_time for n in nodes if isinstance(n, Watermark)]
+        event_times += [n.spec.key_names[n.event_time_key] for n in nodes
+                        if isinstance(n, Aggregate) and n.event_time_key is not None]
         by_name = {f.name: f for f in template.schema.fields}
         for index, (name, key) in enumerate(zip(key_names, self._keys)):
             field = by_name[name]
@@ -465,7 +468,7 @@ class GroupedStream:
                     uses = key.lower() == event_time.lower()
                 else:  # the column (or the window) is written over the event-time column
                     text = key._jc.toString()
-                    uses = re.search(r"(?<![\w.`])`?" + re.escape(event_time) + r"`?(?![\w`])", text,
+                    uses = re.search(r"(?<![\w.`])`?" + re.escape(event_time) + r"`?(?![\w`.])", text,
                                      re.IGNORECASE) is not None
                     uses = uses and (is_window or name.lower() == event_time.lower())
                 if uses:

@@ -20,7 +20,7 @@ from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, storage_for
 from microbatch.errors import IllegalArgumentException
 from microbatch.execution.clock import Clock, SystemClock
 from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
-from microbatch.plan.checks import check_output_mode, check_source_names, normalize_output_mode
+from microbatch.plan.checks import CHECK_CORRECTNESS_CONF, check_output_mode, check_source_names, normalize_output_mode
 from microbatch.sinks import lookup_sink
 from microbatch.sinks.base import SinkContext
 from microbatch.sinks.foreach import check_foreach_writer
@@ -169,7 +169,8 @@ class DataStreamWriter:
         session = self._frame._session
         spark = session.spark
         check_source_names(self._frame._plan)
-        check_output_mode(self._frame._plan, self._output_mode)
+        check_output_mode(self._frame._plan, self._output_mode,
+                          spark.conf.get(CHECK_CORRECTNESS_CONF, "true").lower() == "true")
         opts = CaseInsensitiveOptions(self._options)
         if self._sink is not None:
             sink = self._sink

@@ -4,9 +4,13 @@ Messages follow Spark's wording where Spark has one.
 """
 from __future__ import annotations
 
+import logging
+
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, UnsupportedOperationError
 from microbatch.plan.logical import PlanNode
+
+log = logging.getLogger(__name__)
 
 OUTPUT_MODES = ("append", "complete", "update")
 _JOIN_NAMES = {"left": "LeftOuter", "right": "RightOuter", "full": "FullOuter", "semi": "LeftSemi"}
@@ -26,7 +30,7 @@ def _mode_error(mode: str, what: str) -> Exception:
                                        outputMode=mode, operation=what)
 
 
-def check_output_mode(plan: PlanNode, mode: str) -> None:
+def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True) -> None:
     """Spark's rules (UnsupportedOperationChecker) of what each output mode may run.
 
     Without aggregation (stateless, deduplication) append and update mean the same and
@@ -50,6 +54,7 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
                 f"Stream-stream {_JOIN_NAMES[join.how]} join between two streaming DataFrame/Datasets "
                 "is not supported without a watermark in the join keys, or a watermark on the "
                 "nullable side and an appropriate range condition;")
+    _check_global_watermark_limit(plan, mode, check_correctness)
     limits = [n for n in plan.nodes() if isinstance(n, StreamingLimit)
               or (isinstance(n, Transform) and n.method == "limit")]
     if limits and mode == "update":
@@ -62,6 +67,36 @@ def check_output_mode(plan: PlanNode, mode: str) -> None:
         raise AnalysisException(
             "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
             "aggregated DataFrame/Dataset in Complete output mode;")
+
+
+#: Spark's conf that turns the check below into a warning.
+CHECK_CORRECTNESS_CONF = "spark.sql.streaming.statefulOperator.checkCorrectness.enabled"
+
+_CORRECTNESS_MESSAGE = (
+    "Detected pattern of possible 'correctness' issue due to global watermark. The query "
+    "contains stateful operation which can emit rows older than the current watermark plus "
+    "allowed late record delay, which are \"late rows\" in downstream stateful operations and "
+    "these rows can be discarded. Please refer the programming guide doc for more details. If "
+    "you understand the possible risk of correctness issue and still need to run the query, you "
+    f"can disable this check by setting the config `{CHECK_CORRECTNESS_CONF}` to false.;")
+
+
+def _check_global_watermark_limit(plan: PlanNode, mode: str, enabled: bool) -> None:
+    """Spark's checkStreamingQueryGlobalWatermarkLimit: a stateful operator (an aggregation,
+    a stream-stream join, a deduplication on an event-time key) above an aggregation that
+    emits updated rows (update or complete mode) would see those rows as late. Spark refuses
+    the query, or only warns when ``CHECK_CORRECTNESS_CONF`` is false, and runs it."""
+    from microbatch.plan.logical import Aggregate, Deduplicate, StreamJoin
+    if mode == "append":
+        return
+    for node in plan.nodes():
+        counts = isinstance(node, (Aggregate, StreamJoin)) or (
+            isinstance(node, Deduplicate) and node.watermark_column() is not None)
+        if counts and any(isinstance(below, Aggregate) for below in node.nodes() if below is not node):
+            if enabled:
+                raise AnalysisException(_CORRECTNESS_MESSAGE)
+            log.warning(_CORRECTNESS_MESSAGE)
+            return
 
 
 def not_yet(operation: str, issue: str = "stateful streaming") -> UnsupportedOperationError:
