@@ -332,3 +332,58 @@ def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, 
 
     split(plan.condition().get())
     return keys, comparisons
+
+
+_CURRENT_LIKE = ("current_timestamp()", "now()", "current_date(", "localtimestamp(")
+
+
+def uses_current_time(df: Any) -> bool:
+    """Whether ``df``'s analyzed plan refers to the current time or date."""
+    text = df._jdf.queryExecution().analyzed().toString()
+    return any(token in text for token in _CURRENT_LIKE)
+
+
+def with_batch_timestamp(spark: SparkSession, df: Any, timestamp_ms: int) -> Any:
+    """``df`` with ``current_timestamp()``, ``now()``, ``current_date()`` and
+    ``localtimestamp()`` replaced by the batch timestamp (Spark's ``CurrentBatchTimestamp``):
+    a catalyst transform of the analyzed plan, with a Scala Map as the partial function."""
+    from py4j.java_collections import MapConverter
+    from pyspark.sql import DataFrame
+    jvm = spark._jvm
+    expressions = jvm.org.apache.spark.sql.catalyst.expressions
+    types = jvm.org.apache.spark.sql.types
+    some_tz = jvm.scala.Some(spark.conf.get("spark.sql.session.timeZone"))
+
+    def batch_time(type_name: str):
+        data_type = getattr(getattr(types, type_name + "$"), "MODULE$")
+        return expressions.CurrentBatchTimestamp(timestamp_ms, data_type, some_tz)
+
+    timestamp = batch_time("TimestampType")
+    replacements = {
+        expressions.CurrentTimestamp(): timestamp,
+        expressions.Now(): timestamp,
+        expressions.CurrentDate(some_tz): batch_time("DateType"),
+        expressions.LocalTimestamp(some_tz): batch_time("TimestampNTZType"),
+    }
+    java_map = MapConverter().convert(replacements, spark._sc._gateway._gateway_client)
+    scala_partial = jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map)
+    plan = df._jdf.queryExecution().analyzed().transformAllExpressions(scala_partial)
+    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan), spark)
+
+
+def filter_can_skip_column(filtered: Any, column: str) -> bool:
+    """Whether ``filtered`` (a DataFrame whose last step is a filter) filters on a
+    deterministic condition that does not refer to the top-level ``column``: what Spark's
+    optimizer needs to push such a filter below a watermark on ``column``."""
+    analyzed = filtered._jdf.queryExecution().analyzed()
+    if analyzed.getClass().getSimpleName() != "Filter":
+        return False
+    condition = analyzed.condition()
+    if not condition.deterministic():
+        return False
+    output = analyzed.child().output()
+    for i in range(output.size()):
+        attribute = output.apply(i)
+        if attribute.name().lower() == column.lower():
+            return not condition.references().contains(attribute)
+    return False   # a nested event time: keep the filter after the watermark

@@ -82,16 +82,7 @@ class StreamingQuery:
 
     def explain(self, extended: bool = False) -> None:
         print("== Stream Plan ==")
-        execution = self._execution
-        ids = getattr(execution, "operator_ids", {})
-
-        def state_info(node) -> str:   # as Spark prints a stateful operator's
-            if node not in ids:
-                return ""
-            return (f", state info [ checkpoint = {execution.checkpoint_root}/state, runId = {execution.run_id}, "
-                    f"opId = {ids[node]}, ver = {max(execution.current_batch_id, 0)}, "
-                    f"numPartitions = {execution.num_state_partitions(node)}]")
-        print(execution.plan.tree_string(annotate=state_info))
+        print(self._execution.explain_string())
         last = self._execution.last_batch_df
         if last is None:
             print("No physical plan. Waiting for data.")

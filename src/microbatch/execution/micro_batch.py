@@ -47,9 +47,8 @@ from microbatch.execution.stream_execution import StreamExecution, conf_ms
 from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Once,
                                            ProcessingTime, ProcessingTimeExecutor,
                                            SingleBatchExecutor, Trigger)
-from microbatch.plan.incremental import IncrementalExecution, uses_current_time
-from microbatch.plan.logical import (Aggregate, Observe, PlanNode, StatefulNode, StreamingRelation,
-                                     StreamJoin, Watermark)
+from microbatch.plan.incremental import IncrementalExecution, operator_name, state_partitions
+from microbatch.plan.logical import Observe, PlanNode, StatefulNode, StreamingRelation, StreamJoin
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER,
@@ -134,8 +133,6 @@ class MicroBatchExecution(StreamExecution):
         self.stateful = stateful_nodes(plan)
         self.watermark_nodes = watermark_nodes(plan)
         self.observes = any(isinstance(n, Observe) for n in plan.nodes())
-        self.operator_ids = {node: i for i, node in enumerate(self.stateful)}
-        self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
         self._operator_watermarks: dict[int, int] = {}
         self._prev_batch_watermark_ms = 0
         self._requires_another_batch = False
@@ -263,6 +260,7 @@ class MicroBatchExecution(StreamExecution):
         with progress.time_phase("triggerExecution"):
             if self.current_batch_id < 0:
                 self.populate_start_offsets()
+                self._plan_run()
                 log.info("Stream started from %s", self.committed_offsets)
             if self._described_batch != self.current_batch_id:  # one py4j call per batch, not per poll
                 self.spark.sparkContext.setJobDescription(self.batch_description(self.current_batch_id))
@@ -360,10 +358,20 @@ class MicroBatchExecution(StreamExecution):
         self._check_state_operators()
         self._check_state_schemas()
 
-    def num_state_partitions(self, node: StatefulNode) -> int:
-        """The state partitions of a stateful operator."""
-        from microbatch.execution.stateful import state_partitions
-        return state_partitions(node, int(self._batch_session.conf.get("spark.sql.shuffle.partitions")))
+    def _plan_run(self) -> None:
+        """The run's planner, once the checkpoint's confs are fixed (populate_start_offsets)."""
+        self._incremental = IncrementalExecution(
+            self._batch_session, self.plan, checkpoint_root=self.checkpoint_root,
+            shuffle_partitions=int(self._batch_session.conf.get("spark.sql.shuffle.partitions")),
+            output_mode=self.output_mode,
+            empty_inputs={r: self._empty_batch(i) for i, r in enumerate(self.relations)})
+
+    def explain_string(self) -> str:
+        """The run's plan with each stateful operator's state info; before the run is
+        planned, the query's plan."""
+        if self._incremental is None:
+            return self.plan.tree_string()
+        return self._incremental.explain_string(self.run_id, self.current_batch_id)
 
     def _state_schemas(self) -> list[tuple[str, StatefulNode, Any, Any]]:
         """(schema file, operator, key schema, value schema) of every stateful operator."""
@@ -379,7 +387,7 @@ class MicroBatchExecution(StreamExecution):
 
     def _check_state_schemas(self) -> None:
         """An operator's key and value schema must be those its state was written with."""
-        from microbatch.execution.stateful import operator_name, schema_difference
+        from microbatch.execution.stateful import schema_difference
         for op, (path, node, key, value) in enumerate(self._state_schemas()):
             if not self.fs.exists(path):
                 continue
@@ -410,7 +418,6 @@ class MicroBatchExecution(StreamExecution):
         wanted = list(range(len(self.stateful)))
         if on_disk == wanted:
             return
-        from microbatch.execution.stateful import operator_name
         names = ", ".join(f"{i} ({operator_name(n)})" for i, n in enumerate(self.stateful)) or "none"
         raise CheckpointError(
             f"The query's stateful operators [{names}] do not match the state in checkpoint "
@@ -545,12 +552,8 @@ class MicroBatchExecution(StreamExecution):
                 inputs[relation] = df
         ctx = self._batch_context(batch_id)
         with progress.time_phase("queryPlanning"):
-            if self._incremental is None:
-                template = self.plan.build({r: self._empty_batch(i)
-                                            for i, r in enumerate(self.relations)})
-                self._incremental = IncrementalExecution(
-                    self._batch_session, self.plan, uses_current_time(template))
-            batch_df = self._incremental.batch_dataframe(inputs, self.offset_seq_metadata, ctx)
+            batch_df = self._incremental.batch_dataframe(
+                inputs, self.offset_seq_metadata.batch_timestamp_ms, ctx)
             self.last_batch_df = batch_df
         if self.stateful and not self._state_schemas_written:
             self._write_state_schemas()
@@ -583,9 +586,9 @@ class MicroBatchExecution(StreamExecution):
             "sources": [self._source_progress(i, row_counts.get(i, 0)) for i in range(len(self.sources))],
             "sink": self._sink_progress(),
             "eventTime": event_time,
-            "stateOperators": [state_operator_progress(node, self._operator_metrics(ctx, i),
+            "stateOperators": [state_operator_progress(op.node, self._operator_metrics(ctx, op.id),
                                                        ctx.num_partitions)
-                               for i, node in enumerate(self.stateful)] if ctx is not None else [],
+                               for op in self._incremental.operators] if ctx is not None else [],
             "observedMetrics": self._user_observed_metrics(ctx),
         }
         log.debug("Completed batch %d", batch_id)
@@ -616,14 +619,16 @@ class MicroBatchExecution(StreamExecution):
                                                    run_id=self.run_id, storage=self.fs.spec())
         for accumulator in self._state_metrics.values():
             accumulator.value = {}
+        planner = self._incremental
         return BatchContext(
             batch_id=batch_id, state_root=f"{self.checkpoint_root}/state",
             num_partitions=int(self._batch_session.conf.get("spark.sql.shuffle.partitions")),
-            late_watermark_ms=self._prev_batch_watermark_ms,
-            eviction_watermark_ms=self.offset_seq_metadata.batch_watermark_ms,
-            conf=self._store_conf, operator_ids=self.operator_ids,
-            accumulators=self._state_metrics, watermark_ids=self.watermark_ids,
-            output_mode=self.output_mode, stats_in_operator=stats_in_operator(self.stateful),
+            watermarks=planner.operator_watermarks(self._prev_batch_watermark_ms,
+                                                   self.offset_seq_metadata.batch_watermark_ms),
+            conf=self._store_conf, operator_ids={op.node: op.id for op in planner.operators},
+            accumulators=self._state_metrics, watermark_ids=planner.watermark_ids,
+            output_mode=self.output_mode,
+            stats_in_operator=stats_in_operator([op.node for op in planner.operators]),
             columns=self._batch_columns)
 
     def _operator_metrics(self, ctx: BatchContext, op: int) -> dict:
@@ -638,8 +643,8 @@ class MicroBatchExecution(StreamExecution):
     def _complete_state_commits(self, ctx: BatchContext, batch_df: DataFrame) -> None:
         """Every state partition must commit version N+1, even if the sink read only part
         of the batch (``take``) or none of it; run the batch to the end if not."""
-        if all(committed_partitions(self._state_metrics[i].value) == set(range(ctx.partitions_of(node)))
-               for i, node in enumerate(self.stateful)):
+        if all(committed_partitions(self._state_metrics[op.id].value) == set(range(op.num_state_stores))
+               for op in self._incremental.operators):
             return
         log.info("The sink did not run every state partition of batch %d; running the batch "
                  "to the end to commit its state", ctx.batch_id)
@@ -654,10 +659,11 @@ class MicroBatchExecution(StreamExecution):
         observed = [(node, self._observed(observation)) for node, observation in ctx.observations.items()]
         observed += [(node, aggregated_event_time(self._state_metrics[op].value))
                      for node, op in ctx.stats_operators.items()]
-        for node, stats in sorted(observed, key=lambda item: self.watermark_ids[item[0]]):
+        watermark_ids = self._incremental.watermark_ids
+        for node, stats in sorted(observed, key=lambda item: watermark_ids[item[0]]):
             if not stats or not stats.get("count"):
                 continue
-            index = self.watermark_ids[node]
+            index = watermark_ids[node]
             candidate = int(stats["max"]) - node.delay_ms
             self._operator_watermarks[index] = max(self._operator_watermarks.get(index, candidate), candidate)
             if not merged:   # progress shows the first watermark's statistics, as Spark's does
@@ -673,14 +679,7 @@ class MicroBatchExecution(StreamExecution):
             else:
                 log.debug("Event time didn't move: %d <= %d", chosen, self.watermark_ms)
         self._prev_batch_watermark_ms = used_ms
-        # Spark's shouldRunAnotherBatch: a stateful operator with a watermark below it,
-        # which evicts (not an aggregation in complete mode), and a watermark that moved.
-        # A stream-stream join only when it evicts by a watermarked join key.
-        self._requires_another_batch = self.watermark_ms > ctx.eviction_watermark_ms and any(
-            any(isinstance(n, Watermark) for n in node.nodes())
-            and not (isinstance(node, Aggregate) and self.output_mode == "complete")
-            and not (isinstance(node, StreamJoin) and not node.evicts())
-            for node in self.stateful)
+        self._requires_another_batch = self._incremental.should_run_another_batch(self.watermark_ms, used_ms)
         if not self.watermark_nodes:
             return None
         event_time = {"watermark": format_timestamp(used_ms)}

@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType
 
+from microbatch.plan.incremental import OperatorWatermarks, operator_name, state_partitions
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import (Aggregate, Deduplicate, Observe, PlanNode, StatefulNode,
                                      StreamingLimit, StreamJoin, Watermark)
@@ -108,15 +109,14 @@ class BatchContext:
     """What the plan of batch N needs to observe event time and run stateful steps."""
 
     def __init__(self, *, batch_id: int, state_root: str, num_partitions: int,
-                 late_watermark_ms: int, eviction_watermark_ms: int, conf: StateStoreConf,
+                 watermarks: dict[StatefulNode, OperatorWatermarks], conf: StateStoreConf,
                  operator_ids: dict[StatefulNode, int], accumulators: dict[int, Any],
                  watermark_ids: dict[Watermark, int], output_mode: str = "append",
                  stats_in_operator: frozenset = frozenset(), columns: dict | None = None):
         self.batch_id = batch_id
         self.state_root = state_root
         self.num_partitions = num_partitions
-        self.late_watermark_ms = late_watermark_ms
-        self.eviction_watermark_ms = eviction_watermark_ms
+        self.watermarks = watermarks
         self.conf = conf
         self.operator_ids = operator_ids
         self.accumulators = accumulators
@@ -133,15 +133,10 @@ class BatchContext:
         self.columns = columns if columns is not None else {}
 
     def watermarks_for(self, node: StatefulNode) -> tuple[int, int]:
-        """The (late, eviction) watermarks of an operator, in ms: the query's, or, above a
-        stream-stream join, the join's output watermark of each (Spark 3.4+'s propagation
-        of watermarks through stateful operators)."""
-        late, evict = self.late_watermark_ms, self.eviction_watermark_ms
-        below = [n for n in node.child.nodes() if isinstance(n, StreamJoin)]
-        if below:
-            join = below[0]
-            late, evict = join.output_watermark_ms(late), join.output_watermark_ms(evict)
-        return late, evict
+        """The (late, eviction) watermarks of an operator in ms, as the planner propagated
+        them (``plan.incremental``: above a stream-stream join, the join's output watermark)."""
+        found = self.watermarks[node]
+        return found.late_ms, found.eviction_ms
 
     def _columns(self, key, make):
         if key not in self.columns:
@@ -166,25 +161,6 @@ class BatchContext:
         observation = Observation(node.name)
         self.user_observations[node.name] = observation
         return df.observe(observation, *node.exprs)
-
-    def filter_passes_watermark(self, node, watermark: Watermark, filtered: DataFrame) -> bool:
-        """Whether the filter ``node`` (right above ``watermark``; ``filtered`` is its
-        result) runs before the watermark's observation, as Spark's optimizer puts it:
-        deterministic, and not referring to the event time. Decided once per run."""
-        def decide() -> bool:
-            analyzed = filtered._jdf.queryExecution().analyzed()
-            if analyzed.getClass().getSimpleName() != "Filter":
-                return False
-            condition = analyzed.condition()
-            if not condition.deterministic():
-                return False
-            output = analyzed.child().output()
-            for i in range(output.size()):
-                attribute = output.apply(i)
-                if attribute.name().lower() == watermark.event_time.lower():
-                    return not condition.references().contains(attribute)
-            return False   # a nested event time: keep the filter after the observation
-        return self._columns(("filter below watermark", id(node)), decide)
 
     def deduplicate(self, node: Deduplicate, df: DataFrame) -> DataFrame:
         """Rows hash-partitioned by key; an Arrow UDF over the key columns answers, per
@@ -229,8 +205,9 @@ class BatchContext:
         op = self.operator_ids[node]
         times = shape["times"]
         watermarked = any(t is not None for t in times)
+        late_ms, evict_ms = self.watermarks_for(node)
         value_watermarks = tuple(None if times[side] is None or node.watermark_key() is not None
-                                 else node.value_watermark_ms(side, self.eviction_watermark_ms)
+                                 else node.value_watermark_ms(side, evict_ms)
                                  for side in (0, 1))
         task = JoinTask(
             state_root=self.state_root, operator_id=op, version=self.batch_id,
@@ -238,8 +215,8 @@ class BatchContext:
             output_types=shape["output_types"], event_times=times,
             watermark_key=node.watermark_key(), how=node.how, comparisons=shape["comparisons"],
             value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
-            late_us=self.late_watermark_ms * 1000 if watermarked else None,
-            evict_us=self.eviction_watermark_ms * 1000 if watermarked else None,
+            late_us=late_ms * 1000 if watermarked else None,
+            evict_us=evict_ms * 1000 if watermarked else None,
             conf=self.conf, metrics=self.accumulators[op])
         both = left.select(*shape["tagged"][0]).union(right.select(*shape["tagged"][1]))
         keyed = both.repartition(self.num_partitions, *shape["partition"])
@@ -382,16 +359,6 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
     }
 
 
-def state_partitions(node: StatefulNode, shuffle_partitions: int) -> int:
-    """State partitions of an operator: a global aggregation (or a session window without
-    other keys) and a limit have one; the others the checkpoint's shuffle partitions."""
-    if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
-        return 1
-    if isinstance(node, StreamingLimit):
-        return 1
-    return shuffle_partitions
-
-
 def _event_time_stats_columns(watermark: Watermark) -> tuple:
     """Max, min, sum and count of the event time in ms, as partial aggregate columns."""
     ms = _ms_column(watermark.event_time)
@@ -416,18 +383,6 @@ def _row_filter_udf(task):
 
 def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def operator_name(node: StatefulNode) -> str:
-    if isinstance(node, Deduplicate):
-        return "dedupeWithinWatermark" if node.within_watermark else "dedupe"
-    if isinstance(node, Aggregate):
-        return "stateStoreSave" if node.session_index is None else "sessionWindowStateStoreSaveExec"
-    if isinstance(node, StreamingLimit):
-        return "globalLimit"
-    if isinstance(node, StreamJoin):
-        return "symmetricHashJoin"
-    return type(node).__name__
 
 
 def state_operator_progress(node: StatefulNode, metrics: dict, num_partitions: int) -> dict:

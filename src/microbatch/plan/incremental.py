@@ -1,73 +1,215 @@
-"""IncrementalExecution: the plan of one micro-batch, as a PySpark DataFrame.
+"""IncrementalExecution: the planner of a query run, and the plan of each micro-batch.
 
-Given each source's batch DataFrame and the batch metadata, build the stream's
-plan on them and replace ``current_timestamp()``, ``now()``, ``current_date()``
-and ``localtimestamp()`` by the batch timestamp recorded in ``offsets/N``, so a
-re-run batch computes exactly what the first attempt computed (Spark's
-``CurrentBatchTimestamp``). The replacement is a catalyst plan transform done in
-the JVM with a Scala Map used as the partial function, and only for plans that
-contain such an expression.
+Made once per query run, when the checkpoint's confs are fixed (Spark's
+IncrementalExecution, which Spark re-creates every batch; here the analysis is done
+once and a batch binds its inputs, its batch timestamp and its watermarks):
+
+- **Rewrites, once.** A deterministic filter right above ``withWatermark`` that does not
+  use the event time is moved below it, as Spark's optimizer pushes it, so the watermark
+  sees only the rows that pass (decided on the template, the query over empty inputs).
+  Whether the query reads the current time (``current_timestamp()`` and friends, then
+  replaced by the batch timestamp recorded in ``offsets/N``) is decided once too.
+- **Stateful operators.** Each gets Spark's operator id (top down, in plan order), its
+  state location ``<checkpoint>/state/<id>`` and its number of state stores (the
+  checkpoint's shuffle partitions; one for a global aggregation and for a limit).
+- **Watermarks per operator** (Spark 3.4+'s watermark propagation): a watermark node
+  gives the query's watermark; a stateful operator gives what it may still emit (a
+  stream-stream join: the smallest of its input watermark and each side's state
+  watermark; the others: their input watermark); an operator's input is the smallest of
+  its children's. Rows are late against the propagation of the previous batch's
+  watermark, state is evicted against that of this batch's.
+- **shouldRunAnotherBatch**, per operator, with Spark's rule for each: a watermark below
+  it that would move its eviction watermark, and something that evicts (an aggregation
+  in append or update mode, a deduplication, a join with a watermarked key or a state
+  value watermark; never a limit).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from py4j.java_collections import MapConverter
 from pyspark.sql import DataFrame, SparkSession
 
-from microbatch.checkpoint.offsets import OffsetSeqMetadata
-from microbatch.plan.logical import PlanNode, StreamingRelation
+from microbatch import spark_internals
+from microbatch.plan.logical import (Aggregate, Deduplicate, PlanNode, StatefulNode,
+                                     StreamingLimit, StreamingRelation, StreamJoin, Transform,
+                                     Watermark)
 
 log = logging.getLogger(__name__)
 
-_CURRENT_LIKE = ("current_timestamp()", "now()", "current_date(", "localtimestamp(")
+
+def operator_name(node: StatefulNode) -> str:
+    """The operator's name in progress and in its state schema file, as Spark names it."""
+    if isinstance(node, Deduplicate):
+        return "dedupeWithinWatermark" if node.within_watermark else "dedupe"
+    if isinstance(node, Aggregate):
+        return "stateStoreSave" if node.session_index is None else "sessionWindowStateStoreSaveExec"
+    if isinstance(node, StreamingLimit):
+        return "globalLimit"
+    if isinstance(node, StreamJoin):
+        return "symmetricHashJoin"
+    return type(node).__name__
 
 
-def uses_current_time(df: DataFrame) -> bool:
-    """Whether the analyzed plan refers to the current time or date."""
-    text = df._jdf.queryExecution().analyzed().toString()
-    return any(token in text for token in _CURRENT_LIKE)
+def state_partitions(node: StatefulNode, shuffle_partitions: int) -> int:
+    """State partitions of an operator: a global aggregation (or a session window without
+    other keys) and a limit have one; the others the checkpoint's shuffle partitions."""
+    if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
+        return 1
+    if isinstance(node, StreamingLimit):
+        return 1
+    return shuffle_partitions
+
+
+@dataclass(frozen=True, eq=False)
+class StatefulOperator:
+    """A stateful operator as the planner placed it (Spark's StatefulOperatorStateInfo)."""
+
+    id: int
+    node: StatefulNode
+    name: str
+    state_location: str
+    num_state_stores: int
+
+    def evicts_with(self, output_mode: str) -> bool:
+        """Whether the operator evicts state when its watermark moves (Spark's
+        shouldRunAnotherBatch of the operator, given a watermark below it)."""
+        node = self.node
+        if isinstance(node, Aggregate):
+            return output_mode in ("append", "update")
+        if isinstance(node, StreamJoin):
+            return node.evicts()
+        return isinstance(node, Deduplicate)
+
+
+@dataclass(frozen=True)
+class OperatorWatermarks:
+    """The watermarks an operator uses in a batch, in ms: rows at or before ``late_ms``
+    are dropped as late, state at or before ``eviction_ms`` is evicted."""
+
+    late_ms: int
+    eviction_ms: int
+
+
+def _children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
+    if list(node.children) == children:
+        return node
+    if len(children) == 2:
+        changes = {"left": children[0], "right": children[1]}
+        if isinstance(node, StreamJoin):
+            changes["_inputs"] = {}
+        return dataclasses.replace(node, **changes)
+    return dataclasses.replace(node, child=children[0])
+
+
+def _built_children(node: PlanNode) -> tuple[PlanNode, ...]:
+    """A node's children as a batch builds them: a stream-stream join reads its sides
+    through their null filters (``StreamJoin.side_input``)."""
+    if isinstance(node, StreamJoin):
+        return node.side_input(0), node.side_input(1)
+    return node.children
+
+
+def _built_nodes(node: PlanNode):
+    yield node
+    for child in _built_children(node):
+        yield from _built_nodes(child)
 
 
 class IncrementalExecution:
-    """Plans batches of one query run; created once per run, used for every batch."""
+    """Plans the batches of one query run; made once per run, used for every batch."""
 
-    def __init__(self, spark: SparkSession, plan: PlanNode, needs_batch_time: bool):
+    def __init__(self, spark: SparkSession, plan: PlanNode, *, checkpoint_root: str,
+                 shuffle_partitions: int, output_mode: str,
+                 empty_inputs: Mapping[StreamingRelation, DataFrame]):
         self.spark = spark
-        self.plan = plan
-        self.needs_batch_time = needs_batch_time
+        self.output_mode = output_mode
+        self.plan = self._push_filters_below_watermarks(plan, empty_inputs)
+        self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
+        nodes = list(_built_nodes(self.plan))
+        stateful = [n for n in nodes if isinstance(n, StatefulNode)]
+        self.operators = [StatefulOperator(i, node, operator_name(node), f"{checkpoint_root}/state/{i}",
+                                           state_partitions(node, shuffle_partitions))
+                          for i, node in enumerate(stateful)]
+        self.operator = {op.node: op for op in self.operators}
+        self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
+        self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
+
+    # -- rewrites, once per run ------------------------------------------------
+    def _push_filters_below_watermarks(self, plan: PlanNode,
+                                       empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
+        """``filter(c)`` right above ``withWatermark(t)`` becomes ``withWatermark(t)`` over
+        ``filter(c)`` when Spark's optimizer would push it there: ``c`` deterministic and
+        not using ``t``. (Spark also splits conjunctions and pushes through projections;
+        a filter that mixes both kinds, or comes after a select, stays above here.)"""
+        children = [self._push_filters_below_watermarks(c, empty_inputs) for c in plan.children]
+        plan = _children_replaced(plan, children)
+        if isinstance(plan, StreamJoin):   # its sides as it reads them, with their null filters
+            plan = dataclasses.replace(plan, _inputs={})
+            plan._inputs = {side: self._push_filters_below_watermarks(plan.side_input(side), empty_inputs)
+                            for side in (0, 1)}
+        if isinstance(plan, Transform) and plan.method in ("filter", "where") \
+                and isinstance(plan.child, Watermark):
+            watermark = plan.child
+            below = dataclasses.replace(plan, child=watermark.child)
+            if spark_internals.filter_can_skip_column(below.build(empty_inputs), watermark.event_time):
+                log.debug("Filter %s runs below the watermark on %s", plan.describe(), watermark.event_time)
+                return dataclasses.replace(watermark, child=below)
+        return plan
+
+    # -- per batch -------------------------------------------------------------
+    def operator_watermarks(self, late_ms: int, eviction_ms: int) -> dict[StatefulNode, OperatorWatermarks]:
+        """Each operator's watermarks, given the query's watermark of the previous batch
+        (``late_ms``) and of this batch (``eviction_ms``)."""
+        late, evict = self.input_watermarks(late_ms), self.input_watermarks(eviction_ms)
+        return {op.node: OperatorWatermarks(late.get(op.node) or 0, evict.get(op.node) or 0)
+                for op in self.operators}
+
+    def input_watermarks(self, watermark_ms: int) -> dict[StatefulNode, int | None]:
+        """Spark's propagation: per stateful operator, the watermark of its input (None:
+        no watermark below it)."""
+        found: dict[StatefulNode, int | None] = {}
+
+        def output(node: PlanNode) -> int | None:
+            below = [w for w in (output(c) for c in _built_children(node)) if w is not None]
+            given = min(below) if below else None
+            if isinstance(node, Watermark):
+                return watermark_ms
+            if isinstance(node, StatefulNode):
+                found[node] = given
+                if given is not None and isinstance(node, StreamJoin):
+                    return node.output_watermark_ms(given)
+            return given
+
+        output(self.plan)
+        return found
+
+    def should_run_another_batch(self, new_watermark_ms: int, eviction_ms: int) -> bool:
+        """Spark's IncrementalExecution.shouldRunAnotherBatch: whether some operator would
+        evict with the watermark the next batch runs with."""
+        now, then = self.input_watermarks(eviction_ms), self.input_watermarks(new_watermark_ms)
+        return any(now.get(op.node) is not None and then[op.node] > now[op.node]
+                   and op.evicts_with(self.output_mode) for op in self.operators)
 
     def batch_dataframe(self, inputs: Mapping[StreamingRelation, DataFrame],
-                        metadata: OffsetSeqMetadata, ctx: Any = None) -> DataFrame:
+                        batch_timestamp_ms: int, ctx: Any = None) -> DataFrame:
         """The batch's DataFrame; ``ctx`` (an ``execution.stateful.BatchContext``) runs
         the stateful steps and event-time observation."""
         df = self.plan.build(inputs, ctx)
         if self.needs_batch_time:
-            df = self._with_batch_timestamp(df, metadata.batch_timestamp_ms)
+            log.info("Current batch timestamp = %d", batch_timestamp_ms)
+            df = spark_internals.with_batch_timestamp(self.spark, df, batch_timestamp_ms)
         return df
 
-    def _with_batch_timestamp(self, df: DataFrame, timestamp_ms: int) -> DataFrame:
-        log.info("Current batch timestamp = %d", timestamp_ms)
-        jvm = self.spark._jvm
-        expressions = jvm.org.apache.spark.sql.catalyst.expressions
-        types = jvm.org.apache.spark.sql.types
-        tz = self.spark.conf.get("spark.sql.session.timeZone")
-        some_tz = jvm.scala.Some(tz)
-
-        def batch_time(type_name: str):
-            data_type = getattr(getattr(types, type_name + "$"), "MODULE$")
-            return expressions.CurrentBatchTimestamp(timestamp_ms, data_type, some_tz)
-
-        timestamp = batch_time("TimestampType")
-        replacements = {
-            expressions.CurrentTimestamp(): timestamp,
-            expressions.Now(): timestamp,
-            expressions.CurrentDate(some_tz): batch_time("DateType"),
-            expressions.LocalTimestamp(some_tz): batch_time("TimestampNTZType"),
-        }
-        java_map = MapConverter().convert(replacements, self.spark._sc._gateway._gateway_client)
-        scala_map = jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map)
-        plan = df._jdf.queryExecution().analyzed().transformAllExpressions(scala_map)
-        jdf = jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.spark._jsparkSession, plan)
-        return DataFrame(jdf, self.spark)
+    def explain_string(self, run_id: str, batch_id: int) -> str:
+        """The plan, each stateful operator with its state info as Spark prints it."""
+        def state_info(node: PlanNode) -> str:
+            op = self.operator.get(node)
+            if op is None:
+                return ""
+            return (f", state info [ checkpoint = {op.state_location.rsplit('/', 1)[0]}, "
+                    f"runId = {run_id}, opId = {op.id}, ver = {max(batch_id, 0)}, "
+                    f"numPartitions = {op.num_state_stores}]")
+        return self.plan.tree_string(annotate=state_info)

@@ -94,16 +94,6 @@ class Transform(PlanNode):
         return (self.child,)
 
     def build(self, inputs, ctx=None):
-        if ctx is not None and self.method in ("filter", "where") and isinstance(self.child, Watermark):
-            # Spark's optimizer pushes such a filter below its watermark node when it is
-            # deterministic and does not refer to the event time: the watermark then
-            # sees only the rows that pass it. Do the same, so the watermark moves alike.
-            unwatched = self.child.child.build(inputs, ctx)
-            filtered = getattr(unwatched, self.method)(*self.args, **self.kwargs)
-            if ctx.filter_passes_watermark(self, self.child, filtered):
-                return ctx.observe_event_time(self.child, filtered)
-            watched = ctx.observe_event_time(self.child, unwatched)   # Spark keeps it above
-            return getattr(watched, self.method)(*self.args, **self.kwargs)
         return getattr(self.child.build(inputs, ctx), self.method)(*self.args, **self.kwargs)
 
     def describe(self) -> str:
@@ -182,11 +172,8 @@ class Watermark(PlanNode):
     (min, max, avg) to move the watermark after the batch.
 
     As in Spark, a deterministic filter right after ``withWatermark`` that does not
-    refer to the event time runs before the observation (``Transform.build``). Spark
-    also splits a filter into its conjuncts and pushes the ones it can, and pushes
-    filters through projections first; a filter that mixes both kinds, or comes after
-    a ``select``, is observed after the watermark here, so the watermark can be
-    ahead of Spark's for such queries."""
+    refer to the event time runs before the observation: the planner moves it below
+    (``plan.incremental``)."""
 
     child: PlanNode
     event_time: str

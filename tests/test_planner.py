@@ -1,0 +1,120 @@
+"""The planner (``plan.incremental.IncrementalExecution``): what it decides once per run
+(operator ids, state locations, numbers of state stores, rewrites) and per batch (each
+operator's watermarks, whether another batch must run)."""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from microbatch import spark_internals
+from microbatch.plan.incremental import IncrementalExecution, OperatorWatermarks
+from microbatch.plan.logical import Aggregate, Deduplicate, StreamingLimit, StreamJoin, Transform, Watermark
+
+
+def planner(spark, frame, mode="append", partitions=4):
+    empty = {r: spark.createDataFrame([], r.schema) for r in frame._plan.relations()}
+    return IncrementalExecution(spark, frame._plan, checkpoint_root="/ckpt", shuffle_partitions=partitions,
+                                output_mode=mode, empty_inputs=empty)
+
+
+@pytest.fixture
+def events(ss, tmp_path):
+    (tmp_path / "in").mkdir()
+    return lambda: ss.readStream.schema("id INT, ts TIMESTAMP, v STRING").json(str(tmp_path / "in"))
+
+
+def test_operators_get_spark_ids_top_down_with_their_state_and_stores(spark, events):
+    frame = (events().withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"])
+             .groupBy(F.window("ts", "10 seconds")).count()
+             .groupBy(F.window(F.window_time("window"), "1 minute")).agg(F.sum("count")))
+    plan = planner(spark, frame)
+    assert [(op.id, op.name, type(op.node)) for op in plan.operators] == [
+        (0, "stateStoreSave", Aggregate), (1, "stateStoreSave", Aggregate), (2, "dedupe", Deduplicate)]
+    assert [op.state_location for op in plan.operators] == ["/ckpt/state/0", "/ckpt/state/1", "/ckpt/state/2"]
+    assert [op.num_state_stores for op in plan.operators] == [4, 4, 4]
+    limited = planner(spark, events().limit(3))
+    assert [(op.name, op.num_state_stores) for op in limited.operators] == [("globalLimit", 1)]
+    total = planner(spark, events().groupBy().count(), mode="complete")
+    assert [(op.name, op.num_state_stores) for op in total.operators] == [("stateStoreSave", 1)]
+    assert "opId = 2, ver = 7, numPartitions = 4]" in plan.explain_string("run", 7).splitlines()[-3]
+
+
+def test_each_operator_gets_its_own_watermarks(spark, events):
+    """Above a join with a time range, an aggregation uses the join's output watermark
+    (the smallest state watermark: the left rows wait 20 s for right rows); an operator
+    with no watermark below it gets none."""
+    left = events().withColumnRenamed("ts", "lts").withWatermark("lts", "10 seconds")
+    right = events().select(F.col("id").alias("rid"), F.col("ts").alias("rts")).withWatermark("rts", "10 seconds")
+    joined = left.join(right, F.expr("id = rid AND lts >= rts AND lts <= rts + interval 20 seconds"))
+    counted = joined.groupBy(F.window("lts", "10 seconds")).count()
+    plan = planner(spark, counted)
+    aggregate, join = (op.node for op in plan.operators)
+    assert isinstance(join, StreamJoin)
+    second = 1_000
+    watermarks = plan.operator_watermarks(late_ms=100 * second, eviction_ms=130 * second)
+    assert watermarks[join] == OperatorWatermarks(100 * second, 130 * second)
+    # the left side's state watermark: lts >= rts, so a left row can still meet right rows
+    # down to the watermark; the right side's: rts >= lts - 20 s, 20 s behind
+    assert watermarks[aggregate] == OperatorWatermarks(80 * second - 1, 110 * second - 1)
+    plain = planner(spark, events().groupBy("id").count(), mode="update")
+    assert plain.input_watermarks(5_000) == {plain.operators[0].node: None}
+
+
+@pytest.mark.parametrize("build, mode, runs", [
+    (lambda e: e.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds")).count(), "append", True),
+    (lambda e: e.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds")).count(), "complete", False),
+    (lambda e: e.withWatermark("ts", "10 seconds").dropDuplicates(["id"]), "append", True),
+    (lambda e: e.groupBy("id").count(), "update", False),   # no watermark below it
+    (lambda e: e.withWatermark("ts", "10 seconds").limit(2), "append", False),
+    # a join that never evicts: no watermarked key, no time range
+    (lambda e: e.withWatermark("ts", "10 seconds").join(e.withWatermark("ts", "10 seconds"), ["id"]),
+     "append", False),
+])
+def test_another_batch_runs_by_each_operators_rule(spark, events, build, mode, runs):
+    plan = planner(spark, build(events()), mode)
+    assert plan.should_run_another_batch(new_watermark_ms=20_000, eviction_ms=10_000) is runs
+    assert plan.should_run_another_batch(new_watermark_ms=10_000, eviction_ms=10_000) is False
+
+
+def test_a_filter_that_skips_the_event_time_moves_below_the_watermark_once(spark, events, monkeypatch):
+    calls = []
+    decide = spark_internals.filter_can_skip_column
+    monkeypatch.setattr(spark_internals, "filter_can_skip_column",
+                        lambda df, column: calls.append(column) or decide(df, column))
+    pushed = planner(spark, events().withWatermark("ts", "10 seconds").filter("id % 2 = 0"))
+    assert isinstance(pushed.plan, Watermark) and isinstance(pushed.plan.child, Transform)
+    kept = planner(spark, events().withWatermark("ts", "10 seconds").filter("ts > '2026-01-01'"))
+    assert isinstance(kept.plan, Transform) and isinstance(kept.plan.child, Watermark)
+    assert calls == ["ts", "ts"]
+
+
+def test_the_run_is_planned_once_not_per_batch(ss, tmp_path, monkeypatch):
+    """Three batches, a restart, two more batches: two plans, one per run."""
+    import microbatch.execution.micro_batch as micro_batch
+    made = []
+    real = micro_batch.IncrementalExecution
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            made.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(micro_batch, "IncrementalExecution", Counting)
+    src = tmp_path / "in"
+    src.mkdir()
+
+    def run_with(files):
+        for name in files:
+            (src / name).write_text('{"id": 1, "ts": "2026-01-01 00:00:10"}\n')
+        frame = (ss.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(str(src))
+                 .withWatermark("ts", "10 seconds").filter("id > 0").groupBy("id").count())
+        query = (frame.writeStream.format("noop").outputMode("update")
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return [p["batchId"] for p in query.recentProgress]
+
+    assert run_with(["a.json", "b.json", "c.json"]) == [0, 1, 2]
+    assert len(made) == 1
+    assert run_with(["d.json", "e.json"]) == [3, 4]
+    assert len(made) == 2
