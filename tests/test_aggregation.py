@@ -57,8 +57,6 @@ def test_output_mode_rules_with_sparks_wording(ss, events, tmp_path):
     with pytest.raises(AnalysisException, match=r"output mode: update\. This output mode is not supported "
                                                 r"for session window streaming aggregations"):
         start(sessions.count(), "update", tmp_path / "e")
-    with pytest.raises(UnsupportedOperationError, match="session_window with a gap that is not"):
-        stream(ss, events).groupBy(F.session_window("ts", F.when(F.col("k") == "a", "6 seconds").otherwise("3 seconds"))).count()
     # What Spark allows: complete mode with a sort, update mode without watermark.
     query = start(keyed.orderBy(F.desc("count"), "k"), "complete", tmp_path / "d", name="sorted")
     query.processAllAvailable()

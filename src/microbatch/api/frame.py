@@ -18,7 +18,7 @@ from pyspark.sql.types import StructType
 
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
-from microbatch.plan.aggregation import plan_aggregation
+from microbatch.plan.aggregation import Grouping, plan_aggregation
 from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, Observe, PlanNode, StatefulNode,
                                      StaticJoin, StreamingLimit, StreamJoin,
                                      StreamingRelation, Transform, Union, Watermark)
@@ -302,11 +302,25 @@ class StreamFrame:
 
     groupby = groupBy
 
-    def rollup(self, *cols: Any):
-        raise not_yet("rollup")
+    def rollup(self, *cols: Any) -> "GroupedStream":
+        """Group by each prefix of ``cols`` (and nothing): one aggregation over several
+        grouping sets, each row of the result keyed by its set (nulls for the keys not in
+        it; ``grouping()``/``grouping_id()`` tell them apart), as Spark runs it on a stream."""
+        return self._grouped_sets(Grouping("rollup"), cols)
 
-    def cube(self, *cols: Any):
-        raise not_yet("cube")
+    def cube(self, *cols: Any) -> "GroupedStream":
+        """Group by every subset of ``cols`` (see ``rollup``)."""
+        return self._grouped_sets(Grouping("cube"), cols)
+
+    def groupingSets(self, groupingSets: Any, *cols: Any) -> "GroupedStream":
+        """Group by each of the given sets of ``cols`` (see ``rollup``)."""
+        return self._grouped_sets(Grouping("groupingSets", tuple(tuple(s) for s in groupingSets)), cols)
+
+    def _grouped_sets(self, grouping: Any, cols: tuple) -> "GroupedStream":
+        if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
+            cols = tuple(cols[0])
+        grouping.of(self._template, cols).count()   # PySpark's and Spark's checks, here
+        return GroupedStream(self, tuple(cols), grouping)
 
     def agg(self, *exprs: Any) -> "StreamFrame":
         """A global aggregation: one row over the whole stream."""
@@ -413,38 +427,38 @@ class StreamFrame:
 class GroupedStream:
     """``stream.groupBy(...)``: aggregations over a stream (PySpark's GroupedData)."""
 
-    def __init__(self, frame: StreamFrame, keys: tuple):
+    def __init__(self, frame: StreamFrame, keys: tuple, grouping: Grouping | None = None):
         self._frame = frame
         self._keys = keys
+        self._grouping = grouping
 
     def _aggregate(self, apply: Callable[[Any], DataFrame]) -> StreamFrame:
         frame = self._frame
-        template = apply(frame._template.groupBy(*self._keys))
+        grouping = self._grouping or Grouping()
+        template = apply(grouping.of(frame._template, self._keys))
         if any(isinstance(n, StreamingLimit) for n in frame._plan.nodes()):
             raise not_yet("An aggregation after a limit (chained stateful operators)")
-        spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_")
+        spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_", grouping)
         session = self._session_key(template, spec.key_names)
         key_index, is_window = self._event_time_key(template, spec.key_names, session)
-        node = Aggregate(frame._plan, self._keys, apply, spec, key_index, is_window)
+        node = Aggregate(frame._plan, self._keys, apply, spec, key_index, is_window,
+                         grouping=self._grouping)
         if session is not None:
-            node.session_index, node.session_time_column, node.session_gap_ms = session
+            node.session_index, node.session_time_column = session
         return StreamFrame(frame._session, node, template)
 
-    def _session_key(self, template: DataFrame, key_names: tuple) -> tuple[int, str, int] | None:
-        """(index, time column, gap in ms) of a ``session_window`` grouping key."""
+    def _session_key(self, template: DataFrame, key_names: tuple) -> tuple[int, str] | None:
+        """(index, time column) of a ``session_window`` grouping key; its gap may be a
+        duration or an expression over the row (Spark's dynamic gap)."""
         by_name = {f.name: f for f in template.schema.fields}
         for index, (name, key) in enumerate(zip(key_names, self._keys)):
             if "spark.sessionWindow" not in by_name[name].metadata:
                 continue
             text = key._jc.toString() if isinstance(key, Column) else ""
-            match = re.fullmatch(r"session_window\((.+), '([^']+)'\)", text)
-            try:
-                gap = interval_to_ms(match.group(2), "gap duration") if match else None
-            except ValueError:
-                gap = None
-            if gap is None or gap <= 0:
-                raise not_yet(f"session_window with a gap that is not a positive literal duration ({text})")
-            return index, match.group(1).strip("`"), gap
+            match = re.match(r"session_window\(\s*([^,]+?)\s*,", text)
+            if match is None:
+                raise not_yet(f"A session_window key written as {text!r}")
+            return index, match.group(1).strip("`")
         return None
 
     def _event_time_key(self, template: DataFrame, key_names: tuple,

@@ -62,10 +62,12 @@ EVENT_TIME_STATS = ("max", "min", "sum", "count")
 
 def stats_in_operator(stateful: list[StatefulNode]) -> frozenset:
     """Watermarks right below an aggregation (not a session window, which drops late rows
-    before aggregating) or a deduplication: every row of theirs reaches the operator's
-    partial aggregation or its task, which computes their event-time statistics."""
+    before aggregating, nor grouping sets, which count a row once per set) or a
+    deduplication: every row of theirs reaches the operator's partial aggregation or its
+    task, which computes their event-time statistics."""
     return frozenset(n.child for n in stateful if (
-        isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None))
+        isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None
+                                       and (n.grouping is None or not n.grouping.has_sets)))
         and isinstance(n.child, Watermark))
 
 
@@ -235,13 +237,16 @@ class BatchContext:
         op = self.operator_ids[node]
         late_ms, evict_ms = self.watermarks_for(node)
         if node.session_index is not None and node.event_time_key is not None:
-            # A session is late when it ends (event time + gap) at or before the previous
-            # batch's watermark: such rows are dropped before the batch's sessions form.
-            late = _us_column(node.session_time_column) + node.session_gap_ms * 1000 \
-                <= F.lit(late_ms * 1000)
+            # A row's session is late when it ends (event time + the row's gap) at or before
+            # the previous batch's watermark: such rows are dropped before the batch's
+            # sessions form. Spark's session_window rule drops rows whose gap is not positive.
+            end = self._columns(("session end", id(node)), lambda: (
+                node.keys[node.session_index].getField("end").alias(SESSION_END_COLUMN)))
+            late = _us_column(SESSION_END_COLUMN) <= F.lit(late_ms * 1000)
             observation = Observation(f"microbatch_late_rows_{op}_{self.batch_id}")
             self.late_observations[op] = observation
-            df = df.observe(observation, F.count(F.when(late, 1)).alias("late")).filter(~late | late.isNull())
+            df = (df.select("*", end).observe(observation, F.count(F.when(late, 1)).alias("late"))
+                  .filter(~late | late.isNull()).drop(SESSION_END_COLUMN))
         watermark = node.child if node.child in self.stats_in_operator else None
         extra = ()
         if watermark is not None:
@@ -249,7 +254,8 @@ class BatchContext:
             self.stats_operators[watermark] = op
         buffers, results = self._columns(("aggregate", id(node)), lambda: (
             partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
-        partial = grouped_partial(df, node.keys, spec.calls, spec.buffer_names, extra, buffers)
+        partial = grouped_partial(df, node.keys, spec.calls, spec.buffer_names, extra, buffers,
+                                  **({} if node.grouping is None else {"grouping": node.grouping}))
         partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
         if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
             partition_columns = self._columns(("partition", id(node)), lambda: [
@@ -365,6 +371,9 @@ def _event_time_stats_columns(watermark: Watermark) -> tuple:
     columns = (F.max(ms), F.min(ms), F.sum(ms.cast("double")), F.count(ms))
     return tuple(c.alias(f"__microbatch_event_time_{n}") for c, n in zip(columns, EVENT_TIME_STATS))
 
+
+#: A row's session end, for the late-row filter of a session window aggregation.
+SESSION_END_COLUMN = "__microbatch_session_end"
 
 #: The column a row-filtering UDF answers in, dropped right after the filter.
 KEEP_COLUMN = "__microbatch_keep"

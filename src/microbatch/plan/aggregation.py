@@ -60,9 +60,36 @@ class AggCall:
     options: tuple = ()           # merge parameters (HyperLogLog++: precision)
 
 
+#: The grouping key that tells a row's grouping set apart in a rollup, cube or grouping
+#: sets (Spark's name: the analysed final expressions of ``grouping()`` refer to it).
+GROUPING_ID = "spark_grouping_id"
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How an aggregation groups its keys: ``groupBy``, ``rollup``, ``cube`` or
+    ``groupingSets`` (with ``sets``). Spark runs the last three as an expansion of every
+    row into one row per grouping set, keyed by the set's id too (``GROUPING_ID``): a
+    batch's buffers come from the same call on the batch, the state keeps them per
+    (keys, grouping id)."""
+
+    kind: str = "groupBy"
+    sets: tuple = ()
+
+    @property
+    def has_sets(self) -> bool:
+        return self.kind != "groupBy"
+
+    def of(self, df: DataFrame, keys: tuple):
+        """``df`` grouped this way (PySpark's GroupedData)."""
+        if self.kind == "groupingSets":
+            return df.groupingSets([list(s) for s in self.sets], *keys)
+        return getattr(df, self.kind)(*keys)
+
+
 @dataclass(frozen=True)
 class AggregateSpec:
-    key_names: tuple[str, ...]
+    key_names: tuple[str, ...]                    # with GROUPING_ID last over grouping sets
     calls: tuple[AggCall, ...]
     buffer_names: tuple[tuple[str, ...], ...]     # per call, its buffer columns
     outputs: tuple[tuple[str, str], ...]          # per aggregate output column: name, final SQL
@@ -168,7 +195,7 @@ def _hll_registers_sql(arg: str, p: int) -> str:
 
 
 def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
-                     buffer_prefix: str) -> AggregateSpec:
+                     buffer_prefix: str, grouping: Grouping = Grouping()) -> AggregateSpec:
     """Split the aggregation ``grouped`` (the batch query over the empty template)."""
     analyzed = grouped._jdf.queryExecution().analyzed()
     if _simple_name(analyzed) != "Aggregate":
@@ -177,7 +204,10 @@ def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
             "write it as groupBy(columns).agg(aggregate functions).")
     names = grouped.columns
     expressions = _seq(analyzed.aggregateExpressions())
-    num_keys = analyzed.groupingExpressions().size()   # groupBy(...).agg lists the keys first
+    grouping_expressions = _seq(analyzed.groupingExpressions())
+    # groupBy(...).agg lists the keys first; over grouping sets Spark groups by the
+    # grouping id too, which is not an output column
+    num_keys = len(grouping_expressions) - int(grouping.has_sets)
     calls: list[AggCall] = []
     buffer_names: list[tuple[str, ...]] = []
     outputs: list[tuple[str, str]] = []
@@ -193,8 +223,8 @@ def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
             final = "(" + call.final.format(*[_quote(b) for b in buffers]) + ")"
             body = body.replace(call.sql, final)
         outputs.append((name, body))
-    key_names = tuple(names[:num_keys])
-    partial = grouped_partial(input_template, keys, calls, buffer_names).schema
+    key_names = tuple(names[:num_keys]) + ((GROUPING_ID,) if grouping.has_sets else ())
+    partial = grouped_partial(input_template, keys, calls, buffer_names, grouping=grouping).schema
     hll_buffers = {names[0] for call, names in zip(calls, buffer_names) if call.merge == "hll"}
     merged = StructType([StructField(f.name, LongType(), False) if f.name in hll_buffers else f
                          for f in partial.fields])
@@ -210,18 +240,22 @@ def partial_columns(calls, buffer_names) -> list:
 
 
 def grouped_partial(df: DataFrame, keys: tuple, calls, buffer_names, extra: tuple = (),
-                    columns: list | None = None) -> DataFrame:
+                    columns: list | None = None, grouping: Grouping = Grouping()) -> DataFrame:
     """Step 1: the buffers of every call, per key, over ``df`` (then ``extra`` aggregate
-    columns, if any); ``columns``: ``partial_columns`` built before."""
+    columns, if any); ``columns``: ``partial_columns`` built before. Over grouping sets,
+    the keys are followed by the grouping id."""
+    from pyspark.sql import functions as F
     if columns is None:
         columns = partial_columns(calls, buffer_names)
-    return df.groupBy(*keys).agg(*columns, *extra)
+    if grouping.has_sets:
+        columns = [F.grouping_id().alias(GROUPING_ID), *columns]
+    return grouping.of(df, keys).agg(*columns, *extra)
 
 
 def final_columns(spec: AggregateSpec) -> list:
     """The result columns of step 3 (Column objects, reusable across batches)."""
     from pyspark.sql import functions as F
-    columns: list[Any] = [F.col(_quote(k)) for k in spec.key_names]
+    columns: list[Any] = [F.col(_quote(k)) for k in spec.key_names if k != GROUPING_ID]
     types = {f.name: f.dataType for f in spec.output_schema.fields}
     for name, sql in spec.outputs:
         columns.append(F.expr(sql).cast(types[name]).alias(name))

@@ -284,7 +284,11 @@ class Aggregate(StatefulNode):
     event_time_is_window: bool = False        # a window or session: its end is the time
     session_index: int | None = None          # the session_window key, if any
     session_time_column: str | None = None    # session_window(column, gap)
-    session_gap_ms: int = 0
+    grouping: Any = None                      # plan.aggregation.Grouping: groupBy, rollup, ...
+
+    def grouped(self, df: DataFrame):
+        """``df`` grouped by the keys as the user grouped them (PySpark's GroupedData)."""
+        return df.groupBy(*self.keys) if self.grouping is None else self.grouping.of(df, self.keys)
 
     def watermark_column(self) -> str | None:
         return None if self.event_time_key is None else self.spec.key_names[self.event_time_key]
@@ -292,12 +296,13 @@ class Aggregate(StatefulNode):
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)
         if ctx is None:
-            return self.apply(df.groupBy(*self.keys))
+            return self.apply(self.grouped(df))
         return ctx.aggregate(self, df)
 
     def describe(self) -> str:
         outputs = ", ".join(name for name, _ in self.spec.outputs)
-        return f"Aggregate [{', '.join(self.spec.key_names)}], [{outputs}]"
+        kind = "" if self.grouping is None or not self.grouping.has_sets else f" ({self.grouping.kind})"
+        return f"Aggregate{kind} [{', '.join(self.spec.key_names)}], [{outputs}]"
 
 
 @dataclass(eq=False)

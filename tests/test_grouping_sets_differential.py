@@ -1,0 +1,56 @@
+"""Aggregations Spark runs through an expansion or a per-row rule, on microbatch next to
+Spark's own engine, batch by batch: rollup, cube and grouping sets (with ``grouping()`` and
+``grouping_id()``, and over a window in append mode), and session windows whose gap is an
+expression of the row (a gap that is not positive drops the row, as Spark's rule does)."""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+import test_chained_differential as chained
+from stream_events import comparable, watermarks
+from test_chained_differential import events, run  # noqa: F401 - the events fixture
+
+
+def parity(frame):
+    return frame.withColumn("k", F.col("id") % 2)
+
+
+def gap():
+    return F.when(F.col("id") == 1, "5 seconds").when(F.col("id") == 2, "0 seconds").otherwise("12 seconds")
+
+
+CASES = {
+    "rollup (complete)": ("complete", lambda f: parity(f).rollup("k", "id").count()),
+    "cube with grouping() and grouping_id() (update)": (
+        "update", lambda f: parity(f).cube("k", "id").agg(
+            F.count("*").alias("n"), F.grouping_id().alias("g"), F.grouping("k").alias("gk"))),
+    "grouping sets (update)": (
+        "update", lambda f: parity(f).groupingSets([["k"], ["k", "id"], []], "k", "id").agg(F.sum("id").alias("s"))),
+    "rollup over a window (append)": (
+        "append", lambda f: f.withWatermark("ts", "10 seconds").rollup(F.window("ts", "10 seconds"), "id").count()),
+    "session window with a computed gap (append)": (
+        "append", lambda f: f.withWatermark("ts", "10 seconds").groupBy("id", F.session_window("ts", gap())).count()),
+    "session window with a computed gap (complete)": (
+        "complete", lambda f: f.withWatermark("ts", "10 seconds").groupBy("id", F.session_window("ts", gap())).count()),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
+    chained.CASES[case] = CASES[case]
+    theirs, their_progress = run(spark, events, tmp_path / "spark", case)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", case)
+    assert ours == theirs
+    assert sum(len(rows) for _, rows in ours) > 0
+    assert comparable(our_progress) == comparable(their_progress)
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+def test_a_rollup_restarts_in_the_middle_with_the_same_answer(ss, events, tmp_path):
+    case = "rollup over a window (append)"
+    chained.CASES[case] = CASES[case]
+    whole, _ = run(ss, events, tmp_path / "one-run", case)
+    first, _ = run(ss, events, tmp_path / "two-runs", case, fail_after_batch=2)
+    second, _ = run(ss, events, tmp_path / "two-runs", case)
+    assert first + second == whole and [b for b, _ in second][0] == 2
