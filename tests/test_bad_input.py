@@ -58,7 +58,7 @@ def test_definition_errors_come_where_the_step_is_written(ss):
     with pytest.raises(UnsupportedOperationError, match="stream-stream anti join"):
         frame.join(rate(ss), "value", "left_anti")
     with pytest.raises(UnsupportedOperationError, match="chained stateful operators"):
-        frame.dropDuplicates(["value"]).limit(3)
+        frame.limit(3).join(rate(ss), "value")
     with pytest.raises(AnalysisException, match="must be executed with writeStream.start"):
         frame.count()
     with pytest.raises(AnalysisException, match="Union between streaming and batch"):

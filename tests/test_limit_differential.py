@@ -92,11 +92,29 @@ def test_limits_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, events, 
     assert "Limits are not supported on streaming DataFrames/Datasets in Update output mode" in str(theirs.value)
     assert type(ours.value).__name__ == type(theirs.value).__name__
     assert str(ours.value).split(";")[0] in str(theirs.value)
-    # chained stateful operators: refused with a clear message until they are built
-    with pytest.raises(Exception, match="chained stateful operators"):
-        ss.readStream.schema("id INT, k STRING").json(events).limit(2).groupBy("k").count()
-    with pytest.raises(Exception, match="chained stateful operators"):
-        ss.readStream.schema("id INT, k STRING").json(events).dropDuplicates(["k"]).limit(2)
-    with pytest.raises(Exception, match="chained stateful operators"):
-        start(ss, lambda frame: frame.withColumn("ts", F.timestamp_seconds("id"))
-              .withWatermark("ts", "1 second").groupBy("ts").count().limit(2), "append")
+
+
+def timed(frame):
+    return frame.withColumn("ts", F.timestamp_seconds(F.col("id") * 10)).withWatermark("ts", "5 seconds")
+
+
+CHAINED = {
+    # Spark numbers them top down: the limit is operator 0 here
+    "a limit of a deduplication": ("append", lambda f: f.dropDuplicates(["k"]).limit(3)),
+    "a limit of a windowed count (append)": (
+        "append", lambda f: timed(f).groupBy(F.window("ts", "20 seconds")).count().limit(2)),
+    # and operator 1 here
+    "a count of a limit (complete)": ("complete", lambda f: f.limit(5).groupBy("k").count()),
+    "a deduplication of a limit": ("append", lambda f: f.limit(5).dropDuplicates(["k"])),
+}
+
+
+@pytest.mark.parametrize("case", list(CHAINED))
+def test_a_limit_chained_with_another_stateful_operator_matches_spark(spark, ss, events, tmp_path, case):
+    mode, transform = CHAINED[case]
+    theirs, their_progress = run(spark, events, tmp_path / "spark", transform, mode)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", transform, mode)
+    assert [(b, sorted(rows, key=repr)) for b, rows in ours] == [(b, sorted(rows, key=repr)) for b, rows in theirs]
+    assert any(rows for _, rows in ours)
+    assert comparable(our_progress) == comparable(their_progress)
+    assert "globalLimit" in [op["operatorName"] for op in our_progress[0]["stateOperators"]]

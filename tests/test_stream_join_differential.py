@@ -62,6 +62,11 @@ def ranged(left, right, how, condition="id = rid AND lts >= rts AND lts <= rts +
     return left.join(right, F.expr(condition), how)
 
 
+def windowed(side):
+    return side.withWatermark("ts", "10 seconds").select("id", F.window("ts", "30 seconds").alias("w"),
+                                                         *[c for c in side.columns if c not in ("id", "ts")])
+
+
 CASES = {
     # the event time is a join key: state behind the watermark is evicted, late rows dropped
     "on id and event time, watermarks on both sides": lambda l, r: (
@@ -84,6 +89,18 @@ CASES = {
     "time range with BETWEEN and a strict bound, inner": lambda l, r: ranged(
         l, r, "inner", "rid = id AND lts BETWEEN rts - interval 5 seconds AND rts + interval 30 seconds "
                        "AND rts < lts + interval 1 minute"),
+    # window equality: the window over the event time is the watermarked key (its end is
+    # compared with the watermark); the id filter moves below the watermark through the select
+    "on id and a time window, inner": lambda l, r: windowed(l).join(windowed(r), ["id", "w"]),
+    "on id and a time window, left outer": lambda l, r: windowed(l).join(windowed(r), ["id", "w"], "left"),
+    # a join of an aggregation's result: its window is the side's watermarked column
+    "a window count joined with the other side's windows": lambda l, r: (
+        l.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "30 seconds").alias("w")).count()
+        .join(windowed(r), ["w"])),
+    # a join of a deduplicated side (the join is operator 0, the deduplication 1)
+    "a deduplicated side": lambda l, r: (
+        l.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"])
+        .join(r.withWatermark("ts", "20 seconds"), ["id", "ts"])),
     # no watermark: every row stays in state and matches later rows of its key
     "on id, no watermark": lambda l, r: l.join(r.withColumnRenamed("ts", "rts"), "id").select("id", "a", "b", "rts"),
 }
@@ -159,7 +176,7 @@ def test_joins_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, sides, tm
     with pytest.raises(Exception, match="on this condition .*OR"):
         left.join(right.withColumnRenamed("id", "rid"), F.expr("id = rid OR a = 'x'"))
     with pytest.raises(Exception, match="chained stateful operators"):
-        left.dropDuplicates(["id"]).join(right, "id")
+        left.limit(3).join(right, "id")
 
 
 def test_the_state_reader_reads_each_side_as_sparks_does(spark, ss, sides, tmp_path):

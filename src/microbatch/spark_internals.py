@@ -387,3 +387,26 @@ def filter_can_skip_column(filtered: Any, column: str) -> bool:
         if attribute.name().lower() == column.lower():
             return not condition.references().contains(attribute)
     return False   # a nested event time: keep the filter after the watermark
+
+
+def filter_passes_projection(filtered: Any) -> bool:
+    """Whether ``filtered`` (a DataFrame whose last step is a filter over a projection)
+    can filter before the projection unchanged, as Spark's optimizer pushes it: the
+    condition and the projection deterministic, and every column the condition uses
+    passed through the projection as it was (not computed, not renamed)."""
+    analyzed = filtered._jdf.queryExecution().analyzed()
+    if analyzed.getClass().getSimpleName() != "Filter" or not analyzed.condition().deterministic():
+        return False
+    project = analyzed.child()
+    if project.getClass().getSimpleName() != "Project":
+        return False
+    entries = project.projectList()
+    passed = set()
+    for i in range(entries.size()):
+        entry = entries.apply(i)
+        if not entry.deterministic():
+            return False
+        if entry.getClass().getSimpleName() == "AttributeReference":
+            passed.add(entry.exprId().id())
+    used = analyzed.condition().references().toSeq()
+    return all(used.apply(i).exprId().id() in passed for i in range(used.size()))

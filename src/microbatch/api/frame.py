@@ -251,15 +251,16 @@ class StreamFrame:
         if kind in ("cross", "anti"):
             raise not_yet(f"A stream-stream {kind} join", "more stream-stream join types")
         for side in (self, other):
-            if any(isinstance(n, StatefulNode) for n in side._plan.nodes()):
-                raise not_yet("A stream-stream join of a stateful result (chained stateful operators)")
+            if any(isinstance(n, (StreamJoin, StreamingLimit)) for n in side._plan.nodes()):
+                raise not_yet("A stream-stream join of a join or of a limit (chained stateful operators)")
+        times = (self._watermarked_column(), other._watermarked_column())
         template = self._template.join(other._template, on, how or "inner")   # Spark's analysis
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))
         if names is not None and all(isinstance(n, str) for n in names):
             left = {c.lower(): c for c in self.columns}
             node = StreamJoin(self._plan, other._plan, tuple(left[n.lower()] for n in names), kind,
-                              side_columns=columns)
+                              side_columns=columns, side_times=times)
         else:
             from microbatch import spark_internals
             try:
@@ -273,9 +274,26 @@ class StreamFrame:
                     "Stream-stream join without equality predicate is not supported;")
             node = StreamJoin(self._plan, other._plan, tuple(columns[0][i] for i, _ in pairs), kind,
                               right_keys=tuple(columns[1][j] for _, j in pairs),
-                              comparisons=tuple(comparisons), condition=on, side_columns=columns)
+                              comparisons=tuple(comparisons), condition=on, side_columns=columns,
+                              side_times=times)
         check_source_names(node)
         return StreamFrame(self._session, node, template)
+
+    def _watermarked_column(self) -> str | None:
+        """The column of this stream that carries its watermark, as Spark marks it: the
+        watermark's own column, else a time window computed over it; above an
+        aggregation, the aggregation's event-time key (a window, or the column)."""
+        columns = {c.lower(): c for c in self.columns}
+        for node in self._plan.nodes():
+            if isinstance(node, Aggregate):
+                key = node.watermark_column()
+                return columns.get(key.lower()) if key else None
+            if isinstance(node, Watermark):
+                if node.event_time.lower() in columns:
+                    return columns[node.event_time.lower()]
+                return next((f.name for f in self._template.schema.fields
+                             if "spark.timeWindow" in f.metadata or "spark.sessionWindow" in f.metadata), None)
+        return None
 
     def crossJoin(self, other: Any) -> "StreamFrame":
         return self.join(other, how="cross")
@@ -337,7 +355,6 @@ class StreamFrame:
         template = self._template.dropDuplicates(list(subset) if subset is not None else None)
         by_lower = {c.lower(): c for c in self.columns}
         keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
-        self._refuse_after_limit("A deduplication")
         return StreamFrame(self._session, Deduplicate(self._plan, keys), template)
 
     drop_duplicates = dropDuplicates
@@ -353,26 +370,20 @@ class StreamFrame:
         template = self._template.dropDuplicatesWithinWatermark(list(subset) if subset is not None else None)
         by_lower = {c.lower(): c for c in self.columns}
         keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
-        self._refuse_after_limit("A deduplication")
         return StreamFrame(self._session, Deduplicate(self._plan, keys, within_watermark=True), template)
 
     def distinct(self) -> "StreamFrame":
         return self.dropDuplicates()
 
-    def _refuse_after_limit(self, what: str) -> None:
-        if any(isinstance(n, StreamingLimit) for n in self._plan.nodes()):
-            raise not_yet(f"{what} after a limit (chained stateful operators)")
-
     def limit(self, num: int) -> "StreamFrame":
-        """At most ``num`` rows. Over the stream's rows (appends): Spark's streaming limit,
-        whose count of rows let through is state kept across batches and restarts
-        (append mode). Over an aggregation: the limit of each batch's result (complete
-        mode, e.g. the top rows after ``orderBy``)."""
+        """At most ``num`` rows. Over the stream's rows, or a deduplication's or a join's
+        (appends): Spark's streaming limit, whose count of rows let through is state kept
+        across batches and restarts. Over an aggregation: in complete mode the limit of
+        each batch's result (e.g. the top rows after ``orderBy``), in append mode the
+        streaming limit of the rows it emits (the planner decides, knowing the mode)."""
         template = self._template.limit(num)   # PySpark's argument checks
         if any(isinstance(n, Aggregate) for n in self._plan.nodes()):
             return StreamFrame(self._session, Transform(self._plan, "limit", (num,)), template)
-        if any(isinstance(n, StatefulNode) for n in self._plan.nodes()):
-            raise not_yet("A limit after another stateful operator (chained stateful operators)")
         return StreamFrame(self._session, StreamingLimit(self._plan, num), template)
 
     def orderBy(self, *cols: Any, **kwargs: Any) -> "StreamFrame":
@@ -436,8 +447,6 @@ class GroupedStream:
         frame = self._frame
         grouping = self._grouping or Grouping()
         template = apply(grouping.of(frame._template, self._keys))
-        if any(isinstance(n, StreamingLimit) for n in frame._plan.nodes()):
-            raise not_yet("An aggregation after a limit (chained stateful operators)")
         spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_", grouping)
         session = self._session_key(template, spec.key_names)
         key_index, is_window = self._event_time_key(template, spec.key_names, session)

@@ -169,8 +169,6 @@ class MicroBatchExecution(StreamExecution):
                 source = relation.provider.create(context, relation.options, relation.schema)
             log.info("Using Source [%s] named '%s'", source, relation.source_name)
             self.sources.append(source)
-        sc = spark.sparkContext
-        self._state_metrics = {i: sc.accumulator({}, DictSum()) for i in range(len(self.stateful))}
         if isinstance(self.trigger, AvailableNow):
             for i, source in enumerate(self.sources):
                 if source.supports_available_now:
@@ -355,8 +353,6 @@ class MicroBatchExecution(StreamExecution):
                             "batchid %d by one", committed_batch_id, latest_batch_id)
         log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
-        self._check_state_operators()
-        self._check_state_schemas()
 
     def _plan_run(self) -> None:
         """The run's planner, once the checkpoint's confs are fixed (populate_start_offsets)."""
@@ -365,6 +361,11 @@ class MicroBatchExecution(StreamExecution):
             shuffle_partitions=int(self._batch_session.conf.get("spark.sql.shuffle.partitions")),
             output_mode=self.output_mode,
             empty_inputs={r: self._empty_batch(i) for i, r in enumerate(self.relations)})
+        self.stateful = [op.node for op in self._incremental.operators]
+        sc = self.spark.sparkContext
+        self._state_metrics = {op.id: sc.accumulator({}, DictSum()) for op in self._incremental.operators}
+        self._check_state_operators()
+        self._check_state_schemas()
 
     def explain_string(self) -> str:
         """The run's plan with each stateful operator's state info; before the run is

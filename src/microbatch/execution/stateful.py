@@ -320,7 +320,7 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
     key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
     arrow = [[to_arrow_type(f.dataType, timezone="UTC") for f in schema.fields] for schema in schemas]
 
-    def event_time(side: PlanNode, schema: StructType) -> int | None:
+    def event_time(side: int, schema: StructType) -> int | None:
         column = node.side_event_time(side)
         names = [n.lower() for n in schema.fieldNames()]
         return names.index(column.lower()) if column and column.lower() in names else None
@@ -354,7 +354,7 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
         "row_schemas": tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
                              for schema, types in zip(schemas, arrow)),
         "output_types": tuple(tuple(types) for types in arrow),
-        "times": (event_time(node.left, schemas[0]), event_time(node.right, schemas[1])),
+        "times": (event_time(0, schemas[0]), event_time(1, schemas[1])),
         "comparisons": tuple((op, (a.side, a.index, a.offset_us), (b.side, b.index, b.offset_us))
                              for op, a, b in node.comparisons),
         "out": StructType([StructField(f"{prefix}{j}", f.dataType, True)

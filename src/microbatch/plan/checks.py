@@ -60,8 +60,6 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
     if limits and mode == "update":
         raise AnalysisException(
             "Limits are not supported on streaming DataFrames/Datasets in Update output mode;")
-    if mode == "append" and any(isinstance(n, Transform) for n in limits):
-        raise not_yet("A limit after an aggregation in append mode (chained stateful operators)")
     sorts = [n for n in plan.nodes() if isinstance(n, Transform) and n.method in ("orderBy", "sort")]
     if sorts and (mode != "complete" or not aggregates):
         raise AnalysisException(

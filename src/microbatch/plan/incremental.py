@@ -4,7 +4,8 @@ Made once per query run, when the checkpoint's confs are fixed (Spark's
 IncrementalExecution, which Spark re-creates every batch; here the analysis is done
 once and a batch binds its inputs, its batch timestamp and its watermarks):
 
-- **Rewrites, once.** A deterministic filter right above ``withWatermark`` that does not
+- **Rewrites, once.** In append mode a limit above a stateful operator becomes the
+  streaming limit (whose count is state). A deterministic filter right above ``withWatermark`` that does not
   use the event time is moved below it, as Spark's optimizer pushes it, so the watermark
   sees only the rows that pass (decided on the template, the query over empty inputs).
   Whether the query reads the current time (``current_timestamp()`` and friends, then
@@ -104,6 +105,17 @@ def _children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
     return dataclasses.replace(node, child=children[0])
 
 
+def _limits_over_appends(plan: PlanNode) -> PlanNode:
+    """In append mode a stateful operator's output is appends too, so a ``limit(n)`` above
+    one (written as a plain limit, which is what it is in complete mode) is Spark's
+    streaming limit, with its count in state."""
+    plan = _children_replaced(plan, [_limits_over_appends(c) for c in plan.children])
+    if isinstance(plan, Transform) and plan.method == "limit" \
+            and any(isinstance(n, StatefulNode) for n in plan.child.nodes()):
+        return StreamingLimit(plan.child, plan.args[0] if plan.args else plan.kwargs["num"])
+    return plan
+
+
 def _built_children(node: PlanNode) -> tuple[PlanNode, ...]:
     """A node's children as a batch builds them: a stream-stream join reads its sides
     through their null filters (``StreamJoin.side_input``)."""
@@ -126,6 +138,8 @@ class IncrementalExecution:
                  empty_inputs: Mapping[StreamingRelation, DataFrame]):
         self.spark = spark
         self.output_mode = output_mode
+        if output_mode == "append":
+            plan = _limits_over_appends(plan)
         self.plan = self._push_filters_below_watermarks(plan, empty_inputs)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(_built_nodes(self.plan))
@@ -140,24 +154,36 @@ class IncrementalExecution:
     # -- rewrites, once per run ------------------------------------------------
     def _push_filters_below_watermarks(self, plan: PlanNode,
                                        empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
-        """``filter(c)`` right above ``withWatermark(t)`` becomes ``withWatermark(t)`` over
-        ``filter(c)`` when Spark's optimizer would push it there: ``c`` deterministic and
-        not using ``t``. (Spark also splits conjunctions and pushes through projections;
-        a filter that mixes both kinds, or comes after a select, stays above here.)"""
+        """A filter above ``withWatermark(t)`` (directly, or through projections that pass
+        the columns it uses through unchanged) runs below it when Spark's optimizer would
+        push it there: deterministic and not using ``t``. (Spark also splits conjunctions,
+        and pushes through renames and computed columns by substituting them; such a
+        filter stays above here.)"""
         children = [self._push_filters_below_watermarks(c, empty_inputs) for c in plan.children]
         plan = _children_replaced(plan, children)
         if isinstance(plan, StreamJoin):   # its sides as it reads them, with their null filters
             plan = dataclasses.replace(plan, _inputs={})
             plan._inputs = {side: self._push_filters_below_watermarks(plan.side_input(side), empty_inputs)
                             for side in (0, 1)}
-        if isinstance(plan, Transform) and plan.method in ("filter", "where") \
-                and isinstance(plan.child, Watermark):
-            watermark = plan.child
-            below = dataclasses.replace(plan, child=watermark.child)
-            if spark_internals.filter_can_skip_column(below.build(empty_inputs), watermark.event_time):
-                log.debug("Filter %s runs below the watermark on %s", plan.describe(), watermark.event_time)
-                return dataclasses.replace(watermark, child=below)
+        if isinstance(plan, Transform) and plan.method in ("filter", "where"):
+            return self._sink_filter(plan, empty_inputs) or plan
         return plan
+
+    def _sink_filter(self, filtered: Transform,
+                     empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode | None:
+        """``filtered`` moved below the watermark under it, or None if it cannot move."""
+        below = filtered.child
+        moved = dataclasses.replace(filtered, child=below.child) if below.children else None
+        if isinstance(below, Watermark):
+            if spark_internals.filter_can_skip_column(moved.build(empty_inputs), below.event_time):
+                log.debug("Filter %s runs below the watermark on %s", filtered.describe(), below.event_time)
+                return dataclasses.replace(below, child=moved)
+            return None
+        if isinstance(below, Transform) and below.method not in ("filter", "where", "limit") \
+                and spark_internals.filter_passes_projection(filtered.build(empty_inputs)):
+            sunk = self._sink_filter(moved, empty_inputs)
+            return None if sunk is None else dataclasses.replace(below, child=sunk)
+        return None
 
     # -- per batch -------------------------------------------------------------
     def operator_watermarks(self, late_ms: int, eviction_ms: int) -> dict[StatefulNode, OperatorWatermarks]:

@@ -342,6 +342,7 @@ class StreamJoin(StatefulNode):
     comparisons: tuple = ()                # (op, TimeTerm, TimeTerm) of the condition
     condition: Any = None                  # the user's Column (not using), for templates
     side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
+    side_times: tuple = (None, None)       # each side's watermarked event-time column
     _inputs: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -362,38 +363,37 @@ class StreamJoin(StatefulNode):
         join, the other side of an outer one) and pushes the part that does not use the
         event time below the side's watermark, so those rows move no watermark."""
         if side not in self._inputs:
-            from functools import reduce
             from pyspark.sql import functions as F
             plan = (self.left, self.right)[side]
             outer = {"left": (0,), "right": (1,), "full": (0, 1)}.get(self.how, ())
             if side not in outer:
-                event_time = (self.side_event_time(plan) or "").lower()
+                event_time = (self.side_event_time(side) or "").lower()
                 names = list((self.keys, self.right_keys)[side])
                 columns = self.side_columns[side]
                 for op, a, b in self.comparisons:
                     for t in (a, b):
                         if t.side == side and columns[t.index] not in names:
                             names.append(columns[t.index])
+                # one filter per column, as Spark splits the conjunction: the planner moves
+                # each that does not use the event time below the watermark on its own
                 for timed in (False, True):
-                    chosen = [k for k in names if (k.lower() == event_time) == timed]
-                    if chosen:
-                        condition = reduce(lambda x, y: x & y,
-                                           [F.col("`" + k.replace("`", "``") + "`").isNotNull() for k in chosen])
-                        plan = Transform(plan, "where", (condition,))
+                    for k in names:
+                        if (k.lower() == event_time) == timed:
+                            condition = F.col("`" + k.replace("`", "``") + "`").isNotNull()
+                            plan = Transform(plan, "where", (condition,))
             self._inputs[side] = plan
         return self._inputs[side]
 
-    def side_event_time(self, side: PlanNode) -> str | None:
-        """The watermarked event-time column of a side, if a watermark is below it."""
-        for node in side.nodes():
-            if isinstance(node, Watermark):
-                return node.event_time
-        return None
+    def side_event_time(self, side: int) -> str | None:
+        """The watermarked event-time column of a side (0: left, 1: right), if it has one:
+        the watermark's column, a time window over it, or an earlier aggregation's
+        event-time key (``side_times``, found when the join is defined)."""
+        return self.side_times[side]
 
     def watermark_key(self) -> int | None:
         """The index of the join key that is a side's watermarked event time (Spark looks
         at the left keys first), or None."""
-        for side, names in ((self.left, self.keys), (self.right, self.right_keys)):
+        for side, names in ((0, self.keys), (1, self.right_keys)):
             column = self.side_event_time(side)
             lowered = [k.lower() for k in names]
             if column is not None and column.lower() in lowered:
@@ -407,8 +407,7 @@ class StreamJoin(StatefulNode):
         in ms (minus 1 for ``<=``); the smallest. Rows of this side whose watermarked
         column is at or before it can meet no later row. None when no comparison gives one
         or a side has no watermark."""
-        plans = (self.left, self.right)
-        this_time, other_time = self.side_event_time(plans[side]), self.side_event_time(plans[1 - side])
+        this_time, other_time = self.side_event_time(side), self.side_event_time(1 - side)
         if this_time is None or other_time is None:
             return None
         other_columns = [c.lower() for c in self.side_columns[1 - side]]

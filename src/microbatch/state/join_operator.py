@@ -83,19 +83,20 @@ class JoinTask:
         time_index = self.event_times[side]
         if time_index is None or self.late_us is None:
             return keys, rows, 0
-        kept = [(k, r) for k, r in zip(keys, rows) if r[time_index] is None or r[time_index] > self.late_us]
+        kept = [(k, r) for k, r in zip(keys, rows)
+                if (t := _time_us(r[time_index])) is None or t > self.late_us]
         return [k for k, _ in kept], [r for _, r in kept], len(rows) - len(kept)
 
     def _behind_watermark(self, key: tuple, row: tuple = (), side: int = 0) -> bool:
         """Spark's state watermark predicates: the key's, or the side's value predicate."""
         bound = self.value_evict_us[side]
         if bound is not None and row:
-            value = row[self.event_times[side]]
+            value = _time_us(row[self.event_times[side]])
             if value is not None and value <= bound:
                 return True
         if self.watermark_key is None or self.evict_us is None:
             return False
-        value = key[self.watermark_key]
+        value = _time_us(key[self.watermark_key])
         return value is not None and value <= self.evict_us
 
     def _condition(self, left: tuple, right: tuple) -> bool:
@@ -231,3 +232,13 @@ class JoinTask:
                                                  field.type, target))
                 names.append(f"{prefix}{j}")
         return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+def _time_us(value: Any) -> int | None:
+    """An event time in µs: a timestamp, or a time window (Spark compares a window's end
+    with the watermark), which the state encoding gives as a tuple or a dict."""
+    if isinstance(value, tuple):
+        return value[1]
+    if isinstance(value, dict):
+        return value.get("end")
+    return value
