@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from pyspark.errors import PySparkTypeError
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.plan.aggregation import Grouping, plan_aggregation
@@ -508,6 +510,53 @@ class GroupedStream:
 
     def count(self) -> StreamFrame:
         return self._aggregate(lambda g: g.count())
+
+    def applyInPandasWithState(self, func: Callable, outputStructType: Any, stateStructType: Any,
+                               outputMode: str, timeoutConf: str) -> StreamFrame:
+        """Per key, ``func(key, pandas DataFrames of the key's rows, GroupState)`` yielding
+        pandas DataFrames of ``outputStructType``, with state of ``stateStructType`` kept
+        across batches and timeouts (``GroupStateTimeout``), as PySpark's
+        ``GroupedData.applyInPandasWithState`` on a stream."""
+        from pyspark.sql.streaming.state import GroupStateTimeout
+        from pyspark.sql.types import BinaryType, BooleanType, NumericType, StringType
+
+        from microbatch.plan.logical import FlatMapGroupsWithState
+        frame = self._frame
+        if self._grouping is not None:
+            raise not_yet(f"applyInPandasWithState after {self._grouping.kind}")
+        if not isinstance(outputMode, str) or not isinstance(timeoutConf, str):
+            raise PySparkTypeError(errorClass="NOT_STR", messageParameters={
+                "arg_name": "outputMode" if not isinstance(outputMode, str) else "timeoutConf",
+                "arg_type": type(outputMode if not isinstance(outputMode, str) else timeoutConf).__name__})
+        mode = outputMode.lower()
+        if mode not in ("append", "update"):
+            raise IllegalArgumentException(f"Unknown output mode {outputMode}. Accepted output modes are "
+                                           "'append' and 'update'.")
+        timeouts = (GroupStateTimeout.NoTimeout, GroupStateTimeout.ProcessingTimeTimeout,
+                    GroupStateTimeout.EventTimeTimeout)
+        if timeoutConf not in timeouts:
+            raise IllegalArgumentException(f"Unknown timeout conf {timeoutConf}: use one of "
+                                           f"{', '.join(timeouts)} (GroupStateTimeout).")
+        output, state = (spark_internals.parse_schema_ddl(t) if isinstance(t, str) else t
+                         for t in (outputStructType, stateStructType))
+        columns = {c.lower(): c for c in frame.columns}
+        keys = []
+        for key in self._keys:
+            name = key if isinstance(key, str) else None
+            if name is None or name.lower() not in columns:
+                raise not_yet(f"applyInPandasWithState grouped by {key!r} (group by columns of the stream)")
+            keys.append(columns[name.lower()])
+        plain = (NumericType, StringType, BooleanType, BinaryType)
+        by_name = {f.name.lower(): f for f in frame._template.schema.fields}
+        for what, fields in (("grouping column", [by_name[k.lower()] for k in keys]), ("state field", state.fields)):
+            for f in fields:
+                if not isinstance(f.dataType, plain):
+                    raise not_yet(f"applyInPandasWithState with the {what} {f.name} of type "
+                                  f"{f.dataType.simpleString()} (numbers, strings, booleans and binary "
+                                  "are supported so far)", "arbitrary stateful processing (issue 18)")
+        node = FlatMapGroupsWithState(frame._plan, tuple(keys), func, output, state, mode, timeoutConf)
+        template = frame._template.sparkSession.createDataFrame([], output)
+        return StreamFrame(frame._session, node, template)
 
     def sum(self, *cols: str) -> StreamFrame:
         return self._aggregate(lambda g: g.sum(*cols))

@@ -630,7 +630,7 @@ class MicroBatchExecution(StreamExecution):
             accumulators=self._state_metrics, watermark_ids=planner.watermark_ids,
             output_mode=self.output_mode,
             stats_in_operator=stats_in_operator([op.node for op in planner.operators]),
-            columns=self._batch_columns)
+            columns=self._batch_columns, batch_timestamp_ms=self.offset_seq_metadata.batch_timestamp_ms)
 
     def _operator_metrics(self, ctx: BatchContext, op: int) -> dict:
         """An operator's metrics from its tasks, plus rows dropped in Spark before it."""

@@ -29,10 +29,12 @@ from pyspark.sql.types import StructType
 
 from microbatch.plan.incremental import OperatorWatermarks, operator_name, state_partitions
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
-from microbatch.plan.logical import (Aggregate, Deduplicate, Observe, PlanNode, StatefulNode,
+from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, Observe, PlanNode,
+                                     StatefulNode,
                                      StreamingLimit, StreamJoin, Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
+from microbatch.state.group_state_operator import TIMEOUT_FIELD, GroupStateTask
 from microbatch.state.join_operator import JoinTask
 from microbatch.state.limit_operator import LimitTask
 from microbatch.state.files import storage_type
@@ -114,7 +116,8 @@ class BatchContext:
                  watermarks: dict[StatefulNode, OperatorWatermarks], conf: StateStoreConf,
                  operator_ids: dict[StatefulNode, int], accumulators: dict[int, Any],
                  watermark_ids: dict[Watermark, int], output_mode: str = "append",
-                 stats_in_operator: frozenset = frozenset(), columns: dict | None = None):
+                 stats_in_operator: frozenset = frozenset(), columns: dict | None = None,
+                 batch_timestamp_ms: int = 0):
         self.batch_id = batch_id
         self.state_root = state_root
         self.num_partitions = num_partitions
@@ -124,6 +127,7 @@ class BatchContext:
         self.accumulators = accumulators
         self.watermark_ids = watermark_ids
         self.output_mode = output_mode
+        self.batch_timestamp_ms = batch_timestamp_ms
         self.late_observations: dict[int, Observation] = {}   # operator -> rows dropped before it
         self.observations: dict[Watermark, Observation] = {}
         self.user_observations: dict[str, Observation] = {}   # observe(name, ...) by name
@@ -223,6 +227,27 @@ class BatchContext:
         both = left.select(*shape["tagged"][0]).union(right.select(*shape["tagged"][1]))
         keyed = both.repartition(self.num_partitions, *shape["partition"])
         return keyed.mapInArrow(task, shape["out"]).select(*shape["result"])
+
+    def flat_map_groups_with_state(self, node: FlatMapGroupsWithState, df: DataFrame) -> DataFrame:
+        """Rows hash-partitioned by the grouping keys, then the task that calls the user's
+        function per key and per timed-out key (``state.group_state_operator``)."""
+        op = self.operator_ids[node]
+        late_ms, evict_ms = self.watermarks_for(node)
+        shape = self._columns(("group state", id(node)), lambda: _group_state_shape(node, df))
+        event_time, has_watermark = shape["event_time"], shape["has_watermark"]
+        task = GroupStateTask(
+            state_root=self.state_root, operator_id=op, version=self.batch_id, func=node.func,
+            key_indexes=shape["key_indexes"], input_names=tuple(shape["input_names"]),
+            key_schema=shape["key_schema"],
+            value_schema=shape["value_schema"], state_type=node.state_schema,
+            output_schema=shape["output_arrow"], timeout_conf=node.timeout,
+            batch_timestamp_ms=self.batch_timestamp_ms,
+            watermark_ms=evict_ms if has_watermark else -1, watermark_present=has_watermark,
+            late_us=late_ms * 1000 if node.timeout == "EventTimeTimeout" and event_time is not None else None,
+            event_time_index=event_time, timezone=shape["timezone"],
+            max_records_per_batch=shape["max_records"], conf=self.conf, metrics=self.accumulators[op])
+        keyed = df.repartition(self.num_partitions, *shape["partition"])
+        return keyed.mapInArrow(task, shape["output"])
 
     def limit(self, node: StreamingLimit, df: DataFrame) -> DataFrame:
         """The batch's first ``n`` rows (a plain limit: one partition, the batch's order),
@@ -365,6 +390,31 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
     }
 
 
+def _group_state_shape(node: FlatMapGroupsWithState, df: DataFrame) -> dict:
+    """What an applyInPandasWithState's batches share (made once per run)."""
+    from pyspark.sql.types import StructField
+    schema = df.schema
+    names = [n.lower() for n in schema.fieldNames()]
+    event_time = node.event_time()
+    conf = df.sparkSession.conf
+    state_fields = [_store_field(f) for f in node.state_schema.fields]
+    return {
+        "key_indexes": tuple(names.index(k.lower()) for k in node.keys),
+        "input_names": schema.fieldNames(),
+        "key_schema": pa.schema([_store_field(schema.fields[names.index(k.lower())]) for k in node.keys]),
+        "value_schema": pa.schema(state_fields + [pa.field(TIMEOUT_FIELD, pa.int64())]),
+        "output_arrow": pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+                                   for f in node.output_schema.fields]),
+        # Spark widens a stateful operator's output to nullable
+        "output": StructType([StructField(f.name, f.dataType, True) for f in node.output_schema.fields]),
+        "event_time": names.index(event_time.lower()) if event_time and event_time.lower() in names else None,
+        "has_watermark": event_time is not None,
+        "partition": [F.col(_quoted(k)) for k in node.keys],
+        "timezone": conf.get("spark.sql.session.timeZone"),
+        "max_records": int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")),
+    }
+
+
 def _event_time_stats_columns(watermark: Watermark) -> tuple:
     """Max, min, sum and count of the event time in ms, as partial aggregate columns."""
     ms = _ms_column(watermark.event_time)
@@ -430,6 +480,10 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
         by_name = {f.name.lower(): f for f in left.fields}
         key = StructType([by_name[k.lower()] for k in node.keys])
         return key, StructType([StructField("left", left), StructField("right", right)])
+    if isinstance(node, FlatMapGroupsWithState):
+        by_lower = {f.name.lower(): f for f in child_schema.fields}
+        key = StructType([by_lower[k.lower()] for k in node.keys])
+        return key, StructType(list(node.state_schema.fields) + [StructField(TIMEOUT_FIELD, LongType(), False)])
     if isinstance(node, StreamingLimit):
         from pyspark.sql.types import NullType
         return StructType([StructField("key", NullType())]), StructType([StructField("value", LongType())])

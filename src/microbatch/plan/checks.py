@@ -38,7 +38,8 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
     (the event-time column or a window over it), or no row could ever be final.
     Sorting needs an aggregation in complete mode.
     """
-    from microbatch.plan.logical import Aggregate, StreamingLimit, StreamJoin, Transform
+    from microbatch.plan.logical import (Aggregate, FlatMapGroupsWithState, StreamingLimit, StreamJoin,
+                                         Transform)
     aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
     if mode == "complete" and not aggregates:
         raise _mode_error("complete", "no streaming aggregations")
@@ -54,6 +55,17 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
                 f"Stream-stream {_JOIN_NAMES[join.how]} join between two streaming DataFrame/Datasets "
                 "is not supported without a watermark in the join keys, or a watermark on the "
                 "nullable side and an appropriate range condition;")
+    for node in plan.nodes():
+        if isinstance(node, FlatMapGroupsWithState):
+            if node.timeout == "EventTimeTimeout" and node.event_time() is None:
+                raise AnalysisException(
+                    "Watermark must be specified in the query using '[Dataset/DataFrame].withWatermark()' "
+                    "for using event-time timeout in a applyInPandasWithState. Event-time timeout not "
+                    "supported without watermark.;")
+            if not aggregates and node.func_mode != mode:
+                raise AnalysisException(
+                    f"applyInPandasWithState in {node.func_mode} mode is not supported with "
+                    f"{mode.capitalize()} output mode on a streaming DataFrame/Dataset;")
     _check_global_watermark_limit(plan, mode, check_correctness)
     limits = [n for n in plan.nodes() if isinstance(n, StreamingLimit)
               or (isinstance(n, Transform) and n.method == "limit")]
@@ -81,14 +93,14 @@ _CORRECTNESS_MESSAGE = (
 
 def _check_global_watermark_limit(plan: PlanNode, mode: str, enabled: bool) -> None:
     """Spark's checkStreamingQueryGlobalWatermarkLimit: a stateful operator (an aggregation,
-    a stream-stream join, a deduplication on an event-time key) above an aggregation that
+    a stream-stream join, applyInPandasWithState, a deduplication on an event-time key) above an aggregation that
     emits updated rows (update or complete mode) would see those rows as late. Spark refuses
     the query, or only warns when ``CHECK_CORRECTNESS_CONF`` is false, and runs it."""
-    from microbatch.plan.logical import Aggregate, Deduplicate, StreamJoin
+    from microbatch.plan.logical import Aggregate, Deduplicate, FlatMapGroupsWithState, StreamJoin
     if mode == "append":
         return
     for node in plan.nodes():
-        counts = isinstance(node, (Aggregate, StreamJoin)) or (
+        counts = isinstance(node, (Aggregate, StreamJoin, FlatMapGroupsWithState)) or (
             isinstance(node, Deduplicate) and node.watermark_column() is not None)
         if counts and any(isinstance(below, Aggregate) for below in node.nodes() if below is not node):
             if enabled:

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 from pyspark.sql import DataFrame, SparkSession
 
 from microbatch import spark_internals
-from microbatch.plan.logical import (Aggregate, Deduplicate, PlanNode, StatefulNode,
+from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, PlanNode, StatefulNode,
                                      StreamingLimit, StreamingRelation, StreamJoin, Transform,
                                      Watermark)
 
@@ -51,6 +51,8 @@ def operator_name(node: StatefulNode) -> str:
         return "globalLimit"
     if isinstance(node, StreamJoin):
         return "symmetricHashJoin"
+    if isinstance(node, FlatMapGroupsWithState):
+        return "applyInPandasWithState"
     return type(node).__name__
 
 
@@ -82,6 +84,8 @@ class StatefulOperator:
             return output_mode in ("append", "update")
         if isinstance(node, StreamJoin):
             return node.evicts()
+        if isinstance(node, FlatMapGroupsWithState):
+            return node.timeout == "EventTimeTimeout"
         return isinstance(node, Deduplicate)
 
 
@@ -216,6 +220,9 @@ class IncrementalExecution:
         """Spark's IncrementalExecution.shouldRunAnotherBatch: whether some operator would
         evict with the watermark the next batch runs with."""
         now, then = self.input_watermarks(eviction_ms), self.input_watermarks(new_watermark_ms)
+        if any(isinstance(op.node, FlatMapGroupsWithState) and op.node.timeout == "ProcessingTimeTimeout"
+               for op in self.operators):
+            return True   # Spark's rule: timeouts in processing time may fire in any batch
         return any(now.get(op.node) is not None and then[op.node] > now[op.node]
                    and op.evicts_with(self.output_mode) for op in self.operators)
 

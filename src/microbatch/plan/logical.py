@@ -306,6 +306,39 @@ class Aggregate(StatefulNode):
 
 
 @dataclass(eq=False)
+class FlatMapGroupsWithState(StatefulNode):
+    """``groupBy(keys).applyInPandasWithState(func, ...)`` (Spark's
+    FlatMapGroupsInPandasWithStateExec): per key, the user's function over the key's rows
+    of the batch and its ``GroupState``; keys whose timeout passed are called with no rows
+    (``state.group_state_operator``)."""
+
+    child: PlanNode
+    keys: tuple[str, ...]
+    func: Callable
+    output_schema: StructType
+    state_schema: StructType
+    func_mode: str                         # the function's output mode: append or update
+    timeout: str                           # a GroupStateTimeout value
+
+    def event_time(self) -> str | None:
+        """The watermarked column below this node, if any."""
+        for node in self.child.nodes():
+            if isinstance(node, Watermark):
+                return node.event_time
+        return None
+
+    def build(self, inputs, ctx=None):
+        df = self.child.build(inputs, ctx)
+        if ctx is None:
+            return df.sparkSession.createDataFrame([], self.output_schema)
+        return ctx.flat_map_groups_with_state(self, df)
+
+    def describe(self) -> str:
+        return (f"FlatMapGroupsInPandasWithState [{', '.join(self.keys)}], {self.func_mode}, "
+                f"{self.timeout}, {getattr(self.func, '__name__', 'function')}")
+
+
+@dataclass(eq=False)
 class StreamingLimit(StatefulNode):
     """``limit(n)`` of a stream whose rows are appends (Spark's StreamingGlobalLimitExec over
     a local limit): at most n rows over the whole run, the first ones of each batch in the

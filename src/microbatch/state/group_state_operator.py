@@ -1,0 +1,204 @@
+"""The state step of ``applyInPandasWithState``: one Spark task per state partition.
+
+Spark's ``FlatMapGroupsInPandasWithStateExec``. The batch's rows, hash-partitioned by
+the grouping keys into the state partitions, reach the task as Arrow; the task opens
+the store of its partition at version N (the batch id) and then, as Spark does:
+
+1. With an event-time timeout, drops rows at or before the previous batch's watermark
+   (late; counted as ``numRowsDroppedByWatermark``).
+2. Calls the user's function once per key that has rows, in ascending key order (nulls
+   first), with the key as a tuple, an iterator of pandas DataFrames (the key's rows, in
+   chunks of ``spark.sql.execution.arrow.maxRecordsPerBatch``) and PySpark's own
+   ``GroupState`` over the key's stored state. A call starts with no timeout set, as in
+   Spark: a function that wants one sets it again each time.
+3. With a timeout, calls the function for every stored key whose timeout timestamp is
+   set and before the threshold (the batch's processing time, or this batch's watermark
+   for an event-time timeout), with an empty iterator and ``hasTimedOut`` true.
+4. After each call, Spark's rule: a removed state without a timeout is removed from the
+   store; else it is written when updated, removed or its timeout changed.
+
+The store keeps per key the state's fields then ``timeoutTimestamp`` (ms, -1 for none).
+The function's DataFrames become Arrow batches of the declared output schema, columns
+matched by name (by position when the labels are not strings), as PySpark matches them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+
+from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, task_metrics
+
+NO_TIMESTAMP = -1
+TIMEOUT_FIELD = "timeoutTimestamp"
+
+
+@dataclass(frozen=True)
+class GroupStateTask:
+    """The per-partition function of an ``applyInPandasWithState`` (shipped by cloudpickle)."""
+
+    state_root: str
+    operator_id: int
+    version: int
+    func: Callable
+    key_indexes: tuple[int, ...]       # the grouping columns among the input columns
+    input_names: tuple[str, ...]       # the input columns
+    key_schema: pa.Schema              # as stored
+    value_schema: pa.Schema            # the state's fields, then timeoutTimestamp
+    state_type: Any                    # the state's StructType (GroupState's valueSchema)
+    output_schema: pa.Schema
+    timeout_conf: str                  # GroupStateTimeout.NoTimeout, ...
+    batch_timestamp_ms: int
+    watermark_ms: int                  # this batch's (eviction) watermark, or -1 without one
+    watermark_present: bool
+    late_us: int | None                # event-time timeout: rows at or before this are late
+    event_time_index: int | None       # the watermarked column among the input columns
+    timezone: str
+    max_records_per_batch: int
+    conf: StateStoreConf
+    metrics: Any                       # an Accumulator of DictSum
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        store = load_provider(StateStoreId(self.state_root, self.operator_id, partition),
+                              self.key_schema, self.value_schema, self.conf).get_store(self.version)
+        started = time.monotonic()
+        table = _table(list(batches))
+        late = 0
+        if self.late_us is not None and self.event_time_index is not None and table.num_rows:
+            import pyarrow.compute as pc
+            times = pc.cast(table.column(self.event_time_index), pa.int64())
+            keep = pc.invert(pc.fill_null(pc.less_equal(times, self.late_us), False))
+            late = table.num_rows - pc.sum(pc.cast(keep, pa.int64())).as_py()
+            table = table.filter(keep)
+        counts = {"updated": 0, "removed": 0}
+        for key, rows in self._groups(table):
+            yield from self._call(store, key, rows, False, counts)
+        if self.timeout_conf != "NoTimeout":
+            threshold = self.batch_timestamp_ms if self.timeout_conf == "ProcessingTimeTimeout" else self.watermark_ms
+            timed_out = [key for key, value in list(store.iterator())
+                         if value[-1] != NO_TIMESTAMP and value[-1] < threshold]
+            for key in timed_out:
+                yield from self._call(store, key, None, True, counts)
+        updates_ms = (time.monotonic() - started) * 1000
+        store.commit()
+        self.metrics.add(task_metrics(partition, store.metrics(), numRowsUpdated=counts["updated"],
+                                      numRowsRemoved=counts["removed"], numRowsDroppedByWatermark=late,
+                                      allUpdatesTimeMs=int(updates_ms)))
+
+    def _groups(self, table: pa.Table):
+        """(stored key, the key's rows) in ascending key order, nulls first."""
+        if not table.num_rows:
+            return
+        keys = list(zip(*[table.column(i).to_pylist() for i in self.key_indexes]))
+        rows_of: dict[tuple, list[int]] = {}
+        for row, key in enumerate(keys):
+            rows_of.setdefault(key, []).append(row)
+        for key in sorted(rows_of, key=lambda k: tuple((v is not None, v) for v in k)):
+            yield _storage_key(key), table.take(rows_of[key])
+
+    def _call(self, store, key: tuple, rows: pa.Table | None, timed_out: bool, counts: dict):
+        from pyspark.sql import Row
+        from pyspark.sql.streaming.state import GroupState
+
+        stored = store.get(key)
+        old_timeout = stored[-1] if stored is not None else NO_TIMESTAMP
+        state = GroupState(
+            optionalValue=Row(*stored[:-1]) if stored is not None else None,
+            batchProcessingTimeMs=self.batch_timestamp_ms, eventTimeWatermarkMs=self.watermark_ms,
+            timeoutConf=self.timeout_conf, hasTimedOut=timed_out, watermarkPresent=self.watermark_present,
+            defined=stored is not None, updated=False, removed=False, timeoutTimestamp=NO_TIMESTAMP,
+            keyAsUnsafe=b"", valueSchema=self.state_type)
+        if rows is None:   # as PySpark calls a timed-out key: one empty DataFrame
+            import pandas as pd
+            frames: Iterator = iter([pd.DataFrame(columns=list(self.input_names))])
+            python_key = tuple(key)
+        else:
+            frames = (self._pandas(chunk) for chunk in _chunks(rows, self.max_records_per_batch))
+            first = self._pandas(rows.slice(0, 1))
+            python_key = tuple(first.iloc[0, i] for i in self.key_indexes)
+        for result in self.func(python_key, frames, state):
+            batch = self._arrow(result)
+            if batch.num_rows:
+                yield batch
+        timeout = state._timeout_timestamp
+        if state._removed and timeout == NO_TIMESTAMP:
+            if stored is not None:
+                store.remove(key)
+                counts["removed"] += 1
+        elif state._updated or state._removed or timeout != old_timeout:
+            if state.exists:
+                store.put(key, tuple(_storage_value(v) for v in state._value) + (timeout,))
+                counts["updated"] += 1
+            elif stored is not None:
+                store.remove(key)
+                counts["removed"] += 1
+
+    def _pandas(self, rows: pa.Table):
+        """A key's rows as pandas, as PySpark gives them: timestamps in the session time
+        zone, without a zone."""
+        frame = rows.to_pandas()
+        for field in rows.schema:
+            if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+                frame[field.name] = frame[field.name].dt.tz_convert(self.timezone).dt.tz_localize(None)
+        return frame
+
+    def _arrow(self, frame: Any) -> pa.RecordBatch:
+        import pandas as pd
+        from pyspark.errors import PySparkRuntimeError, PySparkTypeError
+
+        if not isinstance(frame, pd.DataFrame):
+            raise PySparkTypeError(
+                errorClass="UDF_RETURN_TYPE",
+                messageParameters={"expected": "iterator of pandas.DataFrame",
+                                   "actual": f"iterator of {type(frame).__name__}"})
+        names = self.output_schema.names
+        if len(frame.columns) == 0 and frame.empty:
+            return pa.RecordBatch.from_pylist([], schema=self.output_schema)
+        if len(frame.columns) != len(names):
+            raise PySparkRuntimeError(
+                errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
+                messageParameters={"expected": str(len(names)), "actual": str(len(frame.columns))})
+        if any(isinstance(c, str) for c in frame.columns):
+            # by name, as PySpark assigns them; where PySpark would give nulls for a name
+            # it does not find, this says which names are wrong
+            missing = sorted(set(names) - set(frame.columns))
+            extra = sorted(set(frame.columns) - set(names))
+            if missing or extra:
+                raise PySparkRuntimeError(
+                    errorClass="RESULT_COLUMN_NAMES_MISMATCH",
+                    messageParameters={"missing": f" Missing: {', '.join(missing)}." if missing else "",
+                                       "extra": f" Unexpected: {', '.join(extra)}." if extra else ""})
+            columns = [frame[name] for name in names]
+        else:
+            columns = [frame.iloc[:, i] for i in range(len(names))]
+        arrays = []
+        for field, series in zip(self.output_schema, columns):
+            if pa.types.is_timestamp(field.type) and getattr(series.dt, "tz", None) is None \
+                    and str(series.dtype).startswith("datetime64"):
+                series = series.dt.tz_localize(self.timezone).dt.tz_convert("UTC")
+            arrays.append(pa.array(series, type=field.type, from_pandas=True))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
+
+
+def _table(batches: list) -> pa.Table:
+    return pa.Table.from_batches(batches) if batches else pa.table({})
+
+
+def _chunks(rows: pa.Table, size: int):
+    for start in range(0, rows.num_rows, max(size, 1)):
+        yield rows.slice(start, size)
+
+
+def _storage_key(key: tuple) -> tuple:
+    return tuple(_storage_value(v) for v in key)
+
+
+def _storage_value(value: Any) -> Any:
+    """A value as the store keeps it (numpy scalars as Python values)."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, (bytes, str)) else value
+

@@ -1,0 +1,195 @@
+"""applyInPandasWithState on microbatch next to Spark's own engine, batch by batch: the
+function's rows, PySpark's own GroupState, event-time timeouts fired at the batch Spark
+fires them, late rows, the operator's progress, a restart, and Spark's refusals."""
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+
+import test_chained_differential as chained
+from stream_events import comparable, watermarks
+from test_chained_differential import events, run  # noqa: F401 - the events fixture
+
+# the functions below run in Spark's Python workers, which cannot import this module
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+OUTPUT = "id INT, n LONG, timedout BOOLEAN"
+
+
+def count_until_quiet(key, frames, state):
+    """Rows per id; an id without rows for 15 s of event time is reported and forgotten."""
+    assert isinstance(state, GroupState)
+    if state.hasTimedOut:
+        (n,) = state.get
+        state.remove()
+        yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [True]})
+        return
+    n = state.get[0] if state.exists else 0
+    for frame in frames:
+        n += len(frame)
+    state.update((n,))
+    state.setTimeoutTimestamp(state.getCurrentWatermarkMs() + 15000)
+    yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [False]})
+
+
+def first_rows(key, frames, state):
+    """Each id's rows until it has seen three, one output row per input row (append)."""
+    seen = state.get[0] if state.exists else 0
+    out = []
+    for frame in frames:
+        for ts in frame["ts"]:
+            if seen < 3:
+                seen += 1
+                out.append((key[0], seen, False))
+    if seen >= 3:
+        state.remove()
+    else:
+        state.update((seen,))
+    yield pd.DataFrame(out, columns=["id", "n", "timedout"])
+
+
+CASES = {
+    "event-time timeout (update)": ("update", lambda f: f.withWatermark("ts", "10 seconds").groupBy("id")
+                                    .applyInPandasWithState(count_until_quiet, OUTPUT, "n LONG", "update",
+                                                            GroupStateTimeout.EventTimeTimeout)),
+    "no timeout (append)": ("append", lambda f: f.groupBy("id").applyInPandasWithState(
+        first_rows, OUTPUT, "seen INT", "append", GroupStateTimeout.NoTimeout)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
+    chained.CASES[case] = CASES[case]
+    theirs, their_progress = run(spark, events, tmp_path / "spark", case)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", case)
+    assert ours == theirs
+    assert sum(len(rows) for _, rows in ours) > 3
+    assert comparable(our_progress) == comparable(their_progress)
+    assert our_progress[0]["stateOperators"][0]["operatorName"] == "applyInPandasWithState"
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+def test_timeouts_fire_in_the_batch_spark_fires_them(ss, events, tmp_path):
+    case = "event-time timeout (update)"
+    chained.CASES[case] = CASES[case]
+    ours, _ = run(ss, events, tmp_path / "microbatch", case)
+    timed_out = [(batch, row[0]) for batch, rows in ours for row in rows if row[2]]
+    assert (1, 2) in timed_out and len(timed_out) >= 5
+
+
+def test_a_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
+    case = "event-time timeout (update)"
+    chained.CASES[case] = CASES[case]
+    whole, _ = run(ss, events, tmp_path / "one-run", case)
+    first, _ = run(ss, events, tmp_path / "two-runs", case, fail_after_batch=2)
+    second, _ = run(ss, events, tmp_path / "two-runs", case)
+    assert first + second == whole and [b for b, _ in second][0] == 2
+
+
+REFUSED = {
+    "an update function in append mode": ("append", lambda f: f.groupBy("id").applyInPandasWithState(
+        count_until_quiet, OUTPUT, "n LONG", "update", GroupStateTimeout.NoTimeout)),
+    "an event-time timeout without a watermark": ("update", lambda f: f.groupBy("id").applyInPandasWithState(
+        count_until_quiet, OUTPUT, "n LONG", "update", GroupStateTimeout.EventTimeTimeout)),
+    "complete mode": ("complete", lambda f: f.groupBy("id").applyInPandasWithState(
+        count_until_quiet, OUTPUT, "n LONG", "update", GroupStateTimeout.NoTimeout)),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_spark_refusals_with_sparks_message(spark, ss, events, tmp_path, case):
+    chained.CASES[case] = REFUSED[case]
+    with pytest.raises(Exception) as theirs:
+        run(spark, events, tmp_path / "spark", case)
+    with pytest.raises(Exception) as ours:
+        run(ss, events, tmp_path / "microbatch", case)
+    assert str(ours.value).split(";")[0] in str(theirs.value)
+    assert not (tmp_path / "microbatch" / "offsets").exists()
+
+
+def count_until_idle(key, frames, state):
+    """Rows per id; an id without rows for 25 s of processing time is reported and forgotten."""
+    if state.hasTimedOut:
+        yield pd.DataFrame({"id": [key[0]], "n": [state.get[0]], "timedout": [True]})
+        state.remove()
+        return
+    n = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
+    state.update((n,))
+    state.setTimeoutDuration(25_000)
+    yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [False]})
+
+
+def test_processing_time_timeouts_fire_in_no_data_batches(ss):
+    from microbatch import ManualClock, MemoryStream
+    from microbatch.testing import AddData, AdvanceManualClock, CheckNewAnswer, StartStream, test_stream
+    ms = MemoryStream(ss, "id INT")
+    frame = ms.toDF().groupBy("id").applyInPandasWithState(
+        count_until_idle, OUTPUT, "n LONG", "update", GroupStateTimeout.ProcessingTimeTimeout)
+    clock = ManualClock(0)
+    test_stream(frame, "update", [
+        StartStream(trigger="10 seconds", clock=clock),
+        AddData(ms, 1, 1, 2),
+        AdvanceManualClock(10_000),             # t=10 s: timeouts at 35 s
+        CheckNewAnswer((1, 2, False), (2, 1, False)),
+        AddData(ms, 1),
+        AdvanceManualClock(10_000),             # t=20 s: id 1's timeout moves to 45 s
+        CheckNewAnswer((1, 3, False)),
+        AdvanceManualClock(10_000),             # t=30 s: a batch without data, nothing due
+        CheckNewAnswer(),
+        AdvanceManualClock(10_000),             # t=40 s: id 2 is due
+        CheckNewAnswer((2, 1, True)),
+        AdvanceManualClock(10_000),             # t=50 s: id 1 is due
+        CheckNewAnswer((1, 3, True)),
+    ])
+
+
+def fails_on_id_3(key, frames, state):
+    if key[0] == 3:
+        raise ValueError("no id 3 here")
+    yield from first_rows(key, frames, state)
+
+
+def wrong_columns(key, frames, state):
+    yield pd.DataFrame({"id": [key[0]], "count": [1], "timedout": [False]})
+
+
+def too_few_columns(key, frames, state):
+    yield pd.DataFrame({"id": [key[0]]})
+
+
+def start_failing(session, events, ckpt, func):
+    """The query over ``func``; the error it ends with."""
+    frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
+    query = (frame.groupBy("id").applyInPandasWithState(func, OUTPUT, "seen INT", "append",
+                                                        GroupStateTimeout.NoTimeout)
+             .writeStream.format("noop").option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start())
+    with pytest.raises(Exception) as raised:
+        query.awaitTermination(300)
+    return raised.value
+
+
+def test_a_failing_function_commits_nothing_and_a_fixed_one_resumes(spark, ss, events, tmp_path):
+    chained.CASES["fixed"] = ("append", lambda f: f.groupBy("id").applyInPandasWithState(
+        first_rows, OUTPUT, "seen INT", "append", GroupStateTimeout.NoTimeout))
+    assert "no id 3 here" in str(start_failing(ss, events, tmp_path / "microbatch", fails_on_id_3))
+    done = sorted(p.name for p in (tmp_path / "microbatch" / "commits").iterdir())
+    assert done == ["0"]   # batch 1 (the first with id 3) did not commit
+    resumed, _ = run(ss, events, tmp_path / "microbatch", "fixed")
+    whole, _ = run(ss, events, tmp_path / "one-run", "fixed")
+    assert [b for b, _ in resumed][0] == 1 and resumed == whole[1:]
+    # a column name the output schema does not have: PySpark gives nulls for the missing
+    # column; microbatch stops and names the columns (documented in pyspark-compatibility)
+    ours = start_failing(ss, events, tmp_path / "microbatch-wrong", wrong_columns)
+    assert "RESULT_COLUMN_NAMES_MISMATCH" in str(ours)
+    assert "Missing: n." in str(ours) and "Unexpected: count." in str(ours)
+    assert not (tmp_path / "microbatch-wrong" / "commits" / "0").exists()
+    # a wrong number of columns: PySpark's error, on both engines
+    theirs = start_failing(spark, events, tmp_path / "spark-short", too_few_columns)
+    ours = start_failing(ss, events, tmp_path / "microbatch-short", too_few_columns)
+    for raised in (theirs, ours):
+        assert "RESULT_COLUMN_SCHEMA_MISMATCH" in str(raised)
