@@ -161,10 +161,10 @@ def too_few_columns(key, frames, state):
     yield pd.DataFrame({"id": [key[0]]})
 
 
-def start_failing(session, events, ckpt, func):
+def start_failing(session, events, ckpt, func, state="seen INT"):
     """The query over ``func``; the error it ends with."""
     frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
-    query = (frame.groupBy("id").applyInPandasWithState(func, OUTPUT, "seen INT", "append",
+    query = (frame.groupBy("id").applyInPandasWithState(func, OUTPUT, state, "append",
                                                         GroupStateTimeout.NoTimeout)
              .writeStream.format("noop").option("checkpointLocation", str(ckpt))
              .trigger(availableNow=True).start())
@@ -193,3 +193,22 @@ def test_a_failing_function_commits_nothing_and_a_fixed_one_resumes(spark, ss, e
     ours = start_failing(ss, events, tmp_path / "microbatch-short", too_few_columns)
     for raised in (theirs, ours):
         assert "RESULT_COLUMN_SCHEMA_MISMATCH" in str(raised)
+
+
+def sets_a_timeout_without_a_conf(key, frames, state):
+    state.setTimeoutDuration(1000)
+    yield pd.DataFrame({"id": [key[0]], "n": [1], "timedout": [False]})
+
+
+def test_a_changed_state_schema_is_refused_and_a_timeout_needs_its_conf(ss, events, tmp_path):
+    chained.CASES["fixed"] = ("append", lambda f: f.groupBy("id").applyInPandasWithState(
+        first_rows, OUTPUT, "seen INT", "append", GroupStateTimeout.NoTimeout))
+    run(ss, events, tmp_path / "ckpt", "fixed")
+    before = sorted(p.name for p in (tmp_path / "ckpt" / "offsets").iterdir())
+    raised = start_failing(ss, events, tmp_path / "ckpt", first_rows, state="seen LONG")
+    assert "stateful operator 0 (applyInPandasWithState)" in str(raised)
+    assert "the value schema was struct<seen:int,timeoutTimestamp:bigint>" in str(raised)
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "offsets").iterdir()) == before
+    raised = start_failing(ss, events, tmp_path / "no-conf", sets_a_timeout_without_a_conf)
+    assert "CANNOT_WITHOUT" in str(raised) and "enabling processing time timeout" in str(raised)
+    assert not (tmp_path / "no-conf" / "commits" / "0").exists()
