@@ -48,6 +48,21 @@ def run(session, events, ckpt, case, fail_after_batch=None):
     return [(b, rows) for b, rows in batches if rows is not None], query.recentProgress
 
 
+def same_as_spark(spark, ss, events, tmp_path, case, transform=None):
+    """Runs ``case`` (``(mode, transform)``, registered in ``CASES`` under that name) on
+    Spark's engine and on microbatch; asserts the same rows, progress and watermarks batch
+    by batch, and some output; returns microbatch's batches and progress."""
+    if transform is not None:
+        CASES[case] = transform
+    theirs, their_progress = run(spark, events, tmp_path / "spark", case)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", case)
+    assert ours == theirs
+    assert sum(len(rows) for _, rows in ours) > 0
+    assert comparable(our_progress) == comparable(their_progress)
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+    return ours, our_progress
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_dedup_before_aggregation_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
     theirs, their_progress = run(spark, events, tmp_path / "spark", case)

@@ -11,8 +11,7 @@ from pyspark import cloudpickle
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import test_chained_differential as chained
-from stream_events import comparable, watermarks
-from test_chained_differential import events, run  # noqa: F401 - the events fixture
+from test_chained_differential import events, run, same_as_spark  # noqa: F401 - the events fixture
 
 # the functions below run in Spark's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -63,14 +62,9 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
-    chained.CASES[case] = CASES[case]
-    theirs, their_progress = run(spark, events, tmp_path / "spark", case)
-    ours, our_progress = run(ss, events, tmp_path / "microbatch", case)
-    assert ours == theirs
+    ours, our_progress = same_as_spark(spark, ss, events, tmp_path, case, CASES[case])
     assert sum(len(rows) for _, rows in ours) > 3
-    assert comparable(our_progress) == comparable(their_progress)
     assert our_progress[0]["stateOperators"][0]["operatorName"] == "applyInPandasWithState"
-    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
 
 
 def test_timeouts_fire_in_the_batch_spark_fires_them(ss, events, tmp_path):

@@ -8,8 +8,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import test_chained_differential as chained
-from stream_events import comparable, watermarks
-from test_chained_differential import events, run  # noqa: F401 - the events fixture
+from test_chained_differential import events, run, same_as_spark  # noqa: F401 - the events fixture
 
 
 def parity(frame):
@@ -38,13 +37,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
-    chained.CASES[case] = CASES[case]
-    theirs, their_progress = run(spark, events, tmp_path / "spark", case)
-    ours, our_progress = run(ss, events, tmp_path / "microbatch", case)
-    assert ours == theirs
-    assert sum(len(rows) for _, rows in ours) > 0
-    assert comparable(our_progress) == comparable(their_progress)
-    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+    same_as_spark(spark, ss, events, tmp_path, case, CASES[case])
 
 
 def test_a_rollup_restarts_in_the_middle_with_the_same_answer(ss, events, tmp_path):

@@ -76,8 +76,10 @@ class GroupStateTask:
             late = table.num_rows - pc.sum(pc.cast(keep, pa.int64())).as_py()
             table = table.filter(keep)
         counts = {"updated": 0, "removed": 0}
-        for key, rows in self._groups(table):
-            yield from self._call(store, key, rows, False, counts)
+        if table.num_rows:
+            frame = self._pandas(table)   # once per partition; a key's rows are taken from it
+            for key, rows in self._groups(table):
+                yield from self._call(store, key, (frame, rows), False, counts)
         if self.timeout_conf != "NoTimeout":
             threshold = self.batch_timestamp_ms if self.timeout_conf == "ProcessingTimeTimeout" else self.watermark_ms
             timed_out = [key for key, value in list(store.iterator())
@@ -91,17 +93,17 @@ class GroupStateTask:
                                       allUpdatesTimeMs=int(updates_ms)))
 
     def _groups(self, table: pa.Table):
-        """(stored key, the key's rows) in ascending key order, nulls first."""
-        if not table.num_rows:
-            return
+        """(stored key, the positions of the key's rows) in ascending key order, nulls first."""
         keys = list(zip(*[table.column(i).to_pylist() for i in self.key_indexes]))
         rows_of: dict[tuple, list[int]] = {}
         for row, key in enumerate(keys):
             rows_of.setdefault(key, []).append(row)
         for key in sorted(rows_of, key=lambda k: tuple((v is not None, v) for v in k)):
-            yield _storage_key(key), table.take(rows_of[key])
+            yield _storage_key(key), rows_of[key]
 
-    def _call(self, store, key: tuple, rows: pa.Table | None, timed_out: bool, counts: dict):
+    def _call(self, store, key: tuple, rows: tuple | None, timed_out: bool, counts: dict):
+        """Calls the function for ``key``: with its rows (the partition's pandas frame and
+        the rows' positions), or timed out (``rows`` None); then writes its state."""
         from pyspark.sql import Row
         from pyspark.sql.streaming.state import GroupState
 
@@ -118,9 +120,11 @@ class GroupStateTask:
             frames: Iterator = iter([pd.DataFrame(columns=list(self.input_names))])
             python_key = tuple(key)
         else:
-            frames = (self._pandas(chunk) for chunk in _chunks(rows, self.max_records_per_batch))
-            first = self._pandas(rows.slice(0, 1))
-            python_key = tuple(first.iloc[0, i] for i in self.key_indexes)
+            frame, positions = rows
+            size = max(self.max_records_per_batch, 1)
+            frames = (frame.take(positions[start:start + size]).reset_index(drop=True)
+                      for start in range(0, len(positions), size))
+            python_key = tuple(frame.iat[positions[0], i] for i in self.key_indexes)
         for result in self.func(python_key, frames, state):
             batch = self._arrow(result)
             if batch.num_rows:
@@ -187,11 +191,6 @@ class GroupStateTask:
 
 def _table(batches: list) -> pa.Table:
     return pa.Table.from_batches(batches) if batches else pa.table({})
-
-
-def _chunks(rows: pa.Table, size: int):
-    for start in range(0, rows.num_rows, max(size, 1)):
-        yield rows.slice(start, size)
 
 
 def _storage_key(key: tuple) -> tuple:

@@ -1,0 +1,94 @@
+"""applyInPandasWithState sessionization against Spark's own engine, in one process.
+
+``python -m benchmarks.group_state [--batches 10] [--rows 1000000] [--users 10000]``
+
+A ``rate-micro-batch`` stream of ``rows`` rows a batch (one second of event time per
+batch, a 5-second watermark), each row an event of user ``value % users``. Per user,
+``applyInPandasWithState`` keeps the session's event count and last event time, and
+closes the session (one output row) when no event came for 3 seconds of event time
+(an event-time timeout). The same query runs on Spark's engine and on microbatch, one
+run each after a warm-up run of each. It prints the median ``triggerExecution`` of
+batches 1.. per engine and their ratio (microbatch / Spark), and writes
+``benchmarks/results/group_state.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from benchmarks.progress import first_batches
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def sessions(key, frames, state):
+    """A user's session: events and the last event time; closed 3 s after its last event."""
+    import pandas as pd
+    if state.hasTimedOut:
+        events, last = state.get
+        state.remove()
+        yield pd.DataFrame({"user": [key[0]], "events": [events], "last": [last]})
+        return
+    events, last = state.get if state.exists else (0, 0)
+    for frame in frames:
+        events += len(frame)
+        last = max(last, int(frame["timestamp"].max().timestamp() * 1000))
+    state.update((events, last))
+    state.setTimeoutTimestamp(max(last + 3000, state.getCurrentWatermarkMs() + 1))
+    yield from ()
+
+
+def run(session, rows: int, users: int, batches: int) -> list[dict]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+    frame = (session.readStream.format("rate-micro-batch").option("rowsPerBatch", rows)
+             .option("numPartitions", 2).option("advanceMillisPerBatch", 1000).load()
+             .withWatermark("timestamp", "5 seconds").withColumn("user", F.col("value") % users))
+    query = (frame.groupBy("user").applyInPandasWithState(
+                 sessions, "user LONG, events LONG, last LONG", "events LONG, last LONG", "append",
+                 GroupStateTimeout.EventTimeTimeout)
+             .writeStream.format("noop").outputMode("append")
+             .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-group-state-"))
+             .trigger(processingTime="0 seconds").start())
+    progress = first_batches(query, batches)
+    return [{"batchId": p.batchId, "triggerMs": p.durationMs.get("triggerExecution", 0),
+             "inputRows": p.numInputRows, "stateRows": p.stateOperators[0].numRowsTotal}
+            for p in progress]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--users", type=int, default=10_000)
+    args = parser.parse_args(argv)
+
+    from pyspark import cloudpickle
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers need `sessions`
+    from microbatch import StreamingSession, embedded_spark
+    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "4"})
+    ss = StreamingSession(spark)
+    engines = {"spark": spark, "microbatch": ss}
+    for session in engines.values():   # warm-up: JVM code paths and Python workers
+        run(session, args.rows // 10, args.users, 3)
+    results = {name: run(session, args.rows, args.users, args.batches) for name, session in engines.items()}
+    medians = {name: statistics.median(b["triggerMs"] for b in batches[1:]) for name, batches in results.items()}
+    print(f"applyInPandasWithState sessionization, {args.rows} rows a batch, {args.users} users, "
+          f"{args.batches} batches")
+    for name, batches in results.items():
+        print(f"  {name:10} median triggerExecution {medians[name]:6.0f} ms; state rows "
+              f"{[b['stateRows'] for b in batches]}")
+    print(f"  microbatch / Spark: {medians['microbatch'] / medians['spark']:.2f}")
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "group_state.json"), "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d"), "args": vars(args), "medians_ms": medians,
+                   "batches": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
