@@ -67,12 +67,18 @@ def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
     assert our_progress[0]["stateOperators"][0]["operatorName"] == "applyInPandasWithState"
 
 
-def test_timeouts_fire_in_the_batch_spark_fires_them(ss, events, tmp_path):
+def test_timeouts_fire_in_the_batch_spark_fires_them_and_the_state_reads_as_sparks(spark, ss, events, tmp_path):
     case = "event-time timeout (update)"
     chained.CASES[case] = CASES[case]
     ours, _ = run(ss, events, tmp_path / "microbatch", case)
     timed_out = [(batch, row[0]) for batch, rows in ours for row in rows if row[2]]
     assert (1, 2) in timed_out and len(timed_out) >= 5
+    run(spark, events, tmp_path / "spark", case)
+    for batch in (2, 3):   # Spark's reader on Spark's checkpoint, microbatch's on microbatch's
+        theirs = spark.read.format("statestore").option("batchId", batch).load(str(tmp_path / "spark"))
+        mine = ss.read.format("statestore").option("batchId", batch).load(str(tmp_path / "microbatch"))
+        assert mine.schema.simpleString() == theirs.schema.simpleString()
+        assert sorted(map(str, mine.collect())) == sorted(map(str, theirs.collect())) != []
 
 
 def test_a_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
@@ -201,7 +207,7 @@ def test_a_changed_state_schema_is_refused_and_a_timeout_needs_its_conf(ss, even
     before = sorted(p.name for p in (tmp_path / "ckpt" / "offsets").iterdir())
     raised = start_failing(ss, events, tmp_path / "ckpt", first_rows, state="seen LONG")
     assert "stateful operator 0 (applyInPandasWithState)" in str(raised)
-    assert "the value schema was struct<seen:int,timeoutTimestamp:bigint>" in str(raised)
+    assert "the value schema was struct<groupState:struct<seen:int>,timeoutTimestamp:bigint>" in str(raised)
     assert sorted(p.name for p in (tmp_path / "ckpt" / "offsets").iterdir()) == before
     raised = start_failing(ss, events, tmp_path / "no-conf", sets_a_timeout_without_a_conf)
     assert "CANNOT_WITHOUT" in str(raised) and "enabling processing time timeout" in str(raised)

@@ -402,7 +402,8 @@ def _group_state_shape(node: FlatMapGroupsWithState, df: DataFrame) -> dict:
         "key_indexes": tuple(names.index(k.lower()) for k in node.keys),
         "input_names": schema.fieldNames(),
         "key_schema": pa.schema([_store_field(schema.fields[names.index(k.lower())]) for k in node.keys]),
-        "value_schema": pa.schema(state_fields + [pa.field(TIMEOUT_FIELD, pa.int64())]),
+        "value_schema": pa.schema([pa.field("groupState", pa.struct(state_fields)),
+                                   pa.field(TIMEOUT_FIELD, pa.int64())]),
         "output_arrow": pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
                                    for f in node.output_schema.fields]),
         # Spark widens a stateful operator's output to nullable
@@ -483,7 +484,8 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
     if isinstance(node, FlatMapGroupsWithState):
         by_lower = {f.name.lower(): f for f in child_schema.fields}
         key = StructType([by_lower[k.lower()] for k in node.keys])
-        return key, StructType(list(node.state_schema.fields) + [StructField(TIMEOUT_FIELD, LongType(), False)])
+        return key, StructType([StructField("groupState", node.state_schema),
+                                StructField(TIMEOUT_FIELD, LongType(), False)])
     if isinstance(node, StreamingLimit):
         from pyspark.sql.types import NullType
         return StructType([StructField("key", NullType())]), StructType([StructField("value", LongType())])

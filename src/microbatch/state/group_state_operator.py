@@ -17,7 +17,9 @@ the store of its partition at version N (the batch id) and then, as Spark does:
 4. After each call, Spark's rule: a removed state without a timeout is removed from the
    store; else it is written when updated, removed or its timeout changed.
 
-The store keeps per key the state's fields then ``timeoutTimestamp`` (ms, -1 for none).
+The store keeps per key Spark's value: ``groupState`` (a struct of the state's fields, null
+when only a timeout is kept) and ``timeoutTimestamp`` (ms, -1 for none), so the state
+reader shows what Spark's shows.
 The function's DataFrames become Arrow batches of the declared output schema, columns
 matched by name (by position when the labels are not strings), as PySpark matches them.
 """
@@ -46,7 +48,7 @@ class GroupStateTask:
     key_indexes: tuple[int, ...]       # the grouping columns among the input columns
     input_names: tuple[str, ...]       # the input columns
     key_schema: pa.Schema              # as stored
-    value_schema: pa.Schema            # the state's fields, then timeoutTimestamp
+    value_schema: pa.Schema            # groupState (struct of the state's fields), timeoutTimestamp
     state_type: Any                    # the state's StructType (GroupState's valueSchema)
     output_schema: pa.Schema
     timeout_conf: str                  # GroupStateTimeout.NoTimeout, ...
@@ -109,11 +111,12 @@ class GroupStateTask:
 
         stored = store.get(key)
         old_timeout = stored[-1] if stored is not None else NO_TIMESTAMP
+        value = _fields(stored[0]) if stored is not None else None
         state = GroupState(
-            optionalValue=Row(*stored[:-1]) if stored is not None else None,
+            optionalValue=Row(*value) if value is not None else None,
             batchProcessingTimeMs=self.batch_timestamp_ms, eventTimeWatermarkMs=self.watermark_ms,
             timeoutConf=self.timeout_conf, hasTimedOut=timed_out, watermarkPresent=self.watermark_present,
-            defined=stored is not None, updated=False, removed=False, timeoutTimestamp=NO_TIMESTAMP,
+            defined=value is not None, updated=False, removed=False, timeoutTimestamp=NO_TIMESTAMP,
             keyAsUnsafe=b"", valueSchema=self.state_type)
         if rows is None:   # as PySpark calls a timed-out key: one empty DataFrame
             import pandas as pd
@@ -135,12 +138,9 @@ class GroupStateTask:
                 store.remove(key)
                 counts["removed"] += 1
         elif state._updated or state._removed or timeout != old_timeout:
-            if state.exists:
-                store.put(key, tuple(_storage_value(v) for v in state._value) + (timeout,))
-                counts["updated"] += 1
-            elif stored is not None:
-                store.remove(key)
-                counts["removed"] += 1
+            value = tuple(_storage_value(v) for v in state._value) if state.exists else None
+            store.put(key, (value, timeout))
+            counts["updated"] += 1
 
     def _pandas(self, rows: pa.Table):
         """A key's rows as pandas, as PySpark gives them: timestamps in the session time
@@ -191,6 +191,13 @@ class GroupStateTask:
 
 def _table(batches: list) -> pa.Table:
     return pa.Table.from_batches(batches) if batches else pa.table({})
+
+
+def _fields(value: Any) -> tuple | None:
+    """A stored groupState as a tuple (it reads back from the files as a dict)."""
+    if isinstance(value, dict):
+        return tuple(value.values())
+    return value
 
 
 def _storage_key(key: tuple) -> tuple:
