@@ -518,7 +518,8 @@ class GroupedStream:
         across batches and timeouts (``GroupStateTimeout``), as PySpark's
         ``GroupedData.applyInPandasWithState`` on a stream."""
         from pyspark.sql.streaming.state import GroupStateTimeout
-        from pyspark.sql.types import BinaryType, BooleanType, NumericType, StringType
+        from pyspark.sql.types import (BinaryType, BooleanType, DateType, NumericType, StringType,
+                                       TimestampNTZType, TimestampType)
 
         from microbatch.plan.logical import FlatMapGroupsWithState
         frame = self._frame
@@ -546,14 +547,14 @@ class GroupedStream:
             if name is None or name.lower() not in columns:
                 raise not_yet(f"applyInPandasWithState grouped by {key!r} (group by columns of the stream)")
             keys.append(columns[name.lower()])
-        plain = (NumericType, StringType, BooleanType, BinaryType)
+        plain = (NumericType, StringType, BooleanType, BinaryType, DateType, TimestampType, TimestampNTZType)
         by_name = {f.name.lower(): f for f in frame._template.schema.fields}
         for what, fields in (("grouping column", [by_name[k.lower()] for k in keys]), ("state field", state.fields)):
             for f in fields:
                 if not isinstance(f.dataType, plain):
                     raise not_yet(f"applyInPandasWithState with the {what} {f.name} of type "
-                                  f"{f.dataType.simpleString()} (numbers, strings, booleans and binary "
-                                  "are supported so far)", "arbitrary stateful processing (issue 18)")
+                                  f"{f.dataType.simpleString()} (numbers, strings, booleans, binary, dates "
+                                  "and timestamps are supported so far)", "arbitrary stateful processing (issue 18)")
         node = FlatMapGroupsWithState(frame._plan, tuple(keys), func, output, state, mode, timeoutConf)
         template = frame._template.sparkSession.createDataFrame([], output)
         return StreamFrame(frame._session, node, template)

@@ -237,7 +237,8 @@ class BatchContext:
         event_time, has_watermark = shape["event_time"], shape["has_watermark"]
         task = GroupStateTask(
             state_root=self.state_root, operator_id=op, version=self.batch_id, func=node.func,
-            key_indexes=shape["key_indexes"], input_names=tuple(shape["input_names"]),
+            key_indexes=shape["key_indexes"], key_types=shape["key_types"],
+            input_names=tuple(shape["input_names"]),
             key_schema=shape["key_schema"],
             value_schema=shape["value_schema"], state_type=node.state_schema,
             output_schema=shape["output_arrow"], timeout_conf=node.timeout,
@@ -401,6 +402,7 @@ def _group_state_shape(node: FlatMapGroupsWithState, df: DataFrame) -> dict:
     return {
         "key_indexes": tuple(names.index(k.lower()) for k in node.keys),
         "input_names": schema.fieldNames(),
+        "key_types": tuple(schema.fields[names.index(k.lower())].dataType for k in node.keys),
         "key_schema": pa.schema([_store_field(schema.fields[names.index(k.lower())]) for k in node.keys]),
         "value_schema": pa.schema([pa.field("groupState", pa.struct(state_fields)),
                                    pa.field(TIMEOUT_FIELD, pa.int64())]),

@@ -46,6 +46,7 @@ class GroupStateTask:
     version: int
     func: Callable
     key_indexes: tuple[int, ...]       # the grouping columns among the input columns
+    key_types: tuple                   # their Spark types
     input_names: tuple[str, ...]       # the input columns
     key_schema: pa.Schema              # as stored
     value_schema: pa.Schema            # groupState (struct of the state's fields), timeoutTimestamp
@@ -96,12 +97,13 @@ class GroupStateTask:
 
     def _groups(self, table: pa.Table):
         """(stored key, the positions of the key's rows) in ascending key order, nulls first."""
-        keys = list(zip(*[table.column(i).to_pylist() for i in self.key_indexes]))
+        from microbatch.state.files import state_values
+        keys = list(zip(*[state_values(table.column(i), as_key=True) for i in self.key_indexes]))
         rows_of: dict[tuple, list[int]] = {}
         for row, key in enumerate(keys):
             rows_of.setdefault(key, []).append(row)
         for key in sorted(rows_of, key=lambda k: tuple((v is not None, v) for v in k)):
-            yield _storage_key(key), rows_of[key]
+            yield key, rows_of[key]
 
     def _call(self, store, key: tuple, rows: tuple | None, timed_out: bool, counts: dict):
         """Calls the function for ``key``: with its rows (the partition's pandas frame and
@@ -111,7 +113,7 @@ class GroupStateTask:
 
         stored = store.get(key)
         old_timeout = stored[-1] if stored is not None else NO_TIMESTAMP
-        value = _fields(stored[0]) if stored is not None else None
+        value = self._from_store(_fields(stored[0])) if stored is not None else None
         state = GroupState(
             optionalValue=Row(*value) if value is not None else None,
             batchProcessingTimeMs=self.batch_timestamp_ms, eventTimeWatermarkMs=self.watermark_ms,
@@ -121,7 +123,7 @@ class GroupStateTask:
         if rows is None:   # as PySpark calls a timed-out key: one empty DataFrame
             import pandas as pd
             frames: Iterator = iter([pd.DataFrame(columns=list(self.input_names))])
-            python_key = tuple(key)
+            python_key = tuple(_python(t, v) for t, v in zip(self.key_types, key))
         else:
             frame, positions = rows
             size = max(self.max_records_per_batch, 1)
@@ -138,9 +140,19 @@ class GroupStateTask:
                 store.remove(key)
                 counts["removed"] += 1
         elif state._updated or state._removed or timeout != old_timeout:
-            value = tuple(_storage_value(v) for v in state._value) if state.exists else None
+            value = self._to_store(state._value) if state.exists else None
             store.put(key, (value, timeout))
             counts["updated"] += 1
+
+    def _from_store(self, value: tuple | None) -> tuple | None:
+        """A stored state as the function sees it (timestamps as datetimes, as PySpark's)."""
+        if value is None:
+            return None
+        return tuple(_python(f.dataType, v) for f, v in zip(self.state_type.fields, value))
+
+    def _to_store(self, value: tuple) -> tuple:
+        """A state value as the store keeps it (timestamps as µs, numpy scalars as Python's)."""
+        return tuple(_stored(f.dataType, _storage_value(v)) for f, v in zip(self.state_type.fields, value))
 
     def _pandas(self, rows: pa.Table):
         """A key's rows as pandas, as PySpark gives them: timestamps in the session time
@@ -200,8 +212,21 @@ def _fields(value: Any) -> tuple | None:
     return value
 
 
-def _storage_key(key: tuple) -> tuple:
-    return tuple(_storage_value(v) for v in key)
+def _is_timestamp(spark_type: Any) -> bool:
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+    return isinstance(spark_type, (TimestampType, TimestampNTZType))
+
+
+def _python(spark_type: Any, value: Any) -> Any:
+    """A stored value of ``spark_type`` as PySpark gives it (µs -> datetime)."""
+    return spark_type.fromInternal(value) if value is not None and _is_timestamp(spark_type) else value
+
+
+def _stored(spark_type: Any, value: Any) -> Any:
+    """A Python value of ``spark_type`` as the store keeps it (datetime -> µs)."""
+    if value is None or not _is_timestamp(spark_type) or isinstance(value, int):
+        return value
+    return spark_type.toInternal(value)
 
 
 def _storage_value(value: Any) -> Any:
