@@ -13,13 +13,14 @@ the store of its partition at version N (the batch id) and then, as Spark does:
    Spark: a function that wants one sets it again each time.
 3. With a timeout, calls the function for every stored key whose timeout timestamp is
    set and before the threshold (the batch's processing time, or this batch's watermark
-   for an event-time timeout), with an empty iterator and ``hasTimedOut`` true.
+   for an event-time timeout), with ``hasTimedOut`` true and, as PySpark calls it, one
+   empty DataFrame of the input's columns.
 4. After each call, Spark's rule: a removed state without a timeout is removed from the
    store; else it is written when updated, removed or its timeout changed.
 
 The store keeps per key Spark's value: ``groupState`` (a struct of the state's fields, null
 when only a timeout is kept) and ``timeoutTimestamp`` (ms, -1 for none), so the state
-reader shows what Spark's shows.
+reader shows what Spark's shows; timestamps as µs, given to the function as datetimes.
 The function's DataFrames become Arrow batches of the declared output schema, columns
 matched by name (by position when the labels are not strings), as PySpark matches them.
 """
