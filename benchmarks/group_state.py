@@ -14,16 +14,10 @@ batches 1.. per engine and their ratio (microbatch / Spark), and writes
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
 import sys
 import tempfile
-import time
 
-from benchmarks.progress import first_batches
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchmarks.progress import both_engines, first_batches, write_results
 
 
 def sessions(key, frames, state):
@@ -70,24 +64,14 @@ def main(argv: list[str] | None = None) -> None:
 
     from pyspark import cloudpickle
     cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers need `sessions`
-    from microbatch import StreamingSession, embedded_spark
-    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "4"})
-    ss = StreamingSession(spark)
-    engines = {"spark": spark, "microbatch": ss}
-    for session in engines.values():   # warm-up: JVM code paths and Python workers
-        run(session, args.rows // 10, args.users, 3)
-    results = {name: run(session, args.rows, args.users, args.batches) for name, session in engines.items()}
-    medians = {name: statistics.median(b["triggerMs"] for b in batches[1:]) for name, batches in results.items()}
+    results, medians = both_engines(run, (args.rows // 10, args.users, 3), (args.rows, args.users, args.batches))
     print(f"applyInPandasWithState sessionization, {args.rows} rows a batch, {args.users} users, "
           f"{args.batches} batches")
     for name, batches in results.items():
         print(f"  {name:10} median triggerExecution {medians[name]:6.0f} ms; state rows "
               f"{[b['stateRows'] for b in batches]}")
     print(f"  microbatch / Spark: {medians['microbatch'] / medians['spark']:.2f}")
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "group_state.json"), "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "args": vars(args), "medians_ms": medians,
-                   "batches": results}, f, indent=1)
+    write_results("group_state", args, medians, results)
 
 
 if __name__ == "__main__":

@@ -27,3 +27,29 @@ def by_tenth(batches: list[dict], key: str) -> list[float]:
     """The median of ``key`` over each tenth of the batches."""
     tenth = max(1, len(batches) // 10)
     return [statistics.median(b[key] for b in batches[i:i + tenth]) for i in range(0, len(batches), tenth)]
+
+
+def both_engines(run, warm_up: tuple, measured: tuple, partitions: int = 4):
+    """``run(session, *args)`` on Spark's engine and on microbatch in one embedded Spark:
+    a warm-up run of each with ``warm_up`` (JVM code paths, Python workers), then one
+    measured run of each with ``measured``. Returns the batches per engine and the median
+    ``triggerMs`` of batches 1.. per engine."""
+    from microbatch import StreamingSession, embedded_spark
+    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": str(partitions)})
+    engines = {"spark": spark, "microbatch": StreamingSession(spark)}
+    for session in engines.values():
+        run(session, *warm_up)
+    results = {name: run(session, *measured) for name, session in engines.items()}
+    medians = {name: statistics.median(b["triggerMs"] for b in batches[1:]) for name, batches in results.items()}
+    return results, medians
+
+
+def write_results(name: str, args, medians: dict, results: dict) -> None:
+    """``benchmarks/results/<name>.json``: the date, the arguments, the medians and every batch."""
+    import json
+    import os
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(here, exist_ok=True)
+    with open(os.path.join(here, f"{name}.json"), "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d"), "args": vars(args), "medians_ms": medians,
+                   "batches": results}, f, indent=1)

@@ -16,15 +16,9 @@ watermark evicts, the state stops growing; last tenth / peak about 1), and write
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
 import tempfile
-import time
 
-from benchmarks.progress import by_tenth, first_batches
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchmarks.progress import both_engines, by_tenth, first_batches, write_results
 
 
 def join_query(session, rows: int, on: str):
@@ -63,24 +57,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--on", choices=("range", "keys"), default="range")
     args = parser.parse_args(argv)
 
-    from microbatch import StreamingSession, embedded_spark
-    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "4"})
-    ss = StreamingSession(spark)
-    engines = {"spark": spark, "microbatch": ss}
-    for session in engines.values():   # warm-up: JVM code paths and Python workers
-        run(session, args.rows, 3, args.on)
-    results = {name: run(session, args.rows, args.batches, args.on) for name, session in engines.items()}
-    medians = {name: statistics.median(b["triggerMs"] for b in batches[1:]) for name, batches in results.items()}
+    results, medians = both_engines(run, (args.rows, 3, args.on), (args.rows, args.batches, args.on))
     print(f"stream-stream inner join on {args.on}, {args.rows} rows a batch on each side, {args.batches} batches")
     for name, batches in results.items():
         tenths = by_tenth(batches, "stateRows")
         print(f"  {name:10} median triggerExecution {medians[name]:6.0f} ms; state rows per tenth "
               f"{[round(t) for t in tenths]} (last tenth / peak {tenths[-1] / max(max(tenths), 1):.2f})")
     print(f"  microbatch / Spark: {medians['microbatch'] / medians['spark']:.2f}")
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "stream_join.json"), "w") as f:
-        json.dump({"date": time.strftime("%Y-%m-%d"), "args": vars(args), "medians_ms": medians,
-                   "batches": results}, f, indent=1)
+    write_results("stream_join", args, medians, results)
 
 
 if __name__ == "__main__":
