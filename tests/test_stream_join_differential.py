@@ -170,6 +170,19 @@ def test_joins_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, sides, tm
             if session is spark:
                 theirs = raised.value
         assert str(raised.value).split(";")[0] in str(theirs) and f"{name} join" in str(theirs)
+    # outer joins only in append mode (a left semi or inner join runs in update mode too)
+    for how, name in (("left_outer", "LeftOuter"), ("full_outer", "FullOuter")):
+        for session in (spark, ss):
+            left, right = frames(session)
+            with pytest.raises(Exception) as raised:
+                left.withWatermark("ts", "1 second").join(right.withWatermark("ts", "1 second"), ["id", "ts"], how) \
+                    .writeStream.outputMode("update").format("noop") \
+                    .option("checkpointLocation", str(tmp_path / f"update-{how}-{id(session)}")).start() \
+                    .awaitTermination(60)
+            if session is spark:
+                theirs = raised.value
+        assert str(raised.value).split(";")[0] in str(theirs)
+        assert f"{name} join between two streaming DataFrames/Datasets is not supported in Update" in str(theirs)
     left, right = frames(ss)
     with pytest.raises(Exception, match="stream-stream anti join"):
         left.join(right, "id", "left_anti")
