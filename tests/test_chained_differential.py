@@ -63,6 +63,19 @@ def same_as_spark(spark, ss, events, tmp_path, case, transform=None):
     return ours, our_progress
 
 
+def restarts_with_the_same_answer(ss, events, tmp_path, case, transform=None):
+    """``case`` run whole, and run again with the sink failing after batch 2 and a restart:
+    the two runs' batches together equal the whole run's, the second starting at batch 2.
+    Returns the second run's batches."""
+    if transform is not None:
+        CASES[case] = transform
+    whole, _ = run(ss, events, tmp_path / "one-run", case)
+    first, _ = run(ss, events, tmp_path / "two-runs", case, fail_after_batch=2)
+    second, _ = run(ss, events, tmp_path / "two-runs", case)
+    assert first + second == whole and [b for b, _ in second][0] == 2
+    return second
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_dedup_before_aggregation_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
     theirs, their_progress = run(spark, events, tmp_path / "spark", case)
@@ -75,11 +88,7 @@ def test_dedup_before_aggregation_matches_spark_batch_by_batch(spark, ss, events
 
 
 def test_a_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
-    case = "dedup with watermark, then windowed count (append)"
-    whole, _ = run(ss, events, tmp_path / "one-run", case)
-    first, _ = run(ss, events, tmp_path / "two-runs", case, fail_after_batch=2)
-    second, _ = run(ss, events, tmp_path / "two-runs", case)
-    assert first + second == whole and [b for b, _ in second][0] == 2
+    restarts_with_the_same_answer(ss, events, tmp_path, "dedup with watermark, then windowed count (append)")
 
 
 def counts_per_window(frame):
@@ -118,9 +127,5 @@ def test_an_aggregation_after_an_aggregation_matches_spark_batch_by_batch(spark,
 
 
 def test_chained_aggregations_restart_in_the_middle_with_the_same_answer(ss, events, tmp_path):
-    CASES["window of windows"] = ("append", counts_per_window)
-    whole, _ = run(ss, events, tmp_path / "one-run", "window of windows")
-    first, _ = run(ss, events, tmp_path / "two-runs", "window of windows", fail_after_batch=2)
-    second, _ = run(ss, events, tmp_path / "two-runs", "window of windows")
-    assert first + second == whole and [b for b, _ in second][0] == 2
+    second = restarts_with_the_same_answer(ss, events, tmp_path, "window of windows", ("append", counts_per_window))
     assert any(rows for _, rows in second)

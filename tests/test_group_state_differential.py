@@ -11,7 +11,7 @@ from pyspark import cloudpickle
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import test_chained_differential as chained
-from test_chained_differential import events, run, same_as_spark  # noqa: F401 - the events fixture
+from test_chained_differential import events, restarts_with_the_same_answer, run, same_as_spark  # noqa: F401 - the events fixture
 
 # the functions below run in Spark's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -106,12 +106,7 @@ def test_timeouts_fire_in_the_batch_spark_fires_them_and_the_state_reads_as_spar
 
 
 def test_a_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
-    case = "event-time timeout (update)"
-    chained.CASES[case] = CASES[case]
-    whole, _ = run(ss, events, tmp_path / "one-run", case)
-    first, _ = run(ss, events, tmp_path / "two-runs", case, fail_after_batch=2)
-    second, _ = run(ss, events, tmp_path / "two-runs", case)
-    assert first + second == whole and [b for b, _ in second][0] == 2
+    restarts_with_the_same_answer(ss, events, tmp_path, "event-time timeout (update)", CASES["event-time timeout (update)"])
 
 
 REFUSED = {

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-import test_chained_differential as chained
-from test_chained_differential import events, run, same_as_spark  # noqa: F401 - the events fixture
+from test_chained_differential import events, restarts_with_the_same_answer, same_as_spark  # noqa: F401 - the events fixture
 
 
 def parity(frame):
@@ -41,9 +40,4 @@ def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
 
 
 def test_a_rollup_restarts_in_the_middle_with_the_same_answer(ss, events, tmp_path):
-    case = "rollup over a window (append)"
-    chained.CASES[case] = CASES[case]
-    whole, _ = run(ss, events, tmp_path / "one-run", case)
-    first, _ = run(ss, events, tmp_path / "two-runs", case, fail_after_batch=2)
-    second, _ = run(ss, events, tmp_path / "two-runs", case)
-    assert first + second == whole and [b for b, _ in second][0] == 2
+    restarts_with_the_same_answer(ss, events, tmp_path, "rollup over a window (append)", CASES["rollup over a window (append)"])
