@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.plan.incremental import IncrementalExecution, OperatorWatermarks
+from microbatch.plan.incremental import IncrementalExecution, OperatorWatermarks, PreparedSegment
 from microbatch.plan.logical import Aggregate, Deduplicate, StreamingLimit, StreamJoin, Transform, Watermark
 
 
@@ -82,9 +82,12 @@ def test_a_filter_that_skips_the_event_time_moves_below_the_watermark_once(spark
     monkeypatch.setattr(spark_internals, "filter_can_skip_column",
                         lambda df, column: calls.append(column) or decide(df, column))
     pushed = planner(spark, events().withWatermark("ts", "10 seconds").filter("id % 2 = 0"))
-    assert isinstance(pushed.plan, Watermark) and isinstance(pushed.plan.child, Transform)
+    # the stateless steps of a run are one prepared segment (analysed once, bound per batch)
+    assert isinstance(pushed.plan, Watermark) and isinstance(pushed.plan.child, PreparedSegment)
+    assert isinstance(pushed.plan.child.template, Transform)
     kept = planner(spark, events().withWatermark("ts", "10 seconds").filter("ts > '2026-01-01'"))
-    assert isinstance(kept.plan, Transform) and isinstance(kept.plan.child, Watermark)
+    assert isinstance(kept.plan, PreparedSegment) and isinstance(kept.plan.template, Transform)
+    assert kept.plan.template.child is kept.plan.holes[0] and isinstance(kept.plan.holes[0], Watermark)
     assert calls == ["ts", "ts"]
 
 
@@ -118,3 +121,57 @@ def test_the_run_is_planned_once_not_per_batch(ss, tmp_path, monkeypatch):
     assert len(made) == 1
     assert run_with(["d.json", "e.json"]) == [3, 4]
     assert len(made) == 2
+
+
+def test_a_batch_binds_its_inputs_into_steps_analysed_once_per_run(ss, tmp_path, monkeypatch):
+    """Spark analyses every DataFrame PySpark makes. A batch makes the same number of
+    DataFrames whether the query has 1 or 40 stateless steps: the steps are analysed once
+    per run (``PreparedSegment``) and a batch only binds its inputs into them."""
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+    import microbatch.execution.micro_batch as micro_batch
+    made = []
+    real_init = ClassicDataFrame.__init__
+
+    def counting_init(self, *args, **kwargs):
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ClassicDataFrame, "__init__", counting_init)
+    per_batch: list[int] = []
+    real_build = micro_batch.IncrementalExecution.batch_dataframe
+
+    def counting_build(self, *args, **kwargs):
+        before = len(made)
+        df = real_build(self, *args, **kwargs)
+        per_batch.append(len(made) - before)
+        return df
+
+    monkeypatch.setattr(micro_batch.IncrementalExecution, "batch_dataframe", counting_build)
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(4):
+        (src / f"{i}.json").write_text("".join(
+            f'{{"id": {j}, "ts": "2026-01-01 00:00:{10 * i + j % 10:02d}"}}\n' for j in range(20)))
+
+    def run(steps: int, name: str) -> tuple[list[int], list]:
+        per_batch.clear()
+        frame = ss.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(str(src))
+        for i in range(steps):
+            frame = frame.withColumn(f"c{i}", F.col("id") + i).filter(F.col("id") >= -i)
+        frame = frame.withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds")).agg(
+            F.count("c0").alias("n")).select("window.start", "n")
+        query = (frame.writeStream.format("memory").queryName(name)
+                 .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return list(per_batch), sorted(tuple(r) for r in ss.spark.table(name).collect())
+
+    short_counts, short_rows = run(1, "short")
+    long_counts, long_rows = run(40, "long")
+    assert len(long_counts) == len(short_counts) >= 5   # 4 data batches and a no-data batch
+    # every batch after the first (which may analyse the steps once more, if its input's
+    # columns differ from the template's) makes as many as the short query's; replaying the
+    # 80 steps would make 80 more
+    assert long_counts[1:] == short_counts[1:]
+    assert max(long_counts[1:]) < 40
+    assert long_rows == short_rows and len(long_rows) == 3

@@ -410,3 +410,38 @@ def filter_passes_projection(filtered: Any) -> bool:
             passed.add(entry.exprId().id())
     used = analyzed.condition().references().toSeq()
     return all(used.apply(i).exprId().id() in passed for i in range(used.size()))
+
+
+def analyzed_plan(df: Any) -> Any:
+    """``df``'s analysed logical plan (a JVM ``LogicalPlan``)."""
+    return df._jdf.queryExecution().analyzed()
+
+
+def bind_placeholders(prepared: Any, bindings: list[tuple[Any, Any]]) -> Any:
+    """The analysed plan ``prepared`` with each placeholder leaf replaced by the analysed
+    plan of the DataFrame bound to it, as a DataFrame of that DataFrame's session.
+
+    Spark's MicroBatchExecution binds a batch the same way: each StreamingExecutionRelation
+    of the analysed query becomes the batch's plan under a projection that gives the batch's
+    columns the relation's attribute ids, so everything above still refers to them and
+    the analyser has nothing left to resolve. ``bindings``: (placeholder plan, DataFrame),
+    each placeholder a leaf of ``prepared`` with the DataFrame's columns in order."""
+    from pyspark.sql import DataFrame
+    session = bindings[0][1].sparkSession
+    jvm = session._jvm
+    expressions = jvm.org.apache.spark.sql.catalyst.expressions
+    utils = jvm.org.apache.spark.api.python.PythonUtils
+    no_names = utils.toSeq([])
+    replacements = jvm.java.util.HashMap()
+    for placeholder, df in bindings:
+        batch = analyzed_plan(df)
+        wanted, given = placeholder.output(), batch.output()
+        aliases = []
+        for i in range(wanted.size()):
+            to, column = wanted.apply(i), given.apply(i)
+            aliases.append(expressions.Alias(column, to.name(), to.exprId(), no_names,
+                                             jvm.scala.Some(column.metadata()), no_names))
+        replacements.put(placeholder, jvm.org.apache.spark.sql.catalyst.plans.logical.Project(
+            utils.toSeq(aliases), batch))
+    plan = prepared.transform(utils.toScalaMap(replacements))
+    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan), session)

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
 from microbatch import spark_internals
-from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, PlanNode, StatefulNode,
-                                     StreamingLimit, StreamingRelation, StreamJoin, Transform,
-                                     Watermark)
+from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, FlatMapGroupsWithState, PlanNode,
+                                     StatefulNode, StaticJoin, StreamingLimit, StreamingRelation,
+                                     StreamJoin, Transform, Union, Watermark)
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,98 @@ def _limits_over_appends(plan: PlanNode) -> PlanNode:
     return plan
 
 
+#: The steps a prepared segment is made of: stateless, and the same in every batch.
+_SEGMENT_STEPS = (Transform, Apply, Union, StaticJoin)
+
+
+@dataclass(eq=False)
+class Placeholder(PlanNode):
+    """A leaf standing for a segment's input while the segment is analysed."""
+
+    df: DataFrame
+
+    def build(self, inputs, ctx=None):
+        return self.df
+
+    def describe(self) -> str:
+        return "Placeholder"
+
+
+@dataclass(eq=False)
+class PreparedSegment(PlanNode):
+    """Stateless steps of the user's query (``template``), analysed by Spark once per run
+    and bound to each batch's inputs (Spark's binding of a batch into the analysed query).
+
+    Its children (``holes``) are what the segment reads, in the template's order: sources,
+    watermarks, observations and stateful operators, each built per batch. The segment is
+    analysed over one empty placeholder per hole the first time it is built, and again
+    only if a hole's columns change; every build after that replaces the placeholders in
+    the analysed plan by the batch's plans (``spark_internals.bind_placeholders``)
+    instead of replaying the steps through PySpark, each of which Spark analyses."""
+
+    template: PlanNode
+    holes: tuple[PlanNode, ...]
+    _prepared: dict = field(default_factory=dict, repr=False)
+    analyses: int = 0          # how often the steps were analysed (one per run, normally)
+
+    @property
+    def children(self):
+        return self.holes
+
+    def nodes(self):
+        yield self
+        yield from self.template.nodes()
+
+    def build(self, inputs, ctx=None):
+        built = [hole.build(inputs, ctx) for hole in self.holes]
+        key = tuple(df._jdf.schema().json() for df in built)
+        if key not in self._prepared:
+            self._prepared[key] = self._prepare(built)
+        prepared, placeholders = self._prepared[key]
+        return spark_internals.bind_placeholders(prepared, list(zip(placeholders, built)))
+
+    def _prepare(self, built: list[DataFrame]) -> tuple[Any, list[Any]]:
+        """The steps analysed over empty placeholders with the columns of ``built``."""
+        empties = [df.sparkSession.createDataFrame([], df.schema) for df in built]
+        remaining = iter(empties)
+
+        def over_placeholders(node: PlanNode) -> PlanNode:
+            if isinstance(node, _SEGMENT_STEPS):
+                return _children_replaced(node, [over_placeholders(c) for c in node.children])
+            return Placeholder(next(remaining))
+
+        self.analyses += 1
+        analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
+        return analyzed, [spark_internals.analyzed_plan(df) for df in empties]
+
+    def describe(self) -> str:
+        return self.template.describe()
+
+    def tree_string(self, indent: int = 0, annotate=None) -> str:
+        return self.template.tree_string(indent, annotate)
+
+
+def _segments_prepared(node: PlanNode) -> PlanNode:
+    """``node`` with each largest run of stateless steps (at least one) made a
+    ``PreparedSegment``."""
+    if not isinstance(node, _SEGMENT_STEPS):
+        if isinstance(node, StreamJoin):   # it builds its sides as it reads them
+            sides = {side: _segments_prepared(node.side_input(side)) for side in (0, 1)}
+            return dataclasses.replace(node, _inputs=sides)
+        return _children_replaced(node, [_segments_prepared(c) for c in node.children])
+    holes: list[PlanNode] = []
+
+    def over_holes(step: PlanNode) -> PlanNode:
+        if isinstance(step, _SEGMENT_STEPS):
+            return _children_replaced(step, [over_holes(c) for c in step.children])
+        hole = _segments_prepared(step)
+        holes.append(hole)
+        return hole
+
+    template = over_holes(node)
+    return PreparedSegment(template, tuple(holes))
+
+
 def _built_children(node: PlanNode) -> tuple[PlanNode, ...]:
     """A node's children as a batch builds them: a stream-stream join reads its sides
     through their null filters (``StreamJoin.side_input``)."""
@@ -144,7 +236,7 @@ class IncrementalExecution:
         self.output_mode = output_mode
         if output_mode == "append":
             plan = _limits_over_appends(plan)
-        self.plan = self._push_filters_below_watermarks(plan, empty_inputs)
+        self.plan = _segments_prepared(self._push_filters_below_watermarks(plan, empty_inputs))
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(_built_nodes(self.plan))
         stateful = [n for n in nodes if isinstance(n, StatefulNode)]
