@@ -559,6 +559,64 @@ class GroupedStream:
         template = frame._template.sparkSession.createDataFrame([], output)
         return StreamFrame(frame._session, node, template)
 
+    def transformWithStateInPandas(self, statefulProcessor: Any, outputStructType: Any, outputMode: str,
+                                   timeMode: str, initialState: Any = None,
+                                   eventTimeColumnName: str = "") -> StreamFrame:
+        """Per key, the user's ``StatefulProcessor`` over pandas DataFrames of the key's rows,
+        with its state variables and timers kept across batches, as PySpark's
+        ``GroupedData.transformWithStateInPandas`` on a stream."""
+        return self._transform_with_state("transformWithStateInPandas", statefulProcessor, outputStructType,
+                                          outputMode, timeMode, initialState, eventTimeColumnName)
+
+    def transformWithState(self, statefulProcessor: Any, outputStructType: Any, outputMode: str,
+                           timeMode: str, initialState: Any = None,
+                           eventTimeColumnName: str = "") -> StreamFrame:
+        """``transformWithStateInPandas`` with ``Row`` s in and out, as PySpark's
+        ``GroupedData.transformWithState``."""
+        return self._transform_with_state("transformWithState", statefulProcessor, outputStructType,
+                                          outputMode, timeMode, initialState, eventTimeColumnName)
+
+    def _transform_with_state(self, api: str, processor: Any, output_type: Any, output_mode: str,
+                              time_mode: str, initial_state: Any, event_time_column: str) -> StreamFrame:
+        from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+        from microbatch.plan.logical import TransformWithState
+        from microbatch.state.transform_with_state_operator import declared_state_variables
+        frame = self._frame
+        if self._grouping is not None:
+            raise not_yet(f"{api} after {self._grouping.kind}")
+        if not isinstance(processor, StatefulProcessor):
+            raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE", messageParameters={
+                "arg_name": "statefulProcessor", "expected_type": "StatefulProcessor",
+                "arg_type": type(processor).__name__})
+        for name, value in (("outputMode", output_mode), ("timeMode", time_mode)):
+            if not isinstance(value, str):
+                raise PySparkTypeError(errorClass="NOT_STR", messageParameters={
+                    "arg_name": name, "arg_type": type(value).__name__})
+        mode = output_mode.lower()
+        if mode not in ("append", "update"):
+            raise IllegalArgumentException(f"Unknown output mode {output_mode}. Accepted output modes are "
+                                           "'append' and 'update'.")
+        time = time_mode.lower()
+        if time not in ("none", "processingtime", "eventtime"):
+            raise IllegalArgumentException(f"Unknown time mode {time_mode}. Accepted time modes are "
+                                           "'none', 'processingTime', 'eventTime'.")
+        if initial_state is not None:
+            raise not_yet(f"{api} with an initialState", "initial state in transformWithState (issue 18)")
+        if event_time_column:
+            raise not_yet(f"{api} with eventTimeColumnName", "event time output of transformWithState (issue 18)")
+        output = spark_internals.parse_schema_ddl(output_type) if isinstance(output_type, str) else output_type
+        columns = {c.lower(): c for c in frame.columns}
+        keys = []
+        for key in self._keys:
+            if not isinstance(key, str) or key.lower() not in columns:
+                raise not_yet(f"{api} grouped by {key!r} (group by columns of the stream)")
+            keys.append(columns[key.lower()])
+        node = TransformWithState(frame._plan, tuple(keys), processor, output, mode, time,
+                                  declared_state_variables(processor), rows_api=api == "transformWithState")
+        template = frame._template.sparkSession.createDataFrame([], output)
+        return StreamFrame(frame._session, node, template)
+
     def sum(self, *cols: str) -> StreamFrame:
         return self._aggregate(lambda g: g.sum(*cols))
 

@@ -30,13 +30,15 @@ from pyspark.sql.types import StructType
 from microbatch.plan.incremental import OperatorWatermarks, operator_name, state_partitions
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, Observe, PlanNode,
-                                     StatefulNode,
-                                     StreamingLimit, StreamJoin, Watermark)
+                                     StatefulNode, StreamingLimit, StreamJoin, TransformWithState,
+                                     Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
 from microbatch.state.group_state_operator import TIMEOUT_FIELD, GroupStateTask
 from microbatch.state.join_operator import JoinTask
 from microbatch.state.limit_operator import LimitTask
+from microbatch.state.transform_with_state_operator import (TIMERS_STORE, TransformWithStateTask,
+                                                            state_store_schemas, state_value_type)
 from microbatch.state.files import storage_type
 from microbatch.state.store import StateStoreConf
 
@@ -250,6 +252,27 @@ class BatchContext:
         keyed = df.repartition(self.num_partitions, *shape["partition"])
         return keyed.mapInArrow(task, shape["output"])
 
+    def transform_with_state(self, node: TransformWithState, df: DataFrame) -> DataFrame:
+        """Rows hash-partitioned by the grouping keys, then the task that runs the user's
+        StatefulProcessor per key and per expired timer
+        (``state.transform_with_state_operator``)."""
+        op = self.operator_ids[node]
+        late_ms, evict_ms = self.watermarks_for(node)
+        shape = self._columns(("transform with state", id(node)), lambda: _group_state_shape(node, df))
+        event_time = shape["event_time"]
+        task = TransformWithStateTask(
+            state_root=self.state_root, operator_id=op, version=self.batch_id, processor=node.processor,
+            variables=node.variables, rows_api=node.rows_api, time_mode=node.time_mode,
+            key_indexes=shape["key_indexes"], key_types=shape["key_types"], key_schema=shape["key_schema"],
+            store_schemas=state_store_schemas(node.variables), input_names=tuple(shape["input_names"]),
+            output_schema=shape["output_arrow"], batch_timestamp_ms=self.batch_timestamp_ms,
+            watermark_ms=evict_ms if shape["has_watermark"] else -1,
+            late_us=late_ms * 1000 if node.time_mode == "eventtime" and event_time is not None else None,
+            event_time_index=event_time, timezone=shape["timezone"], max_records_per_batch=shape["max_records"],
+            conf=self.conf, metrics=self.accumulators[op])
+        keyed = df.repartition(self.num_partitions, *shape["partition"])
+        return keyed.mapInArrow(task, shape["output"])
+
     def limit(self, node: StreamingLimit, df: DataFrame) -> DataFrame:
         """The batch's first ``n`` rows (a plain limit: one partition, the batch's order),
         then the task that lets through only what the run's total leaves room for."""
@@ -391,14 +414,15 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
     }
 
 
-def _group_state_shape(node: FlatMapGroupsWithState, df: DataFrame) -> dict:
-    """What an applyInPandasWithState's batches share (made once per run)."""
+def _group_state_shape(node: FlatMapGroupsWithState | TransformWithState, df: DataFrame) -> dict:
+    """What an applyInPandasWithState's (or transformWithState's) batches share (made
+    once per run)."""
     from pyspark.sql.types import StructField
     schema = df.schema
     names = [n.lower() for n in schema.fieldNames()]
     event_time = node.event_time()
     conf = df.sparkSession.conf
-    state_fields = [_store_field(f) for f in node.state_schema.fields]
+    state_fields = [_store_field(f) for f in getattr(node, "state_schema", StructType()).fields]
     return {
         "key_indexes": tuple(names.index(k.lower()) for k in node.keys),
         "input_names": schema.fieldNames(),
@@ -488,6 +512,12 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
         key = StructType([by_lower[k.lower()] for k in node.keys])
         return key, StructType([StructField("groupState", node.state_schema),
                                 StructField(TIMEOUT_FIELD, LongType(), False)])
+    if isinstance(node, TransformWithState):
+        by_lower = {f.name.lower(): f for f in child_schema.fields}
+        key = StructType([by_lower[k.lower()] for k in node.keys])
+        from pyspark.sql.types import ArrayType
+        return key, StructType([StructField(v.name, state_value_type(v)) for v in node.variables]
+                               + [StructField(TIMERS_STORE, ArrayType(LongType(), False))])
     if isinstance(node, StreamingLimit):
         from pyspark.sql.types import NullType
         return StructType([StructField("key", NullType())]), StructType([StructField("value", LongType())])

@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from microbatch import spark_internals
 from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, FlatMapGroupsWithState, PlanNode,
                                      StatefulNode, StaticJoin, StreamingLimit, StreamingRelation,
-                                     StreamJoin, Transform, Union, Watermark)
+                                     StreamJoin, Transform, TransformWithState, Union, Watermark)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ def operator_name(node: StatefulNode) -> str:
         return "symmetricHashJoin"
     if isinstance(node, FlatMapGroupsWithState):
         return "applyInPandasWithState"
+    if isinstance(node, TransformWithState):
+        return "transformWithStateInPySparkExec" if node.rows_api else "transformWithStateInPandasExec"
     return type(node).__name__
 
 
@@ -86,6 +88,8 @@ class StatefulOperator:
             return node.evicts()
         if isinstance(node, FlatMapGroupsWithState):
             return node.timeout == "EventTimeTimeout"
+        if isinstance(node, TransformWithState):
+            return node.time_mode == "eventtime"
         return isinstance(node, Deduplicate)
 
 
@@ -312,7 +316,8 @@ class IncrementalExecution:
         """Spark's IncrementalExecution.shouldRunAnotherBatch: whether some operator would
         evict with the watermark the next batch runs with."""
         now, then = self.input_watermarks(eviction_ms), self.input_watermarks(new_watermark_ms)
-        if any(isinstance(op.node, FlatMapGroupsWithState) and op.node.timeout == "ProcessingTimeTimeout"
+        if any((isinstance(op.node, FlatMapGroupsWithState) and op.node.timeout == "ProcessingTimeTimeout")
+               or (isinstance(op.node, TransformWithState) and op.node.time_mode == "processingtime")
                for op in self.operators):
             return True   # Spark's rule: timeouts in processing time may fire in any batch
         return any(now.get(op.node) is not None and then[op.node] > now[op.node]

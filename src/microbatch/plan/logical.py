@@ -339,6 +339,41 @@ class FlatMapGroupsWithState(StatefulNode):
 
 
 @dataclass(eq=False)
+class TransformWithState(StatefulNode):
+    """``groupBy(keys).transformWithStateInPandas(processor, ...)`` and
+    ``transformWithState`` (Spark's TransformWithStateInPandasExec): the user's
+    ``StatefulProcessor`` per key, over the key's rows of the batch and its state variables,
+    with timers in processing or event time (``state.transform_with_state_operator``)."""
+
+    child: PlanNode
+    keys: tuple[str, ...]
+    processor: Any                         # the user's StatefulProcessor
+    output_schema: StructType
+    output_mode: str                       # append or update
+    time_mode: str                         # none, processingtime or eventtime
+    variables: tuple                       # StateVariable, as the processor's init declares them
+    rows_api: bool = False                 # transformWithState: Rows in and out
+
+    def event_time(self) -> str | None:
+        """The watermarked column below this node, if any."""
+        for node in self.child.nodes():
+            if isinstance(node, Watermark):
+                return node.event_time
+        return None
+
+    def build(self, inputs, ctx=None):
+        df = self.child.build(inputs, ctx)
+        if ctx is None:
+            return df.sparkSession.createDataFrame([], self.output_schema)
+        return ctx.transform_with_state(self, df)
+
+    def describe(self) -> str:
+        api = "TransformWithState" if self.rows_api else "TransformWithStateInPandas"
+        return (f"{api} [{', '.join(self.keys)}], {self.time_mode}, {self.output_mode}, "
+                f"{type(self.processor).__name__}")
+
+
+@dataclass(eq=False)
 class StreamingLimit(StatefulNode):
     """``limit(n)`` of a stream whose rows are appends (Spark's StreamingGlobalLimitExec over
     a local limit): at most n rows over the whole run, the first ones of each batch in the

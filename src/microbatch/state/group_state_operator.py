@@ -132,7 +132,7 @@ class GroupStateTask:
                       for start in range(0, len(positions), size))
             python_key = tuple(frame.iat[positions[0], i] for i in self.key_indexes)
         for result in self.func(python_key, frames, state):
-            batch = self._arrow(result)
+            batch = pandas_to_arrow(result, self.output_schema, self.timezone)
             if batch.num_rows:
                 yield batch
         timeout = state._timeout_timestamp
@@ -164,42 +164,44 @@ class GroupStateTask:
                 frame[field.name] = frame[field.name].dt.tz_convert(self.timezone).dt.tz_localize(None)
         return frame
 
-    def _arrow(self, frame: Any) -> pa.RecordBatch:
-        import pandas as pd
-        from pyspark.errors import PySparkRuntimeError, PySparkTypeError
+def pandas_to_arrow(frame: Any, output_schema: pa.Schema, timezone: str) -> pa.RecordBatch:
+    """A function's pandas DataFrame as an Arrow batch of ``output_schema``: columns matched
+    by name (by position when the labels are not strings), as PySpark matches them."""
+    import pandas as pd
+    from pyspark.errors import PySparkRuntimeError, PySparkTypeError
 
-        if not isinstance(frame, pd.DataFrame):
-            raise PySparkTypeError(
-                errorClass="UDF_RETURN_TYPE",
-                messageParameters={"expected": "iterator of pandas.DataFrame",
-                                   "actual": f"iterator of {type(frame).__name__}"})
-        names = self.output_schema.names
-        if len(frame.columns) == 0 and frame.empty:
-            return pa.RecordBatch.from_pylist([], schema=self.output_schema)
-        if len(frame.columns) != len(names):
+    if not isinstance(frame, pd.DataFrame):
+        raise PySparkTypeError(
+            errorClass="UDF_RETURN_TYPE",
+            messageParameters={"expected": "iterator of pandas.DataFrame",
+                               "actual": f"iterator of {type(frame).__name__}"})
+    names = output_schema.names
+    if len(frame.columns) == 0 and frame.empty:
+        return pa.RecordBatch.from_pylist([], schema=output_schema)
+    if len(frame.columns) != len(names):
+        raise PySparkRuntimeError(
+            errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
+            messageParameters={"expected": str(len(names)), "actual": str(len(frame.columns))})
+    if any(isinstance(c, str) for c in frame.columns):
+        # by name, as PySpark assigns them; where PySpark would give nulls for a name
+        # it does not find, this says which names are wrong
+        missing = sorted(set(names) - set(frame.columns))
+        extra = sorted(set(frame.columns) - set(names))
+        if missing or extra:
             raise PySparkRuntimeError(
-                errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
-                messageParameters={"expected": str(len(names)), "actual": str(len(frame.columns))})
-        if any(isinstance(c, str) for c in frame.columns):
-            # by name, as PySpark assigns them; where PySpark would give nulls for a name
-            # it does not find, this says which names are wrong
-            missing = sorted(set(names) - set(frame.columns))
-            extra = sorted(set(frame.columns) - set(names))
-            if missing or extra:
-                raise PySparkRuntimeError(
-                    errorClass="RESULT_COLUMN_NAMES_MISMATCH",
-                    messageParameters={"missing": f" Missing: {', '.join(missing)}." if missing else "",
-                                       "extra": f" Unexpected: {', '.join(extra)}." if extra else ""})
-            columns = [frame[name] for name in names]
-        else:
-            columns = [frame.iloc[:, i] for i in range(len(names))]
-        arrays = []
-        for field, series in zip(self.output_schema, columns):
-            if pa.types.is_timestamp(field.type) and getattr(series.dt, "tz", None) is None \
-                    and str(series.dtype).startswith("datetime64"):
-                series = series.dt.tz_localize(self.timezone).dt.tz_convert("UTC")
-            arrays.append(pa.array(series, type=field.type, from_pandas=True))
-        return pa.RecordBatch.from_arrays(arrays, schema=self.output_schema)
+                errorClass="RESULT_COLUMN_NAMES_MISMATCH",
+                messageParameters={"missing": f" Missing: {', '.join(missing)}." if missing else "",
+                                   "extra": f" Unexpected: {', '.join(extra)}." if extra else ""})
+        columns = [frame[name] for name in names]
+    else:
+        columns = [frame.iloc[:, i] for i in range(len(names))]
+    arrays = []
+    for field, series in zip(output_schema, columns):
+        if pa.types.is_timestamp(field.type) and getattr(series.dt, "tz", None) is None \
+                and str(series.dtype).startswith("datetime64"):
+            series = series.dt.tz_localize(timezone).dt.tz_convert("UTC")
+        arrays.append(pa.array(series, type=field.type, from_pandas=True))
+    return pa.RecordBatch.from_arrays(arrays, schema=output_schema)
 
 
 def _table(batches: list) -> pa.Table:
@@ -233,4 +235,3 @@ def _stored(spark_type: Any, value: Any) -> Any:
 def _storage_value(value: Any) -> Any:
     """A value as the store keeps it (numpy scalars as Python values)."""
     return value.item() if hasattr(value, "item") and not isinstance(value, (bytes, str)) else value
-
