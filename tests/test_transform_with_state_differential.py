@@ -126,6 +126,68 @@ class RunningCount(StatefulProcessor):
         pass
 
 
+class FromInitialCounts(StatefulProcessor):
+    """A running count per id that starts from the initial state's ``start``."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n LONG")
+
+    def handleInitialState(self, key, initialState, timerValues):
+        self.count.update((int(initialState["start"].iloc[0]),))
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(frame) for frame in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"id": [key[0]], "n": [n]})
+
+    def close(self):
+        pass
+
+
+class RowsFromInitialCounts(FromInitialCounts):
+    def handleInitialState(self, key, initialState, timerValues):
+        assert isinstance(initialState, Row) and initialState.id == key[0]
+        self.count.update((initialState.start,))
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(1 for _ in rows)
+        self.count.update((n,))
+        yield Row(id=key[0], n=n)
+
+
+class Expiring(StatefulProcessor):
+    """State with TTLs (processing time): ``last``, ``hist`` and ``seen`` expire by the next
+    batch (1 ms), ``kept`` lives an hour."""
+
+    def init(self, handle):
+        self.last = handle.getValueState("last", "n LONG", 1)
+        self.kept = handle.getValueState("kept", "n LONG", 3_600_000)
+        self.hist = handle.getListState("hist", "n LONG", 1)
+        self.seen = handle.getMapState("seen", "k INT", "v LONG", 1)
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = sum(len(frame) for frame in rows)
+        kept = self.kept.get()
+        out = {"id": [key[0]], "last": [self.last.exists()], "kept": [kept[0] if kept else -1],
+               "hist": [len(list(self.hist.get()))], "seen": [len(list(self.seen.keys()))]}
+        self.last.update((n,))
+        self.kept.update(((kept[0] if kept else 0) + n,))
+        self.hist.appendValue((n,))
+        self.hist.appendValue((n + 1,))
+        self.seen.updateValue((1,), (n,))
+        self.seen.updateValue((2,), (n,))
+        yield pd.DataFrame(out)
+
+    def close(self):
+        pass
+
+
+def initial_counts():
+    from pyspark.sql import SparkSession
+    spark = SparkSession.getActiveSession()
+    return spark.createDataFrame([(1, 100), (3, 300), (9, 900)], "id INT, start LONG").groupBy("id")
+
+
 def known_ids(frame):
     return frame.where("id IS NOT NULL")   # Spark calls a null key twice in a batch (a Spark bug)
 
@@ -141,6 +203,12 @@ CASES = {
     "no time mode, update": (
         "update", lambda f: known_ids(f).groupBy("id").transformWithStateInPandas(
             RunningCount(), "id INT, n LONG", "update", "None")),
+    "initial state, update": (
+        "update", lambda f: known_ids(f).groupBy("id").transformWithStateInPandas(
+            FromInitialCounts(), "id INT, n LONG", "update", "None", initialState=initial_counts())),
+    "initial state, Rows, append": (
+        "append", lambda f: known_ids(f).groupBy("id").transformWithState(
+            RowsFromInitialCounts(), "id INT, n LONG", "append", "None", initialState=initial_counts())),
 }
 chained.CASES.update(CASES)
 
@@ -165,6 +233,44 @@ def test_transform_with_state_matches_spark_batch_by_batch(spark, ss, events, tm
     if "timers" in case:   # a timer fired, after the rows of its batch, in a no-data batch too
         assert any(row[-1] != -1 for _, rows in ours for row in rows)
         assert len(ours) == 5 and ours[-1][1] and our_progress[-1]["numInputRows"] == 0
+
+
+TTL_METRICS = ("numValuesRemovedDueToTTLExpiry", "numValueStateVars", "numValueStateWithTTLVars",
+               "numListStateWithTTLVars", "numMapStateWithTTLVars")
+
+
+def first_batches(session, events, ckpt, count):
+    """A query in ProcessingTime mode runs a batch at every trigger (Spark's rule), so
+    ``availableNow`` never ends: the rows and progress of its first ``count`` batches."""
+    import time
+    batches = []
+    frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
+    query = (known_ids(frame).groupBy("id").transformWithStateInPandas(
+        Expiring(), "id INT, last BOOLEAN, kept LONG, hist LONG, seen LONG", "update", "ProcessingTime")
+        .writeStream.outputMode("update")
+        .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
+        .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    deadline = time.monotonic() + 240
+    while len(query.recentProgress) < count and query.exception() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+    assert query.exception() is None
+    return batches[:count], query.recentProgress[:count]
+
+
+def test_state_ttl_expires_values_as_spark_does(spark, ss, events, tmp_path):
+    """Values written with a 1 ms TTL are gone by the next batch (its timestamp is later),
+    read as absent and then evicted at the end of the batch; Spark's counts of the
+    evictions and of the TTL variables."""
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    try:
+        theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5)
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5)
+    assert ours == theirs and ours[1][1][0] == (1, False, 2, 0, 0)
+    assert comparable(our_progress, TTL_METRICS) == comparable(their_progress, TTL_METRICS)
+    assert our_progress[4]["stateOperators"][0]["customMetrics"]["numValuesRemovedDueToTTLExpiry"] == 10
 
 
 def test_a_restart_in_the_middle_gives_the_same_answer(ss, events, tmp_path):
@@ -199,13 +305,15 @@ def test_a_failing_processor_commits_nothing_and_a_fixed_one_resumes(ss, events,
     assert [b for b, _ in resumed][0] == 1 and resumed == whole[1:]
 
 
-def test_what_is_not_supported_yet_is_refused_when_the_query_is_defined(ss, events):
-    from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
+def test_what_spark_refuses_is_refused_when_the_query_is_defined(ss, events):
+    from pyspark.errors import AnalysisException
+
+    from microbatch.errors import IllegalArgumentException
     frame = ss.readStream.schema("id INT, ts TIMESTAMP").json(events).groupBy("id")
-    with pytest.raises(UnsupportedOperationError, match="State TTL"):
+    with pytest.raises(AnalysisException, match=r"Cannot use TTL for state=count in timeMode=NoTime"):
         frame.transformWithStateInPandas(WithTtl(), "id INT, n LONG", "update", "None")
-    with pytest.raises(UnsupportedOperationError, match="initialState"):
+    with pytest.raises(AnalysisException, match="grouped by 2 column"):
         frame.transformWithStateInPandas(RunningCount(), "id INT, n LONG", "update", "None",
-                                         initialState=ss.spark.range(1).groupBy("id"))
+                                         initialState=ss.spark.range(1).groupBy("id", "id"))
     with pytest.raises(IllegalArgumentException, match="Unknown time mode"):
         frame.transformWithStateInPandas(RunningCount(), "id INT, n LONG", "update", "Wallclock")

@@ -445,3 +445,16 @@ def bind_placeholders(prepared: Any, bindings: list[tuple[Any, Any]]) -> Any:
             utils.toSeq(aliases), batch))
     plan = prepared.transform(utils.toScalaMap(replacements))
     return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan), session)
+
+
+def grouping_column_names(grouped: Any) -> list[str]:
+    """The column names a PySpark ``GroupedData`` groups by (``df.groupBy("id")``); a
+    ValueError if it groups by something else than columns."""
+    expressions = grouped._jgd.groupingExprs()
+    names = []
+    for i in range(expressions.size()):
+        expression = expressions.apply(i)
+        if expression.getClass().getSimpleName() not in ("AttributeReference", "UnresolvedAttribute"):
+            raise ValueError(f"The initial state must be grouped by columns, not by {expression.sql()}")
+        names.append(expression.name())
+    return names

@@ -601,8 +601,22 @@ class GroupedStream:
         if time not in ("none", "processingtime", "eventtime"):
             raise IllegalArgumentException(f"Unknown time mode {time_mode}. Accepted time modes are "
                                            "'none', 'processingTime', 'eventTime'.")
+        initial_df, initial_keys = None, ()
         if initial_state is not None:
-            raise not_yet(f"{api} with an initialState", "initial state in transformWithState (issue 18)")
+            from pyspark.sql import GroupedData
+            if not isinstance(initial_state, GroupedData):
+                raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE", messageParameters={
+                    "arg_name": "initialState", "expected_type": "GroupedData",
+                    "arg_type": type(initial_state).__name__})
+            initial_df = initial_state._df
+            if initial_df.isStreaming:
+                raise not_yet(f"{api} with a streaming initialState")
+            initial_keys = tuple(spark_internals.grouping_column_names(initial_state))
+            if len(initial_keys) != len(self._keys):
+                raise AnalysisException(
+                    f"The initial state is grouped by {len(initial_keys)} column(s) "
+                    f"({', '.join(initial_keys)}) and the stream by {len(self._keys)}: group both "
+                    "by the same key.")
         if event_time_column:
             raise not_yet(f"{api} with eventTimeColumnName", "event time output of transformWithState (issue 18)")
         output = spark_internals.parse_schema_ddl(output_type) if isinstance(output_type, str) else output_type
@@ -613,7 +627,8 @@ class GroupedStream:
                 raise not_yet(f"{api} grouped by {key!r} (group by columns of the stream)")
             keys.append(columns[key.lower()])
         node = TransformWithState(frame._plan, tuple(keys), processor, output, mode, time,
-                                  declared_state_variables(processor), rows_api=api == "transformWithState")
+                                  declared_state_variables(processor, time), rows_api=api == "transformWithState",
+                                  initial_state=initial_df, initial_keys=initial_keys)
         template = frame._template.sparkSession.createDataFrame([], output)
         return StreamFrame(frame._session, node, template)
 

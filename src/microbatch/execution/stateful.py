@@ -260,16 +260,20 @@ class BatchContext:
         late_ms, evict_ms = self.watermarks_for(node)
         shape = self._columns(("transform with state", id(node)), lambda: _group_state_shape(node, df))
         event_time = shape["event_time"]
+        first_with_initial = node.initial_state is not None and self.batch_id == 0
         task = TransformWithStateTask(
             state_root=self.state_root, operator_id=op, version=self.batch_id, processor=node.processor,
             variables=node.variables, rows_api=node.rows_api, time_mode=node.time_mode,
             key_indexes=shape["key_indexes"], key_types=shape["key_types"], key_schema=shape["key_schema"],
             store_schemas=state_store_schemas(node.variables), input_names=tuple(shape["input_names"]),
+            initial_names=tuple(node.initial_state.columns) if first_with_initial else (),
             output_schema=shape["output_arrow"], batch_timestamp_ms=self.batch_timestamp_ms,
             watermark_ms=evict_ms if shape["has_watermark"] else -1,
             late_us=late_ms * 1000 if node.time_mode == "eventtime" and event_time is not None else None,
             event_time_index=event_time, timezone=shape["timezone"], max_records_per_batch=shape["max_records"],
             conf=self.conf, metrics=self.accumulators[op])
+        if first_with_initial:   # the query's first batch also reads the initial state
+            return _with_initial_state(node, df, self.num_partitions).mapInArrow(task, shape["output"])
         keyed = df.repartition(self.num_partitions, *shape["partition"])
         return keyed.mapInArrow(task, shape["output"])
 
@@ -440,6 +444,28 @@ def _group_state_shape(node: FlatMapGroupsWithState | TransformWithState, df: Da
         "timezone": conf.get("spark.sql.session.timeZone"),
         "max_records": int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")),
     }
+
+
+def _with_initial_state(node: TransformWithState, df: DataFrame, partitions: int) -> DataFrame:
+    """The batch's rows (``__side`` 0) and the initial state's (1) in one DataFrame, hash
+    partitioned by the grouping key as every batch is (``__k<i>``, of the batch's key
+    types, so a key meets its initial state in its own state partition): the batch's
+    columns as ``__in<j>``, the initial state's as ``__st<j>``."""
+    initial = node.initial_state
+    by_name = {f.name.lower(): f for f in df.schema.fields}
+    key_types = [by_name[k.lower()].dataType for k in node.keys]
+    inputs, states = df.schema.fields, initial.schema.fields
+
+    def side(frame: DataFrame, number: int, keys, own: str) -> DataFrame:
+        columns = [F.lit(number).alias("__side")]
+        columns += [F.col(_quoted(k)).cast(t).alias(f"__k{i}") for i, (k, t) in enumerate(zip(keys, key_types))]
+        for prefix, fields in (("__in", inputs), ("__st", states)):
+            columns += [(F.col(_quoted(f.name)) if prefix == own else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
+                        for j, f in enumerate(fields)]
+        return frame.select(*columns)
+
+    both = side(df, 0, node.keys, "__in").union(side(initial, 1, node.initial_keys, "__st"))
+    return both.repartition(partitions, *[F.col(f"__k{i}") for i in range(len(node.keys))])
 
 
 def _event_time_stats_columns(watermark: Watermark) -> tuple:

@@ -353,6 +353,8 @@ class TransformWithState(StatefulNode):
     time_mode: str                         # none, processingtime or eventtime
     variables: tuple                       # StateVariable, as the processor's init declares them
     rows_api: bool = False                 # transformWithState: Rows in and out
+    initial_state: Any = None              # a DataFrame of initial state, read in the query's first batch
+    initial_keys: tuple[str, ...] = ()     # the columns it is grouped by
 
     def event_time(self) -> str | None:
         """The watermarked column below this node, if any."""

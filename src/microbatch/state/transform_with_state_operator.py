@@ -49,6 +49,8 @@ from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, 
 
 #: The store of a partition's timers (a name no state variable can take in Spark either).
 TIMERS_STORE = "$timers"
+#: With a TTL, a value, list element or map entry keeps when it expires (ms), as Spark's does.
+EXPIRATION = "ttlExpirationMs"
 VALUE, LIST, MAP = "value", "list", "map"
 
 
@@ -79,7 +81,7 @@ def _struct(schema: Any) -> Any:
     return schema
 
 
-def declared_state_variables(processor: Any) -> tuple[StateVariable, ...]:
+def declared_state_variables(processor: Any, time_mode: str = "none") -> tuple[StateVariable, ...]:
     """The state variables the processor's ``init`` declares, found by running ``init`` on
     a copy of it with a declaring handle (Spark runs it on the driver the same way, to
     learn the state's schemas before the query starts)."""
@@ -90,9 +92,14 @@ def declared_state_variables(processor: Any) -> tuple[StateVariable, ...]:
 
     def declare(variable: StateVariable) -> None:
         if variable.ttl_ms is not None:
-            from microbatch.plan.checks import not_yet
-            raise not_yet(f"State TTL (ttlDurationMs of the state variable {variable.name!r})",
-                          "state TTL in transformWithState (issue 18)")
+            if time_mode != "processingtime":
+                from microbatch import spark_internals
+                raise spark_internals.spark_error(
+                    "AnalysisException", "STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL",
+                    stateName=variable.name, timeMode="NoTime" if time_mode == "none" else "EventTime")
+            if int(variable.ttl_ms) <= 0:
+                raise ValueError(f"The TTL of the state variable {variable.name!r} must be positive, "
+                                 f"not {variable.ttl_ms} ms.")
         if variable.name in declared:
             raise ValueError(f"The state variable {variable.name!r} is declared twice in init().")
         declared[variable.name] = variable
@@ -147,13 +154,15 @@ def state_store_schemas(variables: tuple) -> dict[str, pa.Schema]:
     """Each state variable's store value schema, and the timers'."""
     schemas = {}
     for v in variables:
+        expiry = [pa.field(EXPIRATION, pa.int64())] if v.ttl_ms is not None else []
         if v.kind == VALUE:
-            schemas[v.name] = pa.schema([_arrow_field(f) for f in v.schema.fields])
+            schemas[v.name] = pa.schema([_arrow_field(f) for f in v.schema.fields] + expiry)
         elif v.kind == LIST:
-            schemas[v.name] = pa.schema([pa.field("values", pa.list_(_arrow_struct(v.schema)))])
+            element = pa.struct(list(_arrow_struct(v.schema)) + expiry)
+            schemas[v.name] = pa.schema([pa.field("values", pa.list_(element))])
         else:
             entry = pa.struct([pa.field("key", _arrow_struct(v.key_schema)),
-                               pa.field("value", _arrow_struct(v.schema))])
+                               pa.field("value", _arrow_struct(v.schema))] + expiry)
             schemas[v.name] = pa.schema([pa.field("entries", pa.list_(entry))])
     schemas[TIMERS_STORE] = pa.schema([pa.field("timestamps", pa.list_(pa.int64()))])
     return schemas
@@ -219,15 +228,21 @@ def _handle_class():
             self._decode, self._encode = _codec_in(variable.schema), _codec_out(variable.schema,
                                                                                  f"ValueState {variable.name}.update")
 
+        def _stored(self):
+            stored = self._handle._get(self._variable)
+            if stored is not None and self._variable.ttl_ms is not None and self._handle._expired(stored[-1]):
+                return None
+            return stored
+
         def exists(self) -> bool:
-            return self._handle._get(self._variable) is not None
+            return self._stored() is not None
 
         def get(self):
-            stored = self._handle._get(self._variable)
+            stored = self._stored()
             return None if stored is None else self._decode(stored)
 
         def update(self, newValue) -> None:
-            self._handle._put(self._variable, self._encode(newValue))
+            self._handle._put(self._variable, self._encode(newValue) + self._handle._expiry(self._variable))
             self._handle._counts.updated += 1
 
         def clear(self) -> None:
@@ -242,28 +257,37 @@ def _handle_class():
             self._encode = _codec_out(variable.schema, f"ListState {variable.name}")
 
         def _elements(self) -> list:
+            """The stored elements (with their expiry, under a TTL), expired ones included."""
             stored = self._handle._get(self._variable)
             return [] if stored is None else [_fields(e) for e in stored[0] or []]
 
+        def _live(self) -> list:
+            if self._variable.ttl_ms is None:
+                return self._elements()
+            return [e for e in self._elements() if not self._handle._expired(e[-1])]
+
         def exists(self) -> bool:
-            return bool(self._elements())
+            return bool(self._live())
 
         def get(self) -> Iterator[tuple]:
-            return iter([self._decode(e) for e in self._elements()])
+            return iter([self._decode(e) for e in self._live()])
+
+        def _encode_element(self, value) -> tuple:
+            return self._encode(value) + self._handle._expiry(self._variable)
 
         def put(self, newState) -> None:
             removed = len(self._elements())
-            encoded = [self._encode(v) for v in newState]
+            encoded = [self._encode_element(v) for v in newState]
             self._write(encoded)
             self._handle._counts.removed += removed
             self._handle._counts.updated += len(encoded)
 
         def appendValue(self, newState) -> None:
-            self._write(self._elements() + [self._encode(newState)])
+            self._write(self._elements() + [self._encode_element(newState)])
             self._handle._counts.updated += 1
 
         def appendList(self, newState) -> None:
-            encoded = [self._encode(v) for v in newState]
+            encoded = [self._encode_element(v) for v in newState]
             self._write(self._elements() + encoded)
             self._handle._counts.updated += len(encoded)
 
@@ -288,14 +312,24 @@ def _handle_class():
         def _entries(self) -> dict:
             stored = self._handle._get(self._variable)
             entries: dict = {}
+            ttl = self._variable.ttl_ms is not None
             for entry in (stored[0] or []) if stored is not None else []:
-                key, value = (entry["key"], entry["value"]) if isinstance(entry, dict) else entry
-                entries[_fields(key)] = _fields(value)
+                entry = _fields(entry)
+                if ttl and self._handle._expired(entry[2]):
+                    continue
+                entries[_fields(entry[0])] = (_fields(entry[1]),) + tuple(entry[2:])
             return entries
 
         def _write(self, entries: dict) -> None:
-            if entries:
-                self._handle._put(self._variable, ([(k, v) for k, v in entries.items()],))
+            """``entries``: user key -> (value, [expiry]); expired entries written back too."""
+            stored = self._handle._get(self._variable)
+            kept = []
+            if self._variable.ttl_ms is not None and stored is not None:
+                kept = [e for e in map(_fields, stored[0] or [])
+                        if self._handle._expired(e[2]) and _fields(e[0]) not in entries]
+            rows = [(k,) + v for k, v in entries.items()] + kept
+            if rows:
+                self._handle._put(self._variable, (rows,))
             else:
                 self._handle._remove(self._variable)
 
@@ -304,25 +338,25 @@ def _handle_class():
 
         def getValue(self, key):
             value = self._entries().get(self._encode_key(key))
-            return None if value is None else self._decode(value)
+            return None if value is None else self._decode(value[0])
 
         def containsKey(self, key) -> bool:
             return self._encode_key(key) in self._entries()
 
         def updateValue(self, key, value) -> None:
             entries = self._entries()
-            entries[self._encode_key(key)] = self._encode(value)
+            entries[self._encode_key(key)] = (self._encode(value),) + self._handle._expiry(self._variable)
             self._write(entries)
             self._handle._counts.updated += 1
 
         def iterator(self):
-            return iter([(self._decode_key(k), self._decode(v)) for k, v in self._entries().items()])
+            return iter([(self._decode_key(k), self._decode(v[0])) for k, v in self._entries().items()])
 
         def keys(self):
             return iter([self._decode_key(k) for k in self._entries()])
 
         def values(self):
-            return iter([self._decode(v) for v in self._entries().values()])
+            return iter([self._decode(v[0]) for v in self._entries().values()])
 
         def removeKey(self, key) -> None:
             entries = self._entries()
@@ -331,8 +365,8 @@ def _handle_class():
             self._handle._counts.removed += 1
 
         def clear(self) -> None:
-            entries = self._entries()
-            self._handle._counts.removed += len(entries)
+            stored = self._handle._get(self._variable)
+            self._handle._counts.removed += len(stored[0] or []) if stored is not None else 0
             self._handle._remove(self._variable)
 
     classes = {VALUE: StoreValueState, LIST: StoreListState, MAP: StoreMapState}
@@ -341,11 +375,44 @@ def _handle_class():
         """PySpark's handle over one task's stores; the current grouping key is implicit,
         as in Spark."""
 
-        def __init__(self, stores: dict, variables: dict, timers, counts: _Counts, time_mode: str):
+        def __init__(self, stores: dict, variables: dict, timers, counts: _Counts, time_mode: str,
+                     batch_timestamp_ms: int):
             super().__init__(None)
             self._stores, self._variables, self._timers = stores, variables, timers
             self._counts, self._time_mode = counts, time_mode
+            self._now_ms = batch_timestamp_ms
             self._key: tuple | None = None
+
+        # -- TTL: expiry in processing time, the batch timestamp --------------------
+        def _expiry(self, variable: StateVariable) -> tuple:
+            return () if variable.ttl_ms is None else (self._now_ms + int(variable.ttl_ms),)
+
+        def _expired(self, expiration_ms) -> bool:
+            return expiration_ms is not None and expiration_ms <= self._now_ms
+
+        def _remove_expired(self) -> int:
+            """Every expired value, list element and map entry removed from the stores (at
+            the end of the batch, as Spark's TTL eviction); how many."""
+            removed = 0
+            for variable in self._variables.values():
+                if variable.ttl_ms is None:
+                    continue
+                store = self._stores[variable.name]
+                for key, stored in list(store.iterator()):
+                    if variable.kind == VALUE:
+                        if self._expired(stored[-1]):
+                            store.remove(key)
+                            removed += 1
+                        continue
+                    items = [_fields(e) for e in stored[0] or []]
+                    live = [e for e in items if not self._expired(e[-1])]
+                    if len(live) != len(items):
+                        removed += len(items) - len(live)
+                        if live:
+                            store.put(key, (live,))
+                        else:
+                            store.remove(key)
+            return removed
 
         # -- the state variables -------------------------------------------------
         def _declared(self, name: str, kind: str) -> StateVariable:
@@ -436,6 +503,7 @@ class TransformWithStateTask:
     key_schema: pa.Schema
     store_schemas: dict                # variable name -> arrow value schema
     input_names: tuple[str, ...]
+    initial_names: tuple[str, ...]     # the initial state's columns, in the first batch of a query with one
     output_schema: pa.Schema
     batch_timestamp_ms: int
     watermark_ms: int                  # this batch's (eviction) watermark
@@ -457,9 +525,10 @@ class TransformWithStateTask:
             stores[name] = load_provider(store_id, self.key_schema, schema, self.conf).get_store(self.version)
         timers = stores.pop(TIMERS_STORE)
         counts = _Counts()
-        handle = _handle_class()(stores, {v.name: v for v in self.variables}, timers, counts, self.time_mode)
+        handle = _handle_class()(stores, {v.name: v for v in self.variables}, timers, counts, self.time_mode,
+                                 self.batch_timestamp_ms)
         started = time.monotonic()
-        table = _table(list(batches))
+        table, initial = self._split_initial(_table(list(batches)))
         late = 0
         if self.late_us is not None and self.event_time_index is not None and table.num_rows:
             import pyarrow.compute as pc
@@ -473,9 +542,21 @@ class TransformWithStateTask:
             timer_values = TimerValues(self.batch_timestamp_ms, self.watermark_ms)
         processor = self.processor
         processor.init(handle)
-        if table.num_rows:
-            for key, python_key, rows in self._groups(table):
-                handle._key = key
+        input_keys, input_rows = self._grouped(table, self.key_indexes, self.input_names)
+        initial_keys: dict = {}
+        if initial is not None and initial.num_rows:
+            initial_keys, initial_rows = self._grouped(initial, tuple(range(len(self.key_indexes))),
+                                                       self.initial_names)
+        for key in sorted(set(input_keys) | set(initial_keys), key=lambda k: tuple((v is not None, v) for v in k)):
+            handle._key = key
+            if key in initial_keys:   # the first batch: the key's initial state, then its rows
+                python_key, states = initial_rows(key)
+                for state in states:
+                    if not self.rows_api:
+                        state = state.drop(columns=[f"__k{i}" for i in range(len(self.key_indexes))])
+                    processor.handleInitialState(python_key, state, timer_values)
+            if key in input_keys:
+                python_key, rows = input_rows(key)
                 yield from self._batches(processor.handleInputRows(python_key, rows, timer_values))
         if self.time_mode != "none":
             threshold = self.batch_timestamp_ms if self.time_mode == "processingtime" else self.watermark_ms
@@ -490,6 +571,8 @@ class TransformWithStateTask:
                 handle.deleteTimer(ts)
         handle._key = None
         processor.close()
+        ttl_removed = handle._remove_expired()
+        counts.removed += ttl_removed
         updates_ms = (time.monotonic() - started) * 1000
         total, memory, commit_ms = 0, 0, 0
         for name, store in list(stores.items()) + [(TIMERS_STORE, timers)]:
@@ -502,40 +585,62 @@ class TransformWithStateTask:
                 total += sum(len(value[0] or []) for _, value in store.iterator())
             elif variable is not None:
                 total += m.num_keys
-        kinds = [v.kind for v in self.variables]
+        kinds = [(v.kind, v.ttl_ms is not None) for v in self.variables]
         self.metrics.add({
             **task_metrics(partition, _combined(total, memory, commit_ms)),
             "numRowsUpdated": counts.updated, "numRowsRemoved": counts.removed,
             "numRowsDroppedByWatermark": late, "allUpdatesTimeMs": int(updates_ms),
             "numRegisteredTimers": counts.registered_timers, "numDeletedTimers": counts.deleted_timers,
-            "numDeletedStateVars": counts.deleted_vars,
-            "numValueStateVars": kinds.count(VALUE), "numListStateVars": kinds.count(LIST),
-            "numMapStateVars": kinds.count(MAP)})
+            "numDeletedStateVars": counts.deleted_vars, "numValuesRemovedDueToTTLExpiry": ttl_removed,
+            **{f"num{kind.capitalize()}State{'WithTTL' if ttl else ''}Vars": kinds.count((kind, ttl))
+               for kind in (VALUE, LIST, MAP) for ttl in (False, True)}})
 
-    def _groups(self, table: pa.Table):
-        """(stored key, the key as the processor gets it, its rows) in ascending key order."""
+    def _grouped(self, table: pa.Table, key_indexes, names) -> tuple[dict, Callable]:
+        """A table's rows by stored key, and a function giving a key's (key as the processor
+        gets it, rows as the processor takes them: pandas DataFrames in chunks, or Rows)."""
         from pyspark.sql import Row
         from microbatch.state.files import state_values
-        keys = list(zip(*[state_values(table.column(i), as_key=True) for i in self.key_indexes]))
+        if not table.num_rows:
+            return {}, None
+        keys = list(zip(*[state_values(table.column(i), as_key=True) for i in key_indexes]))
         rows_of: dict[tuple, list[int]] = {}
         for row, key in enumerate(keys):
             rows_of.setdefault(key, []).append(row)
-        key_types = self.key_types
         if self.rows_api:
-            names = list(self.input_names)
             records = table.to_pylist()
-            for key in sorted(rows_of, key=lambda k: tuple((v is not None, v) for v in k)):
-                python_key = tuple(_python(t, v) for t, v in zip(key_types, key))
-                yield key, python_key, iter([Row(**{n: records[i][n] for n in names}) for i in rows_of[key]])
-            return
+
+            def rows(key):
+                python_key = tuple(_python(t, v) for t, v in zip(self.key_types, key))
+                return python_key, iter([Row(**{n: records[i][n] for n in names}) for i in rows_of[key]])
+            return rows_of, rows
         frame = self._pandas(table)
         size = max(self.max_records_per_batch, 1)
-        for key in sorted(rows_of, key=lambda k: tuple((v is not None, v) for v in k)):
+
+        def frames(key):
             positions = rows_of[key]
-            python_key = tuple(frame.iat[positions[0], i] for i in self.key_indexes)
-            frames = (frame.take(positions[start:start + size]).reset_index(drop=True)
-                      for start in range(0, len(positions), size))
-            yield key, python_key, frames
+            python_key = tuple(frame.iat[positions[0], i] for i in key_indexes)
+            return python_key, (frame.take(positions[start:start + size]).reset_index(drop=True)
+                                for start in range(0, len(positions), size))
+        return rows_of, frames
+
+    def _split_initial(self, table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+        """The first batch of a query with an initial state reads the batch's rows and the
+        initial state's together (``__side`` 0 and 1): each part with its own columns."""
+        if not self.initial_names:
+            return table, None
+        import pyarrow.compute as pc
+        if not table.num_rows:
+            return table, None
+        side = table.column("__side")
+        keys = len(self.key_indexes)
+        inputs = table.filter(pc.equal(side, 0))
+        inputs = pa.table([inputs.column(f"__in{j}") for j in range(len(self.input_names))],
+                          names=list(self.input_names))
+        initial = table.filter(pc.equal(side, 1))
+        initial = pa.table([initial.column(f"__k{i}") for i in range(keys)]
+                           + [initial.column(f"__st{j}") for j in range(len(self.initial_names))],
+                           names=[f"__k{i}" for i in range(keys)] + list(self.initial_names))
+        return inputs, initial
 
     def _pandas(self, rows: pa.Table):
         frame = rows.to_pandas()
