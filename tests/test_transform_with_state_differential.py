@@ -160,6 +160,7 @@ class Expiring(StatefulProcessor):
     batch (1 ms), ``kept`` lives an hour."""
 
     def init(self, handle):
+        self.handle = handle
         self.last = handle.getValueState("last", "n LONG", 1)
         self.kept = handle.getValueState("kept", "n LONG", 3_600_000)
         self.hist = handle.getListState("hist", "n LONG", 1)
@@ -176,7 +177,14 @@ class Expiring(StatefulProcessor):
         self.hist.appendValue((n + 1,))
         self.seen.updateValue((1,), (n,))
         self.seen.updateValue((2,), (n,))
-        yield pd.DataFrame(out)
+        # a processing-time timer: the next batch's timestamp is later, so it fires then
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 1)
+        yield pd.DataFrame({**out, "fired": [False]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        assert expiredTimerInfo.getExpiryTimeInMs() <= timerValues.getCurrentProcessingTimeInMs()
+        yield pd.DataFrame({"id": [key[0]], "last": [self.last.exists()], "kept": [-1], "hist": [-1],
+                            "seen": [-1], "fired": [True]})
 
     def close(self):
         pass
@@ -186,6 +194,13 @@ def initial_counts():
     from pyspark.sql import SparkSession
     spark = SparkSession.getActiveSession()
     return spark.createDataFrame([(1, 100), (3, 300), (9, 900)], "id INT, start LONG").groupBy("id")
+
+
+def unordered_maps(row) -> str:
+    """A row as text, a map's entries in sorted order (Spark's follow its store's byte order)."""
+    values = row.asDict(recursive=True)
+    return repr({k: sorted(v.items(), key=repr) if isinstance(v, dict) and k == "map_value" else v
+                 for k, v in values.items()})
 
 
 def known_ids(frame):
@@ -233,6 +248,15 @@ def test_transform_with_state_matches_spark_batch_by_batch(spark, ss, events, tm
     if "timers" in case:   # a timer fired, after the rows of its batch, in a no-data batch too
         assert any(row[-1] != -1 for _, rows in ours for row in rows)
         assert len(ours) == 5 and ours[-1][1] and our_progress[-1]["numInputRows"] == 0
+    if case.startswith("value, list and map"):   # the state reader, with Spark's options and columns
+        readings = [{"stateVarName": name, "flattenCollectionTypes": flatten, "batchId": "2"}
+                    for name in ("count", "times", "seen") for flatten in ("true", "false")]
+        readings.append({"readRegisteredTimers": "true", "batchId": "2"})
+        for options in readings:
+            theirs = spark.read.format("statestore").options(**options).load(str(tmp_path / "spark"))
+            ours = ss.read.format("statestore").options(**options).load(str(tmp_path / "microbatch"))
+            assert ours.schema == theirs.schema, options
+            assert sorted(map(unordered_maps, ours.collect())) == sorted(map(unordered_maps, theirs.collect())), options
 
 
 TTL_METRICS = ("numValuesRemovedDueToTTLExpiry", "numValueStateVars", "numValueStateWithTTLVars",
@@ -246,7 +270,8 @@ def first_batches(session, events, ckpt, count):
     batches = []
     frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
     query = (known_ids(frame).groupBy("id").transformWithStateInPandas(
-        Expiring(), "id INT, last BOOLEAN, kept LONG, hist LONG, seen LONG", "update", "ProcessingTime")
+        Expiring(), "id INT, last BOOLEAN, kept LONG, hist LONG, seen LONG, fired BOOLEAN", "update",
+        "ProcessingTime")
         .writeStream.outputMode("update")
         .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
         .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
@@ -258,17 +283,19 @@ def first_batches(session, events, ckpt, count):
     return batches[:count], query.recentProgress[:count]
 
 
-def test_state_ttl_expires_values_as_spark_does(spark, ss, events, tmp_path):
+def test_state_ttl_and_processing_time_timers_as_spark_does(spark, ss, events, tmp_path):
     """Values written with a 1 ms TTL are gone by the next batch (its timestamp is later),
     read as absent and then evicted at the end of the batch; Spark's counts of the
-    evictions and of the TTL variables."""
+    evictions and of the TTL variables. A timer 1 ms after a batch's timestamp fires in
+    the next batch."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     try:
         theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5)
     finally:
         spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
     ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5)
-    assert ours == theirs and ours[1][1][0] == (1, False, 2, 0, 0)
+    assert ours == theirs and (1, False, 2, 0, 0, False) in ours[1][1]
+    assert (2, False, -1, -1, -1, True) in ours[1][1]   # batch 0's timer fired in batch 1
     assert comparable(our_progress, TTL_METRICS) == comparable(their_progress, TTL_METRICS)
     assert our_progress[4]["stateOperators"][0]["customMetrics"]["numValuesRemovedDueToTTLExpiry"] == 10
 

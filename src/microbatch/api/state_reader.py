@@ -111,11 +111,15 @@ class StateStoreReader:
             key_type = StructType([StructField(f"field{i}", f.dataType, f.nullable)
                                    for i, f in enumerate(key_type.fields)])
             value_type = value_type[join_side].dataType
+        variable = None
+        if str(doc.get("operatorName", "")).startswith("transformWithState"):
+            variable, store_name, key_type, value_type = self._state_variable(doc, key_type, value_type, operator)
         partitions = sorted(int(n) for n in fs.list(op_dir) if n.isdigit())
         offsets = OffsetSeqLog(f"{root}/offsets", fs).get(batch_id)
         provider_name = (offsets.metadata.conf if offsets else {}).get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)
         kind = provider_class(provider_name)
         keys: list = []
+        tws_rows: list = []
         values: list = []
         partition_ids: list[int] = []
         storage: tuple[pa.DataType, pa.DataType] | None = None
@@ -139,10 +143,15 @@ class StateStoreReader:
                 storage = (pa.struct([pa.field(f"field{i}", f.type) for i, f in enumerate(list(storage[0])[:-1])]),
                            pa.struct(list(storage[1])[:-1]))
                 rows = [(key[:-1], value[:-1]) for key, value in rows]
+            if variable is not None:
+                tws_rows += [row + (partition,) for key, value in rows for row in variable(key, value)]
+                continue
             for key, value in rows:
                 keys.append(key)
                 values.append(value)
                 partition_ids.append(partition)
+        if variable is not None:
+            return self._spark.createDataFrame(_tws_table(tws_rows, value_type), value_type)
         spark_schema = StructType([StructField("key", key_type), StructField("value", value_type),
                                    StructField("partition_id", IntegerType())])
         if storage is None:
@@ -151,6 +160,70 @@ class StateStoreReader:
                    pa.array(partition_ids, type=pa.int32())]
         table = pa.Table.from_arrays(columns, names=["key", "value", "partition_id"])
         return self._spark.createDataFrame(table, spark_schema)
+
+
+    def _state_variable(self, doc: dict, key_type: StructType, value_type: StructType, operator: int):
+        """For a transformWithState operator (Spark's options ``stateVarName``,
+        ``flattenCollectionTypes``, ``readRegisteredTimers``): a function turning a stored
+        (key, value) into the reader's rows, the store to read, the key type, and the
+        rows' schema (Spark's columns for each kind of state variable)."""
+        from pyspark.sql.types import ArrayType, LongType, MapType
+
+        from microbatch.state.transform_with_state_operator import TIMERS_STORE
+        variables = {v["name"]: v for v in doc.get("stateVariables", [])}
+        types = {f.name: f.dataType for f in value_type.fields}
+        flatten = self._options.get("flattencollectiontypes", "true").lower() == "true"
+        key_field = StructField("key", key_type)
+        partition = StructField("partition_id", IntegerType())
+        if self._options.get("readregisteredtimers", "false").lower() == "true":
+            schema = StructType([key_field, StructField("expiration_timestamp_ms", LongType()), partition])
+            return (lambda key, value: [(key, ts) for ts in value[0] or []]), TIMERS_STORE, key_type, schema
+        name = self._options.get("statevarname")
+        if name is None or name not in variables:
+            given = "no 'stateVarName'" if name is None else f"stateVarName '{name}'"
+            raise IllegalArgumentException(
+                f"Operator {operator} is {doc['operatorName']}: read one of its state variables with "
+                f"option 'stateVarName' ({', '.join(sorted(variables))}), or its timers with "
+                f"'readRegisteredTimers', not {given}.")
+        kind = variables[name]["kind"]
+        stored = types[name]
+        if kind == "value":
+            width = len(stored.fields)
+            schema = StructType([key_field, StructField("value", stored), partition])
+            return (lambda key, value: [(key, tuple(value[:width]))]), name, key_type, schema
+        element = stored.elementType
+        if kind == "list":
+            width = len(element.fields)
+            if flatten:
+                schema = StructType([key_field, StructField("list_element", element), partition])
+                return (lambda key, value: [(key, _fields(e)[:width]) for e in value[0] or []]), name, key_type, schema
+            schema = StructType([key_field, StructField("list_value", ArrayType(element)), partition])
+            return (lambda key, value: [(key, [_fields(e)[:width] for e in value[0] or []])]), name, key_type, schema
+        user_key, user_value = element["key"].dataType, element["value"].dataType
+        if flatten:
+            schema = StructType([key_field, StructField("user_map_key", user_key),
+                                 StructField("user_map_value", user_value), partition])
+            return (lambda key, value: [(key, _fields(_fields(e)[0]), _fields(_fields(e)[1]))
+                                        for e in value[0] or []]), name, key_type, schema
+        schema = StructType([key_field, StructField("map_value", MapType(user_key, user_value)), partition])
+        return (lambda key, value: [(key, [(_fields(_fields(e)[0]), _fields(_fields(e)[1]))
+                                           for e in value[0] or []])]), name, key_type, schema
+
+
+def _fields(value) -> tuple:
+    return tuple(value.values()) if isinstance(value, dict) else tuple(value)
+
+
+def _tws_table(rows: list[tuple], schema: StructType) -> pa.Table:
+    """The reader's rows (stored values: timestamps as µs) as an Arrow table of ``schema``."""
+    from microbatch.state.files import storage_type
+    columns = []
+    for i, field in enumerate(schema.fields):
+        target = to_arrow_type(field.dataType, timezone="UTC")
+        storage = storage_type(target)
+        array = pa.array([r[i] for r in rows], type=storage)
+        columns.append(array if storage == target else array.cast(target))
+    return pa.Table.from_arrays(columns, names=schema.fieldNames())
 
 
 def _file_schema(fs: CheckpointFileSystem, directory: str) -> pa.Schema | None:

@@ -560,6 +560,9 @@ def schema_document(node: StatefulNode, key: StructType, value: StructType) -> s
            "keySchema": key.jsonValue(), "valueSchema": value.jsonValue()}
     if isinstance(node, StreamJoin):
         doc["joinType"] = node.how
+    if isinstance(node, TransformWithState):   # what the state reader's stateVarName reads
+        doc["stateVariables"] = [{"name": v.name, "kind": v.kind, "ttl": v.ttl_ms is not None}
+                                 for v in node.variables]
     return json.dumps(doc, sort_keys=True)
 
 
