@@ -11,6 +11,7 @@ from pyspark import cloudpickle
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import test_chained_differential as chained
+from stream_events import comparable
 from test_chained_differential import events, restarts_with_the_same_answer, run, same_as_spark  # noqa: F401 - the events fixture
 
 # the functions below run in Spark's Python workers, which cannot import this module
@@ -164,6 +165,46 @@ def test_processing_time_timeouts_fire_in_no_data_batches(ss):
         AdvanceManualClock(10_000),             # t=50 s: id 1 is due
         CheckNewAnswer((1, 3, True)),
     ])
+
+
+def count_until_next_batch(key, frames, state):
+    """``count_until_idle`` with a 1 ms timeout: an id without rows in the next batch (whose
+    timestamp is later) is reported and forgotten there."""
+    if state.hasTimedOut:
+        yield pd.DataFrame({"id": [key[0]], "n": [state.get[0]], "timedout": [True]})
+        state.remove()
+        return
+    n = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
+    state.update((n,))
+    state.setTimeoutDuration(1)
+    yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [False]})
+
+
+def first_batches(session, events, ckpt, count):
+    """A processing-time timeout makes every trigger run a batch (Spark's rule), so
+    ``availableNow`` never ends: the rows and progress of the first ``count`` batches."""
+    import time
+    batches = []
+    frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
+    query = (frame.where("id IS NOT NULL").groupBy("id").applyInPandasWithState(
+        count_until_next_batch, OUTPUT, "n LONG", "update", GroupStateTimeout.ProcessingTimeTimeout)
+        .writeStream.outputMode("update")
+        .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
+        .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    deadline = time.monotonic() + 240
+    while len(query.recentProgress) < count and query.exception() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+    assert query.exception() is None
+    return batches[:count], query.recentProgress[:count]
+
+
+def test_a_running_count_with_a_processing_time_timeout_matches_spark(spark, ss, events, tmp_path):
+    theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5)
+    ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5)
+    assert ours == theirs
+    assert (2, 1, True) in ours[1][1]   # id 2 had no rows in batch 1: its timeout fired there
+    assert comparable(our_progress) == comparable(their_progress)
 
 
 def fails_on_id_3(key, frames, state):
