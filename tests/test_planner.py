@@ -89,6 +89,23 @@ def test_a_filter_that_skips_the_event_time_moves_below_the_watermark_once(spark
     assert isinstance(kept.plan, PreparedSegment) and isinstance(kept.plan.template, Transform)
     assert kept.plan.template.child is kept.plan.holes[0] and isinstance(kept.plan.holes[0], Watermark)
     assert calls == ["ts", "ts"]
+    # a conjunction: the part without the event time runs below, the rest stays above
+    split = planner(spark, events().withWatermark("ts", "10 seconds").filter("id % 2 = 0 AND ts > '2026-01-01'"))
+    above, watermark = split.plan.template, split.plan.holes[0]
+    assert isinstance(watermark, Watermark) and "ts" in str(above.args[0]) and "id" not in str(above.args[0])
+    assert "id" in str(watermark.child.template.args[0]) and "ts" not in str(watermark.child.template.args[0])
+
+
+def test_a_split_filter_moves_the_watermark_as_in_spark(spark, ss, tmp_path):
+    """Rows that fail the part without the event time never reach the watermark, in
+    both engines: the same watermarks in every offsets and commits entry, the same rows."""
+    from test_chained_differential import same_as_spark
+    from test_dedup_differential import EVENTS
+    from stream_events import write_event_files
+    events = write_event_files(tmp_path / "events", EVENTS, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
+    same_as_spark(spark, ss, events, tmp_path, "a conjunction over a watermark", (
+        "append", lambda f: f.withWatermark("ts", "10 seconds").where("id < 6 AND ts >= '2026-01-01 00:00:00'")
+        .groupBy(F.window("ts", "10 seconds")).count()))
 
 
 def test_the_run_is_planned_once_not_per_batch(ss, tmp_path, monkeypatch):

@@ -458,3 +458,33 @@ def grouping_column_names(grouped: Any) -> list[str]:
             raise ValueError(f"The initial state must be grouped by columns, not by {expression.sql()}")
         names.append(expression.name())
     return names
+
+
+def conjuncts_without_column(filtered: Any, column: str) -> tuple[list[str], list[str]] | None:
+    """The conjuncts of the filter that is ``filtered``'s last step, as SQL text, split as
+    Spark's optimizer splits a filter above a watermark on ``column``: those it pushes below
+    (deterministic, not using the column) and those that stay. None when the last step is
+    not a filter or ``column`` is not a top-level column of its input."""
+    analyzed = analyzed_plan(filtered)
+    if analyzed.getClass().getSimpleName() != "Filter":
+        return None
+    output = analyzed.child().output()
+    target = next((output.apply(i) for i in range(output.size())
+                   if output.apply(i).name().lower() == column.lower()), None)
+    if target is None:
+        return None
+    parts: list[Any] = []
+
+    def split(expression: Any) -> None:
+        if expression.getClass().getSimpleName() == "And":
+            split(expression.left())
+            split(expression.right())
+        else:
+            parts.append(expression)
+
+    split(analyzed.condition())
+    pushed, kept = [], []
+    for part in parts:
+        movable = part.deterministic() and not part.references().contains(target)
+        (pushed if movable else kept).append(part.sql())
+    return pushed, kept

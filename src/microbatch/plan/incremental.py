@@ -256,9 +256,9 @@ class IncrementalExecution:
                                        empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
         """A filter above ``withWatermark(t)`` (directly, or through projections that pass
         the columns it uses through unchanged) runs below it when Spark's optimizer would
-        push it there: deterministic and not using ``t``. (Spark also splits conjunctions,
-        and pushes through renames and computed columns by substituting them; such a
-        filter stays above here.)"""
+        push it there: deterministic and not using ``t``; of a conjunction, the parts that
+        are. (Spark also pushes through renames and computed columns by substituting them;
+        such a filter stays above here.)"""
         children = [self._push_filters_below_watermarks(c, empty_inputs) for c in plan.children]
         plan = _children_replaced(plan, children)
         if isinstance(plan, StreamJoin):   # its sides as it reads them, with their null filters
@@ -278,12 +278,32 @@ class IncrementalExecution:
             if spark_internals.filter_can_skip_column(moved.build(empty_inputs), below.event_time):
                 log.debug("Filter %s runs below the watermark on %s", filtered.describe(), below.event_time)
                 return dataclasses.replace(below, child=moved)
-            return None
+            return self._split_filter(filtered, below, empty_inputs)
         if isinstance(below, Transform) and below.method not in ("filter", "where", "limit") \
                 and spark_internals.filter_passes_projection(filtered.build(empty_inputs)):
             sunk = self._sink_filter(moved, empty_inputs)
             return None if sunk is None else dataclasses.replace(below, child=sunk)
         return None
+
+    def _split_filter(self, filtered: Transform, below: Watermark,
+                      empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode | None:
+        """A conjunction of which only some parts use the event time: the others run below
+        the watermark, as Spark's optimizer splits it (each part re-read from its SQL text;
+        if any part does not read back, e.g. a Python UDF, the filter stays whole)."""
+        from pyspark.sql import functions as F
+        parts = spark_internals.conjuncts_without_column(filtered.build(empty_inputs), below.event_time)
+        if parts is None or not parts[0] or not parts[1]:
+            return None
+        pushed, kept = (" AND ".join(f"({p})" for p in group) for group in parts)
+        try:
+            split = Transform(dataclasses.replace(below, child=Transform(below.child, "where", (F.expr(pushed),))),
+                              "where", (F.expr(kept),))
+            split.build(empty_inputs)
+        except Exception:  # noqa: BLE001 - a part whose SQL text does not read back: keep it whole
+            log.debug("Filter %s stays whole above the watermark", filtered.describe(), exc_info=True)
+            return None
+        log.debug("Filter %s: %s runs below the watermark on %s", filtered.describe(), pushed, below.event_time)
+        return split
 
     # -- per batch -------------------------------------------------------------
     def operator_watermarks(self, late_ms: int, eviction_ms: int) -> dict[StatefulNode, OperatorWatermarks]:
