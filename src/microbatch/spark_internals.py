@@ -417,34 +417,47 @@ def analyzed_plan(df: Any) -> Any:
     return df._jdf.queryExecution().analyzed()
 
 
-def bind_placeholders(prepared: Any, bindings: list[tuple[Any, Any]]) -> Any:
-    """The analysed plan ``prepared`` with each placeholder leaf replaced by the analysed
-    plan of the DataFrame bound to it, as a DataFrame of that DataFrame's session.
+class BindablePlan:
+    """An analysed plan with placeholder leaves, bound to each batch's DataFrames.
 
     Spark's MicroBatchExecution binds a batch the same way: each StreamingExecutionRelation
     of the analysed query becomes the batch's plan under a projection that gives the batch's
-    columns the relation's attribute ids, so everything above still refers to them and
-    the analyser has nothing left to resolve. ``bindings``: (placeholder plan, DataFrame),
-    each placeholder a leaf of ``prepared`` with the DataFrame's columns in order."""
-    from pyspark.sql import DataFrame
-    session = bindings[0][1].sparkSession
-    jvm = session._jvm
-    expressions = jvm.org.apache.spark.sql.catalyst.expressions
-    utils = jvm.org.apache.spark.api.python.PythonUtils
-    no_names = utils.toSeq([])
-    replacements = jvm.java.util.HashMap()
-    for placeholder, df in bindings:
-        batch = analyzed_plan(df)
-        wanted, given = placeholder.output(), batch.output()
-        aliases = []
-        for i in range(wanted.size()):
-            to, column = wanted.apply(i), given.apply(i)
-            aliases.append(expressions.Alias(column, to.name(), to.exprId(), no_names,
-                                             jvm.scala.Some(column.metadata()), no_names))
-        replacements.put(placeholder, jvm.org.apache.spark.sql.catalyst.plans.logical.Project(
-            utils.toSeq(aliases), batch))
-    plan = prepared.transform(utils.toScalaMap(replacements))
-    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan), session)
+    columns the relation's attribute ids, so everything above still refers to them and the
+    analyser has nothing left to resolve. The bound plan is marked analysed (it is: the
+    analysed template over the batch's analysed plans, whose columns have the placeholders'
+    exact types, which the caller guarantees), so Spark does not analyse it again. What
+    each binding needs from the placeholders (names, attribute ids) is read once."""
+
+    def __init__(self, prepared: Any, placeholders: list[Any]):
+        jvm = _jvm()
+        self.prepared = prepared
+        self.placeholders = []
+        for placeholder in placeholders:
+            output = placeholder.output()
+            self.placeholders.append((placeholder, [(output.apply(i).name(), output.apply(i).exprId())
+                                                    for i in range(output.size())]))
+        self._alias = jvm.org.apache.spark.sql.catalyst.expressions.Alias
+        self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
+        self._utils = jvm.org.apache.spark.api.python.PythonUtils
+        self._no_names = self._utils.toSeq([])
+        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+
+    def bind(self, dfs: list[Any]) -> Any:
+        """The plan with placeholder i replaced by ``dfs[i]``'s plan, as a DataFrame of its
+        session."""
+        from pyspark.sql import DataFrame
+        session = dfs[0].sparkSession
+        replacements = session._jvm.java.util.HashMap()
+        for (placeholder, columns), df in zip(self.placeholders, dfs):
+            batch = analyzed_plan(df)
+            given = batch.output()
+            aliases = [self._alias(given.apply(i), name, expr_id, self._no_names, self._none, self._no_names)
+                       for i, (name, expr_id) in enumerate(columns)]
+            replacements.put(placeholder, self._project(self._utils.toSeq(aliases), batch))
+        plan = self.prepared.transform(self._utils.toScalaMap(replacements))
+        plan.setAnalyzed()
+        return DataFrame(session._jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan),
+                         session)
 
 
 def grouping_column_names(grouped: Any) -> list[str]:

@@ -150,7 +150,7 @@ class PreparedSegment(PlanNode):
     watermarks, observations and stateful operators, each built per batch. The segment is
     analysed over one empty placeholder per hole the first time it is built, and again
     only if a hole's columns change; every build after that replaces the placeholders in
-    the analysed plan by the batch's plans (``spark_internals.bind_placeholders``)
+    the analysed plan by the batch's plans (``spark_internals.BindablePlan``)
     instead of replaying the steps through PySpark, each of which Spark analyses."""
 
     template: PlanNode
@@ -171,10 +171,9 @@ class PreparedSegment(PlanNode):
         key = tuple(df._jdf.schema().json() for df in built)
         if key not in self._prepared:
             self._prepared[key] = self._prepare(built)
-        prepared, placeholders = self._prepared[key]
-        return spark_internals.bind_placeholders(prepared, list(zip(placeholders, built)))
+        return self._prepared[key].bind(built)
 
-    def _prepare(self, built: list[DataFrame]) -> tuple[Any, list[Any]]:
+    def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
         """The steps analysed over empty placeholders with the columns of ``built``."""
         empties = [df.sparkSession.createDataFrame([], df.schema) for df in built]
         remaining = iter(empties)
@@ -186,7 +185,7 @@ class PreparedSegment(PlanNode):
 
         self.analyses += 1
         analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
-        return analyzed, [spark_internals.analyzed_plan(df) for df in empties]
+        return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
 
     def describe(self) -> str:
         return self.template.describe()
