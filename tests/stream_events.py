@@ -40,3 +40,21 @@ def watermarks(ckpt) -> list:
         for batch in sorted((b for b in os.listdir(ckpt / name) if b.isdigit()), key=int):
             found.append((name, batch, json.loads((ckpt / name / batch).read_text().split("\n")[1])[key]))
     return found
+
+
+def first_batches(session, events, ckpt, count: int, transform, mode: str = "update"):
+    """Rows and progress of the first ``count`` batches of ``transform`` over the event
+    files, with ``availableNow``. For queries that run a batch at every trigger (processing
+    time timeouts, timers and TTL, as in Spark), which therefore never end."""
+    import time
+    batches = []
+    frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
+    query = (transform(frame).writeStream.outputMode(mode)
+             .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
+             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    deadline = time.monotonic() + 240
+    while len(query.recentProgress) < count and query.exception() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+    assert query.exception() is None
+    return batches[:count], query.recentProgress[:count]

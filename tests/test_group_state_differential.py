@@ -11,7 +11,7 @@ from pyspark import cloudpickle
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import test_chained_differential as chained
-from stream_events import comparable
+from stream_events import comparable, first_batches
 from test_chained_differential import events, restarts_with_the_same_answer, run, same_as_spark  # noqa: F401 - the events fixture
 
 # the functions below run in Spark's Python workers, which cannot import this module
@@ -180,28 +180,16 @@ def count_until_next_batch(key, frames, state):
     yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [False]})
 
 
-def first_batches(session, events, ckpt, count):
-    """A processing-time timeout makes every trigger run a batch (Spark's rule), so
-    ``availableNow`` never ends: the rows and progress of the first ``count`` batches."""
-    import time
-    batches = []
-    frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
-    query = (frame.where("id IS NOT NULL").groupBy("id").applyInPandasWithState(
+def count_until_next_batch_per_id(frame):
+    return frame.where("id IS NOT NULL").groupBy("id").applyInPandasWithState(
         count_until_next_batch, OUTPUT, "n LONG", "update", GroupStateTimeout.ProcessingTimeTimeout)
-        .writeStream.outputMode("update")
-        .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
-        .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    deadline = time.monotonic() + 240
-    while len(query.recentProgress) < count and query.exception() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    query.stop()
-    assert query.exception() is None
-    return batches[:count], query.recentProgress[:count]
 
 
 def test_a_running_count_with_a_processing_time_timeout_matches_spark(spark, ss, events, tmp_path):
-    theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5)
-    ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5)
+    """A processing-time timeout makes every trigger run a batch (Spark's rule), so
+    ``availableNow`` never ends: the first five batches."""
+    theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5, count_until_next_batch_per_id)
+    ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5, count_until_next_batch_per_id)
     assert ours == theirs
     assert (2, 1, True) in ours[1][1]   # id 2 had no rows in batch 1: its timeout fired there
     assert comparable(our_progress) == comparable(their_progress)

@@ -15,7 +15,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ListState, MapState, ValueState
 
 import test_chained_differential as chained
-from stream_events import comparable
+from stream_events import comparable, first_batches
 from test_chained_differential import events, restarts_with_the_same_answer, run  # noqa: F401 - the events fixture
 
 # the processors below run in Spark's Python workers, which cannot import this module
@@ -263,24 +263,10 @@ TTL_METRICS = ("numValuesRemovedDueToTTLExpiry", "numValueStateVars", "numValueS
                "numListStateWithTTLVars", "numMapStateWithTTLVars")
 
 
-def first_batches(session, events, ckpt, count):
-    """A query in ProcessingTime mode runs a batch at every trigger (Spark's rule), so
-    ``availableNow`` never ends: the rows and progress of its first ``count`` batches."""
-    import time
-    batches = []
-    frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
-    query = (known_ids(frame).groupBy("id").transformWithStateInPandas(
+def expiring_per_id(frame):
+    return known_ids(frame).groupBy("id").transformWithStateInPandas(
         Expiring(), "id INT, last BOOLEAN, kept LONG, hist LONG, seen LONG, fired BOOLEAN", "update",
         "ProcessingTime")
-        .writeStream.outputMode("update")
-        .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
-        .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    deadline = time.monotonic() + 240
-    while len(query.recentProgress) < count and query.exception() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    query.stop()
-    assert query.exception() is None
-    return batches[:count], query.recentProgress[:count]
 
 
 def test_state_ttl_and_processing_time_timers_as_spark_does(spark, ss, events, tmp_path):
@@ -290,10 +276,10 @@ def test_state_ttl_and_processing_time_timers_as_spark_does(spark, ss, events, t
     the next batch."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     try:
-        theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5)
+        theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5, expiring_per_id)
     finally:
         spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5)
+    ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5, expiring_per_id)
     assert ours == theirs and (1, False, 2, 0, 0, False) in ours[1][1]
     assert (2, False, -1, -1, -1, True) in ours[1][1]   # batch 0's timer fired in batch 1
     assert comparable(our_progress, TTL_METRICS) == comparable(their_progress, TTL_METRICS)
@@ -310,6 +296,12 @@ class FailsOnId3(RunningCount):
         if key[0] == 3:
             raise ValueError("no id 3 here")
         yield from super().handleInputRows(key, rows, timerValues)
+
+
+class IntCount(RunningCount):
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n INT")
+        self.firsts = handle.getListState("firsts", "n LONG")
 
 
 class WithTtl(RunningCount):
@@ -330,6 +322,15 @@ def test_a_failing_processor_commits_nothing_and_a_fixed_one_resumes(ss, events,
     resumed, _ = run(ss, events, tmp_path / "ckpt", "no time mode, update")
     whole, _ = run(ss, events, tmp_path / "one-run", "no time mode, update")
     assert [b for b, _ in resumed][0] == 1 and resumed == whole[1:]
+    # the same checkpoint with a state variable of another type: refused at start, naming both
+    changed = (ss.readStream.schema("id INT, ts TIMESTAMP").json(events).groupBy("id")
+               .transformWithStateInPandas(IntCount(), "id INT, n LONG", "update", "None"))
+    query = (changed.writeStream.outputMode("update").format("noop")
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    with pytest.raises(Exception) as raised:
+        query.awaitTermination(120)
+    assert "stateful operator 0 (transformWithStateInPandasExec)" in str(raised.value)
+    assert "count:struct<n:bigint>" in str(raised.value) and "count:struct<n:int>" in str(raised.value)
 
 
 def test_what_spark_refuses_is_refused_when_the_query_is_defined(ss, events):

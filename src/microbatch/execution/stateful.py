@@ -424,7 +424,7 @@ def _group_state_shape(node: FlatMapGroupsWithState | TransformWithState, df: Da
     from pyspark.sql.types import StructField
     schema = df.schema
     names = [n.lower() for n in schema.fieldNames()]
-    event_time = node.event_time()
+    event_time = node.watermarked_input()
     conf = df.sparkSession.conf
     state_fields = [_store_field(f) for f in getattr(node, "state_schema", StructType()).fields]
     return {

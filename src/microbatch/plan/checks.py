@@ -61,7 +61,7 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
                 "nullable side and an appropriate range condition;")
     for node in plan.nodes():
         if isinstance(node, FlatMapGroupsWithState):
-            if node.timeout == "EventTimeTimeout" and node.event_time() is None:
+            if node.timeout == "EventTimeTimeout" and node.watermarked_input() is None:
                 raise AnalysisException(
                     "Watermark must be specified in the query using '[Dataset/DataFrame].withWatermark()' "
                     "for using event-time timeout in a applyInPandasWithState. Event-time timeout not "

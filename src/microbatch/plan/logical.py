@@ -231,6 +231,13 @@ class StatefulNode(PlanNode):
         """The event-time column of a watermark below this node, if the node uses it."""
         return None
 
+    def watermarked_input(self) -> str | None:
+        """The event-time column of the first watermark below this node, if any."""
+        for node in self.child.nodes():
+            if isinstance(node, Watermark):
+                return node.event_time
+        return None
+
 
 @dataclass(eq=False)
 class Deduplicate(StatefulNode):
@@ -320,13 +327,6 @@ class FlatMapGroupsWithState(StatefulNode):
     func_mode: str                         # the function's output mode: append or update
     timeout: str                           # a GroupStateTimeout value
 
-    def event_time(self) -> str | None:
-        """The watermarked column below this node, if any."""
-        for node in self.child.nodes():
-            if isinstance(node, Watermark):
-                return node.event_time
-        return None
-
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)
         if ctx is None:
@@ -355,13 +355,6 @@ class TransformWithState(StatefulNode):
     rows_api: bool = False                 # transformWithState: Rows in and out
     initial_state: Any = None              # a DataFrame of initial state, read in the query's first batch
     initial_keys: tuple[str, ...] = ()     # the columns it is grouped by
-
-    def event_time(self) -> str | None:
-        """The watermarked column below this node, if any."""
-        for node in self.child.nodes():
-            if isinstance(node, Watermark):
-                return node.event_time
-        return None
 
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)

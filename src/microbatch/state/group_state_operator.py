@@ -71,14 +71,7 @@ class GroupStateTask:
         store = load_provider(StateStoreId(self.state_root, self.operator_id, partition),
                               self.key_schema, self.value_schema, self.conf).get_store(self.version)
         started = time.monotonic()
-        table = _table(list(batches))
-        late = 0
-        if self.late_us is not None and self.event_time_index is not None and table.num_rows:
-            import pyarrow.compute as pc
-            times = pc.cast(table.column(self.event_time_index), pa.int64())
-            keep = pc.invert(pc.fill_null(pc.less_equal(times, self.late_us), False))
-            late = table.num_rows - pc.sum(pc.cast(keep, pa.int64())).as_py()
-            table = table.filter(keep)
+        table, late = without_late_rows(_table(list(batches)), self.event_time_index, self.late_us)
         counts = {"updated": 0, "removed": 0}
         if table.num_rows:
             frame = self._pandas(table)   # once per partition; a key's rows are taken from it
@@ -202,6 +195,18 @@ def pandas_to_arrow(frame: Any, output_schema: pa.Schema, timezone: str) -> pa.R
             series = series.dt.tz_localize(timezone).dt.tz_convert("UTC")
         arrays.append(pa.array(series, type=field.type, from_pandas=True))
     return pa.RecordBatch.from_arrays(arrays, schema=output_schema)
+
+
+def without_late_rows(table: pa.Table, event_time_index: int | None, late_us: int | None) -> tuple[pa.Table, int]:
+    """``table`` without the rows whose event time is at or before ``late_us``, and how
+    many those were (nothing is late without a late bound or an event-time column)."""
+    if late_us is None or event_time_index is None or not table.num_rows:
+        return table, 0
+    import pyarrow.compute as pc
+    times = pc.cast(table.column(event_time_index), pa.int64())
+    keep = pc.invert(pc.fill_null(pc.less_equal(times, late_us), False))
+    late = table.num_rows - pc.sum(pc.cast(keep, pa.int64())).as_py()
+    return table.filter(keep), late
 
 
 def _table(batches: list) -> pa.Table:

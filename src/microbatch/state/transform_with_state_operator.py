@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from microbatch.state.group_state_operator import (_python, _storage_value, _stored, _table,
-                                                   pandas_to_arrow)
+                                                   pandas_to_arrow, without_late_rows)
 from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, task_metrics
 
 #: The store of a partition's timers (a name no state variable can take in Spark either).
@@ -529,13 +529,7 @@ class TransformWithStateTask:
                                  self.batch_timestamp_ms)
         started = time.monotonic()
         table, initial = self._split_initial(_table(list(batches)))
-        late = 0
-        if self.late_us is not None and self.event_time_index is not None and table.num_rows:
-            import pyarrow.compute as pc
-            times = pc.cast(table.column(self.event_time_index), pa.int64())
-            keep = pc.invert(pc.fill_null(pc.less_equal(times, self.late_us), False))
-            late = table.num_rows - pc.sum(pc.cast(keep, pa.int64())).as_py()
-            table = table.filter(keep)
+        table, late = without_late_rows(table, self.event_time_index, self.late_us)
         if self.time_mode == "none":
             timer_values = TimerValues(-1, -1)
         else:
