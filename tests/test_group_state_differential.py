@@ -131,16 +131,24 @@ def test_spark_refusals_with_sparks_message(spark, ss, events, tmp_path, case):
     assert not (tmp_path / "microbatch" / "offsets").exists()
 
 
-def count_until_idle(key, frames, state):
-    """Rows per id; an id without rows for 25 s of processing time is reported and forgotten."""
-    if state.hasTimedOut:
-        yield pd.DataFrame({"id": [key[0]], "n": [state.get[0]], "timedout": [True]})
-        state.remove()
-        return
-    n = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
-    state.update((n,))
-    state.setTimeoutDuration(25_000)
-    yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [False]})
+def count_until_idle_for(timeout_ms: int):
+    """Rows per id; an id without rows for ``timeout_ms`` of processing time is reported
+    and forgotten."""
+    def count_until_idle(key, frames, state):
+        if state.hasTimedOut:
+            yield pd.DataFrame({"id": [key[0]], "n": [state.get[0]], "timedout": [True]})
+            state.remove()
+            return
+        n = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
+        state.update((n,))
+        state.setTimeoutDuration(timeout_ms)
+        yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [False]})
+    return count_until_idle
+
+
+count_until_idle = count_until_idle_for(25_000)
+#: a 1 ms timeout: an id without rows in the next batch (whose timestamp is later) times out there
+count_until_next_batch = count_until_idle_for(1)
 
 
 def test_processing_time_timeouts_fire_in_no_data_batches(ss):
@@ -165,19 +173,6 @@ def test_processing_time_timeouts_fire_in_no_data_batches(ss):
         AdvanceManualClock(10_000),             # t=50 s: id 1 is due
         CheckNewAnswer((1, 3, True)),
     ])
-
-
-def count_until_next_batch(key, frames, state):
-    """``count_until_idle`` with a 1 ms timeout: an id without rows in the next batch (whose
-    timestamp is later) is reported and forgotten there."""
-    if state.hasTimedOut:
-        yield pd.DataFrame({"id": [key[0]], "n": [state.get[0]], "timedout": [True]})
-        state.remove()
-        return
-    n = (state.get[0] if state.exists else 0) + sum(len(f) for f in frames)
-    state.update((n,))
-    state.setTimeoutDuration(1)
-    yield pd.DataFrame({"id": [key[0]], "n": [n], "timedout": [False]})
 
 
 def count_until_next_batch_per_id(frame):

@@ -85,7 +85,8 @@ def declared_state_variables(processor: Any, time_mode: str = "none") -> tuple[S
     """The state variables the processor's ``init`` declares, found by running ``init`` on
     a copy of it with a declaring handle (Spark runs it on the driver the same way, to
     learn the state's schemas before the query starts)."""
-    from pyspark import cloudpickle
+    from copy import deepcopy
+
     from pyspark.sql.streaming.stateful_processor import (ListState, MapState, StatefulProcessorHandle,
                                                           ValueState)
     declared: dict[str, StateVariable] = {}
@@ -132,7 +133,10 @@ def declared_state_variables(processor: Any, time_mode: str = "none") -> tuple[S
         def deleteIfExists(self, stateName):
             pass
 
-    copy = cloudpickle.loads(cloudpickle.dumps(processor))
+    try:   # the user's instance stays as it was; its copies go to the tasks
+        copy = deepcopy(processor)
+    except Exception:  # noqa: BLE001 - an attribute that cannot be copied: declare on the instance
+        copy = processor
     copy.init(DeclaringHandle())
     copy.close()
     if TIMERS_STORE in declared:
