@@ -82,7 +82,7 @@ class RowTracker(StatefulProcessor):
     def handleInputRows(self, key, rows, timerValues):
         n, latest = self.state.get() if self.state.exists() else (0, None)
         for row in rows:
-            assert isinstance(row, Row)
+            assert isinstance(row, Row) and row.ts.tzinfo is not None   # PySpark's Row API: aware, in UTC
             n += 1
             ms = int(row.ts.timestamp() * 1000)
             latest = ms if latest is None else max(latest, ms)
