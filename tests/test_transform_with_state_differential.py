@@ -345,3 +345,36 @@ def test_what_spark_refuses_is_refused_when_the_query_is_defined(ss, events):
                                          initialState=ss.spark.range(1).groupBy("id", "id"))
     with pytest.raises(IllegalArgumentException, match="Unknown time mode"):
         frame.transformWithStateInPandas(RunningCount(), "id INT, n LONG", "update", "Wallclock")
+
+
+class ForgetsCounts(RunningCount):
+    """RunningCount that drops its ``count`` variable (every key's) when it starts."""
+
+    def init(self, handle):
+        super().init(handle)
+        handle.deleteIfExists("count")
+
+
+def test_delete_if_exists_drops_a_state_variable_of_every_key(ss, tmp_path):
+    from microbatch import MemoryStream
+    ms = MemoryStream(ss, "id INT")
+
+    def start(processor, name):
+        frame = ms.toDF().groupBy("id").transformWithStateInPandas(processor, "id INT, n LONG", "update", "None")
+        return (frame.writeStream.format("memory").queryName(name).outputMode("update")
+                .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+
+    query = start(RunningCount(), "counts")
+    ms.addData([1, 2])
+    query.processAllAvailable()
+    ms.addData([1])
+    query.processAllAvailable()
+    query.stop()
+    assert sorted(map(tuple, ss.spark.table("counts").collect())) == [(1, 1), (1, 2), (2, 1)]
+    query = start(ForgetsCounts(), "forgotten")
+    ms.addData([2])
+    query.processAllAvailable()
+    query.stop()
+    assert [tuple(r) for r in ss.spark.table("forgotten").collect()] == [(2, 1)]   # counting again from 0
+    progress = query.lastProgress["stateOperators"][0]
+    assert progress["customMetrics"]["numDeletedStateVars"] == 2   # once per state partition
