@@ -731,11 +731,15 @@ class MicroBatchExecution(StreamExecution):
         return int(metrics.get("rows", 0)) if metrics else 0
 
     def _source_progress(self, i: int, rows: int) -> dict:
-        return {"description": str(self.sources[i]),
-                "startOffset": self.trigger_start_offsets.get(i),
-                "endOffset": self.available_offsets.get(i),
-                "latestOffset": self.latest_offsets.get(i),
-                "numInputRows": rows, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0}
+        progress = {"description": str(self.sources[i]),
+                    "startOffset": self.trigger_start_offsets.get(i),
+                    "endOffset": self.available_offsets.get(i),
+                    "latestOffset": self.latest_offsets.get(i),
+                    "numInputRows": rows, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0}
+        metrics = self.sources[i].metrics(self.available_offsets.get(i))
+        if metrics:
+            progress["metrics"] = metrics
+        return progress
 
     def _sink_progress(self) -> dict:
         progress = {"description": str(self.sink), "numOutputRows": self.sink.last_num_output_rows}

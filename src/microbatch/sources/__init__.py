@@ -4,11 +4,12 @@ from __future__ import annotations
 from microbatch.errors import AnalysisException, UnsupportedOperationError
 from microbatch.sources.base import SourceProvider
 from microbatch.sources.file import PROVIDERS as FILE_SOURCE_PROVIDERS
+from microbatch.sources.kafka import KafkaSourceProvider
 from microbatch.sources.rate import RateSourceProvider
 from microbatch.sources.rate_micro_batch import RateMicroBatchSourceProvider
 
 _PROVIDERS: dict[str, SourceProvider] = {}
-_PLANNED = {"kafka", "socket", "delta"}
+_PLANNED = {"socket", "delta"}
 
 
 def register_source(provider: SourceProvider) -> None:
@@ -31,5 +32,6 @@ def lookup_source(name: str) -> SourceProvider:
         "DATA_SOURCE_NOT_FOUND", {"provider": name})
 
 
-for _provider in (RateSourceProvider(), RateMicroBatchSourceProvider(), *FILE_SOURCE_PROVIDERS):
+for _provider in (RateSourceProvider(), RateMicroBatchSourceProvider(), KafkaSourceProvider(),
+                  *FILE_SOURCE_PROVIDERS):
     register_source(_provider)

@@ -47,6 +47,18 @@ class ReadMaxRows(ReadLimit):
 
 
 @dataclass(frozen=True)
+class ReadMinRows(ReadLimit):
+    """At least ``rows`` new rows, unless ``max_trigger_delay_ms`` passed since the last batch."""
+    rows: int
+    max_trigger_delay_ms: int
+
+
+@dataclass(frozen=True)
+class CompositeReadLimit(ReadLimit):
+    limits: tuple
+
+
+@dataclass(frozen=True)
 class ReadMaxFiles(ReadLimit):
     files: int
 
@@ -91,6 +103,11 @@ class Source(ABC):
         without admission control and null for those with it (file, rate-micro-batch),
         unless they report one."""
         return latest
+
+    def metrics(self, consumed: Any) -> dict[str, str]:
+        """The progress ``metrics`` map of this source, given the batch's end offset
+        (Spark's ReportsSourceMetrics); empty for most sources (Spark omits it then)."""
+        return {}
 
     def prepare_for_trigger_available_now(self) -> None:
         """Fix the end of the data an AvailableNow run will read."""
