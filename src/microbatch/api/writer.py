@@ -181,7 +181,7 @@ class DataStreamWriter:
             checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
             context = SinkContext(spark, opts, self._output_mode, self._frame.schema,
                                   self._query_name, self._partition_by, self._extra,
-                                  self._fs or LOCAL)
+                                  self._fs or LOCAL, checkpoint)
             try:
                 sink = provider.create(context)
             except ValueError as e:

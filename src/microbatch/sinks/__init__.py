@@ -7,11 +7,12 @@ from microbatch.sinks.console import ConsoleSinkProvider
 from microbatch.sinks.file import PROVIDERS as FILE_SINK_PROVIDERS
 from microbatch.sinks.foreach import ForeachSinkProvider
 from microbatch.sinks.foreach_batch import ForeachBatchSinkProvider
+from microbatch.sinks.kafka import KafkaSinkProvider
 from microbatch.sinks.memory import MemorySinkProvider
 from microbatch.sinks.noop import NoopSinkProvider
 
 _PROVIDERS: dict[str, SinkProvider] = {}
-_PLANNED = {"kafka", "delta"}
+_PLANNED = {"delta"}
 
 
 def register_sink(provider: SinkProvider) -> None:
@@ -35,5 +36,5 @@ def lookup_sink(name: str) -> SinkProvider:
 
 
 for _provider in (ConsoleSinkProvider(), MemorySinkProvider(), ForeachBatchSinkProvider(),
-                  ForeachSinkProvider(), NoopSinkProvider(), *FILE_SINK_PROVIDERS):
+                  ForeachSinkProvider(), NoopSinkProvider(), KafkaSinkProvider(), *FILE_SINK_PROVIDERS):
     register_sink(_provider)

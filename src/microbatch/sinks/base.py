@@ -59,6 +59,7 @@ class SinkContext:
     partition_by: list[str]
     extra: dict[str, Any]           # foreach / foreachBatch functions
     fs: CheckpointFileSystem = LOCAL  # for logs a sink keeps (the file sink's _spark_metadata)
+    checkpoint_root: str | None = None  # the query's checkpoint, for a sink's own records there
 
 
 class SinkProvider(ABC):

@@ -1,0 +1,316 @@
+"""``kafka``: Spark's Kafka sink in Python on confluent-kafka, and an exactly-once mode.
+
+Spark's semantics (the default): every row of a batch becomes one record — ``value``
+(string or binary, required), ``key``, ``headers``, ``partition`` and ``topic`` columns,
+or the ``topic`` option, which wins over the column — written by a producer in each Spark
+task; the batch ends when every task's producer has flushed. A batch run again after a
+crash writes its records again: at least once, as Spark's sink.
+
+With ``.option("microbatch.exactlyOnce", "true")`` a batch run again is not written twice,
+on any broker (no transactions needed). The protocol, per batch N of query Q:
+
+1. Before any record of N is produced the driver records the topic's end offsets in
+   ``<checkpoint>/sinks/kafka/N`` (create-if-absent). If the file was already there,
+   this is a re-run of N and every task checks before it writes.
+2. Each task t numbers its rows by content: a record's id is ``Q:N:t:<digest>:<k>``, the
+   k-th row of task t whose topic, partition, key, value and headers hash to <digest>,
+   sent in the header ``microbatch.record``. Spark sends a batch's rows to the same tasks
+   when it runs the batch again (same offsets, same plan), in any order; the ids do not
+   depend on the order.
+3. A task that checks (a re-run, or a retried attempt) first reads the topic from the
+   recorded offsets to its end and skips every row whose id it finds there.
+4. Producers are idempotent (``enable.idempotence``): librdkafka's own retries do not
+   duplicate either.
+
+What holds: after a crash at any moment and a restart, each row of each batch is in the
+topic once — provided the batch's output is deterministic (the same rows in the same
+tasks when re-run; no ``rand()``, no ``current_timestamp()`` outside the batch time) and
+no run of the query is still writing (microbatch refuses a second run on a checkpoint at
+its first log write, but a task of a dead driver that is still producing is not fenced).
+Records carry the extra header; consumers that compare headers see it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import Any, Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, IntegerType, StringType
+
+from microbatch.errors import IllegalArgumentException
+from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
+from microbatch.sources.kafka import HEADERS_TYPE, client_params
+from microbatch import spark_internals
+
+log = logging.getLogger(__name__)
+
+EXACTLY_ONCE_OPTION = "microbatch.exactlyOnce"
+RECORD_HEADER = "microbatch.record"
+_RESULT_SCHEMA = "task INT, rows LONG, skipped LONG"
+
+
+def validate_query(schema, topic: str | None) -> None:
+    """Spark's KafkaWriter.validateQuery, with its messages (``_LEGACY_ERROR_TEMP_3080``)."""
+    fields = {f.name: f.dataType for f in schema.fields}
+
+    def check(name: str, desired: tuple, missing: str | None) -> None:
+        if name not in fields:
+            if missing is not None:
+                fail(missing)
+            return
+        if not any(fields[name] == d for d in desired):
+            fail(f"{name} attribute unsupported type {fields[name].simpleString()}. {name} must "
+                 f"be a(n) {' or '.join(d.simpleString() for d in desired)}")
+
+    if topic is None:
+        check("topic", (StringType(),), "topic option required when no 'topic' attribute is "
+              "present. Use the topic option for setting a topic.")
+    check("key", (StringType(), BinaryType()), None)
+    check("value", (StringType(), BinaryType()), "Required attribute 'value' not found")
+    check("headers", (HEADERS_TYPE,), None)
+    check("partition", (IntegerType(),), None)
+
+
+def fail(message: str) -> None:
+    raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_3080", msg=message)
+
+
+def producer_params(options) -> dict[str, str]:
+    params = client_params(options)
+    for what in ("key", "value"):
+        if f"{what}.serializer" in params:
+            raise IllegalArgumentException(
+                f"Kafka option '{what}.serializer' is not supported as {what}s are serialized with "
+                "ByteArraySerializer. Use DataFrame operations to explicitly serialize the "
+                f"{what}s into either strings or byte arrays.")
+    if "bootstrap.servers" not in params:
+        raise IllegalArgumentException(
+            "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka producer")
+    # Java's default partitioner (murmur2 of the key), so keys land where Spark puts them
+    params.setdefault("partitioner", "murmur2_random")
+    return params
+
+
+def _record_digest(topic: str, partition, key, value, headers) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for part in (topic.encode(), str(partition).encode(), key or b"\x00none", value or b"\x00none"):
+        h.update(len(part).to_bytes(4, "little"))
+        h.update(part)
+    for k, v in headers or ():
+        h.update(b"\x01" + (k or "").encode() + b"\x02" + (v or b""))
+    return h.hexdigest()
+
+
+def _written_ids(config: dict, topic: str, start: dict[str, int], prefix: str,
+                 timeout_s: float) -> set[str]:
+    """The ids with ``prefix`` already in ``topic`` since the recorded offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({**{k: v for k, v in config.items() if k not in _PRODUCER_ONLY},
+                         "group.id": f"microbatch-sink-check-{prefix}", "enable.auto.commit": False,
+                         "enable.partition.eof": False})
+    found: set[str] = set()
+    try:
+        parts = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        for partition in sorted(parts):
+            begin = int(start.get(str(partition), 0))
+            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            if end <= begin:
+                continue
+            consumer.assign([TopicPartition(topic, partition, begin)])
+            position, deadline = begin, time.monotonic() + timeout_s
+            while position < end:
+                messages = consumer.consume(10_000, timeout=0.5)
+                for m in messages:
+                    if m.error() is not None:
+                        continue
+                    position = m.offset() + 1
+                    for k, v in m.headers() or ():
+                        if k == RECORD_HEADER and v is not None and v.decode().startswith(prefix):
+                            found.add(v.decode())
+                if messages:
+                    deadline = time.monotonic() + timeout_s
+                elif consumer.position([TopicPartition(topic, partition)])[0].offset >= end:
+                    break
+                elif time.monotonic() > deadline:
+                    raise TimeoutError(f"Could not read back {topic}-{partition} from {position} "
+                                       f"to {end} within {timeout_s} s to check a re-run batch")
+    finally:
+        consumer.close()
+    return found
+
+
+_PRODUCER_ONLY = {"partitioner", "acks", "enable.idempotence", "linger.ms", "batch.num.messages",
+                  "compression.type", "retries", "batch.size", "queue.buffering.max.messages",
+                  "queue.buffering.max.ms", "message.timeout.ms", "delivery.timeout.ms",
+                  "max.in.flight.requests.per.connection", "transactional.id"}
+
+
+def _write_task(config: dict, topic_option: str | None, exactly_once: dict | None,
+                flush_timeout_s: float):
+    """The ``mapInArrow`` function of each task: produce its rows, flush, report counts."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from confluent_kafka import Producer
+        from pyspark import TaskContext
+        context = TaskContext.get()
+        task = context.partitionId() if context else 0
+        attempt = context.attemptNumber() if context else 0
+        producer = Producer(config)
+        errors: list = []
+
+        def delivered(error, message):
+            if error is not None and not errors:
+                errors.append(error)
+
+        skip: set[str] = set()
+        prefix = None
+        if exactly_once is not None:
+            prefix = f"{exactly_once['query']}:{exactly_once['batch']}:{task}:"
+            if exactly_once["rerun"] or attempt > 0:
+                skip = _written_ids(config, exactly_once["topic"], exactly_once["start"], prefix,
+                                    flush_timeout_s)
+        seen: dict[str, int] = {}
+        rows = skipped = 0
+        for batch in batches:
+            columns = batch.to_pydict()
+            n = batch.num_rows
+            topics = columns.get("topic") or [None] * n
+            for i in range(n):
+                topic = topic_option if topic_option is not None else topics[i]
+                if topic is None:
+                    raise ValueError(
+                        "[KAFKA_NULL_TOPIC_IN_DATA] The Kafka message data sent to the producer "
+                        "contains a null topic. Use the `topic` option for setting a default topic.")
+                key = columns["key"][i] if "key" in columns else None
+                value = columns["value"][i]
+                partition = columns["partition"][i] if "partition" in columns else None
+                headers = [(h["key"], h["value"]) for h in (columns["headers"][i] or [])] \
+                    if "headers" in columns else []
+                if prefix is not None:
+                    digest = _record_digest(topic, partition, key, value, headers)
+                    occurrence = seen.get(digest, 0)
+                    seen[digest] = occurrence + 1
+                    record_id = f"{prefix}{digest}:{occurrence}"
+                    if record_id in skip:
+                        skipped += 1
+                        continue
+                    headers = headers + [(RECORD_HEADER, record_id.encode())]
+                extra = {"partition": partition} if partition is not None else {}
+                while True:
+                    try:
+                        producer.produce(topic, value=value, key=key, headers=headers or None,
+                                         on_delivery=delivered, **extra)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                rows += 1
+                if errors:
+                    break
+            producer.poll(0)
+            if errors:
+                break
+        remaining = producer.flush(flush_timeout_s)
+        if errors:
+            raise RuntimeError(f"Kafka sink: a record of task {task} was not written: {errors[0]}")
+        if remaining:
+            raise RuntimeError(f"Kafka sink: {remaining} records of task {task} were not "
+                               f"delivered within {flush_timeout_s} s")
+        yield pa.RecordBatch.from_pydict({"task": pa.array([task], pa.int32()),
+                                          "rows": pa.array([rows], pa.int64()),
+                                          "skipped": pa.array([skipped], pa.int64())})
+    return run
+
+
+class KafkaSink(Sink):
+    reads_batch_through = READS_SQL
+
+    def __init__(self, context: SinkContext):
+        options = context.options
+        topic = options.get("topic")
+        self.topic = topic.strip() if topic is not None else None
+        validate_query(context.schema, self.topic)
+        self.params = producer_params(options)
+        self.exactly_once = options.get_bool(EXACTLY_ONCE_OPTION, False)
+        self.fs = context.fs
+        self.checkpoint_root = context.checkpoint_root
+        self.flush_timeout_s = max(1.0, float(self.params.get("delivery.timeout.ms", 120_000)) / 1000)
+        if self.exactly_once:
+            if self.topic is None:
+                raise IllegalArgumentException(
+                    f"The Kafka sink's '{EXACTLY_ONCE_OPTION}' needs the 'topic' option: the "
+                    "offsets it records before each batch are those of one topic. Set "
+                    ".option('topic', ...) (it wins over a 'topic' column).")
+            self.params.setdefault("enable.idempotence", "true")
+            self.params.setdefault("acks", "all")
+        self._names = [f.name for f in context.schema.fields]
+
+    def _columns(self, df: DataFrame) -> DataFrame:
+        cols = []
+        if self.topic is None:
+            cols.append(F.col("topic").cast("string"))
+        for name in ("key", "value"):
+            if name in self._names:
+                cols.append(F.col(name).cast("binary").alias(name))
+        for name in ("headers", "partition"):
+            if name in self._names:
+                cols.append(F.col(name))
+        return df.select(*cols)
+
+    def _batch_record(self, batch_id: int) -> dict:
+        """``sinks/kafka/N``: the topic's end offsets before batch N wrote anything."""
+        directory = f"{self.checkpoint_root}/sinks/kafka"
+        path = f"{directory}/{batch_id}"
+        rerun = self.fs.exists(path)
+        if not rerun:
+            from confluent_kafka import Consumer, TopicPartition
+            consumer = Consumer({**{k: v for k, v in self.params.items() if k not in _PRODUCER_ONLY},
+                                 "group.id": "microbatch-sink-offsets"})
+            try:
+                metadata = consumer.list_topics(self.topic, timeout=30).topics[self.topic]
+                start = {str(p): consumer.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                                timeout=30)[1]
+                         for p in sorted(metadata.partitions)}
+            finally:
+                consumer.close()
+            self.fs.mkdirs(directory)
+            if not self.fs.create(path, json.dumps({"topic": self.topic, "startOffsets": start})):
+                rerun = True
+            old = f"{directory}/{batch_id - 100}"
+            if batch_id >= 100 and self.fs.exists(old):
+                self.fs.delete(old)
+        recorded = json.loads(self.fs.read_text(path))
+        return {"topic": recorded["topic"], "start": recorded["startOffsets"], "rerun": rerun}
+
+    def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        exactly_once = None
+        if self.exactly_once:
+            exactly_once = self._batch_record(batch_id)
+            exactly_once.update(batch=batch_id,
+                                query=df.sparkSession.sparkContext.getLocalProperty(
+                                    "sql.streaming.queryId") or "query")
+            if exactly_once["rerun"]:
+                log.info("Batch %d of the Kafka sink runs again: records already in %s since "
+                         "offsets %s are skipped", batch_id, self.topic, exactly_once["start"])
+        task = _write_task(self.params, self.topic, exactly_once, self.flush_timeout_s)
+        results = self._columns(df).mapInArrow(task, _RESULT_SCHEMA).collect()
+        self.last_num_output_rows = sum(r["rows"] for r in results)
+        self.last_skipped = sum(r["skipped"] for r in results)
+
+    def progress_metrics(self) -> dict[str, str]:
+        if not self.exactly_once:
+            return {}
+        return {"recordsSkippedAsWritten": str(getattr(self, "last_skipped", 0))}
+
+    def __str__(self) -> str:
+        return "KafkaTable"
+
+
+class KafkaSinkProvider(SinkProvider):
+    short_name = "kafka"
+
+    def create(self, context: SinkContext) -> Sink:
+        return KafkaSink(context)
