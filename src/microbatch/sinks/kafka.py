@@ -45,7 +45,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType
 from microbatch.errors import IllegalArgumentException
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 from microbatch.sources.kafka import HEADERS_TYPE, client_params
-from microbatch import spark_internals
+from microbatch import crash_points, spark_internals
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,8 @@ def _write_task(config: dict, topic_option: str | None, exactly_once: dict | Non
         def delivered(error, message):
             if error is not None and not errors:
                 errors.append(error)
+            elif error is None:
+                crash_points.reached("kafka-sink-record")
 
         skip: set[str] = set()
         prefix = None

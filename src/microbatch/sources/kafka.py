@@ -364,7 +364,7 @@ class KafkaDataLoss(AnalysisException):
 
     def __init__(self, subclass: str, reason: str):
         super().__init__(
-            "[KAFKA_DATA_LOSS." + subclass + "] Some data may have been lost because they are not "
+            "Some data may have been lost because they are not "
             "available in Kafka any more; either the data was aged out by Kafka or the topic may "
             "have been deleted before all the data in the topic was processed. If you don't want "
             "your streaming query to fail on such cases, set the source option failOnDataLoss to "
@@ -617,7 +617,7 @@ class KafkaSource(Source):
             kind = "KAFKA_START_OFFSET_DOES_NOT_MATCH_ASSIGNED" if position == "starting" \
                 else "KAFKA_TIMESTAMP_OFFSET_DOES_NOT_MATCH_ASSIGNED"
             raise AnalysisException(
-                f"[{kind}] Partitions specified for Kafka {position} offsets don't match what are "
+                f"Partitions specified for Kafka {position} offsets don't match what are "
                 "assigned. Maybe topic partitions are created or deleted while the query is "
                 "running, or you didn't specify all the partitions. Use -1 for latest, -2 for "
                 f"earliest.\nSpecified: {_partitions_text(specified)} Assigned: "

@@ -1,0 +1,47 @@
+"""Processes the Kafka crash tests kill. ``python kafka_child.py SRC OUT CKPT MODE BOOTSTRAP``.
+
+- ``source``: Kafka topic SRC -> parquet OUT (a processing-time trigger,
+  ``maxOffsetsPerTrigger`` so that a run has many batches to be killed in).
+- ``sink``: json files in SRC -> Kafka topic OUT with the exactly-once option.
+
+Prints ``STARTED`` and ``PROGRESS <batchId>`` as crash_child.py does.
+"""
+from __future__ import annotations
+
+import sys
+
+from microbatch import StreamingSession, crash_points
+
+from crash_child import PrintProgress
+
+
+def source_writer(ss, topic: str, out: str, ckpt: str, bootstrap: str):
+    frame = (ss.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", topic).option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", 40).load())
+    return (frame.selectExpr("CAST(value AS STRING) AS value", "partition", "offset")
+            .writeStream.format("parquet").option("checkpointLocation", ckpt).option("path", out))
+
+
+def sink_writer(ss, src: str, topic: str, ckpt: str, bootstrap: str):
+    frame = (ss.readStream.format("json").schema("id INT, name STRING")
+             .option("maxFilesPerTrigger", 2).load(src))
+    return (frame.selectExpr("CAST(id AS STRING) AS key", "concat(name, '-', id) AS value")
+            .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", topic).option("microbatch.exactlyOnce", "true")
+            .option("checkpointLocation", ckpt))
+
+
+def main() -> None:
+    src, out, ckpt, mode, bootstrap = sys.argv[1:6]
+    crash_points.arm()
+    ss = StreamingSession(conf={"spark.sql.shuffle.partitions": "2"})
+    ss.streams.addListener(PrintProgress())
+    writer = (source_writer if mode == "source" else sink_writer)(ss, src, out, ckpt, bootstrap)
+    query = writer.trigger(processingTime="100 milliseconds").start()
+    print("STARTED", flush=True)
+    query.awaitTermination()
+
+
+if __name__ == "__main__":
+    main()
