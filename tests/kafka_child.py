@@ -2,7 +2,8 @@
 
 - ``source``: Kafka topic SRC -> parquet OUT (a processing-time trigger,
   ``maxOffsetsPerTrigger`` so that a run has many batches to be killed in).
-- ``sink``: json files in SRC -> Kafka topic OUT with the exactly-once option.
+- ``sink``: json files in SRC -> Kafka topic OUT with the exactly-once option;
+  ``sink-at-least-once`` without it.
 
 Prints ``STARTED`` and ``PROGRESS <batchId>`` as crash_child.py does.
 """
@@ -23,12 +24,12 @@ def source_writer(ss, topic: str, out: str, ckpt: str, bootstrap: str):
             .writeStream.format("parquet").option("checkpointLocation", ckpt).option("path", out))
 
 
-def sink_writer(ss, src: str, topic: str, ckpt: str, bootstrap: str):
+def sink_writer(ss, src: str, topic: str, ckpt: str, bootstrap: str, exactly_once: bool = True):
     frame = (ss.readStream.format("json").schema("id INT, name STRING")
              .option("maxFilesPerTrigger", 2).load(src))
     return (frame.selectExpr("CAST(id AS STRING) AS key", "concat(name, '-', id) AS value")
             .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-            .option("topic", topic).option("microbatch.exactlyOnce", "true")
+            .option("topic", topic).option("microbatch.exactlyOnce", str(exactly_once).lower())
             .option("checkpointLocation", ckpt))
 
 
@@ -37,7 +38,10 @@ def main() -> None:
     crash_points.arm()
     ss = StreamingSession(conf={"spark.sql.shuffle.partitions": "2"})
     ss.streams.addListener(PrintProgress())
-    writer = (source_writer if mode == "source" else sink_writer)(ss, src, out, ckpt, bootstrap)
+    if mode == "source":
+        writer = source_writer(ss, src, out, ckpt, bootstrap)
+    else:
+        writer = sink_writer(ss, src, out, ckpt, bootstrap, exactly_once=mode == "sink")
     query = writer.trigger(processingTime="100 milliseconds").start()
     print("STARTED", flush=True)
     query.awaitTermination()

@@ -7,7 +7,8 @@ process that did not call ``arm()`` is never killed, so a stray variable cannot 
 test runner down. Steps so far:
 
 - ``kafka-sink-record``: the Kafka sink delivered one more record of a task (the count
-  is per task process), i.e. a kill in the middle of a sink write.
+  is per task process; each record is flushed before the next when armed), i.e. a
+  kill in the middle of a sink write.
 """
 from __future__ import annotations
 
@@ -25,13 +26,17 @@ def arm() -> None:
     os.environ[_GROUP] = str(os.getpgid(0))
 
 
-def reached(step: str) -> None:
+def armed(step: str) -> bool:
+    """True when this process will be killed at ``step`` (a step may then make its moment
+    exact, e.g. the Kafka sink delivers each record before the next)."""
     spec = os.environ.get(CRASH_AT)
-    if not spec:
+    return bool(spec) and spec.rpartition(":")[0] == step and _GROUP in os.environ
+
+
+def reached(step: str) -> None:
+    if not armed(step):
         return
-    name, _, count = spec.rpartition(":")
-    if name != step or _GROUP not in os.environ:
-        return
+    count = os.environ[CRASH_AT].rpartition(":")[2]
     _arrivals[step] = _arrivals.get(step, 0) + 1
     if _arrivals[step] == int(count):
         os.killpg(int(os.environ[_GROUP]), signal.SIGKILL)

@@ -167,6 +167,7 @@ def _write_task(config: dict, topic_option: str | None, exactly_once: dict | Non
                 errors.append(error)
             elif error is None:
                 crash_points.reached("kafka-sink-record")
+        record_by_record = crash_points.armed("kafka-sink-record")
 
         skip: set[str] = set()
         prefix = None
@@ -210,6 +211,8 @@ def _write_task(config: dict, topic_option: str | None, exactly_once: dict | Non
                     except BufferError:
                         producer.poll(0.05)
                 rows += 1
+                if record_by_record:
+                    producer.flush(flush_timeout_s)
                 if errors:
                     break
             producer.poll(0)
