@@ -29,6 +29,7 @@ def sink_writer(ss, src: str, topic: str, ckpt: str, bootstrap: str, exactly_onc
              .option("maxFilesPerTrigger", 2).load(src))
     return (frame.selectExpr("CAST(id AS STRING) AS key", "concat(name, '-', id) AS value")
             .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("kafka.batch.num.messages", 1)     # Tansu's latest-offset quirk
             .option("topic", topic).option("microbatch.exactlyOnce", str(exactly_once).lower())
             .option("checkpointLocation", ckpt))
 

@@ -63,7 +63,7 @@ def validate_query(schema, topic: str | None) -> None:
             if missing is not None:
                 fail(missing)
             return
-        if not any(fields[name] == d for d in desired):
+        if not any(fields[name].simpleString() == d.simpleString() for d in desired):  # nullability aside
             fail(f"{name} attribute unsupported type {fields[name].simpleString()}. {name} must "
                  f"be a(n) {' or '.join(d.simpleString() for d in desired)}")
 

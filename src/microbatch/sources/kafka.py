@@ -21,8 +21,8 @@ The batch protocol (Spark's KafkaMicroBatchStream, the Direct approach):
    A replayed batch has the same offsets, so it reads the same ranges.
 
 Rows never pass through the driver. Client settings (``kafka.*``) go to the consumers
-as given; values whose names say they are secret are redacted wherever microbatch
-prints options (``redacted``).
+as given and are never logged or printed: the source's description names only its
+topics, and the checkpoint holds only offsets.
 """
 from __future__ import annotations
 
@@ -65,7 +65,6 @@ def kafka_schema(include_headers: bool) -> StructType:
 
 # -- options ---------------------------------------------------------------------------
 _STRATEGIES = ("subscribe", "subscribepattern", "assign")   # Spark's order in its messages
-_REDACTION = re.compile(r"(?i)secret|password|token|access[.]?key|jaas|credential|api[.]?key")
 
 INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE = (
     "Some data may have been lost because they are not available in Kafka any more; either the "
@@ -74,15 +73,25 @@ INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE = (
     'option "failOnDataLoss" to "true".')
 
 
-def redacted(options: dict[str, str]) -> dict[str, str]:
-    """Options as microbatch prints them: values of secret-looking keys replaced, as Spark
-    redacts by ``spark.redaction.regex`` (plus SASL's JAAS config, which holds passwords)."""
-    return {k: ("*********(redacted)" if _REDACTION.search(k) else v) for k, v in options.items()}
+_JAAS_SETTING = re.compile(r'(\w+)\s*=\s*"([^"]*)"')
 
 
 def client_params(options: CaseInsensitiveOptions) -> dict[str, str]:
-    """The ``kafka.*`` options, without the prefix, for librdkafka."""
-    return {k[len("kafka."):]: str(v) for k, v in options.items() if k.lower().startswith("kafka.")}
+    """The ``kafka.*`` options, without the prefix, for librdkafka. Java's
+    ``sasl.jaas.config`` (Plain or SCRAM login module) becomes librdkafka's
+    ``sasl.username``/``sasl.password``, so a ported job's options work as they are."""
+    params = {k[len("kafka."):]: str(v) for k, v in options.items() if k.lower().startswith("kafka.")}
+    jaas = params.pop("sasl.jaas.config", None)
+    if jaas is not None:
+        settings = dict(_JAAS_SETTING.findall(jaas))
+        if "username" not in settings or "password" not in settings:
+            raise IllegalArgumentException(
+                "Kafka option 'kafka.sasl.jaas.config' has no username=\"...\" and "
+                "password=\"...\" (only the Plain and SCRAM login modules map to this "
+                "client); set 'kafka.sasl.username' and 'kafka.sasl.password' instead.")
+        params.setdefault("sasl.username", settings["username"])
+        params.setdefault("sasl.password", settings["password"])
+    return params
 
 
 def _has(options: CaseInsensitiveOptions, key: str) -> bool:
