@@ -501,3 +501,16 @@ def conjuncts_without_column(filtered: Any, column: str) -> tuple[list[str], lis
         movable = part.deterministic() and not part.references().contains(target)
         (pushed if movable else kept).append(part.sql())
     return pushed, kept
+
+
+def python_data_source(spark: SparkSession, name: str) -> type | None:
+    """The ``pyspark.sql.datasource.DataSource`` class registered under ``name`` with
+    ``spark.dataSource.register`` (or found by Spark among installed packages), as the
+    JVM's DataSourceManager holds it: PySpark's serialized class, read back as PySpark's
+    workers read it. None when no Python data source has that name."""
+    from pyspark.serializers import CloudPickleSerializer
+    manager = spark._jsparkSession.sessionState().dataSourceManager()
+    if not manager.dataSourceExists(name):
+        return None
+    command = manager.lookupDataSource(name).dataSourceCls().command()
+    return CloudPickleSerializer().loads(bytes(command.unsafeArray()))

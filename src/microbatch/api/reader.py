@@ -92,7 +92,7 @@ class DataStreamReader:
                         user_schema: StructType | None) -> "StreamFrame":
         from microbatch.api.frame import StreamFrame
         self._check_source_name(name)
-        provider = lookup_source(name)
+        provider = lookup_source(name, self._session.spark)
         opts = CaseInsensitiveOptions(options)
         try:
             resolved = provider.resolve_schema(self._session.spark, opts, user_schema)

@@ -177,7 +177,7 @@ class DataStreamWriter:
             checkpoint, temporary = self._checkpoint_location(opts, True)
         else:
             name = self._format or spark.conf.get("spark.sql.sources.default", "parquet")
-            provider = lookup_sink(name)
+            provider = lookup_sink(name, spark)
             checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
             context = SinkContext(spark, opts, self._output_mode, self._frame.schema,
                                   self._query_name, self._partition_by, self._extra,

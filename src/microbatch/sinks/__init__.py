@@ -20,10 +20,17 @@ def register_sink(provider: SinkProvider) -> None:
     _PROVIDERS[provider.short_name.lower()] = provider
 
 
-def lookup_sink(name: str) -> SinkProvider:
+def lookup_sink(name: str, spark=None) -> SinkProvider:
+    """A built-in sink, else a Python data source registered with ``spark``."""
     provider = _PROVIDERS.get(name.lower())
     if provider is not None:
         return provider
+    if spark is not None:
+        from microbatch.spark_internals import python_data_source
+        data_source_class = python_data_source(spark, name)
+        if data_source_class is not None:
+            from microbatch.sinks.python_datasource import PythonDataSourceSinkProvider
+            return PythonDataSourceSinkProvider(name, data_source_class)
     if name.lower() in _PLANNED:
         raise UnsupportedOperationError(
             f"The streaming sink '{name}' is not supported by microbatch yet. Available "

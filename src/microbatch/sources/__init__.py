@@ -17,10 +17,17 @@ def register_source(provider: SourceProvider) -> None:
     _PROVIDERS[provider.short_name.lower()] = provider
 
 
-def lookup_source(name: str) -> SourceProvider:
+def lookup_source(name: str, spark=None) -> SourceProvider:
+    """A built-in source, else a Python data source registered with ``spark``."""
     provider = _PROVIDERS.get(name.lower())
     if provider is not None:
         return provider
+    if spark is not None:
+        from microbatch.spark_internals import python_data_source
+        data_source_class = python_data_source(spark, name)
+        if data_source_class is not None:
+            from microbatch.sources.python_datasource import PythonDataSourceProvider
+            return PythonDataSourceProvider(name, data_source_class)
     if name.lower() in _PLANNED:
         raise UnsupportedOperationError(
             f"The streaming source '{name}' is not supported by microbatch yet. Available "
