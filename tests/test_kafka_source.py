@@ -111,6 +111,13 @@ def test_starting_offsets_latest_is_fixed_at_the_first_start(ss, broker, tmp_pat
      r"The value of minOffsetPerTrigger\(10\) is higher than the maxOffsetsPerTrigger\(5\)."),
     ({"subscribe": "a", "startingOffsets": "{oops"}, "Expected e.g."),
     ({"subscribe": "a", "startingTimestamp": "yesterday"}, "Expected a single long value, got yesterday"),
+    ({"subscribe": "a", "kafka.ssl.truststore.location": "/x.jks"},
+     r"refused by the Kafka client \(librdkafka\): Java TrustStores are not supported, use "
+     "`ssl.ca.location`"),
+    ({"subscribe": "a", "kafka.no.such.setting": "1"},
+     'librdkafka\\): No such configuration property: "no.such.setting". Settings are'),
+    ({"subscribe": "a", "kafka.sasl.password": "s3cret", "kafka.security.protocol": "s3cret"},
+     r'Invalid value "\*\*\*\*\*\*\*\*\*\(redacted\)" for configuration property "security.protocol"'),
 ])
 def test_options_are_checked_as_sparks_source_checks_them(ss, broker, options, message):
     with pytest.raises(IllegalArgumentException, match=message):
@@ -347,3 +354,52 @@ def test_a_broker_outage_waits_or_fails_clearly_and_a_restart_loses_nothing(ss, 
     broker.produce("outage", [(b"%d" % i, None, i % 2) for i in range(14, 20)])
     sink2, _ = run(frame, ckpt)
     assert sorted(values(sink) + values(sink2)) == sorted(b"%d" % i for i in range(20))
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_replayed_range_that_is_gone_follows_fail_on_data_loss(ss, broker, tmp_path, caplog,
+                                                                 fail_on_data_loss):
+    """Batch 1's offsets are logged, then the query fails; before the restart the topic
+    loses those records (the brokers here have no DeleteRecords or retention, so the topic
+    is deleted and created again with fewer). The replay's tasks find the range gone."""
+    topic = f"aged-{fail_on_data_loss}"
+    broker.create_topic(topic, 1)
+    broker.produce(topic, [(b"%d" % i, None, 0) for i in range(4)])
+    ckpt = tmp_path / "ck"
+    seen = []
+
+    def batch(df, batch_id):
+        if batch_id == 1 and "failed" not in seen:
+            seen.append("failed")
+            raise RuntimeError("planted failure of batch 1")
+        seen.append(sorted(int(r.value) for r in df.collect()))
+
+    def start():
+        q = (kafka(ss, broker, subscribe=topic, startingOffsets="earliest",
+                   failOnDataLoss=fail_on_data_loss, maxOffsetsPerTrigger=2)
+             .writeStream.foreachBatch(batch).option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start())
+        try:
+            q.awaitTermination(120)
+        except StreamingQueryException:
+            pass
+        return q
+    assert start().exception() is not None
+    assert seen == [[0, 1], "failed"]
+    broker.delete_topic(topic)
+    broker.create_topic(topic, 1)
+    broker.produce(topic, [(b"%d" % i, None, 0) for i in range(100, 103)])
+    with caplog.at_level(logging.WARNING):
+        q = start()
+    if fail_on_data_loss == "true":
+        message = str(q.exception())
+        assert "KAFKA_DATA_LOSS.COULD_NOT_READ_OFFSET_RANGE" in message
+        assert f"Could not read records in offset [2, 4) for topic partition {topic}-0" in message
+        assert seen == [[0, 1], "failed"]
+    else:
+        assert q.exception() is None
+        # the replay's task reads what is left of [2, 4): offset 2 of the new topic (its
+        # warning goes to the executor's log); the next batch finds the partition's end
+        # went back from 4 to 3 and skips, as Spark does: 100 and 101 are lost
+        assert seen[2:] == [[102], []]        # Spark too runs the batch that ends at 3
+        assert f"Partition {topic}-0 offset was changed from 4 to 3" in caplog.text

@@ -44,7 +44,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType
 
 from microbatch.errors import IllegalArgumentException
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
-from microbatch.sources.kafka import HEADERS_TYPE, client_params
+from microbatch.sources.kafka import HEADERS_TYPE, check_client_settings, client_params
 from microbatch import crash_points, spark_internals
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ def producer_params(options) -> dict[str, str]:
             "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka producer")
     # Java's default partitioner (murmur2 of the key), so keys land where Spark puts them
     params.setdefault("partitioner", "murmur2_random")
+    check_client_settings(params, "producer")
     return params
 
 

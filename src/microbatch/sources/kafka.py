@@ -164,6 +164,35 @@ def validate_stream_options(options: CaseInsensitiveOptions) -> None:
             f"Invalid value '{strategy}' for option 'startingOffsetsByTimestampStrategy': "
             "use 'error' or 'latest'.")
     starting_limit(options)          # parse errors now, not at start
+    check_client_settings(client_params(options), "consumer")
+
+
+_SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key|credential")
+
+
+def check_client_settings(params: dict[str, str], role: str) -> None:
+    """Refuse ``kafka.*`` settings librdkafka does not know, naming them, instead of a
+    failure at the first fetch (Java-only settings such as ``ssl.truststore.location``
+    have librdkafka equivalents, e.g. ``ssl.ca.location``). Secret values never appear
+    in the message."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+    settings = dict(params, **({"group.id": "microbatch-settings-check"} if role == "consumer" else {}))
+    try:
+        client = Consumer(settings) if role == "consumer" else Producer(settings)
+    except KafkaException as e:
+        text = str(e.args[0].str() if e.args and hasattr(e.args[0], "str") else e)
+        for key, value in params.items():
+            if _SECRET_KEY.search(key) and value:
+                text = text.replace(value, "*********(redacted)")
+        raise IllegalArgumentException(
+            f"The Kafka {role} settings given as 'kafka.*' options were refused by the Kafka "
+            f"client (librdkafka): {text.rstrip('.')}. Settings are librdkafka's "
+            "(https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md); most "
+            "Java client settings have the same name.") from None
+    if role == "consumer":
+        client.close()
+    else:
+        client.flush(0)
 
 
 def _int(options: CaseInsensitiveOptions, key: str) -> int:
