@@ -265,8 +265,11 @@ def test_new_partitions_and_matching_topics_are_read_from_earliest(ss, broker, t
     frame = kafka(ss, broker, subscribePattern="grow-.*", startingOffsets="earliest",
                   failOnDataLoss="false")
     sink = MemorySink(ss.spark, frame.schema, "append")
-    query = (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(processingTime="50 milliseconds").start())
+
+    def start():
+        return (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "ck"))
+                .trigger(processingTime="50 milliseconds").start())
+    query = start()
     try:
         query.processAllAvailable()
         assert values(sink) == [b"a0", b"a1", b"a2", b"a3"]
@@ -275,13 +278,18 @@ def test_new_partitions_and_matching_topics_are_read_from_earliest(ss, broker, t
         broker.produce("grow-b", [(b"b0", None, 0), (b"b1", None, 0)])
         query.processAllAvailable()
         assert values(sink) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1"]
-        # The brokers here have no CreatePartitions, so grow-a "gains" partitions by being
-        # created again with four: partitions 2 and 3 are new (read from earliest); 0 and 1
-        # went back to offset 0, which Spark reports as data loss and skips.
+    finally:
+        query.stop()
+    # The brokers here have no CreatePartitions, so grow-a "gains" partitions by being
+    # created again with four (while the query is stopped, so that no batch sees it
+    # gone): partitions 2 and 3 are new (read from earliest); 0 and 1 went back from
+    # offset 2 to 1, which Spark reports as data loss and skips.
+    broker.delete_topic("grow-a")
+    broker.create_topic("grow-a", 4)
+    broker.produce("grow-a", [(b"c%d" % p, None, p) for p in range(4)])
+    query = start()
+    try:
         with caplog.at_level(logging.WARNING, logger="microbatch.sources.kafka"):
-            broker.delete_topic("grow-a")
-            broker.create_topic("grow-a", 4)
-            broker.produce("grow-a", [(b"c%d" % p, None, p) for p in range(4)])
             query.processAllAvailable()
         assert values(sink) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1", b"c2", b"c3"]
         assert "Partition grow-a-0 offset was changed from 2 to 1" in caplog.text
@@ -394,7 +402,7 @@ def test_a_replayed_range_that_is_gone_follows_fail_on_data_loss(ss, broker, tmp
     if fail_on_data_loss == "true":
         message = str(q.exception())
         assert "KAFKA_DATA_LOSS.COULD_NOT_READ_OFFSET_RANGE" in message
-        assert f"Could not read records in offset [2, 4) for topic partition {topic}-0" in message
+        assert f"Could not read records in offset [3, 4) for topic partition {topic}-0: the partition now ends at offset 3" in message
         assert seen == [[0, 1], "failed"]
     else:
         assert q.exception() is None

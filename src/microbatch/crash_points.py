@@ -2,7 +2,8 @@
 
 Off unless the environment names a step: ``MICROBATCH_CRASH_AT="<step>:<count>"`` makes
 the ``count``-th arrival at ``step`` in one process SIGKILL the process group recorded by
-``arm()`` (the driver, its JVM and the Python workers, which inherit the group). A
+``arm()`` (the driver and its JVM) and the arriving process's own group (PySpark's
+worker daemon and its workers, which have a group of their own). A
 process that did not call ``arm()`` is never killed, so a stray variable cannot take a
 test runner down. Steps so far:
 
@@ -39,4 +40,9 @@ def reached(step: str) -> None:
     count = os.environ[CRASH_AT].rpartition(":")[2]
     _arrivals[step] = _arrivals.get(step, 0) + 1
     if _arrivals[step] == int(count):
-        os.killpg(int(os.environ[_GROUP]), signal.SIGKILL)
+        group = int(os.environ[_GROUP])
+        os.killpg(group, signal.SIGKILL)
+        # PySpark's worker daemon puts its workers in a group of their own: that group
+        # (this process included) goes too, or a worker would write on after the driver died
+        if os.getpgid(0) != group:
+            os.killpg(os.getpgid(0), signal.SIGKILL)

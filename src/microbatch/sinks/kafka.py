@@ -109,37 +109,40 @@ def _record_digest(topic: str, partition, key, value, headers) -> str:
 
 def _written_ids(config: dict, topic: str, start: dict[str, int], prefix: str,
                  timeout_s: float) -> set[str]:
-    """The ids with ``prefix`` already in ``topic`` since the recorded offsets."""
-    from confluent_kafka import Consumer, TopicPartition
+    """The ids with ``prefix`` already in ``topic`` since the recorded offsets (every
+    partition at once, each followed to the end it has now)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
     consumer = Consumer({**{k: v for k, v in config.items() if k not in _PRODUCER_ONLY},
                          "group.id": f"microbatch-sink-check-{prefix}", "enable.auto.commit": False,
-                         "enable.partition.eof": False})
+                         "enable.partition.eof": True})
     found: set[str] = set()
     try:
         parts = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
-        for partition in sorted(parts):
-            begin = int(start.get(str(partition), 0))
-            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
-            if end <= begin:
-                continue
-            consumer.assign([TopicPartition(topic, partition, begin)])
-            position, deadline = begin, time.monotonic() + timeout_s
-            while position < end:
-                messages = consumer.consume(10_000, timeout=0.5)
-                for m in messages:
-                    if m.error() is not None:
-                        continue
-                    position = m.offset() + 1
-                    for k, v in m.headers() or ():
-                        if k == RECORD_HEADER and v is not None and v.decode().startswith(prefix):
-                            found.add(v.decode())
-                if messages:
-                    deadline = time.monotonic() + timeout_s
-                elif consumer.position([TopicPartition(topic, partition)])[0].offset >= end:
-                    break
-                elif time.monotonic() > deadline:
-                    raise TimeoutError(f"Could not read back {topic}-{partition} from {position} "
-                                       f"to {end} within {timeout_s} s to check a re-run batch")
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                for p in parts}
+        pending = {p: int(start.get(str(p), 0)) for p in parts if ends[p] > int(start.get(str(p), 0))}
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in pending.items()])
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            messages = consumer.consume(10_000, timeout=0.5)
+            for m in messages:
+                partition, error = m.partition(), m.error()
+                if partition not in pending:
+                    continue
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF and m.offset() >= ends[partition]:
+                        del pending[partition]
+                    continue
+                for k, v in m.headers() or ():
+                    if k == RECORD_HEADER and v is not None and v.decode().startswith(prefix):
+                        found.add(v.decode())
+                if m.offset() + 1 >= ends[partition]:
+                    del pending[partition]
+            if messages:
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"Could not read back {topic} partitions {sorted(pending)} to "
+                                   f"their ends within {timeout_s} s to check a re-run batch")
     finally:
         consumer.close()
     return found

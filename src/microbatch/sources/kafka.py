@@ -305,6 +305,7 @@ class KafkaOffsetReader:
                        "enable.auto.commit": False, "enable.partition.eof": False})
         self._config = config
         self._consumer = None
+        self._admin = None
 
     @property
     def consumer(self):
@@ -313,6 +314,7 @@ class KafkaOffsetReader:
         return self._consumer
 
     def close(self) -> None:
+        self._admin = None
         if self._consumer is not None:
             try:
                 self._consumer.close()
@@ -355,21 +357,30 @@ class KafkaOffsetReader:
             return sorted(found)
         return self._retrying("fetch topic metadata", fetch)
 
-    def _watermarks(self, tps) -> dict[tuple[str, int], tuple[int, int]]:
+    def _list_offsets(self, tps, which: str) -> dict[tuple[str, int], int]:
+        """Earliest or latest offsets of ``tps``: one ListOffsets request for all of them
+        (the admin client), not a round trip per partition."""
         from confluent_kafka import TopicPartition as KTP
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+        if not tps:
+            return {}
+        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
 
         def fetch():
-            return {tp: tuple(self.consumer.get_watermark_offsets(KTP(tp[0], tp[1]),
-                                                                   timeout=self.timeout_s))
-                    for tp in tps}
+            if self._admin is None:
+                self._admin = AdminClient({k: v for k, v in self._config.items()
+                                           if k not in ("group.id", "enable.auto.commit",
+                                                        "enable.partition.eof")})
+            futures = self._admin.list_offsets({KTP(t, p): spec for t, p in tps},
+                                               request_timeout=self.timeout_s)
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
         return self._retrying("fetch offsets", fetch)
 
     def latest(self, tps=None) -> dict[tuple[str, int], int]:
-        tps = self.partitions() if tps is None else tps
-        return {tp: high for tp, (_, high) in self._watermarks(tps).items()}
+        return self._list_offsets(self.partitions() if tps is None else tps, "latest")
 
     def earliest(self, tps) -> dict[tuple[str, int], int]:
-        return {tp: low for tp, (low, _) in self._watermarks(tps).items()}
+        return self._list_offsets(tps, "earliest")
 
     def for_times(self, times: dict[tuple[str, int], int], strategy: str) -> dict[tuple[str, int], int]:
         """The first offset at or after each timestamp; none: error or latest (``strategy``)."""
@@ -470,53 +481,64 @@ _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}   # librdkafka's to Java's (CreateTime 0,
 def read_range(config: dict, r: OffsetRange, include_headers: bool, fail_on_data_loss: bool,
                poll_timeout_ms: int, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
     """One task's read: records ``[r.start, r.until)`` of one partition as Arrow batches
-    with the source's columns. Offsets missing from the range (compaction, transaction
-    markers) are skipped; records aged out before the range was read are data loss."""
-    from confluent_kafka import OFFSET_END, KafkaError, TopicPartition as KTP  # noqa: F401
-    consumer = _new_consumer(config)
+    with the source's columns. Offsets missing inside the range (compaction, transaction
+    markers) are skipped. Records no longer there are data loss (``failOnDataLoss``):
+    the start aged out (the consumer's offset is out of range) or the partition now ends
+    before the range does (its end-of-partition comes first)."""
+    from confluent_kafka import KafkaError, TopicPartition as KTP
+    consumer = _new_consumer({**config, "enable.partition.eof": True})
+    columns = _Columns(r.topic, r.partition, include_headers)
+    position, until = r.start, r.until
+
+    def lost(now: str) -> None:
+        reason = (f"Could not read records in offset [{position}, {until}) for topic partition "
+                  f"{r.topic}-{r.partition}: {now}.")
+        if fail_on_data_loss:
+            raise KafkaDataLoss("COULD_NOT_READ_OFFSET_RANGE", reason)
+        log.warning("%s %s", reason, INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE)
+
     try:
-        low, high = consumer.get_watermark_offsets(KTP(r.topic, r.partition),
-                                                   timeout=poll_timeout_ms / 1000)
-        start, until = r.start, r.until
-        if low > start or high < until:
-            reason = (f"Could not read records in offset [{start}, {until}) for topic partition "
-                      f"{r.topic}-{r.partition}: the partition now holds [{low}, {high}).")
-            if fail_on_data_loss:
-                raise KafkaDataLoss("COULD_NOT_READ_OFFSET_RANGE", reason)
-            log.warning("%s %s", reason, INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE)
-            start, until = max(start, low), min(until, high)
-        if start >= until:
-            return
-        consumer.assign([KTP(r.topic, r.partition, start)])
-        columns = _Columns(r.topic, r.partition, include_headers)
-        position = start
+        consumer.assign([KTP(r.topic, r.partition, position)])
         deadline = time.monotonic() + poll_timeout_ms / 1000
         while position < until:
             messages = consumer.consume(min(batch_rows, until - position), timeout=0.5)
+            records = []
             for m in messages:
                 error = m.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"Kafka error reading {r.topic}-{r.partition} at offset "
-                                       f"{position}: {error}")
-                offset = m.offset()
-                if offset >= until:
+                if error is None:
+                    if m.offset() >= until:
+                        position = until
+                        break
+                    records.append(m)
+                    continue
+                if error.code() == KafkaError._PARTITION_EOF:
+                    if m.offset() < until:          # the partition now ends before the range
+                        if records:
+                            position = records[-1].offset() + 1
+                        lost(f"the partition now ends at offset {m.offset()}")
+                        records = [x for x in records if x.offset() < m.offset()]
                     position = until
                     break
-                columns.add(m)
-                position = offset + 1
-            if messages:
-                deadline = time.monotonic() + poll_timeout_ms / 1000
-            elif position < until:
-                # markers at the end of the range are never delivered: ask where we are
-                at = consumer.position([KTP(r.topic, r.partition)])[0].offset
-                if at >= until:
+                if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    low, _ = consumer.get_watermark_offsets(KTP(r.topic, r.partition),
+                                                            timeout=poll_timeout_ms / 1000)
+                    lost(f"the partition now starts at offset {low}")
+                    position = max(position, low)
+                    if position < until:
+                        consumer.assign([KTP(r.topic, r.partition, position)])
+                    records = []
                     break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"Cannot fetch record for offset {position} of {r.topic}-{r.partition} "
-                        f"in {poll_timeout_ms} milliseconds (kafkaConsumer.pollTimeoutMs).")
+                raise RuntimeError(f"Kafka error reading {r.topic}-{r.partition} at offset "
+                                   f"{position}: {error}")
+            if records:
+                columns.add(records)
+                if position < until:
+                    position = records[-1].offset() + 1
+                deadline = time.monotonic() + poll_timeout_ms / 1000
+            elif position < until and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Cannot fetch record for offset {position} of {r.topic}-{r.partition} in "
+                    f"{poll_timeout_ms} milliseconds (kafkaConsumer.pollTimeoutMs).")
             if columns.rows >= batch_rows:
                 yield columns.batch()
         if columns.rows:
@@ -526,39 +548,37 @@ def read_range(config: dict, r: OffsetRange, include_headers: bool, fail_on_data
 
 
 class _Columns:
+    """A partition's records, gathered a consume() at a time, as the source's columns."""
+
     def __init__(self, topic: str, partition: int, include_headers: bool):
         self.topic, self.partition, self.include_headers = topic, partition, include_headers
-        self._reset()
-
-    def _reset(self):
-        self.keys, self.values, self.offsets, self.times, self.types, self.headers = [], [], [], [], [], []
+        self._chunks: list[list] = []
         self.rows = 0
 
-    def add(self, m) -> None:
-        self.keys.append(m.key())
-        self.values.append(m.value())
-        self.offsets.append(m.offset())
-        kind, ms = m.timestamp()
-        self.times.append(ms * 1000 if kind else None)
-        self.types.append(_TIMESTAMP_TYPES.get(kind, -1))
-        if self.include_headers:
-            self.headers.append([{"key": k, "value": v} for k, v in (m.headers() or [])] or None)
-        self.rows += 1
+    def add(self, messages: list) -> None:
+        self._chunks.append(messages)
+        self.rows += len(messages)
 
     def batch(self) -> pa.RecordBatch:
-        n = self.rows
-        arrays = [pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary()),
-                  pa.array([self.topic] * n, pa.string()),
+        messages = [m for chunk in self._chunks for m in chunk]
+        self._chunks, self.rows = [], 0
+        n = len(messages)
+        stamps = [m.timestamp() for m in messages]
+        arrays = [pa.array([m.key() for m in messages], pa.binary()),
+                  pa.array([m.value() for m in messages], pa.binary()),
+                  pa.repeat(pa.scalar(self.topic, pa.string()), n),
                   pa.array([self.partition] * n, pa.int32()),
-                  pa.array(self.offsets, pa.int64()),
-                  pa.array(self.times, pa.timestamp("us", tz="UTC")),
-                  pa.array(self.types, pa.int32())]
+                  pa.array([m.offset() for m in messages], pa.int64()),
+                  pa.array([ms * 1000 if kind else None for kind, ms in stamps],
+                           pa.timestamp("us", tz="UTC")),
+                  pa.array([_TIMESTAMP_TYPES.get(kind, -1) for kind, _ in stamps], pa.int32())]
         names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
         if self.include_headers:
-            arrays.append(pa.array(self.headers, pa.list_(pa.struct(
-                [("key", pa.string()), ("value", pa.binary())]))))
+            arrays.append(pa.array(
+                [[{"key": k, "value": v} for k, v in m.headers()] if m.headers() else None
+                 for m in messages],
+                pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))))
             names.append("headers")
-        self._reset()
         return pa.RecordBatch.from_arrays(arrays, names=names)
 
 

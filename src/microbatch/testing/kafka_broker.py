@@ -106,24 +106,26 @@ class KafkaBroker:
             consumer.close()
 
     def read_all(self, topic: str) -> list:
-        """Every record of ``topic`` now, as confluent-kafka messages (partition order)."""
+        """Every record of ``topic`` now, as confluent-kafka messages, partition by
+        partition in offset order (a consumer of its own per partition)."""
         from confluent_kafka import Consumer, TopicPartition
-        latest = self.latest_offsets(topic)
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "microbatch-tests",
-                             "enable.auto.commit": False})
         out = []
-        try:
-            for partition, end in latest.items():
-                if end == 0:
-                    continue
+        for partition, end in self.latest_offsets(topic).items():
+            if end == 0:
+                continue
+            consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "microbatch-tests",
+                                 "enable.auto.commit": False})
+            try:
                 consumer.assign([TopicPartition(topic, partition, 0)])
-                got: list = []
+                got: dict[int, object] = {}
                 deadline = time.monotonic() + 30
-                while (not got or got[-1].offset() < end - 1) and time.monotonic() < deadline:
-                    got += [m for m in consumer.consume(10_000, timeout=0.5) if m.error() is None]
-                out += got
-        finally:
-            consumer.close()
+                while len(got) < end and time.monotonic() < deadline:
+                    for m in consumer.consume(10_000, timeout=0.5):
+                        if m.error() is None and m.partition() == partition:
+                            got[m.offset()] = m
+                out += [got[o] for o in sorted(got)]
+            finally:
+                consumer.close()
         return out
 
     def stop(self) -> None:
