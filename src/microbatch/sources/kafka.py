@@ -478,73 +478,100 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
 _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}   # librdkafka's to Java's (CreateTime 0, LogAppendTime 1)
 
 
-def read_range(config: dict, r: OffsetRange, include_headers: bool, fail_on_data_loss: bool,
-               poll_timeout_ms: int, batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
-    """One task's read: records ``[r.start, r.until)`` of one partition as Arrow batches
-    with the source's columns. Offsets missing inside the range (compaction, transaction
-    markers) are skipped. Records no longer there are data loss (``failOnDataLoss``):
-    the start aged out (the consumer's offset is out of range) or the partition now ends
-    before the range does (its end-of-partition comes first)."""
+def read_ranges(config: dict, ranges: list[OffsetRange], include_headers: bool,
+                fail_on_data_loss: bool, poll_timeout_ms: int,
+                batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
+    """One task's read: records ``[start, until)`` of each range (each of another
+    topic-partition) as Arrow batches with the source's columns, by one consumer assigned
+    to all of them, so the broker serves them together. Offsets missing inside a range
+    (compaction, transaction markers) are skipped. Records no longer there are data loss
+    (``failOnDataLoss``): the start aged out (the consumer's offset is out of range) or
+    the partition now ends before the range does (its end-of-partition comes first)."""
     from confluent_kafka import KafkaError, TopicPartition as KTP
+    pending = {(r.topic, r.partition): [r.start, r.until] for r in ranges if r.size > 0}
+    if not pending:
+        return
+    columns = {tp: _Columns(tp[0], tp[1], include_headers) for tp in pending}
     consumer = _new_consumer({**config, "enable.partition.eof": True})
-    columns = _Columns(r.topic, r.partition, include_headers)
-    position, until = r.start, r.until
 
-    def lost(now: str) -> None:
+    def lost(tp, now: str) -> None:
+        position, until = pending[tp]
         reason = (f"Could not read records in offset [{position}, {until}) for topic partition "
-                  f"{r.topic}-{r.partition}: {now}.")
+                  f"{tp[0]}-{tp[1]}: {now}.")
         if fail_on_data_loss:
             raise KafkaDataLoss("COULD_NOT_READ_OFFSET_RANGE", reason)
         log.warning("%s %s", reason, INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE)
 
     try:
-        consumer.assign([KTP(r.topic, r.partition, position)])
+        consumer.assign([KTP(t, p, start) for (t, p), (start, _) in pending.items()])
         deadline = time.monotonic() + poll_timeout_ms / 1000
-        while position < until:
-            messages = consumer.consume(min(batch_rows, until - position), timeout=0.5)
-            records = []
+        while pending:
+            wanted = sum(until - position for position, until in pending.values())
+            messages = consumer.consume(min(batch_rows, wanted), timeout=0.5)
+            got: dict[tuple, list] = {}
             for m in messages:
+                tp = (m.topic(), m.partition())
+                if tp not in pending:
+                    continue
                 error = m.error()
+                position, until = pending[tp]
                 if error is None:
                     if m.offset() >= until:
-                        position = until
-                        break
-                    records.append(m)
-                    continue
-                if error.code() == KafkaError._PARTITION_EOF:
+                        del pending[tp]
+                    else:
+                        got.setdefault(tp, []).append(m)
+                        pending[tp][0] = m.offset() + 1
+                        if m.offset() + 1 >= until:
+                            del pending[tp]
+                elif error.code() == KafkaError._PARTITION_EOF:
                     if m.offset() < until:          # the partition now ends before the range
-                        if records:
-                            position = records[-1].offset() + 1
-                        lost(f"the partition now ends at offset {m.offset()}")
-                        records = [x for x in records if x.offset() < m.offset()]
-                    position = until
-                    break
-                if error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                    low, _ = consumer.get_watermark_offsets(KTP(r.topic, r.partition),
-                                                            timeout=poll_timeout_ms / 1000)
-                    lost(f"the partition now starts at offset {low}")
-                    position = max(position, low)
-                    if position < until:
-                        consumer.assign([KTP(r.topic, r.partition, position)])
-                    records = []
-                    break
-                raise RuntimeError(f"Kafka error reading {r.topic}-{r.partition} at offset "
-                                   f"{position}: {error}")
-            if records:
-                columns.add(records)
-                if position < until:
-                    position = records[-1].offset() + 1
+                        lost(tp, f"the partition now ends at offset {m.offset()}")
+                    del pending[tp]
+                elif error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    low, _ = consumer.get_watermark_offsets(KTP(*tp), timeout=poll_timeout_ms / 1000)
+                    lost(tp, f"the partition now starts at offset {low}")
+                    pending[tp][0] = max(position, low)
+                    if pending[tp][0] >= until:
+                        del pending[tp]
+                    else:
+                        consumer.seek(KTP(tp[0], tp[1], pending[tp][0]))
+                else:
+                    raise RuntimeError(f"Kafka error reading {tp[0]}-{tp[1]} at offset {position}: "
+                                       f"{error}")
+            for tp, records in got.items():
+                columns[tp].add(records)
+                if columns[tp].rows >= batch_rows:
+                    yield columns[tp].batch()
+            if messages:
                 deadline = time.monotonic() + poll_timeout_ms / 1000
-            elif position < until and time.monotonic() > deadline:
+            elif pending and time.monotonic() > deadline:
+                tp, (position, _) = next(iter(pending.items()))
                 raise TimeoutError(
-                    f"Cannot fetch record for offset {position} of {r.topic}-{r.partition} in "
+                    f"Cannot fetch record for offset {position} of {tp[0]}-{tp[1]} in "
                     f"{poll_timeout_ms} milliseconds (kafkaConsumer.pollTimeoutMs).")
-            if columns.rows >= batch_rows:
-                yield columns.batch()
-        if columns.rows:
-            yield columns.batch()
+        for c in columns.values():
+            if c.rows:
+                yield c.batch()
     finally:
         consumer.close()
+
+
+def task_groups(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
+    """Ranges packed into at most ``tasks`` Spark tasks, largest first onto the lightest
+    task, never two pieces of one partition in a task (each task is one consumer)."""
+    groups: list[list[OffsetRange]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
+    sizes = [0] * len(groups)
+    for r in sorted(ranges, key=lambda r: -r.size):
+        free = [i for i, g in enumerate(groups)
+                if all((x.topic, x.partition) != (r.topic, r.partition) for x in g)]
+        if not free:
+            groups.append([])
+            sizes.append(0)
+            free = [len(groups) - 1]
+        i = min(free, key=lambda j: sizes[j])
+        groups[i].append(r)
+        sizes[i] += r.size
+    return [g for g in groups if g]
 
 
 class _Columns:
@@ -582,14 +609,17 @@ class _Columns:
         return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _read_ranges_task(ranges: list[OffsetRange], config: dict, include_headers: bool,
+def _read_ranges_task(groups: list[list[OffsetRange]], config: dict, include_headers: bool,
                       fail_on_data_loss: bool, poll_timeout_ms: int):
-    """The ``mapInArrow`` function: each input row is the index of the range to read."""
+    """The ``mapInArrow`` function: each input row is the index of the task's ranges,
+    read one after another, a consumer each (one consumer assigned several partitions
+    read them slower than this on the broker measured here, benchmarks/kafka.py)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                yield from read_range(config, ranges[index], include_headers, fail_on_data_loss,
-                                      poll_timeout_ms)
+                for r in groups[index]:
+                    yield from read_ranges(config, [r], include_headers, fail_on_data_loss,
+                                           poll_timeout_ms)
     return run
 
 
@@ -794,9 +824,14 @@ class KafkaSource(Source):
         ranges = self.offset_ranges(start, end)
         if not ranges:
             return spark.createDataFrame([], self._schema)
-        read = _read_ranges_task(ranges, self._executor_config, self.include_headers,
+        # Spark runs a task per range; a Python task costs tens of ms more than a JVM one,
+        # so ranges share tasks up to the cores (each task one consumer for its ranges),
+        # unless minPartitions asks for more
+        tasks = self.min_partitions or spark.sparkContext.defaultParallelism
+        groups = task_groups(ranges, max(tasks, len(ranges)) if self.min_partitions else tasks)
+        read = _read_ranges_task(groups, self._executor_config, self.include_headers,
                                  self.fail_on_data_loss, self.poll_timeout_ms)
-        return spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(read, self._schema)
+        return spark.range(0, len(groups), 1, len(groups)).mapInArrow(read, self._schema)
 
     def stop(self) -> None:
         self.reader.close()
