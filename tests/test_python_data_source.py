@@ -12,9 +12,9 @@ import uuid
 from pyspark import cloudpickle
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql.datasource import (DataSource, DataSourceStreamReader, DataSourceStreamWriter,
-                                    InputPartition, SimpleDataSourceStreamReader,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import (DataSource, DataSourceStreamArrowWriter, DataSourceStreamReader,
+                                    DataSourceStreamWriter, InputPartition,
+                                    SimpleDataSourceStreamReader, WriterCommitMessage)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from microbatch.sinks.memory import MemorySink
@@ -140,6 +140,33 @@ class DirectoryWriter(DataSourceStreamWriter):
         note(self.path, f"abort {batchId}")
 
 
+class ArrowDirectoryWriter(DataSourceStreamArrowWriter):
+    """Gets each task's rows as Arrow record batches; commit writes one file per batch."""
+
+    def __init__(self, options):
+        self.path = options["path"]
+
+    def write(self, iterator):
+        import pyarrow as pa
+        batches = list(iterator)
+        assert all(isinstance(b, pa.RecordBatch) for b in batches)
+        return FileMessage([r for b in batches for r in b.to_pylist()])
+
+    def commit(self, messages, batchId):
+        os.makedirs(self.path, exist_ok=True)
+        with open(os.path.join(self.path, f"arrow-{batchId}.json"), "w") as f:
+            json.dump([r for m in messages for r in m.files], f)
+
+
+class ArrowSink(DataSource):
+    @classmethod
+    def name(cls):
+        return "mb_arrow_sink"
+
+    def streamWriter(self, schema, overwrite):
+        return ArrowDirectoryWriter(self.options)
+
+
 class CounterSource(DataSource):
     @classmethod
     def name(cls):
@@ -173,6 +200,7 @@ class SimpleCounterSource(CounterSource):
 def registered(spark):
     spark.dataSource.register(CounterSource)
     spark.dataSource.register(SimpleCounterSource)
+    spark.dataSource.register(ArrowSink)
 
 
 def written(path) -> list[tuple[int, dict]]:
@@ -266,3 +294,15 @@ def test_a_simple_reader_replays_a_failed_batch_and_the_writer_aborts_it(ss, tmp
     assert q.exception() is None
     assert sorted(r["id"] for _, r in written(out)) == list(range(6))
     assert "readBetweenOffsets 3 6" in calls(src)   # the replay read its offsets again
+
+
+def test_an_arrow_stream_writer_gets_record_batches(ss, tmp_path):
+    feed(tmp_path / "src", 5)
+    q = (ss.readStream.format("mb_counter").option("path", str(tmp_path / "src")).load()
+         .writeStream.format("mb_arrow_sink").option("path", str(tmp_path / "out"))
+         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    assert q.exception() is None
+    with open(tmp_path / "out" / "arrow-0.json") as f:
+        rows = json.load(f)
+    assert sorted((r["id"], r["label"]) for r in rows) == [(i, f"row-{i}") for i in range(5)]
