@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import threading
+import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -149,28 +150,6 @@ def test_max_offsets_per_trigger_prorates_over_the_partitions_lags(ss, broker, t
     behind = json.loads(query.recentProgress[0].json)["sources"][0]["metrics"]
     assert behind == {"avgOffsetsBehindLatest": "16.0", "maxOffsetsBehindLatest": "24",
                       "minOffsetsBehindLatest": "8"}
-
-
-def test_min_offsets_per_trigger_waits_for_enough_records(ss, broker, tmp_path):
-    broker.create_topic("atleast", 2)
-    broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(10)])
-    frame = kafka(ss, broker, subscribe="atleast", startingOffsets="earliest",
-                  minOffsetsPerTrigger=20, maxTriggerDelay="1h")
-    sink = MemorySink(ss.spark, frame.schema, "append")
-    query = (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(processingTime="50 milliseconds").start())
-    try:
-        query.processAllAvailable()
-        assert sink.all_data() == []                 # 10 < 20: no batch yet
-        broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(10, 25)])
-        query.processAllAvailable()
-        # a batch as soon as 20 records were there (the producer may still be writing the
-        # last few); the rest waits for 20 more
-        sizes = [p.numInputRows for p in query.recentProgress if p.numInputRows]
-        assert len(sizes) == 1 and 20 <= sizes[0] <= 25, sizes
-        assert len(sink.all_data()) == sizes[0]
-    finally:
-        query.stop()
 
 
 def test_starting_offsets_by_json_per_partition(ss, broker, tmp_path):
@@ -411,3 +390,42 @@ def test_a_replayed_range_that_is_gone_follows_fail_on_data_loss(ss, broker, tmp
         # went back from 4 to 3 and skips, as Spark does: 100 and 101 are lost
         assert seen[2:] == [[102], []]        # Spark too runs the batch that ends at 3
         assert f"Partition {topic}-0 offset was changed from 4 to 3" in caplog.text
+
+
+def test_min_offsets_per_trigger_waits_for_enough_records_or_the_delay(ss, broker, tmp_path):
+    broker.create_topic("atleast", 2)
+    broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(10)])
+    frame = kafka(ss, broker, subscribe="atleast", startingOffsets="earliest",
+                  minOffsetsPerTrigger=20, maxTriggerDelay="5s")
+    sink = MemorySink(ss.spark, frame.schema, "append")
+    query = (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="50 milliseconds").start())
+
+    def sizes():
+        return [p.numInputRows for p in query.recentProgress if p.numInputRows]
+    try:
+        # Spark's first trigger is never delayed (its last trigger time starts at 0)
+        query.processAllAvailable()
+        assert sizes() == [10]
+        broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(10, 15)])
+        query.processAllAvailable()
+        assert sizes() == [10]                     # 5 < 20 and the delay has not passed
+        broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(15, 40)])
+        query.processAllAvailable()
+        # batches as soon as 20 records are there (the producer may still be writing)
+        deadline = time.monotonic() + 60
+        while len(sink.all_data()) < 40 and time.monotonic() < deadline:
+            query.awaitTermination(0.2)
+        assert sorted(int(r["value"]) for r in sink.all_data()) == list(range(40))
+        assert all(n >= 20 for n in sizes()[1:]), sizes()
+        # 5 more: too few, until maxTriggerDelay (5 s) has passed since the last batch
+        batches = len(sizes())
+        broker.produce("atleast", [(b"%d" % i, None, i % 2) for i in range(40, 45)])
+        query.processAllAvailable()
+        assert len(sizes()) == batches
+        waited = time.monotonic()
+        while len(sink.all_data()) < 45 and time.monotonic() < waited + 60:
+            query.awaitTermination(0.2)
+        assert sizes()[-1] == 5 and len(sizes()) == batches + 1
+    finally:
+        query.stop()

@@ -652,7 +652,7 @@ class KafkaSource(Source):
                                       "auto.offset.reset": "error"})
         self._latest: dict | None = None
         self._available_now: dict | None = None
-        self._last_trigger_ms = context.clock.get_time_millis()
+        self._last_trigger_ms = 0          # Spark's: the first batch is never delayed
         self._initial: dict | None = None
 
     @property
