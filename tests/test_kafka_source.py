@@ -100,6 +100,8 @@ def test_starting_offsets_latest_is_fixed_at_the_first_start(ss, broker, tmp_pat
      "subscribepattern, assign."),
     ({"subscribe": " , "}, "No topics to subscribe to as specified value for option 'subscribe' is ' , '"),
     ({"assign": "a:0"}, "No topicpartitions to assign as specified value for option 'assign' is 'a:0'"),
+    ({"assign": '{"a": 0}'}, 'Expected e.g. {"topicA":\\[0,1\\],"topicB":\\[0,1\\]}, got {"a": 0}'),
+    ({"subscribePattern": "t[("}, "Invalid pattern 't\\[\\(' for option 'subscribePattern'"),
     ({"subscribePattern": " "}, "Pattern to subscribe is empty"),
     ({"subscribe": "a", "endingOffsets": "latest"}, "ending offset not valid in streaming queries"),
     ({"subscribe": "a", "minPartitions": "0"}, "minPartitions must be positive"),

@@ -117,6 +117,14 @@ def validate_stream_options(options: CaseInsensitiveOptions) -> None:
     if specified[0] == "assign" and not value.strip().startswith("{"):
         raise IllegalArgumentException(
             f"No topicpartitions to assign as specified value for option 'assign' is '{value}'")
+    if specified[0] == "assign":
+        assigned_partitions(value)
+    if specified[0] == "subscribepattern" and value.strip():
+        try:
+            re.compile(value.strip())
+        except re.error as e:
+            raise IllegalArgumentException(
+                f"Invalid pattern '{value}' for option 'subscribePattern': {e}") from None
     if specified[0] == "subscribe" and not [t for t in value.split(",") if t.strip()]:
         raise IllegalArgumentException(
             f"No topics to subscribe to as specified value for option 'subscribe' is '{value}'")
@@ -237,6 +245,16 @@ def parse_offsets(value: Any, what: str = "offset") -> dict[tuple[str, int], int
             f"{json.dumps(value)} ({what})") from None
 
 
+def assigned_partitions(text: str) -> list[tuple[str, int]]:
+    """The ``assign`` option, ``{"topicA":[0,1],"topicB":[2]}`` (Spark's JsonUtils.partitions)."""
+    try:
+        value = json.loads(text)
+        return sorted((topic, int(p)) for topic, parts in value.items() for p in parts)
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        raise IllegalArgumentException(
+            f'Expected e.g. {{"topicA":[0,1],"topicB":[0,1]}}, got {text}') from None
+
+
 def _partitions_text(tps) -> str:
     return ", ".join(f"{t}-{p}" for t, p in sorted(tps))
 
@@ -297,9 +315,7 @@ class KafkaOffsetReader:
         self.pattern = re.compile(value.strip()) if value is not None else None
         self.topics = ([t.strip() for t in options["subscribe"].split(",") if t.strip()]
                        if "subscribe" in options else None)
-        self.assigned = (sorted(parse_offsets(
-            {t: {str(p): 0 for p in ps} for t, ps in json.loads(options["assign"]).items()}))
-            if "assign" in options else None)
+        self.assigned = assigned_partitions(options["assign"]) if "assign" in options else None
         config = {k: v for k, v in self.params.items() if k != "group.id"}
         config.update({"group.id": self.params.get("group.id", group_id),
                        "enable.auto.commit": False, "enable.partition.eof": False})
