@@ -102,3 +102,39 @@ def test_stream_metadata_is_created_once(tmp_path):
     (tmp_path / "metadata").write_text("{not json")
     with pytest.raises(CheckpointError, match="Cannot read the query metadata file"):
         StreamMetadata.read_or_create(fs, str(tmp_path))
+
+
+def _checkpoint_files(root) -> dict:
+    return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(root) for f in files}
+
+
+def test_a_deleted_metadata_file_is_refused_as_spark_refuses_it(ss, spark, tmp_path):
+    """Spark 4.2+: offsets or commits without ``metadata`` would restart under a new query
+    id; both engines refuse with STREAMING_CHECKPOINT_MISSING_METADATA_FILE, change no
+    file, and run again with the check turned off."""
+    from pyspark.errors import SparkRuntimeException
+    for engine, session in (("spark", spark), ("microbatch", ss)):
+        ckpt = tmp_path / engine
+        frame = session.readStream.format("rate-micro-batch").option("rowsPerBatch", 3).load()
+
+        def start():
+            return (frame.writeStream.format("noop").option("checkpointLocation", str(ckpt))
+                    .trigger(availableNow=True).start())
+        start().awaitTermination(60)
+        os.remove(ckpt / "metadata")
+        if (ckpt / ".metadata.crc").exists():   # Hadoop's checksum beside Spark's file
+            os.remove(ckpt / ".metadata.crc")
+        before = _checkpoint_files(ckpt)
+        with pytest.raises(SparkRuntimeException) as error:
+            start()
+        assert error.value.getCondition() == "STREAMING_CHECKPOINT_MISSING_METADATA_FILE", engine
+        assert "the metadata file is missing but offset and/or commit logs contain data" in str(error.value)
+        assert _checkpoint_files(ckpt) == before, engine
+        spark.conf.set("spark.sql.streaming.checkpoint.verifyMetadataExists.enabled", "false")
+        try:
+            q = start()
+            q.awaitTermination(60)
+            assert q.exception() is None
+        finally:
+            spark.conf.unset("spark.sql.streaming.checkpoint.verifyMetadataExists.enabled")

@@ -14,6 +14,18 @@ from microbatch.errors import CheckpointError
 class StreamMetadata:
     id: str
 
+    @staticmethod
+    def missing_with_logs(fs: CheckpointFileSystem, checkpoint_root: str) -> bool:
+        """True when ``metadata`` is missing but ``offsets/`` or ``commits/`` hold entries:
+        starting would give the query a new id over its old batches (Spark 4.2+ refuses)."""
+        if fs.exists(f"{checkpoint_root}/metadata"):
+            return False
+        for log_dir in ("offsets", "commits"):
+            path = f"{checkpoint_root}/{log_dir}"
+            if fs.exists(path) and any(name.split("/")[-1].isdigit() for name in fs.list(path)):
+                return True
+        return False
+
     @classmethod
     def read_or_create(cls, fs: CheckpointFileSystem, checkpoint_root: str) -> "StreamMetadata":
         path = f"{checkpoint_root}/metadata"

@@ -30,6 +30,7 @@ from microbatch import spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import UserFunctionError
+from microbatch.util import conf_bool
 from microbatch.execution.clock import Clock
 from microbatch.execution.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
                                          QueryStartedEvent, QueryTerminatedEvent)
@@ -68,6 +69,11 @@ class StreamExecution:
         self.fs = fs
         self.listener_bus = listener_bus
         self.on_terminated = on_terminated
+        if conf_bool(spark, "spark.sql.streaming.checkpoint.verifyMetadataExists.enabled", True) \
+                and StreamMetadata.missing_with_logs(fs, checkpoint_root):
+            raise spark_internals.spark_error(
+                "SparkRuntimeException", "STREAMING_CHECKPOINT_MISSING_METADATA_FILE",
+                checkpointLocation=checkpoint_root)
         self.id = StreamMetadata.read_or_create(fs, checkpoint_root).id
         self.run_id = str(uuid.uuid4())
         self.state = State.INITIALIZING
