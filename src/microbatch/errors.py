@@ -9,9 +9,12 @@ exception classes, so code ported from Structured Streaming that catches
 """
 from __future__ import annotations
 
+import re
+
 from pyspark.errors import AnalysisException as _PySparkAnalysisException
 from pyspark.errors import IllegalArgumentException as _PySparkIllegalArgumentException
 from pyspark.errors import StreamingQueryException  # noqa: F401 - PySpark's, re-exported
+from pyspark.errors.exceptions.captured import CapturedException
 
 
 class AnalysisException(_PySparkAnalysisException):
@@ -52,3 +55,23 @@ class UserFunctionError(Exception):
     def __init__(self, error: BaseException, origin):
         super().__init__(str(error))
         self._origin = origin
+
+
+_RAISED_IN_WORKER = re.compile(r"^microbatch\.errors\.(\w+): (.+)$", re.MULTILINE)
+
+
+def raised_in_worker(error: BaseException) -> "AnalysisException | IllegalArgumentException | None":
+    """The microbatch error a Spark task raised, when ``error`` is the Spark job failure
+    that carries it (PySpark's ``PythonException``, whose first line is "An exception
+    was thrown from the Python worker"). A damaged state file is found in a task; the
+    user must read the file and the problem first, not a worker's traceback. The job
+    failure stays the returned error's ``__cause__``."""
+    if not isinstance(error, CapturedException) or "Python worker" not in str(error):
+        return None
+    found = _RAISED_IN_WORKER.search(str(error))
+    kind = globals().get(found.group(1)) if found else None
+    if not (isinstance(kind, type) and issubclass(kind, (AnalysisException, IllegalArgumentException))):
+        return None
+    raised = kind(found.group(2))
+    raised.__cause__ = error
+    return raised

@@ -84,8 +84,9 @@ def jvm_throwable(error: BaseException) -> Any:
         params = error.getMessageParameters()
     message = str(error) if error_class else f"{type(error).__name__}: {error}"
     option = jvm.scala.Option
+    cause = getattr(error.__cause__, "_origin", None)   # e.g. the Spark job a task error failed
     jexception = jvm.org.apache.spark.SparkException(
-        message, None, option.apply(error_class), scala_map(params or {}),
+        message, cause, option.apply(error_class), scala_map(params or {}),
         _empty_query_contexts())
     frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
     elements = SparkContext._gateway.new_array(jvm.java.lang.StackTraceElement, len(frames))

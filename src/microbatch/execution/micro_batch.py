@@ -303,6 +303,7 @@ class MicroBatchExecution(StreamExecution):
     # -- step 1 --------------------------------------------------------------
     def populate_start_offsets(self) -> None:
         latest = self.offset_log.get_latest()
+        self._check_commits_have_offsets(None if latest is None else latest[0])
         if latest is None:
             log.info("Starting new streaming query.")
             self.current_batch_id = 0
@@ -353,6 +354,24 @@ class MicroBatchExecution(StreamExecution):
                             "batchid %d by one", committed_batch_id, latest_batch_id)
         log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
+
+    def _check_commits_have_offsets(self, latest_offsets_id: int | None) -> None:
+        """A commit names a batch the offset log planned. ``commits/N`` beyond the last
+        ``offsets/N`` means the offset log lost entries (a restore, a hand edit): the
+        engine would re-run a committed batch. Refuse before anything runs."""
+        orphans = [b for b in self.commit_log.batch_ids()
+                   if latest_offsets_id is None or b > latest_offsets_id]
+        if not orphans:
+            return
+        files = ", ".join(self.commit_log.batch_file(b) for b in orphans)
+        has = (f"its last is offsets/{latest_offsets_id}" if latest_offsets_id is not None
+               else "it is empty")
+        raise CheckpointError(
+            f"The checkpoint '{self.checkpoint_root}' is inconsistent: {files} record(s) batch(es) "
+            f"{', '.join(map(str, orphans))} as committed, but the offset log has no entry for "
+            f"them ({has}). Nothing was run. Restore the missing offsets file(s) from a backup; "
+            "or, if those batches must be planned again, delete the listed commit file(s) "
+            "(their output may then be written again by a sink that is not idempotent).")
 
     def _plan_run(self) -> None:
         """The run's planner, once the checkpoint's confs are fixed (populate_start_offsets)."""

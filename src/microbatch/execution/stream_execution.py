@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from microbatch import spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.checkpoint.stream_metadata import StreamMetadata
-from microbatch.errors import UserFunctionError
+from microbatch.errors import UserFunctionError, raised_in_worker
 from microbatch.util import conf_bool
 from microbatch.execution.clock import Clock
 from microbatch.execution.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
@@ -176,6 +176,7 @@ class StreamExecution:
     def _fail(self, error: BaseException) -> str:
         """Record ``error`` as the reason the query ended (Spark's ``streamDeathCause``);
         return its message."""
+        error = raised_in_worker(error) or error
         # as Spark unwraps a user function's error, so that users get their own
         self._python_cause = (error.__cause__ if isinstance(error, UserFunctionError)
                               and error.__cause__ is not None else error)

@@ -184,6 +184,10 @@ class FileStreamSink(Sink):
             retention_ms=retention_ms)
         self.staging_root = os.path.join(path, STAGING_DIR)
         self._metrics: dict[str, str] = {}
+        # Read the live part of the log (the last compact file and the batches after it)
+        # now: a damaged entry would otherwise pass unnoticed until a batch reader
+        # (spark.read of the output) fails on it; this names the file before anything runs.
+        self.file_log.all_files()
 
     def _remove_stale_staging(self, batch_id: int) -> None:
         """Remove staging directories of earlier attempts of batches up to ``batch_id``:
