@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test
+.PHONY: setup demo test chaos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,3 +23,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# Seeded SIGKILL chaos for every pipeline kind: make chaos KILLS=100 SEED=7
+KILLS ?= 100
+SEED ?= $(shell date +%s)
+chaos: setup
+	$(PY) -m microbatch.testing.chaos --kills $(KILLS) --seed $(SEED)

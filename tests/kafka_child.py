@@ -5,7 +5,7 @@
 - ``sink``: json files in SRC -> Kafka topic OUT with the exactly-once option;
   ``sink-at-least-once`` without it.
 
-Prints ``STARTED`` and ``PROGRESS <batchId>`` as crash_child.py does.
+Prints ``STARTED`` and ``PROGRESS <batchId>`` (child_process.PrintProgress).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 
 from microbatch import StreamingSession, crash_points
 
-from crash_child import PrintProgress
+from child_process import PrintProgress
 
 
 def source_writer(ss, topic: str, out: str, ckpt: str, bootstrap: str):

@@ -8,10 +8,11 @@ from __future__ import annotations
 import collections
 import os
 import random
+import time
 
 import kafka_child
 from file_inputs import write_json_files
-from test_crash_recovery import Child, batch_ids, wait_until
+from child_process import Child, batch_ids, wait_until
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kafka_child.py")
 
@@ -22,26 +23,28 @@ def produce_numbered(broker, topic, start, count, partitions):
 
 
 def test_kafka_to_parquet_is_exactly_once_across_sigkills(ss, spark, broker, tmp_path):
+    """A crash at each step of the protocol (the child kills itself the second time it
+    gets there, ``microbatch.crash_points``), then a kill at a random moment."""
     topic, out, ckpt = "crash-source", tmp_path / "out", tmp_path / "ckpt"
     broker.create_topic(topic, 4)
     produced = produce_numbered(broker, topic, 0, 400, 4)
     rng = random.Random(20261124)
     offsets, commits = ckpt / "offsets", ckpt / "commits"
     kills = []
-    for plan in ["in flight", "after progress", "in flight", "after progress"]:
+    for step in ["offsets-written", "source-get-batch", "sink-manifest-written", "commit-written", "random"]:
+        env = {} if step == "random" else {"MICROBATCH_CRASH_AT": f"{step}:2"}
         child = Child(topic, out, ckpt, tmp_path / "child.log", script=CHILD,
-                      args=("source", broker.bootstrap))
-        child.wait_for("STARTED", timeout=180)
-        if plan == "in flight":
-            wait_until(lambda: max(batch_ids(offsets), default=-1) > max(batch_ids(commits), default=-1),
-                       120, "a batch in flight")
+                      args=("source", broker.bootstrap), env=env)
+        if step == "random":
+            child.wait_for("PROGRESS", timeout=180)
+            time.sleep(rng.uniform(0.0, 0.5))
         else:
-            for _ in range(rng.randint(1, 3)):
-                child.wait_for("PROGRESS", timeout=120)
+            child.proc.wait(240)
+            assert child.proc.returncode == -9, (step, child.proc.returncode)
         child.kill()
-        kills.append((plan, max(batch_ids(offsets), default=-1), max(batch_ids(commits), default=-1)))
+        kills.append((step, max(batch_ids(offsets), default=-1), max(batch_ids(commits), default=-1)))
         produced = produce_numbered(broker, topic, produced, 40, 4)
-    assert sum(1 for _, o, c in kills if o > c) >= 1, kills
+    assert sum(1 for _, o, c in kills if o > c) >= 3, kills
 
     query = kafka_child.source_writer(ss, topic, str(out), str(ckpt), broker.bootstrap) \
         .trigger(availableNow=True).start()

@@ -5,11 +5,28 @@ the ``count``-th arrival at ``step`` in one process SIGKILL the process group re
 ``arm()`` (the driver and its JVM) and the arriving process's own group (PySpark's
 worker daemon and its workers, which have a group of their own). A
 process that did not call ``arm()`` is never killed, so a stray variable cannot take a
-test runner down. Steps so far:
+test runner down.
 
-- ``kafka-sink-record``: the Kafka sink delivered one more record of a task (the count
-  is per task process; each record is flushed before the next when armed), i.e. a
-  kill in the middle of a sink write.
+The steps, in the order a batch meets them (``execution.micro_batch`` has the protocol):
+
+- ``offsets-written``: ``offsets/N`` is durable (the batch's write-ahead entry);
+  ``source-file-cleaned``: the file source archived or deleted a file of batch N-1
+  (``cleanSource``); ``logs-purged``: old offsets and commits entries deleted.
+- ``source-get-batch``: a source returned batch N's DataFrame (driver).
+- In the batch's Spark tasks (the count is per Python worker): ``state-loaded`` (a
+  state store at version N handed to an operator), ``state-delta-written`` (a store
+  committed version N+1), ``state-snapshot-written`` and ``state-cleanup`` (maintenance);
+  ``kafka-sink-record`` (one more record delivered: each record is flushed before the
+  next when armed, i.e. a kill in the middle of a sink write) and ``kafka-sink-flushed``
+  (a task's producer flushed).
+- ``sink-data-written``: the file sink's data files are in place, its manifest not yet;
+  ``sink-manifest-written``: ``_spark_metadata/N`` written (the file sink's commit);
+  ``log-compacted``: a compact file of the file source's or the file sink's log written;
+  ``foreach-batch-returned``: the user's ``foreachBatch`` function returned.
+- ``sink-added``: the sink is done with batch N (every state partition committed).
+- ``commit-written``: ``commits/N`` is durable.
+
+``microbatch.testing.chaos`` has the pipelines the crash-at-every-step test walks.
 """
 from __future__ import annotations
 

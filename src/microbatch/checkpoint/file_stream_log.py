@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Generic, Iterable, TypeVar
 from urllib.parse import unquote, urlparse
 
+from microbatch import crash_points
 from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.checkpoint.metadata_log import MetadataLog, parse_version
 from microbatch.errors import CheckpointError
@@ -242,6 +243,7 @@ class CompactibleFileStreamLog(MetadataLog[list[E]], Generic[E]):
             merged.extend(e for e in batch if self.should_retain(e, now))
         merged.extend(e for e in entries if self.should_retain(e, now))
         added = super().add(batch_id, merged)
+        crash_points.reached("log-compacted")
         elapsed_ms = (time.monotonic() - started) * 1000
         if elapsed_ms >= 2000:
             log.warning("Compacting took %d ms for compact batch %d", elapsed_ms, batch_id)

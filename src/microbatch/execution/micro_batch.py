@@ -33,7 +33,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from microbatch import spark_internals
+from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.commits import CommitLog, CommitMetadata
 from microbatch.checkpoint.offsets import (OFFSET_LOG_VERSION_CONF, SOURCE_EVOLUTION_CONF, OffsetSeq,
                                           OffsetSeqLog, OffsetSeqMetadata, to_json)
@@ -517,6 +517,7 @@ class MicroBatchExecution(StreamExecution):
                     "Concurrent update to the log. Multiple streaming jobs detected for "
                     f"{self.current_batch_id}. Another run of this query owns the checkpoint "
                     f"'{self.checkpoint_root}'; stop it, or give this query its own checkpoint.")
+            crash_points.reached("offsets-written")
             log.info("Committed offsets for batch %d. Metadata %s", self.current_batch_id,
                      self.offset_seq_metadata.json())
             if self.current_batch_id != 0:
@@ -527,6 +528,7 @@ class MicroBatchExecution(StreamExecution):
                 threshold = self.current_batch_id - self.min_batches_to_retain
                 self.offset_log.purge(threshold)
                 self.commit_log.purge(threshold)
+                crash_points.reached("logs-purged")
         with self.await_progress:
             self.no_new_data = False
         return True
@@ -561,6 +563,7 @@ class MicroBatchExecution(StreamExecution):
                     start = source.initial_offset()
                 log.debug("Retrieving data from %s: %s -> %s", source, start, end)
                 df = source.get_batch(start, end)
+                crash_points.reached("source-get-batch")
                 count = source.num_rows(start, end)
                 if count is not None:
                     row_counts[i] = count
@@ -587,6 +590,7 @@ class MicroBatchExecution(StreamExecution):
             self.sink.add_batch(batch_id, batch_df)
             if ctx is not None and self.stateful:
                 self._complete_state_commits(ctx, batch_df)
+            crash_points.reached("sink-added")
         if scanned_inputs:
             executions = self._scan_counter.finish() if reads_through != READS_RDD else []
             if reads_through != READS_SQL:
@@ -601,6 +605,7 @@ class MicroBatchExecution(StreamExecution):
                     "Concurrent update to the log. Multiple streaming jobs detected for "
                     f"{batch_id} (commits/{batch_id} already exists). Another run of this query "
                     f"owns the checkpoint '{self.checkpoint_root}'.")
+            crash_points.reached("commit-written")
         self.committed_offsets.update(self.available_offsets)
         self._last_batch_stats = {
             "sources": [self._source_progress(i, row_counts.get(i, 0)) for i in range(len(self.sources))],

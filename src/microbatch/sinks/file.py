@@ -56,7 +56,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from microbatch import spark_internals
+from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, SinkFileStatus)
 from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem, storage_for, storage_from_spec
@@ -219,7 +219,9 @@ class FileStreamSink(Sink):
             writer = writer.partitionBy(*self.partition_by)
         writer.save("file://" + staging)
         statuses = self._move_into_place(staging)
+        crash_points.reached("sink-data-written")
         self._commit(batch_id, statuses)
+        crash_points.reached("sink-manifest-written")
         shutil.rmtree(staging, ignore_errors=True)
         try:
             os.rmdir(self.staging_root)
@@ -246,7 +248,9 @@ class FileStreamSink(Sink):
         record = f"{self.path}/{ATTEMPTS_DIR}/{batch_id}-{attempt}"
         self.fs.write_bytes(record, b"")
         statuses = self._write_in_place(batch_id, attempt, df)
+        crash_points.reached("sink-data-written")
         self._commit(batch_id, statuses)
+        crash_points.reached("sink-manifest-written")
         self.fs.delete(record)
         self._report(statuses)
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from pyspark.sql import DataFrame
 
-from microbatch import spark_internals
+from microbatch import crash_points, spark_internals
 from microbatch.errors import UserFunctionError
 from microbatch.sinks.base import Sink, SinkContext, SinkProvider
 
@@ -27,6 +27,7 @@ class ForeachBatchSink(Sink):
             self.fn(df, batch_id)
         except Exception as e:
             raise UserFunctionError(e, spark_internals.foreach_batch_user_error(e)) from e
+        crash_points.reached("foreach-batch-returned")
 
     def __str__(self) -> str:
         return "ForeachBatchSink"

@@ -223,6 +223,7 @@ def _write_task(config: dict, topic_option: str | None, exactly_once: dict | Non
             if errors:
                 break
         remaining = producer.flush(flush_timeout_s)
+        crash_points.reached("kafka-sink-flushed")
         if errors:
             raise RuntimeError(f"Kafka sink: a record of task {task} was not written: {errors[0]}")
         if remaining:

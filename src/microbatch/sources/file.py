@@ -35,6 +35,7 @@ from pyspark.errors import AnalysisException as PySparkAnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
 
+from microbatch import crash_points
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR, FileEntry,
                                                    FileStreamSinkLog, FileStreamSourceLog,
                                                    live_files, path_to_uri)
@@ -636,6 +637,7 @@ class FileStreamSource(Source):
         for entry in self.metadata_log.files_in_range(log_offset, log_offset):
             if entry.batchId == log_offset:
                 self.cleaner.clean(entry)
+                crash_points.reached("source-file-cleaned")
 
 
 # -- providers -------------------------------------------------------------------

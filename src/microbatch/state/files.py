@@ -29,6 +29,7 @@ from operator import countOf, is_
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from microbatch import crash_points
 from microbatch.errors import CheckpointError
 
 #: The value of a key removed in a version (a null ``value`` in a file).
@@ -161,6 +162,7 @@ class StateFiles:
         with ipc.new_stream(sink, self.schema, options=options) as writer:
             writer.write_batch(batch)
         self.conf.fs.write_bytes(self.path(version, kind), sink.getvalue())
+        crash_points.reached(f"state-{kind}-written")   # delta: a commit; snapshot: maintenance
 
     def read_table(self, version: int, kind: str) -> pa.Table:
         """A state file as an Arrow table (columns ``key``, ``value``), checked;
@@ -216,3 +218,4 @@ class StateFiles:
         for v, kind in files:
             if v < keep_from or (v == keep_from and kind == "delta" and snapshots):
                 self.conf.fs.delete(self.path(v, kind))
+                crash_points.reached("state-cleanup")

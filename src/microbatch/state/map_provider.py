@@ -31,6 +31,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from microbatch import crash_points
 from microbatch.state.files import REMOVED, StateFiles
 from microbatch.state.store import (Key, StateStore, StateStoreConf, StateStoreId,
                                     StateStoreMetrics, StateStoreProvider, Value)
@@ -345,7 +346,9 @@ class MapStateStoreProvider(StateStoreProvider):
         """The store at ``version``; it loads in the form its first call asks for."""
         if version < 0:
             raise ValueError(f"Version cannot be less than 0, got {version}")
-        return MapStateStore(self, version)
+        store = MapStateStore(self, version)
+        crash_points.reached("state-loaded")
+        return store
 
     def commit(self, version: int, pending: dict[Key, object]) -> None:
         if self.loaded_version != version:

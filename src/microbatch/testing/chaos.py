@@ -1,0 +1,370 @@
+"""Seeded chaos: SIGKILL streaming queries at random moments, then check exactly-once.
+
+    python -m microbatch.testing.chaos [--kills 100] [--seed 7] [--kinds stateless,stateful,foreach]
+                                       [--workdir DIR]
+
+For each pipeline kind the runner feeds json input files, starts the query in a child
+process of its own process group (the Python driver, Spark's JVM and its Python
+workers), kills the whole group with SIGKILL at a random moment, feeds more input and
+starts it again, ``--kills`` times. Then it lets the query finish in its own process
+(``availableNow``) and checks the output against vanilla Spark batch reads of all the
+input: nothing lost, nothing twice, aggregates equal. It prints every kill (which run,
+how long after start, where it landed in the batch protocol), the restarts, rows in and
+out, and exits non-zero when a pipeline's output is wrong. The kinds run side by side,
+each in its own directory under ``--workdir``; a seed repeats the same kills' moments
+(as far as a machine's speed lets a moment land in the same place).
+
+The pipeline kinds (every one reads json files, ``maxFilesPerTrigger`` 1):
+
+- ``stateless``: filter and project into the file sink (parquet); ``cleanSource``
+  archives the files of committed batches.
+- ``stateful``: an event-time window count with a watermark, append mode, into the file
+  sink; state snapshots and cleanup every few versions.
+- ``foreach``: a running count per key, update mode, into ``foreachBatch`` writing an
+  idempotent table (each batch overwrites its own ``batch=<id>`` directory).
+
+The children run with small log retention, compaction intervals and snapshot
+intervals, so that a run of a few batches passes through every step of the protocol.
+The same children serve the crash-at-every-step test (``MICROBATCH_CRASH_AT``, see
+``microbatch.crash_points``).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+KINDS = ("stateless", "stateful", "foreach")
+ROWS_PER_FILE = 10
+#: Confs of the children: small retention and intervals, so a few batches reach every
+#: protocol step (log purge and compaction, state snapshots and cleanup).
+CHILD_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.sql.streaming.minBatchesToRetain": "3",
+    "spark.sql.streaming.stateStore.minDeltasForSnapshot": "1",
+    "spark.sql.streaming.fileSink.log.compactInterval": "3",
+    "spark.sql.streaming.fileSource.log.compactInterval": "3",
+    # a JVM that lives for seconds starts faster with the client compiler only
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+}
+_BASE_MTIME = 1_700_000_000
+
+
+# -- input -----------------------------------------------------------------------
+def feed(root: str, first: int, count: int) -> int:
+    """Write input files ``first``..``first+count-1``; return the next file number.
+    File i holds ids ``i*1000 ..`` with event times ``i*10 ..`` seconds, so event time
+    never goes back across files (no row is late), and modification time ``base + i``
+    so files are taken in order."""
+    directory = os.path.join(root, "in")
+    os.makedirs(directory, exist_ok=True)
+    for i in range(first, first + count):
+        rows = [{"id": i * 1000 + j, "name": f"k{(i + j) % 5}", "ts": i * 10 + j}
+                for j in range(ROWS_PER_FILE)]
+        path = os.path.join(directory, f"f{i:05d}.json")
+        tmp = os.path.join(directory, f".f{i:05d}.json.tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in rows))
+        os.utime(tmp, (_BASE_MTIME + i, _BASE_MTIME + i))
+        os.replace(tmp, path)
+    return first + count
+
+
+# -- the pipelines ---------------------------------------------------------------
+def writer(ss, kind: str, root: str):
+    """The query of ``kind`` on ``root`` (in/, archive/, out/, ckpt/), not started."""
+    from pyspark.sql import functions as F
+    reader = ss.readStream.format("json").schema("id INT, name STRING, ts LONG") \
+        .option("maxFilesPerTrigger", 1)
+    if kind == "stateless":
+        reader = reader.option("cleanSource", "archive") \
+            .option("sourceArchiveDir", os.path.join(root, "archive"))
+    frame = reader.load(os.path.join(root, "in"))
+    out, ckpt = os.path.join(root, "out"), os.path.join(root, "ckpt")
+    if kind == "stateless":
+        return (frame.where("id % 3 != 0").withColumn("label", F.concat_ws("-", "name", "id"))
+                .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt))
+    if kind == "stateful":
+        counts = (frame.withColumn("event", F.timestamp_seconds("ts")).withWatermark("event", "0 seconds")
+                  .groupBy(F.window("event", "50 seconds"), "name").count()
+                  .select(F.col("window.start").alias("start"), "name", "count"))
+        return (counts.writeStream.format("parquet").outputMode("append")
+                .option("path", out).option("checkpointLocation", ckpt))
+    if kind == "foreach":
+        def write_batch(df, batch_id):   # idempotent: a re-run batch overwrites its own directory
+            df.write.mode("overwrite").parquet(os.path.join(out, f"batch={batch_id}"))
+        return (frame.groupBy("name").count().writeStream.outputMode("update")
+                .foreachBatch(write_batch).option("checkpointLocation", ckpt))
+    raise ValueError(f"unknown pipeline kind {kind!r}; one of {', '.join(KINDS)}")
+
+
+def _all_input(spark, root: str):
+    """Every input row, read by plain Spark batch (archived files included)."""
+    schema = "id INT, name STRING, ts LONG"
+    frame = spark.read.schema(schema).json(os.path.join(root, "in"))
+    archive = os.path.join(root, "archive")
+    if os.path.isdir(archive):
+        frame = frame.unionByName(spark.read.schema(schema).option("recursiveFileLookup", "true")
+                                  .option("pathGlobFilter", "*.json").json(archive))
+    return frame
+
+
+def expected_and_actual(spark, kind: str, root: str) -> tuple[collections.Counter, collections.Counter, int]:
+    """(expected output rows, output rows, input rows), rows as tuples, by vanilla Spark
+    batch reads of the input and of the output."""
+    from pyspark.sql import functions as F
+    source = _all_input(spark, root)
+    rows_in = source.count()
+    out = os.path.join(root, "out")
+    if kind == "stateless":
+        expected = source.where("id % 3 != 0").withColumn("label", F.concat_ws("-", "name", "id")) \
+            .select("id", "name", "ts", "label")
+        actual = spark.read.parquet(out).select("id", "name", "ts", "label")
+    elif kind == "stateful":
+        # append mode emits a window once the final watermark (the newest event time) passed its end
+        newest = source.agg(F.max("ts")).first()[0]
+        expected = (source.groupBy(F.window(F.timestamp_seconds("ts"), "50 seconds"), "name").count()
+                    .where(F.col("window.end") <= F.timestamp_seconds(F.lit(newest)))
+                    .select(F.col("window.start").alias("start"), "name", "count"))
+        actual = spark.read.parquet(out).select("start", "name", "count")
+    else:
+        expected = source.groupBy("name").count()
+        # the table's answer: each key's row from the newest batch that updated it
+        batches = spark.read.parquet(out)
+        newest = batches.groupBy("name").agg(F.max("batch").alias("batch"))
+        actual = batches.join(newest, ["name", "batch"]).select("name", "count")
+    return (collections.Counter(tuple(r) for r in expected.collect()),
+            collections.Counter(tuple(r) for r in actual.collect()), rows_in)
+
+
+def finish(ss, kind: str, root: str) -> None:
+    """Run the query on ``root`` to the end of its input in this process."""
+    query = writer(ss, kind, root).trigger(availableNow=True).start()
+    query.awaitTermination(600)
+    if query.exception() is not None:
+        raise query.exception()
+
+
+# -- the child process -----------------------------------------------------------
+def child_main(kind: str, root: str) -> None:
+    from microbatch import StreamingQueryListener, StreamingSession, crash_points
+
+    class PrintProgress(StreamingQueryListener):
+        def onQueryStarted(self, event) -> None:
+            pass
+
+        def onQueryProgress(self, event) -> None:
+            print(f"PROGRESS {event.progress['batchId']}", flush=True)
+
+        def onQueryTerminated(self, event) -> None:
+            pass
+
+    crash_points.arm()
+    ss = StreamingSession(conf=CHILD_CONF)
+    ss.streams.addListener(PrintProgress())
+    query = writer(ss, kind, root).trigger(processingTime="100 milliseconds").start()
+    print("STARTED", flush=True)
+    query.awaitTermination()
+
+
+class Child:
+    """``child_main`` in a process group of its own; lines it prints arrive in ``lines``."""
+
+    def __init__(self, kind: str, root: str, crash_at: str | None = None):
+        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                   SPARK_LOCAL_IP=os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
+        env.pop("MICROBATCH_CRASH_AT", None)
+        if crash_at:
+            env["MICROBATCH_CRASH_AT"] = crash_at
+        self.log = open(os.path.join(root, "child.log"), "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "microbatch.testing.chaos", "--child", kind, root],
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+
+    def wait_for(self, prefix: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.lines.get(timeout=0.2).startswith(prefix):
+                    return
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the child exited ({self.proc.returncode}) before {prefix!r}; "
+                                       f"see {self.log.name}") from None
+        raise RuntimeError(f"no {prefix!r} from the child in {timeout} s; see {self.log.name}")
+
+    def wait_killed(self, timeout: float) -> int:
+        """Wait for the child to die (a crash point kills it); its return code."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"the child was not killed within {timeout} s; see {self.log.name}") from None
+        code = self.proc.returncode
+        self.kill()
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the whole group and wait until every process of it is gone."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                self.log.close()
+                return
+            time.sleep(0.05)
+        raise RuntimeError("processes of the killed child survived SIGKILL")
+
+
+# -- where a kill landed ---------------------------------------------------------
+def _ids(directory: str) -> set[int]:
+    try:
+        return {int(n.split(".")[0]) for n in os.listdir(directory) if n.split(".")[0].isdigit()}
+    except FileNotFoundError:
+        return set()
+
+
+#: Where a kill can land, as the checkpoint shows it afterwards.
+BETWEEN_BATCHES = "between batches (commits/N is the last entry)"
+PLANNED = "in a batch: offsets/N written, sink not committed"
+SINK_COMMITTED = "in a batch: sink committed, commits/N not written"
+NOTHING_YET = "before the first batch was planned"
+
+
+def landing(kind: str, root: str) -> tuple[str, int]:
+    """Where in the batch protocol the last kill landed, and the batch."""
+    offsets = max(_ids(os.path.join(root, "ckpt", "offsets")), default=-1)
+    commits = max(_ids(os.path.join(root, "ckpt", "commits")), default=-1)
+    if offsets < 0:
+        return NOTHING_YET, -1
+    if offsets == commits:
+        return BETWEEN_BATCHES, commits
+    if kind == "foreach":
+        # Spark's writer creates the directory when the job starts, _SUCCESS when it is done
+        written = os.path.exists(os.path.join(root, "out", f"batch={offsets}", "_SUCCESS"))
+    else:
+        written = offsets in _ids(os.path.join(root, "out", "_spark_metadata"))
+    return (SINK_COMMITTED if written else PLANNED), offsets
+
+
+# -- the runner ------------------------------------------------------------------
+@dataclass
+class Result:
+    kind: str
+    kills: list[tuple[int, float, str, int]] = field(default_factory=list)   # (run, s, landing, batch)
+    restarts: int = 0
+    rows_in: int = 0
+    rows_out: int = 0
+    missing: int = 0
+    twice: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.missing == 0 and self.twice == 0
+
+
+def kill_chain(kind: str, root: str, kills: int, rng: random.Random, log=print) -> Result:
+    """Start, kill at a random moment and restart the query of ``kind`` ``kills`` times,
+    feeding input between the runs."""
+    result = Result(kind)
+    next_file = feed(root, 0, 3)
+    for run in range(kills):
+        child = Child(kind, root)
+        child.wait_for("STARTED", timeout=300)
+        result.restarts += 1 if run else 0
+        started = time.monotonic()
+        # a random moment: a quarter of the kills during recovery (the first batch of the
+        # run, often a re-run), the rest after 1-3 batches, mid-batch or between batches
+        if rng.random() < 0.25:
+            time.sleep(rng.uniform(0.0, 2.0))
+        else:
+            for _ in range(rng.randint(1, 3)):
+                try:
+                    child.wait_for("PROGRESS", timeout=20)
+                except RuntimeError:
+                    break   # the run has no more input: kill it idle
+            time.sleep(rng.uniform(0.0, 0.6))
+        child.kill()
+        where, batch = landing(kind, root)
+        result.kills.append((run, time.monotonic() - started, where, batch))
+        log(f"  {kind}: kill {run + 1}/{kills} {time.monotonic() - started:5.2f} s after start, "
+            f"batch {batch}: {where}")
+        next_file = feed(root, next_file, rng.randint(1, 3))
+    result.restarts += 1
+    return result
+
+
+def check(spark, ss, result: Result, root: str) -> Result:
+    """Finish the query in this process and compare its output with all the input."""
+    finish(ss, result.kind, root)
+    expected, actual, result.rows_in = expected_and_actual(spark, result.kind, root)
+    result.rows_out = sum(actual.values())
+    result.missing = sum((expected - actual).values())
+    result.twice = sum((actual - expected).values())
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m microbatch.testing.chaos", description=__doc__.split("\n")[0])
+    parser.add_argument("--kills", type=int, default=100, help="SIGKILLs per pipeline kind (default 100)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock, printed)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"pipeline kinds (default {','.join(KINDS)})")
+    parser.add_argument("--workdir", default=None, help="where input, output and checkpoints go (default: a temp dir)")
+    parser.add_argument("--child", nargs=2, metavar=("KIND", "ROOT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child_main(*args.child)
+        return 0
+    import tempfile
+    from microbatch import StreamingSession
+    seed = args.seed if args.seed is not None else int(time.time())
+    workdir = args.workdir or tempfile.mkdtemp(prefix="microbatch-chaos-")
+    print(f"chaos: seed {seed}, {args.kills} kills per kind, workdir {workdir}", flush=True)
+    ss = StreamingSession(conf={k: v for k, v in CHILD_CONF.items() if not k.startswith("spark.driver")})
+    kinds = args.kinds.split(",")
+    # the kinds' chains run side by side (each child is a driver, a JVM and workers)
+    with concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
+        chains = {kind: pool.submit(kill_chain, kind, os.path.join(workdir, kind), args.kills,
+                                    random.Random(f"{seed}-{kind}"), lambda line: print(line, flush=True))
+                  for kind in kinds}
+        results = {kind: chain.result() for kind, chain in chains.items()}
+    failed = False
+    for kind, result in results.items():
+        check(ss.spark, ss, result, os.path.join(workdir, kind))
+        places = collections.Counter(where for _, _, where, _ in result.kills)
+        print(f"{kind}: {len(result.kills)} kills, {result.restarts} restarts, rows in {result.rows_in}, "
+              f"rows out {result.rows_out}, missing {result.missing}, written twice {result.twice}: "
+              f"{'EXACTLY ONCE' if result.ok else 'WRONG'}", flush=True)
+        for where, n in places.most_common():
+            print(f"    {n:4d} kills {where}", flush=True)
+        failed |= not result.ok
+    ss.spark.stop()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
