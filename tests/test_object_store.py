@@ -18,7 +18,8 @@ from pyspark.sql import functions as F
 from file_inputs import write_json_files
 from microbatch import StreamingSession
 from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
-from microbatch.errors import CheckpointError
+from microbatch.checkpoint.run_lease import RunLease
+from microbatch.errors import CheckpointError, ConcurrentUpdateError
 from microbatch.testing.s3_server import s3_server
 
 BUCKET = "checkpoints"
@@ -65,7 +66,10 @@ def test_stateless_query_keeps_its_checkpoint_on_s3_and_resumes(ss, spark, s3, t
     assert SECRET not in caplog.text
     assert first.lastProgress.batchId == 1
     assert keys(client, "json-to-parquet/") == [
-        "commits/0", "commits/1", "metadata", "offsets/0", "offsets/1", "sources/0/0", "sources/0/1"]
+        "commits/0", "commits/1", "leases/1", "metadata", "offsets/0", "offsets/1", "sources/0/0",
+        "sources/0/1"]
+    lease = json.loads(client.get_object(Bucket=BUCKET, Key="json-to-parquet/leases/1")["Body"].read())
+    assert lease["runId"] == first.runId and lease["released"] is True
     assert client.get_object(Bucket=BUCKET, Key="json-to-parquet/offsets/1")["Body"].read() \
         .decode().endswith('\n{"logOffset":1}')
     rows += write_json_files(src, 2, 1)
@@ -83,29 +87,56 @@ def test_two_writers_of_one_log_entry_cannot_both_win(spark, s3):
 
 
 def test_a_second_run_on_the_same_checkpoint_is_refused(spark, s3):
-    """Two runs of one query (two sessions of one application) race for the same batches:
-    the conditional PUT lets one write each offsets entry, the other fails."""
+    """Two runs of one query (two sessions of one application): the second is refused at
+    start by the first run's lease on S3, the first goes on; once it stops, a run starts."""
     ckpt = f"s3://{BUCKET}/twice"
-    queries = []
-    for _ in range(2):
-        session = StreamingSession(spark)
-        queries.append(session.readStream.format("rate-micro-batch").option("rowsPerBatch", 10).load()
-                       .writeStream.format("noop").option("checkpointLocation", ckpt)
-                       .trigger(processingTime="50 milliseconds").start())
+
+    def start():
+        return (StreamingSession(spark).readStream.format("rate-micro-batch").option("rowsPerBatch", 10)
+                .load().writeStream.format("noop").option("checkpointLocation", ckpt)
+                .trigger(processingTime="50 milliseconds").start())
+    first = start()
+    with pytest.raises(ConcurrentUpdateError, match="Another run of this query is active") as refused:
+        start()
+    assert first.runId in str(refused.value) and "is running" in str(refused.value)
+    batches_after(first, 2)
+    assert first.isActive and first.exception() is None
+    first.stop()
+    again = start()
+    batches_after(again, first.lastProgress.batchId + 2)
+    again.stop()
+    assert again.exception() is None
+
+
+def batches_after(query, batch_id: int) -> None:
     deadline = time.monotonic() + 60
-    refused = None
-    while refused is None:
-        assert time.monotonic() < deadline, "neither run was refused"
-        for query in queries:
-            try:
-                query.awaitTermination(0.2)
-            except StreamingQueryException as e:
-                refused = e
-                break
-    assert "Concurrent update to the log" in str(refused)
-    assert sum(q.isActive for q in queries) == 1   # the other run goes on
-    for query in queries:
-        query.stop()
+    while not (query.lastProgress and query.lastProgress.batchId >= batch_id):
+        assert time.monotonic() < deadline and query.isActive, query.exception()
+        time.sleep(0.05)
+
+
+def test_a_run_whose_lease_was_taken_over_is_fenced_before_it_writes(s3):
+    """A run on another host stopped renewing its lease (a frozen host) for longer than
+    the timeout: a new run takes the lease over, and the old run's next log write is
+    refused with a clear error (leases on S3, written with conditional PUTs)."""
+    fs = storage_for(f"s3://{BUCKET}/fenced", {**s3[1]})
+    old = RunLease(fs, f"s3://{BUCKET}/fenced", "q", "old-run", timeout_ms=1000)
+    old.acquire()
+    old._stop.set()                          # its heartbeat stops, as on a frozen host
+    record = json.loads(fs.read_text(f"s3://{BUCKET}/fenced/leases/1"))
+    fs.write(f"s3://{BUCKET}/fenced/leases/1", json.dumps({**record, "host": "elsewhere",
+                                                           "heartbeatMs": record["heartbeatMs"] - 5000}))
+    old.check()                              # nobody took over yet
+    new = RunLease(fs, f"s3://{BUCKET}/fenced", "q", "new-run", timeout_ms=1000)
+    new.acquire()
+    with pytest.raises(ConcurrentUpdateError, match="took this run's lease over") as fenced:
+        old.check()
+    assert "new-run" in str(fenced.value)
+    new.check()
+    refused = RunLease(fs, f"s3://{BUCKET}/fenced", "q", "third-run", timeout_ms=1000)
+    with pytest.raises(ConcurrentUpdateError, match="is running"):
+        refused.acquire()
+    new.release()
 
 
 def test_bad_locations_fail_at_start_and_write_nothing(ss, s3, tmp_path):

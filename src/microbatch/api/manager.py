@@ -84,6 +84,7 @@ class StreamingQueryManager:
                     raise IllegalArgumentException(
                         f"Cannot start a query on checkpoint '{checkpoint_root}': the active "
                         f"query {other._execution.pretty_id} uses it.")
+            execution.lease.acquire()   # another process's run of this checkpoint: refused here
             query = StreamingQuery(execution)
             self._active[execution.id] = query
         execution.start()

@@ -512,6 +512,7 @@ class MicroBatchExecution(StreamExecution):
             else:
                 seq = OffsetSeq([self.available_offsets.get(i) for i in range(len(self.sources))],
                                 self.offset_seq_metadata)
+            self.lease.check()
             if not self.offset_log.add(self.current_batch_id, seq):
                 raise ConcurrentUpdateError(
                     "Concurrent update to the log. Multiple streaming jobs detected for "
@@ -600,6 +601,7 @@ class MicroBatchExecution(StreamExecution):
             row_counts[i] = self._observed_rows(observation)
         event_time = self._update_watermark(ctx) if ctx is not None else None
         with progress.time_phase("commitOffsets"):
+            self.lease.check()
             if not self.commit_log.add(batch_id, CommitMetadata(self.watermark_ms)):
                 raise ConcurrentUpdateError(
                     "Concurrent update to the log. Multiple streaming jobs detected for "

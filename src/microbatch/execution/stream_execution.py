@@ -28,6 +28,8 @@ from pyspark.sql import SparkSession
 
 from microbatch import spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.checkpoint.run_lease import (DEFAULT_TIMEOUT_MS as DEFAULT_LEASE_TIMEOUT_MS,
+                                              TIMEOUT_CONF as LEASE_TIMEOUT_CONF, RunLease)
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import UserFunctionError, raised_in_worker
 from microbatch.util import conf_bool
@@ -76,6 +78,9 @@ class StreamExecution:
                 checkpointLocation=checkpoint_root)
         self.id = StreamMetadata.read_or_create(fs, checkpoint_root).id
         self.run_id = str(uuid.uuid4())
+        #: one run at a time per checkpoint: taken by the query manager at start
+        self.lease = RunLease(fs, checkpoint_root, self.id, self.run_id,
+                              conf_ms(spark, LEASE_TIMEOUT_CONF, DEFAULT_LEASE_TIMEOUT_MS))
         self.state = State.INITIALIZING
         self.stream_death_cause_jvm: Any = None    # the JVM StreamingQueryException
         self._error_class_on_exception: str | None = None
@@ -161,6 +166,7 @@ class StreamExecution:
             self.start_latch.set()
             self.initialization_latch.set()
             self.stop_sources()
+            self.lease.release()
             self.state = State.TERMINATED
             self.progress.update_status(isTriggerActive=False, isDataAvailable=False)
             with self.await_progress:
