@@ -15,6 +15,7 @@ import re
 import shutil
 
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
@@ -33,9 +34,13 @@ def window_counts(ss, src, out, ckpt, trigger=None):
 
 
 def tree_digest(*roots) -> dict[str, str]:
+    """Every file's digest, by path; ``leases/`` left out: each run that starts adds its
+    lease there (checkpoint/run_lease.py), which is bookkeeping, not data of a batch."""
     found = {}
     for root in roots:
         for directory, _, names in os.walk(root):
+            if os.path.basename(directory) == "leases":
+                continue
             for name in names:
                 path = os.path.join(directory, name)
                 with open(path, "rb") as f:
@@ -196,3 +201,28 @@ def test_a_missing_snapshot_is_rebuilt_from_the_deltas(ss, spark, damaged):
     assert run(ss, damaged) is None
     got = sorted((r.start.timestamp(), r["count"]) for r in spark.read.parquet(str(damaged / "out")).collect())
     assert got == [(0.0, 5), (100.0, 5), (200.0, 5), (300.0, 5)]
+
+
+def test_an_aggregate_that_changed_meaning_is_refused(ss, tmp_path):
+    """count(1) and sum(id) both keep one long per key: Spark's engine reuses the count's
+    state as the sum's, silently. microbatch records each operator's aggregates in its
+    state schema file and refuses the change, naming both and changing nothing."""
+    write_json_files(tmp_path / "in", 0, 2, rows_per_file=3)
+    frame = ss.readStream.format("json").schema("id INT, name STRING").load(str(tmp_path / "in"))
+
+    def start(aggregate):
+        return (frame.groupBy("name").agg(aggregate.alias("v")).writeStream.format("memory")
+                .queryName(f"meaning_{len(os.listdir(tmp_path))}").outputMode("complete")
+                .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    first = start(F.count(F.lit(1)))
+    first.awaitTermination(60)
+    assert first.exception() is None
+    write_json_files(tmp_path / "in", 2, 1, rows_per_file=3)
+    before = tree_digest(tmp_path / "ckpt")
+    second = start(F.sum("id"))
+    with pytest.raises(StreamingQueryException) as failed:
+        second.awaitTermination(60)
+    error = str(failed.value)
+    assert "the aggregates were count(1) and are now sum(id)" in error, error
+    assert "state/0/_metadata/schema" in error
+    assert tree_digest(tmp_path / "ckpt") == before

@@ -560,6 +560,8 @@ def schema_document(node: StatefulNode, key: StructType, value: StructType) -> s
            "keySchema": key.jsonValue(), "valueSchema": value.jsonValue()}
     if isinstance(node, StreamJoin):
         doc["joinType"] = node.how
+    if isinstance(node, Aggregate):   # what the buffers mean: count(1) and sum(x) share a type
+        doc["aggregates"] = [call.sql for call in node.spec.calls]
     if isinstance(node, TransformWithState):   # what the state reader's stateVarName reads
         doc["stateVariables"] = [{"name": v.name, "kind": v.kind, "ttl": v.ttl_ms is not None}
                                  for v in node.variables]
@@ -575,6 +577,11 @@ def schema_difference(stored: str, node: StatefulNode, key: StructType, value: S
         found.append(f"the operator was {doc.get('operatorName')} and is now {operator_name(node)}")
     elif isinstance(node, StreamJoin) and doc.get("joinType", "inner") != node.how:
         found.append(f"the join was {doc.get('joinType', 'inner')} and is now {node.how}")
+    elif isinstance(node, Aggregate) and "aggregates" in doc:   # (older checkpoints lack it)
+        now = [call.sql for call in node.spec.calls]
+        if doc["aggregates"] != now:
+            found.append(f"the aggregates were {', '.join(doc['aggregates'])} and are now "
+                         f"{', '.join(now)}: the state holds the old ones' buffers")
     for what, now in (("key", key), ("value", value)):
         before = StructType.fromJson(doc[f"{what}Schema"])
         if [(f.name, f.dataType) for f in before.fields] != [(f.name, f.dataType) for f in now.fields]:
