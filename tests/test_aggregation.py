@@ -203,6 +203,11 @@ def test_state_is_readable_at_any_retained_batch(ss, events, tmp_path):
         ss.read.format("statestore").option("batchId", 99).load(str(ckpt))
     with pytest.raises(Exception, match="no state for operator 1"):
         ss.read.format("statestore").option("operatorId", 1).load(str(ckpt))
+    # options cannot lead the reader out of the checkpoint it is given
+    (tmp_path / "elsewhere").mkdir()
+    for name in ("../../../elsewhere", "/etc", "nothing-here"):
+        with pytest.raises(Exception, match=f"Invalid value '{name}' for option 'storeName'.*its stores: default"):
+            ss.read.format("statestore").option("storeName", name).load(str(ckpt))
     assert ss.read.format("json").schema("k STRING").load(events).count() > 0  # other formats: Spark's
 
 

@@ -115,6 +115,8 @@ class StateStoreReader:
         if str(doc.get("operatorName", "")).startswith("transformWithState"):
             variable, store_name, key_type, value_type = self._state_variable(doc, key_type, value_type, operator)
         partitions = sorted(int(n) for n in fs.list(op_dir) if n.isdigit())
+        if "storename" in self._options:   # a name the user gave, not one derived above
+            self._check_store_name(fs, op_dir, partitions, self._options["storename"], operator)
         offsets = OffsetSeqLog(f"{root}/offsets", fs).get(batch_id)
         provider_name = (offsets.metadata.conf if offsets else {}).get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)
         kind = provider_class(provider_name)
@@ -161,6 +163,22 @@ class StateStoreReader:
         table = pa.Table.from_arrays(columns, names=["key", "value", "partition_id"])
         return self._spark.createDataFrame(table, spark_schema)
 
+
+    def _check_store_name(self, fs, op_dir: str, partitions: list[int], store_name: str,
+                          operator: int) -> None:
+        """A store is a directory of the operator's partitions: the name cannot lead out of
+        the checkpoint (``..``, ``/``) or to a store that does not exist."""
+        if store_name == "default":
+            return
+        stores = set()
+        for partition in partitions[:1]:
+            stores = {n for n in fs.list(f"{op_dir}/{partition}") if not n[0].isdigit()}
+        if "/" in store_name or "\\" in store_name or store_name not in stores:
+            raise IllegalArgumentException(
+                f"Invalid value '{store_name}' for option 'storeName': operator {operator} of this "
+                f"checkpoint has no state store of that name (its stores: "
+                f"{', '.join(['default', *sorted(stores)])}). The reader reads only the stores "
+                "inside the checkpoint it is given.")
 
     def _state_variable(self, doc: dict, key_type: StructType, value_type: StructType, operator: int):
         """For a transformWithState operator (Spark's options ``stateVarName``,
