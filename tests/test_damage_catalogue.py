@@ -107,6 +107,11 @@ CASES = {
     "unknown offsets version": (lambda r: overwrite(r / "ckpt/offsets/4",
                                                     (r / "ckpt/offsets/4").read_bytes().replace(b"v1", b"v99", 1)),
                                 ["ckpt/offsets/4", "UnsupportedLogVersion", "v99"]),
+    "torn last offsets entry, never committed": (
+        lambda r: (os.remove(r / "ckpt/commits/4"), os.remove(r / "out/_spark_metadata/4"),
+                   truncate(r / "ckpt/offsets/4", 30)),
+        ["ckpt/offsets/4", "malformed", "batch 4 was never committed", "deleting it is safe",
+         "rm '"]),
     "truncated commit entry": (lambda r: truncate(r / "ckpt/commits/4", 12),
                                ["ckpt/commits/4", "malformed"]),
     "garbage commit entry": (lambda r: overwrite(r / "ckpt/commits/4", b"{not a log"),

@@ -302,7 +302,10 @@ class MicroBatchExecution(StreamExecution):
 
     # -- step 1 --------------------------------------------------------------
     def populate_start_offsets(self) -> None:
-        latest = self.offset_log.get_latest()
+        try:
+            latest = self.offset_log.get_latest()
+        except CheckpointError as e:
+            raise self._torn_last_entry(e) from None
         self._check_commits_have_offsets(None if latest is None else latest[0])
         if latest is None:
             log.info("Starting new streaming query.")
@@ -354,6 +357,22 @@ class MicroBatchExecution(StreamExecution):
                             "batchid %d by one", committed_batch_id, latest_batch_id)
         log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
+
+    def _torn_last_entry(self, error: CheckpointError) -> CheckpointError:
+        """A damaged last ``offsets/N`` that was never committed: a crash while writing it
+        (on a store without atomic writes) or damage. No later batch depends on it, so
+        deleting it is safe unless the sink already holds batch N; say so, with the command."""
+        ids = self.offset_log.batch_ids()
+        last = ids[-1] if ids else None
+        path = self.offset_log.batch_file(last) if last is not None else None
+        if path is None or path not in str(error) or self.fs.exists(self.commit_log.batch_file(last)):
+            return error
+        return CheckpointError(
+            f"{error} It is the last offsets entry and batch {last} was never committed "
+            f"(no {self.commit_log.batch_file(last)}), so no other batch depends on it. If the "
+            f"sink did not record batch {last} (the file sink: no _spark_metadata/{last} in its "
+            "output; foreachBatch: your table), deleting it is safe and the restart plans "
+            f"batch {last} again: rm '{path}'")
 
     def _check_commits_have_offsets(self, latest_offsets_id: int | None) -> None:
         """A commit names a batch the offset log planned. ``commits/N`` beyond the last
