@@ -231,3 +231,44 @@ def test_an_aggregate_that_changed_meaning_is_refused(ss, tmp_path):
     assert "the aggregates were count(1) and are now sum(id)" in error, error
     assert "state/0/_metadata/schema" in error
     assert tree_digest(tmp_path / "ckpt") == before
+
+
+def _run_engine(session, ckpt, out, calls):
+    """rate-micro-batch -> foreachBatch that appends to parquet and records its batch ids."""
+    def write(df, batch_id):
+        calls.append(batch_id)
+        df.write.mode("append").parquet(str(out))
+    query = (session.readStream.format("rate-micro-batch").option("rowsPerBatch", 3).load()
+             .writeStream.foreachBatch(write).option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    except Exception as e:  # noqa: BLE001
+        return e
+    return query.exception()
+
+
+def test_a_commit_without_its_offsets_spark_reruns_the_batch_microbatch_runs_nothing(ss, spark, tmp_path):
+    """The same damage to both engines' checkpoints (commits/2 renamed to commits/3):
+    Spark's engine hands the committed batch 2 to foreachBatch again, then fails on the
+    commit log; microbatch refuses before anything runs, naming the files, and changes
+    nothing."""
+    outcomes = {}
+    for engine, session in (("spark", spark), ("microbatch", ss)):
+        ckpt, out = tmp_path / engine / "ckpt", tmp_path / engine / "out"
+        for _ in range(3):                                  # batches 0, 1, 2
+            assert _run_engine(session, ckpt, out, []) is None
+        os.rename(ckpt / "commits/2", ckpt / "commits/3")
+        for crc in (ckpt / "commits/.2.crc",):
+            if crc.exists():
+                os.rename(crc, ckpt / "commits/.3.crc")
+        before = tree_digest(ckpt, out)
+        calls: list[int] = []
+        outcomes[engine] = (_run_engine(session, ckpt, out, calls), calls, tree_digest(ckpt, out) == before)
+    spark_error, spark_calls, _ = outcomes["spark"]
+    # Spark's engine gives the committed batch 2 to foreachBatch again (then plans batch 3,
+    # whose commit it cannot write)
+    assert spark_calls[:1] == [2] and spark_error is not None, outcomes["spark"]
+    error, calls, unchanged = outcomes["microbatch"]
+    assert calls == [] and unchanged, outcomes["microbatch"]
+    assert "commits/3" in str(error) and "Nothing was run" in str(error)
