@@ -66,8 +66,8 @@ def test_stateless_query_keeps_its_checkpoint_on_s3_and_resumes(ss, spark, s3, t
     assert SECRET not in caplog.text
     assert first.lastProgress.batchId == 1
     assert keys(client, "json-to-parquet/") == [
-        "commits/0", "commits/1", "leases/1", "metadata", "offsets/0", "offsets/1", "sources/0/0",
-        "sources/0/1"]
+        "commits/0", "commits/1", "leases/1", "metadata", "offsets/0", "offsets/1", "progress/0",
+        "progress/1", "sources/0/0", "sources/0/1"]
     lease = json.loads(client.get_object(Bucket=BUCKET, Key="json-to-parquet/leases/1")["Body"].read())
     assert lease["runId"] == first.runId and lease["released"] is True
     assert client.get_object(Bucket=BUCKET, Key="json-to-parquet/offsets/1")["Body"].read() \

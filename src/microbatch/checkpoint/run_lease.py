@@ -17,7 +17,9 @@ stopped for longer than the timeout, e.g. a host that froze) fails there with a 
 error, before it writes. A clean stop marks the lease released.
 
 Each lease is a small JSON document: run and query id, host, pid, process start time,
-start and heartbeat times. Spark's own engine ignores the directory.
+start and heartbeat times, and once the run ended its end time and, for a run that
+failed, the error's message (what the dashboard of a checkpoint shows of its runs).
+Spark's own engine ignores the directory.
 """
 from __future__ import annotations
 
@@ -74,6 +76,19 @@ class RunLease:
     # -- reading ----------------------------------------------------------------------
     def _numbers(self) -> list[int]:
         return sorted(int(n) for n in self.fs.list(self.path) if n.isdigit())
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The records of the runs whose leases are kept, oldest first, each with
+        ``live``: why the run is live, or None."""
+        found = []
+        numbers = self._numbers()
+        for number in numbers:
+            record = self._read(number)
+            if record is not None:
+                superseded = number != numbers[-1]
+                found.append({**record, "lease": number,
+                              "live": None if superseded else self._live(record)})
+        return found
 
     def _read(self, number: int) -> dict[str, Any] | None:
         try:
@@ -151,7 +166,9 @@ class RunLease:
             f"took this run's lease over (this run's heartbeat was older than "
             f"{self.timeout_ms / 1000:.0f} s). This run stops before writing anything more.")
 
-    def release(self) -> None:
+    def release(self, failure: str | None = None) -> None:
+        """Mark the lease released; ``failure``: the message of the error that ended the run
+        (the checkpoint's dashboard shows it)."""
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join(5)
@@ -159,7 +176,11 @@ class RunLease:
             return
         try:
             if not self.fs.exists(f"{self.path}/{self.number + 1}"):
-                self.fs.write(f"{self.path}/{self.number}", json.dumps({**self._record, "released": True}))
+                record = {**self._record, "released": True,
+                          "endedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                if failure is not None:
+                    record["failure"] = failure
+                self.fs.write(f"{self.path}/{self.number}", json.dumps(record))
         except Exception:  # noqa: BLE001 - the next run finds the process gone instead
             log.warning("Cannot release the run lease %s/%s", self.path, self.number, exc_info=True)
         self.number = None

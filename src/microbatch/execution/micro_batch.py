@@ -37,6 +37,7 @@ from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.commits import CommitLog, CommitMetadata
 from microbatch.checkpoint.offsets import (OFFSET_LOG_VERSION_CONF, SOURCE_EVOLUTION_CONF, OffsetSeq,
                                           OffsetSeqLog, OffsetSeqMetadata, to_json)
+from microbatch.checkpoint.progress_log import ENABLED_CONF as PROGRESS_LOG_CONF, ProgressLogWriter
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
 from microbatch.execution.stateful import (BatchContext, DictSum, aggregated_event_time,
                                            committed_partitions, state_operator_progress,
@@ -112,6 +113,9 @@ class MicroBatchExecution(StreamExecution):
         self.sources: list[Source] = []
         self.offset_log = OffsetSeqLog(f"{self.checkpoint_root}/offsets", self.fs)
         self.commit_log = CommitLog(f"{self.checkpoint_root}/commits", self.fs)
+        #: how each batch ran, for the dashboard and the checkpoint toolkit (off the batch's path)
+        self.progress_log = (ProgressLogWriter(self.fs, self.checkpoint_root)
+                             if conf_bool(self.spark, PROGRESS_LOG_CONF, True) else None)
         self.current_batch_id = -1
         self.is_current_batch_constructed = False
         self.available_offsets: dict[int, Any] = {}
@@ -235,6 +239,8 @@ class MicroBatchExecution(StreamExecution):
             log.warning("Failed to stop sink %s", self.sink, exc_info=True)
         if self._scan_counter is not None:
             self._scan_counter.close()
+        if self.progress_log is not None:
+            self.progress_log.close()
 
     def offsets_description(self) -> tuple[str, str]:
         def show(offsets: dict[int, Any]) -> str:
@@ -298,6 +304,8 @@ class MicroBatchExecution(StreamExecution):
             event_time=stats.get("eventTime"), state_operators=stats.get("stateOperators"),
             observed_metrics=stats.get("observedMetrics"))
         self._last_batch_stats = None
+        if kind == "progress" and self.progress_log is not None:
+            self.progress_log.add(self.current_batch_id, payload[0].json, self.explain_string())
         self.report(kind, payload)
 
     # -- step 1 --------------------------------------------------------------
@@ -548,6 +556,8 @@ class MicroBatchExecution(StreamExecution):
                 threshold = self.current_batch_id - self.min_batches_to_retain
                 self.offset_log.purge(threshold)
                 self.commit_log.purge(threshold)
+                if self.progress_log is not None:
+                    self.progress_log.purge(threshold)
                 crash_points.reached("logs-purged")
         with self.await_progress:
             self.no_new_data = False

@@ -93,6 +93,7 @@ class StreamExecution:
         self.interrupt = threading.Event()      # set by stop(): ends waits and sleeps
         self.stopped_by_user = False
         self._python_cause: BaseException | None = None
+        self._failure_message: str | None = None
         self._fallback_cause: StreamingQueryException | None = None   # when the JVM is gone
         self.start_latch = threading.Event()
         self.initialization_latch = threading.Event()
@@ -160,13 +161,14 @@ class StreamExecution:
                          str(e).splitlines()[0] if str(e) else type(e).__name__)
             else:
                 message = self._fail(e)
+                self._failure_message = message
                 self.progress.update_status_message(f"Terminated with exception: {message}")
                 log.error("Query %s terminated with error", self.pretty_id, exc_info=e)
         finally:
             self.start_latch.set()
             self.initialization_latch.set()
             self.stop_sources()
-            self.lease.release()
+            self.lease.release(self._failure_message)
             self.state = State.TERMINATED
             self.progress.update_status(isTriggerActive=False, isDataAvailable=False)
             with self.await_progress:
