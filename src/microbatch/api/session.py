@@ -48,15 +48,39 @@ class StreamingSession:
     a ported job that takes a session runs unchanged with this one."""
 
     def __init__(self, spark: SparkSession | None = None, *, master: str = "local[2]",
-                 conf: dict[str, str] | None = None):
+                 conf: dict[str, str] | None = None, ui_port: int | None = None,
+                 ui_host: str = "127.0.0.1"):
         # Stop Spark on stop() only if this object started it.
         self._embedded = spark is None and SparkSession.getActiveSession() is None
         self.spark = spark if spark is not None else embedded_spark(master, conf=conf)
         self.streams = StreamingQueryManager(self.spark)
         self._stream_views: dict[str, Any] = {}   # temp views over streams, by lower-case name
+        self._dashboard = None
+        if ui_port is not None:
+            self.start_ui(ui_port, ui_host)
+
+    def start_ui(self, port: int = 4050, host: str = "127.0.0.1") -> str:
+        """Serve the dashboard of this session's queries (and ``/metrics``) on ``port``
+        (0: a free one); return its URL. ``StreamingSession(spark, ui_port=...)`` calls it."""
+        if self._dashboard is None:
+            from microbatch.ops.dashboard import Dashboard
+            from microbatch.ops.history import (RETAINED_PROGRESS_CONF, RETAINED_QUERIES_CONF,
+                                                ProcessQueries)
+            queries = ProcessQueries(self.streams,
+                                     int(self.spark.conf.get(RETAINED_QUERIES_CONF, "100")),
+                                     int(self.spark.conf.get(RETAINED_PROGRESS_CONF, "100")))
+            self.streams.addListener(queries)
+            self._dashboard = Dashboard(queries, host, port, title=self.spark.sparkContext.appName)
+            self._dashboard.start()
+        return self._dashboard.url
+
+    @property
+    def ui_url(self) -> str | None:
+        """Where the dashboard is served, or None without one."""
+        return None if self._dashboard is None else self._dashboard.url
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("spark", "streams", "_stream_views", "_embedded"):
+        if name.startswith("__") or name in ("spark", "streams", "_stream_views", "_embedded", "_dashboard"):
             raise AttributeError(name)
         return getattr(self.spark, name)
 
@@ -69,6 +93,14 @@ class StreamingSession:
     @property
     def readStream(self) -> DataStreamReader:
         return DataStreamReader(self)
+
+    @property
+    def _streamingCheckpointManager(self):
+        """PySpark's ``StreamingCheckpointManager`` for microbatch's checkpoints:
+        ``repartition(checkpoint_location, num_partitions, enforce_exactly_once_sink=True)``
+        rewrites a stopped query's state into ``num_partitions`` partitions (ops/repartition.py)."""
+        from microbatch.ops.repartition import StreamingCheckpointManager
+        return StreamingCheckpointManager(self.spark)
 
     # -- temporary views over streams (StreamFrame.createOrReplaceTempView) ---------------
     def _stream_view(self, name: str):
@@ -87,5 +119,8 @@ class StreamingSession:
         """Stop every active query, and the Spark session if this object started it."""
         for query in self.streams.active:
             query.stop()
+        if self._dashboard is not None:
+            self._dashboard.stop()
+            self._dashboard = None
         if self._embedded:
             self.spark.stop()
