@@ -142,10 +142,10 @@ class CompactibleFileStreamLog(MetadataLog[list[E]], Generic[E]):
     def __init__(self, path: str, fs: CheckpointFileSystem = LOCAL, *,
                  default_compact_interval: int = 10, cleanup_delay_ms: int = 600_000,
                  deleting_expired: bool = True, min_batches_to_retain: int = 100,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, read_only: bool = False):
         if default_compact_interval <= 0:
             raise ValueError(f"The compact interval must be positive (was {default_compact_interval}).")
-        super().__init__(path, fs)
+        super().__init__(path, fs, read_only=read_only)
         self.default_compact_interval = default_compact_interval
         self.cleanup_delay_ms = cleanup_delay_ms
         self.deleting_expired = deleting_expired

@@ -45,10 +45,11 @@ def parse_version(text: str, max_supported: int, path: str) -> int:
 class MetadataLog(Generic[T]):
     """A log of one text file per batch id under ``path``."""
 
-    def __init__(self, path: str, fs: CheckpointFileSystem = LOCAL):
+    def __init__(self, path: str, fs: CheckpointFileSystem = LOCAL, *, read_only: bool = False):
         self.fs = fs
         self.path = path
-        fs.mkdirs(path)
+        if not read_only:   # the checkpoint toolkit reads a checkpoint without writing to it
+            fs.mkdirs(path)
 
     # -- subclasses -------------------------------------------------------
     def serialize(self, metadata: T) -> str:

@@ -31,7 +31,8 @@ from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.checkpoint.run_lease import (DEFAULT_TIMEOUT_MS as DEFAULT_LEASE_TIMEOUT_MS,
                                               TIMEOUT_CONF as LEASE_TIMEOUT_CONF, RunLease)
 from microbatch.checkpoint.stream_metadata import StreamMetadata
-from microbatch.errors import UserFunctionError, raised_in_worker
+from microbatch.checkpoint.markers import unfinished_rollback
+from microbatch.errors import CheckpointError, UserFunctionError, raised_in_worker
 from microbatch.util import conf_bool
 from microbatch.execution.clock import Clock
 from microbatch.execution.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
@@ -76,6 +77,9 @@ class StreamExecution:
             raise spark_internals.spark_error(
                 "SparkRuntimeException", "STREAMING_CHECKPOINT_MISSING_METADATA_FILE",
                 checkpointLocation=checkpoint_root)
+        unfinished = unfinished_rollback(fs, checkpoint_root)
+        if unfinished is not None:
+            raise CheckpointError(unfinished)
         self.id = StreamMetadata.read_or_create(fs, checkpoint_root).id
         self.run_id = str(uuid.uuid4())
         #: one run at a time per checkpoint: taken by the query manager at start
