@@ -55,12 +55,20 @@ def spark_error(kind: str, error_class: str, **parameters: Any) -> CapturedExcep
     if kind == "SparkRuntimeException":
         jexception = _jvm().org.apache.spark.SparkRuntimeException(
             error_class, params, None, _empty_query_contexts(), "")
+    elif kind == "SparkIllegalStateException":   # (class, parameters, contexts, cause, summary)
+        jexception = _jvm().org.apache.spark.SparkIllegalStateException(
+            error_class, params, _empty_query_contexts(), None, _jvm().scala.Option.apply(None))
     else:
         constructor = _jvm()
         for part in _ERROR_CLASSES[kind].split("."):
             constructor = getattr(constructor, part)
         jexception = constructor(error_class, params)
-    return convert_exception(jexception)
+    exception = convert_exception(jexception)
+    if getattr(exception, "_origin", None) is None:
+        # PySpark converts a class it does not know (SparkIllegalStateException) to an
+        # UnknownException without its origin, whose getCondition() is then None
+        exception._origin = jexception
+    return exception
 
 
 def jvm_throwable(error: BaseException) -> Any:

@@ -58,6 +58,7 @@ from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
 
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 #: The confs a checkpoint fixes, with the values Spark 4.3 records for a new query.
 #: They are written to every ``offsets/N`` and restored from it on restart.
 CHECKPOINTED_CONFS = {
@@ -304,8 +305,10 @@ class MicroBatchExecution(StreamExecution):
             event_time=stats.get("eventTime"), state_operators=stats.get("stateOperators"),
             observed_metrics=stats.get("observedMetrics"))
         self._last_batch_stats = None
-        if kind == "progress" and self.progress_log is not None:
-            self.progress_log.add(self.current_batch_id, payload[0].json, self.explain_string())
+        if kind == "progress":
+            if self.progress_log is not None:
+                self.progress_log.add(self.current_batch_id, payload[0].json, self.explain_string())
+            self.sink.report_progress(payload[0])
         self.report(kind, payload)
 
     # -- step 1 --------------------------------------------------------------
@@ -350,6 +353,12 @@ class MicroBatchExecution(StreamExecution):
         if latest_batch_id != 0:  # the watermark batch N-1 ran with: rows behind it are late in N
             self._prev_batch_watermark_ms = previous.metadata.batch_watermark_ms
         latest_commit = self.commit_log.get_latest()
+        if (latest_batch_id != 0 and (latest_commit is None or latest_commit[0] < latest_batch_id)
+                and recorded.conf.get(SHUFFLE_PARTITIONS) != previous.metadata.conf.get(SHUFFLE_PARTITIONS)):
+            # a state repartition (ops/repartition.py) planned this batch and did not finish
+            raise spark_internals.spark_error(
+                "SparkRuntimeException", "STREAMING_UNFINISHED_REPARTITION_DETECTED",
+                batchId=latest_batch_id, lastCommittedBatchId=-1 if latest_commit is None else latest_commit[0])
         if latest_commit is None:
             log.info("no commit log present")
         else:
