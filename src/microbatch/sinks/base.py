@@ -42,6 +42,10 @@ class Sink(ABC):
         """Extra figures for the progress ``sink.metrics`` map (Spark omits it when empty)."""
         return {}
 
+    def report_progress(self, progress: Any) -> None:
+        """The engine gives the sink each batch's progress (PySpark's
+        ``StreamingQueryProgress``) once the batch is committed: the console sink shows it."""
+
     def stop(self) -> None:
         pass
 
