@@ -253,3 +253,20 @@ def test_a_failed_query_leaves_its_error_in_its_lease(ss, tmp_path):
         query.awaitTermination(60)
     lease = json.loads(open(tmp_path / "ckpt/leases/1").read())
     assert lease["released"] is True and "the table is gone" in lease["failure"]
+
+
+def test_rollback_deletes_only_inside_the_sinks_output(live, tmp_path, capsys):
+    """A manifest entry naming a file elsewhere (a hand edit, or an output that is not this
+    query's): the rollback deletes nothing; verify reports it."""
+    bystander = tmp_path / "important.parquet"
+    bystander.write_bytes(b"not the sink's")
+    manifest = live / "out/_spark_metadata/4"
+    entry = {"path": f"file://{bystander}", "size": 14, "isDir": False, "modificationTime": 0,
+             "blockReplication": 1, "blockSize": 33554432, "action": "add"}
+    _write(manifest, open(manifest).read() + "\n" + json.dumps(entry, separators=(",", ":")))
+    before = tree_digest(live)
+    code, out = cli(capsys, "checkpoint", "rollback", live / "ckpt", "--to-batch", 1)
+    assert code == 1 and "is not inside the output" in out and "Nothing was changed" in out, out
+    assert bystander.exists() and tree_digest(live) == before
+    code, out = cli(capsys, "checkpoint", "verify", live / "ckpt")
+    assert code == 1 and f"DAMAGE: {bystander}: the file sink's log lists it, but it is not inside" in out, out

@@ -156,9 +156,26 @@ def _file_sink(plan: RollbackPlan, ckpt: CheckpointReader, settings: dict[str, s
     for b in later:
         added |= {e.path for e in live_files(log.deserialize(
             fs.read_text(f"{directory}/{listed[b]}"), listed[b]))}
-    plan.delete(fs, [f"{directory}/{listed[b]}" for b in later], "file sink log entries")
+    planned = ckpt.offsets.batch_ids()
+    if later[0] > planned[-1]:
+        raise CheckpointError(
+            f"Cannot roll checkpoint '{ckpt.root}' back: the file sink's log {directory} has batch "
+            f"{later[0]}, which this checkpoint never planned (its last batch is {planned[-1]}), so "
+            "that output is not this query's. Give the query's output with --output. Nothing was changed.")
     data = [p if "://" in p and not p.startswith("file:") else uri_to_path(p) for p in sorted(added - keep)]
+    outside = [p for p in data if not _inside(p, fs.resolve(output))]
+    if outside:   # a manifest names only files of its own output: anything else is not deleted
+        raise CheckpointError(
+            f"Cannot roll checkpoint '{ckpt.root}' back: the file sink's log {directory} lists "
+            f"{outside[0]}, which is not inside the output {output}. Nothing was changed.")
+    plan.delete(fs, [f"{directory}/{listed[b]}" for b in later], "file sink log entries")
     plan.delete(fs, data, f"data files of the rolled back batches from {output}")
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether ``path`` lies below ``root`` (either with or without a URI scheme)."""
+    strip = lambda p: p.split("://", 1)[-1].rstrip("/")  # noqa: E731
+    return strip(path).startswith(strip(root) + "/")
 
 
 def rollback(location: str, to_batch: int, settings: dict[str, str] | None = None,

@@ -324,9 +324,13 @@ class Verifier:
                 live += entries[needed]
             else:
                 self.damage(log.batch_file(needed), "is missing: a reader of the output needs it")
+        root = fs.resolve(output).split("://", 1)[-1].rstrip("/") + "/"
         for entry in live_files(live):
             path = entry.path if "://" in entry.path and not entry.path.startswith("file:") \
                 else uri_to_path(entry.path)
+            if not path.split("://", 1)[-1].startswith(root):
+                self.damage(path, f"the file sink's log lists it, but it is not inside the output {output}")
+                continue
             stat = fs.stat(path) if "://" in path else storage_for(path).stat(path)
             if stat is None:
                 self.damage(path, "is missing: the file sink's log lists it as output")
