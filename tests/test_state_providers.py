@@ -94,8 +94,6 @@ def test_a_users_provider_class_runs_on_the_executors_and_is_recorded(spark, ss,
 
 def test_providers_microbatch_cannot_use_are_clear_errors(ss, words, tmp_path):
     cases = {
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider":
-            r"Spark's RocksDB state store, which runs in Spark's own engine only.*unset the conf",
         "no_such_module.Provider": r"Cannot load the state store provider 'no_such_module.Provider'.*"
                                    r"cannot be imported",
         "microbatch.state.files.StateFiles": r"is not a subclass of microbatch.state.store.StateStoreProvider",

@@ -10,14 +10,25 @@ import pytest
 
 from microbatch.errors import CheckpointError
 from microbatch.state.map_provider import MapStateStoreProvider
+from microbatch.state.rocksdb_provider import RocksDBStateStoreProvider
 from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, unload_all
 
 KEY = pa.schema([pa.field("word", pa.string())])
 VALUE = pa.schema([pa.field("count", pa.int64())])
 
 
-def provider(tmp_path, conf=StateStoreConf(), partition=0) -> MapStateStoreProvider:
-    return MapStateStoreProvider(StateStoreId(str(tmp_path / "state"), 0, partition), KEY, VALUE, conf)
+#: Both of microbatch's providers keep the contract; the tests marked ``kind`` run on each.
+PROVIDERS = [MapStateStoreProvider, RocksDBStateStoreProvider]
+each_provider = pytest.mark.parametrize("kind", PROVIDERS, ids=["map", "rocksdb"])
+
+
+def provider(tmp_path, conf=StateStoreConf(), partition=0, kind=MapStateStoreProvider):
+    return kind(StateStoreId(str(tmp_path / "state"), 0, partition), KEY, VALUE, conf)
+
+
+def settle(p) -> None:
+    """Wait for a provider's background maintenance (the RocksDB provider snapshots in a thread)."""
+    getattr(p, "_wait_for_maintenance", lambda: None)()
 
 
 def commit_counts(p: MapStateStoreProvider, version: int, words: list[str]) -> int:
@@ -32,8 +43,9 @@ def contents(p: MapStateStoreProvider, version: int) -> dict:
     return dict(p.get_store(version).iterator())
 
 
-def test_commit_get_remove_iterate_and_files_are_arrow(tmp_path):
-    p = provider(tmp_path)
+@each_provider
+def test_commit_get_remove_iterate_and_files_are_arrow(tmp_path, kind):
+    p = provider(tmp_path, kind=kind)
     store = p.get_store(0)
     assert store.get(("a",)) is None and list(store.iterator()) == []
     store.put(("a",), (1,))
@@ -55,8 +67,9 @@ def test_commit_get_remove_iterate_and_files_are_arrow(tmp_path):
     assert table.column("value").to_pylist() == [{"count": 1}, None, {"count": 3}]
 
 
-def test_abort_forgets_changes(tmp_path):
-    p = provider(tmp_path)
+@each_provider
+def test_abort_forgets_changes(tmp_path, kind):
+    p = provider(tmp_path, kind=kind)
     commit_counts(p, 0, ["a"])
     store = p.get_store(1)
     store.put(("a",), (100,))
@@ -65,8 +78,9 @@ def test_abort_forgets_changes(tmp_path):
     assert not os.path.exists(tmp_path / "state" / "0" / "0" / "2.delta.arrow")
 
 
-def test_recovery_from_files_and_stepping_back_for_a_rerun(tmp_path):
-    p = provider(tmp_path)
+@each_provider
+def test_recovery_from_files_and_stepping_back_for_a_rerun(tmp_path, kind):
+    p = provider(tmp_path, kind=kind)
     v = 0
     for words in (["a", "b"], ["a"], ["c", "a"]):
         v = commit_counts(p, v, words)
@@ -75,11 +89,11 @@ def test_recovery_from_files_and_stepping_back_for_a_rerun(tmp_path):
     assert contents(p, 2) == {("a",): (2,), ("b",): (1,)}
     assert commit_counts(p, 2, ["c", "a"]) == 3
     # A new process (or another worker) reads every version from the files.
-    fresh = provider(tmp_path)
+    fresh = provider(tmp_path, kind=kind)
     assert contents(fresh, 1) == {("a",): (1,), ("b",): (1,)}
     assert contents(fresh, 3) == {("a",): (3,), ("b",): (1,), ("c",): (1,)}
     # A stale cache at version 1 catches up by replaying only the newer deltas.
-    stale = provider(tmp_path)
+    stale = provider(tmp_path, kind=kind)
     contents(stale, 1)
     assert contents(stale, 3) == contents(fresh, 3)
 
@@ -100,50 +114,53 @@ def test_a_commit_costs_the_keys_it_touches(tmp_path):
     assert len(p.map) == 19_999
 
 
-def test_snapshots_and_cleanup_keep_every_retained_version_loadable(tmp_path):
+@each_provider
+def test_snapshots_and_cleanup_keep_every_retained_version_loadable(tmp_path, kind):
     conf = StateStoreConf(min_deltas_for_snapshot=2, min_versions_to_retain=4)
-    p = provider(tmp_path, conf)
+    p = provider(tmp_path, conf, kind=kind)
     v = 0
     expected = {}
     for batch in range(12):
         words = [f"w{batch % 5}", "all"]
         v = commit_counts(p, v, words)
         expected[v] = contents(p, v)
+    settle(p)
     names = sorted(os.listdir(tmp_path / "state" / "0" / "0"), key=lambda n: (int(n.split(".")[0]), n))
     assert "9.snapshot.arrow" in names and "3.snapshot.arrow" not in names, names
     # Version 8 (the oldest retained) loads from snapshot 6 plus deltas 7 and 8: older files go.
     assert names[0] == "6.snapshot.arrow" and "6.delta.arrow" not in names, names
     for version in range(12 - 4, 13):
         unload_all()
-        assert contents(provider(tmp_path, conf), version) == expected[version], version
+        assert contents(provider(tmp_path, conf, kind=kind), version) == expected[version], version
 
 
-def test_missing_and_damaged_files_are_clear_errors(tmp_path):
-    p = provider(tmp_path)
+@each_provider
+def test_missing_and_damaged_files_are_clear_errors(tmp_path, kind):
+    p = provider(tmp_path, kind=kind)
     v = 0
     for words in (["a"], ["b"], ["c"]):
         v = commit_counts(p, v, words)
-    other = MapStateStoreProvider(StateStoreId(str(tmp_path / "state"), 0, 0), KEY,
+    other = kind(StateStoreId(str(tmp_path / "state"), 0, 0), KEY,
                                   pa.schema([pa.field("count", pa.string())]), StateStoreConf())
     with pytest.raises(CheckpointError, match="operator's state has"):
         other.get_store(3).get(("a",))   # a store loads at its first call
     directory = tmp_path / "state" / "0" / "0"
     os.remove(directory / "2.delta.arrow")
     with pytest.raises(CheckpointError, match=r"2\.delta\.arrow.*does not exist.*version 3 needs it"):
-        provider(tmp_path).get_store(3).get(("a",))
+        provider(tmp_path, kind=kind).get_store(3).get(("a",))
     (directory / "1.delta.arrow").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"Error reading state file .*1\.delta\.arrow"):
-        provider(tmp_path).get_store(1).get(("a",))
+        provider(tmp_path, kind=kind).get_store(1).get(("a",))
 
 
 # -- inside Spark tasks -------------------------------------------------------------
-def count_words_in_state(state_root: str, version: int):
+def count_words_in_state(state_root: str, version: int, conf: StateStoreConf):
     """A mapInArrow function: each task counts its partition's words into its store."""
     def run(batches):
         from pyspark import TaskContext
 
         store = load_provider(StateStoreId(state_root, 0, TaskContext.get().partitionId()),
-                             KEY, VALUE, StateStoreConf()).get_store(version)
+                             KEY, VALUE, conf).get_store(version)
         for batch in batches:
             for word in batch.column(0).to_pylist():
                 current = store.get((word,))
@@ -153,7 +170,8 @@ def count_words_in_state(state_root: str, version: int):
     return run
 
 
-def test_stores_live_in_spark_tasks_and_reruns_do_not_double_count(spark, tmp_path):
+@each_provider
+def test_stores_live_in_spark_tasks_and_reruns_do_not_double_count(spark, tmp_path, kind):
     from pyspark import cloudpickle
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     state_root = str(tmp_path / "state")
@@ -161,7 +179,8 @@ def test_stores_live_in_spark_tasks_and_reruns_do_not_double_count(spark, tmp_pa
 
     def run_batch(version, words):
         df = spark.createDataFrame([(w,) for w in words], "word STRING").repartition(2, "word")
-        return df.mapInArrow(count_words_in_state(state_root, version), "keys LONG").collect()
+        conf = StateStoreConf(provider_class=f"{kind.__module__}.{kind.__name__}", run_id=str(tmp_path))
+        return df.mapInArrow(count_words_in_state(state_root, version, conf), "keys LONG").collect()
 
     for version, words in enumerate(batches):
         run_batch(version, words)
@@ -169,17 +188,14 @@ def test_stores_live_in_spark_tasks_and_reruns_do_not_double_count(spark, tmp_pa
     unload_all()
     merged = {}
     for partition in (0, 1):
-        merged.update(contents(MapStateStoreProvider(
-            StateStoreId(state_root, 0, partition), KEY, VALUE, StateStoreConf()), 3))
+        merged.update(contents(kind(StateStoreId(state_root, 0, partition), KEY, VALUE, StateStoreConf()), 3))
     assert merged == {("a",): (3,), ("b",): (2,), ("c",): (1,), ("d",): (2,)}
     assert sorted(os.listdir(state_root + "/0")) == ["0", "1"]
 
 
-def test_put_absent_marks_new_keys_once_and_sees_removed_keys_as_absent(tmp_path):
-    from microbatch.state.map_provider import MapStateStoreProvider
-    from microbatch.state.store import StateStoreConf, StateStoreId
-    import pyarrow as pa
-    provider = MapStateStoreProvider(StateStoreId(str(tmp_path), 0, 0), pa.schema([("k", pa.int64())]),
+@each_provider
+def test_put_absent_marks_new_keys_once_and_sees_removed_keys_as_absent(tmp_path, kind):
+    provider = kind(StateStoreId(str(tmp_path), 0, 0), pa.schema([("k", pa.int64())]),
                                      pa.schema([]), StateStoreConf())
     store = provider.get_store(0)
     assert list(store.put_absent([(1,), (2,), (1,)])) == [True, True, False]
@@ -191,16 +207,15 @@ def test_put_absent_marks_new_keys_once_and_sees_removed_keys_as_absent(tmp_path
     assert sorted(k for k, _ in provider.get_store(2).iterator()) == [(1,), (2,), (3,)]
 
 
-def test_bulk_operations_agree_with_the_contracts_key_by_key_versions(tmp_path):
-    """The map store's vectorised put_absent / keys_at_or_below / remove_many give what
-    the contract's plain loops give, with nulls, removed keys and keys changed in the
+@each_provider
+def test_bulk_operations_agree_with_the_contracts_key_by_key_versions(tmp_path, kind):
+    """The stores' own put_absent / keys_at_or_below / remove_many give what the
+    contract's plain loops give, with nulls, removed keys and keys changed in the
     open version, and what they commit reads back from the files."""
-    from microbatch.state.map_provider import MapStateStoreProvider
-    from microbatch.state.store import StateStore, StateStoreConf, StateStoreId, unload_all
-    import pyarrow as pa
+    from microbatch.state.store import StateStore
     key_schema = pa.schema([("id", pa.string()), ("t", pa.int64())])
     value_schema = pa.schema([("expires", pa.int64())])
-    provider = MapStateStoreProvider(StateStoreId(str(tmp_path), 0, 0), key_schema, value_schema,
+    provider = kind(StateStoreId(str(tmp_path), 0, 0), key_schema, value_schema,
                                      StateStoreConf())
     store = provider.get_store(0)
     first = [("a", 1), ("b", 5), ("c", None), ("a", 1), ("d", 9)]
@@ -224,8 +239,7 @@ def test_bulk_operations_agree_with_the_contracts_key_by_key_versions(tmp_path):
     expected = {("b", 5): (5,), ("c", None): (None,), ("d", 9): (1,)}
     assert dict(provider.get_store(2).iterator()) == expected
     unload_all()
-    reloaded = MapStateStoreProvider(StateStoreId(str(tmp_path), 0, 0), key_schema, value_schema,
-                                     StateStoreConf())
+    reloaded = kind(StateStoreId(str(tmp_path), 0, 0), key_schema, value_schema, StateStoreConf())
     assert dict(reloaded.get_store(2).iterator()) == expected
     assert dict(reloaded.get_store(1).iterator()) == \
         {("a", 1): (10,), ("b", 5): (50,), ("c", None): (None,), ("d", 9): (90,)}
@@ -314,7 +328,8 @@ def test_keys_arrow_cannot_join_take_the_bulk_calls_on_the_map(tmp_path):
         store.put((2,), ())
 
 
-def test_a_new_run_does_not_trust_the_state_an_earlier_run_left_in_memory(tmp_path):
+@each_provider
+def test_a_new_run_does_not_trust_the_state_an_earlier_run_left_in_memory(tmp_path, kind):
     """Executors cache providers per query run (Spark keys them by run id). A checkpoint
     deleted and made again at the same path: another worker commits the new run's
     version 1, and this worker, which still holds the old run's version 1 (in either
@@ -337,17 +352,20 @@ def test_a_new_run_does_not_trust_the_state_an_earlier_run_left_in_memory(tmp_pa
         return sorted(k[0] for k, _ in p.get_store(v).iterator())
 
     for commit in (commit_bulk, commit_rows):
-        first, second = StateStoreConf(run_id="first"), StateStoreConf(run_id="second")
+        path = f"{kind.__module__}.{kind.__name__}"
+        first = StateStoreConf(run_id="first", provider_class=path)
+        second = StateStoreConf(run_id="second", provider_class=path)
         commit(load_provider(store_id, key_schema, value_schema, first), 0, [1, 2])   # this worker, run 1
         assert read(load_provider(store_id, key_schema, value_schema, first), 1) == [1, 2]
         shutil.rmtree(tmp_path / "state")                 # the checkpoint is deleted and made again
-        commit(MapStateStoreProvider(store_id, key_schema, value_schema, second), 0, [5])   # another worker
+        commit(kind(store_id, key_schema, value_schema, second), 0, [5])   # another worker
         assert read(load_provider(store_id, key_schema, value_schema, second), 1) == [5], commit
         shutil.rmtree(tmp_path / "state")
         unload_all()
 
 
-def test_a_partition_moving_between_executors_gets_the_same_answers(tmp_path):
+@each_provider
+def test_a_partition_moving_between_executors_gets_the_same_answers(tmp_path, kind):
     """A partition's task runs on executor A for batch 0, on B for 1, on A again for 2
     (whose memory still holds version 1), is retried on B (committing version 3 a second
     time), then runs on A for 3, and on B again for 4. Each executor is a provider of its
@@ -383,7 +401,7 @@ def test_a_partition_moving_between_executors_gets_the_same_answers(tmp_path):
         reference = MapStateStoreProvider(StateStoreId(str(tmp_path / run.__name__ / "ref"), 0, 0),
                                           key_schema, value_schema, conf)
         store_id = StateStoreId(str(tmp_path / run.__name__ / "moving"), 0, 0)
-        executors = {name: MapStateStoreProvider(store_id, key_schema, value_schema, conf) for name in "AB"}
+        executors = {name: kind(store_id, key_schema, value_schema, conf) for name in "AB"}
         expected = {}
         for executor, batch in schedule:
             answer = run(executors[executor], batch, batches[batch])
@@ -391,5 +409,5 @@ def test_a_partition_moving_between_executors_gets_the_same_answers(tmp_path):
                 expected[batch] = run(reference, batch, batches[batch])
             assert answer == expected[batch], (run.__name__, executor, batch)
         final = dict(reference.get_store(5).iterator())
-        for provider in (*executors.values(), MapStateStoreProvider(store_id, key_schema, value_schema, conf)):
+        for provider in (*executors.values(), kind(store_id, key_schema, value_schema, conf)):
             assert dict(provider.get_store(5).iterator()) == final, run.__name__

@@ -5,6 +5,8 @@ Spark's row counts and timer metrics), the Row API, a time mode without timers, 
 restart in the middle."""
 from __future__ import annotations
 
+import json
+
 import sys
 
 import pandas as pd
@@ -229,8 +231,7 @@ chained.CASES.update(CASES)
 
 
 def run_on_spark(spark, events, ckpt, case):
-    """Spark's transformWithState runs only on its RocksDB state store (microbatch refuses
-    that conf: it keeps state with its own providers)."""
+    """Spark's transformWithState runs only on its RocksDB state store."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     try:
         return run(spark, events, ckpt, case)
@@ -273,13 +274,15 @@ def test_state_ttl_and_processing_time_timers_as_spark_does(spark, ss, events, t
     """Values written with a 1 ms TTL are gone by the next batch (its timestamp is later),
     read as absent and then evicted at the end of the batch; Spark's counts of the
     evictions and of the TTL variables. A timer 1 ms after a batch's timestamp fires in
-    the next batch."""
+    the next batch. Both engines on their RocksDB providers (the same conf value)."""
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     try:
         theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5, expiring_per_id)
+        ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5, expiring_per_id)
     finally:
         spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5, expiring_per_id)
+    recorded = json.loads((tmp_path / "microbatch" / "offsets" / "0").read_text().split("\n")[1])["conf"]
+    assert recorded["spark.sql.streaming.stateStore.providerClass"].endswith("rocksdb_provider.RocksDBStateStoreProvider")
     assert ours == theirs and (1, False, 2, 0, 0, False) in ours[1][1]
     assert (2, False, -1, -1, -1, True) in ours[1][1]   # batch 0's timer fired in batch 1
     assert comparable(our_progress, TTL_METRICS) == comparable(their_progress, TTL_METRICS)

@@ -52,8 +52,9 @@ from microbatch.plan.incremental import IncrementalExecution, operator_name, sta
 from microbatch.plan.logical import Observe, PlanNode, StatefulNode, StreamingRelation, StreamJoin
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
-from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER,
-                                    SPARK_ROCKSDB_PROVIDER, StateStoreConf, provider_class, provider_name)
+from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SAME_FILES_PROVIDERS,
+                                    SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER, StateStoreConf,
+                                    provider_class, provider_name)
 from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,9 @@ class MicroBatchExecution(StreamExecution):
     def _state_provider(self, written: str | None, asked: str | None) -> str:
         """The state store provider of this run: the one the checkpoint's state was written
         with, or for a checkpoint without state the one the session asks for (by default
-        microbatch's). State files of one provider are not another's: a checkpoint whose
-        state another provider wrote is refused, naming both."""
+        microbatch's). microbatch's map and RocksDB providers read each other's files, so a
+        run may move from one to the other; any other change of provider is refused,
+        naming both."""
         has_state = written is not None and self.fs.exists(f"{self.checkpoint_root}/state")
         if has_state and written in (SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER):
             raise CheckpointError(
@@ -193,6 +195,8 @@ class MicroBatchExecution(StreamExecution):
                 f"store provider {written} (Spark's own engine), whose files microbatch "
                 "cannot read. Start this stateful query with a new checkpoint location.")
         if has_state:
+            if asked is not None and {provider_name(asked), written} <= SAME_FILES_PROVIDERS:
+                return provider_name(asked)     # microbatch's two providers write the same files
             if asked is not None and provider_name(asked) != written:
                 raise CheckpointError(
                     f"The state in checkpoint '{self.checkpoint_root}' was written by the state "

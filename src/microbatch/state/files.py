@@ -164,6 +164,29 @@ class StateFiles:
         self.conf.fs.write_bytes(self.path(version, kind), sink.getvalue())
         crash_points.reached(f"state-{kind}-written")   # delta: a commit; snapshot: maintenance
 
+    def write_chunks(self, version: int, kind: str, chunks) -> None:
+        """Write a state file from ``(keys, values)`` tuple lists, one record batch each,
+        so a caller streaming a large store holds one chunk of Python rows at a time.
+        The file is still written whole, as ``write_arrays`` does."""
+        options = ipc.IpcWriteOptions(compression=self.conf.compression)
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, self.schema, options=options) as writer:
+            for keys, values in chunks:
+                writer.write_batch(pa.RecordBatch.from_arrays(
+                    [to_struct_array(keys, self.key_schema), to_struct_array(values, self.value_schema)],
+                    schema=self.schema))
+        self.conf.fs.write_bytes(self.path(version, kind), sink.getvalue())
+        crash_points.reached(f"state-{kind}-written")
+
+    def read_chunks(self, version: int, kind: str):
+        """(key, value) pairs of a file, one record batch at a time (``read_rows`` of each)."""
+        for batch in self.read_table(version, kind).to_batches():
+            keys = from_struct_array(batch.column(0), keys=True)
+            values = from_struct_array(batch.column(1))
+            if None in values:
+                values = [REMOVED if v is None else v for v in values]
+            yield list(zip(keys, values))
+
     def read_table(self, version: int, kind: str) -> pa.Table:
         """A state file as an Arrow table (columns ``key``, ``value``), checked;
         FileNotFoundError when it does not exist."""

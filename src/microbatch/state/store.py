@@ -17,10 +17,11 @@ the form that suits the calls it gets, but one version of a store is changed one
 way or the other, not both.
 
 The provider is chosen by ``spark.sql.streaming.stateStore.providerClass``: a
-Python class path (microbatch's ``MapStateStoreProvider`` by default, or a user's
-``StateStoreProvider`` subclass importable on the executors). Spark's default,
-``HDFSBackedStateStoreProvider``, means microbatch's default; Spark's RocksDB
-provider is refused (microbatch has none yet).
+Python class path (microbatch's ``MapStateStoreProvider`` by default, its
+``RocksDBStateStoreProvider`` for state beyond memory, or a user's ``StateStoreProvider``
+subclass importable on the executors). Spark's provider names mean microbatch's
+counterparts: ``HDFSBackedStateStoreProvider`` the default, ``RocksDBStateStoreProvider``
+microbatch's RocksDB provider.
 
 Executors keep providers in a module-level cache of the Python worker, which
 Spark reuses across tasks (``spark.python.worker.reuse``), keyed by provider class
@@ -50,6 +51,10 @@ DEFAULT_PROVIDER = "microbatch.state.map_provider.MapStateStoreProvider"
 #: Spark's providers, by the name a ported job sets (or Spark's default records).
 SPARK_HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 SPARK_ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: microbatch's provider for state beyond memory: RocksDB on the executor's local disk.
+ROCKSDB_PROVIDER = "microbatch.state.rocksdb_provider.RocksDBStateStoreProvider"
+#: Providers that write and read the same files (``state.files``): a checkpoint may change between them.
+SAME_FILES_PROVIDERS = {DEFAULT_PROVIDER, ROCKSDB_PROVIDER}
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,12 @@ class StateStoreConf:
     storage: tuple = field(default=("file", ()), repr=False)
     #: The provider class path (``spark.sql.streaming.stateStore.providerClass``).
     provider_class: str = DEFAULT_PROVIDER
+    #: The RocksDB provider's memory: a block cache shared by a worker's stores
+    #: (spark.sql.streaming.stateStore.rocksdb.blockCacheSizeMB), and per store
+    #: memtables of writeBufferSizeMB (-1: 16) times maxWriteBufferNumber (-1: 2).
+    rocksdb_block_cache_mb: int = 8
+    rocksdb_write_buffer_mb: int = 16
+    rocksdb_max_write_buffers: int = 2
 
     @property
     def fs(self):
@@ -99,7 +110,19 @@ class StateStoreConf:
             min_versions_to_retain=int(get("spark.sql.streaming.minBatchesToRetain", "100")),
             max_versions_in_memory=int(get("spark.sql.streaming.maxBatchesToRetainInMemory", "2")),
             compression="zstd" if codec == "zstd" else "lz4",
-            provider_class=provider_name(get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)))
+            provider_class=provider_name(get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)),
+            rocksdb_block_cache_mb=_positive(get(f"{_ROCKSDB}.blockCacheSizeMB", "8"), 8),
+            rocksdb_write_buffer_mb=_positive(get(f"{_ROCKSDB}.writeBufferSizeMB", "-1"), 16),
+            rocksdb_max_write_buffers=_positive(get(f"{_ROCKSDB}.maxWriteBufferNumber", "-1"), 2))
+
+
+_ROCKSDB = "spark.sql.streaming.stateStore.rocksdb"
+
+
+def _positive(value: str, default: int) -> int:
+    """A size conf where -1 (Spark's "RocksDB's default") means ``default``."""
+    number = int(value)
+    return number if number > 0 else default
 
 
 @dataclass
@@ -228,17 +251,10 @@ class StateStoreProvider(ABC):
 
 # -- choosing a provider, and the executor-side cache ----------------------------------------
 def provider_name(conf_value: str) -> str:
-    """The provider a ``providerClass`` setting means: Spark's default is microbatch's
-    default; Spark's RocksDB provider is refused with what to do instead."""
+    """The provider a ``providerClass`` setting means: Spark's names mean microbatch's
+    counterparts (its default, its RocksDB provider)."""
     name = (conf_value or DEFAULT_PROVIDER).strip()
-    if name == SPARK_HDFS_PROVIDER:
-        return DEFAULT_PROVIDER
-    if name == SPARK_ROCKSDB_PROVIDER:
-        raise IllegalArgumentException(
-            f"{PROVIDER_CLASS_CONF} is {name}, Spark's RocksDB state store, which runs in Spark's "
-            "own engine only. microbatch keeps state with its own providers: unset the conf (or "
-            f"set it to {DEFAULT_PROVIDER}).")
-    return name
+    return {SPARK_HDFS_PROVIDER: DEFAULT_PROVIDER, SPARK_ROCKSDB_PROVIDER: ROCKSDB_PROVIDER}.get(name, name)
 
 
 def provider_class(name: str) -> type:

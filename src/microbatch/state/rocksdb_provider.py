@@ -1,0 +1,569 @@
+"""State beyond memory: a provider whose working copy of a store is a RocksDB database on
+the executor's local disk (through ``rocksdict``), as Spark's RocksDBStateStoreProvider.
+
+Chosen by ``spark.sql.streaming.stateStore.providerClass`` set to this class or to
+Spark's ``...state.RocksDBStateStoreProvider`` (a ported job keeps its conf).
+
+The checkpoint holds what every provider writes (``state.files``), so the state reader,
+the toolkit, repartition and a change of provider between runs read it alike:
+
+- A commit writes the version's delta file first (the changelog: Spark's changelog
+  checkpointing), then applies the same changes to the local database in one write
+  batch. A delta costs the keys the batch touched, however large the state.
+- Every ``minDeltasForSnapshot`` versions a background thread of the Python worker
+  writes an Arrow snapshot from a RocksDB snapshot of the committed version (a
+  consistent view while later batches write), chunk by chunk, then deletes the files
+  no retained version needs. A batch does not wait for it (unless the previous
+  snapshot is still being written when the next one is due).
+- Loading a version: the one the database holds (a hit); an earlier one within
+  ``maxBatchesToRetainInMemory`` by undo records (a re-run of a batch); a later one
+  by applying the deltas other executors committed since; anything else rebuilds the
+  database from the newest snapshot and the deltas after it.
+
+The database lives in ``<SPARK_LOCAL_DIRS>/microbatch-rocksdb/<pid>-<store digest>-<n>``:
+one per provider, so a Python worker process keeps one a store, because RocksDB lets
+one process open a database and Spark may run a partition's next task in another
+worker. It is a working copy, never the checkpoint: dropped when the provider closes,
+and directories of dead workers are removed by the next worker that opens one.
+
+In the database a key or value is the tuple ``state.files`` defines, encoded with
+``marshal`` format 0 (no interning flags or back-references, so equal keys are equal
+bytes); dates, times, decimals and durations become numbers or text first. The
+memory a worker spends is RocksDB's: its memtables (``writeBufferSizeMB`` times
+``maxWriteBufferNumber`` a store), one block cache shared by the worker's stores
+(``blockCacheSizeMB``), and the open batch's changes.
+"""
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import itertools
+import logging
+import marshal
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from microbatch import crash_points
+from microbatch.state.files import REMOVED, StateFiles, storage_type
+from microbatch.state.store import (Key, StateStore, StateStoreConf, StateStoreId,
+                                    StateStoreMetrics, StateStoreProvider, Value)
+
+log = logging.getLogger(__name__)
+
+_MISSING = REMOVED
+#: rows decoded and written per record batch of a snapshot
+_SNAPSHOT_CHUNK = 100_000
+
+
+# -- the encoding of tuples in the database ----------------------------------------------
+def _needs_conversion(t: pa.DataType) -> bool:
+    """Whether values of ``t`` hold Python objects ``marshal`` cannot write."""
+    if pa.types.is_struct(t):
+        return any(_needs_conversion(f.type) for f in t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _needs_conversion(t.value_type)
+    if pa.types.is_map(t):
+        return _needs_conversion(t.key_type) or _needs_conversion(t.item_type)
+    return pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_decimal(t) or pa.types.is_duration(t)
+
+
+def _to_plain(value, t: pa.DataType):
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        if isinstance(value, dict):
+            return {f.name: _to_plain(value[f.name], f.type) for f in t}
+        return tuple(_to_plain(v, f.type) for v, f in zip(value, t))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        kind = type(value)
+        return kind(_to_plain(v, t.value_type) for v in value)
+    if pa.types.is_map(t):
+        kind = type(value)
+        return kind((_to_plain(k, t.key_type), _to_plain(v, t.item_type)) for k, v in value)
+    if pa.types.is_date(t):
+        return value.toordinal()
+    if pa.types.is_time(t):
+        return ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond
+    if pa.types.is_decimal(t):
+        return str(value)
+    if pa.types.is_duration(t):
+        return (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+    return value
+
+
+def _from_plain(value, t: pa.DataType):
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        if isinstance(value, dict):
+            return {f.name: _from_plain(value[f.name], f.type) for f in t}
+        return tuple(_from_plain(v, f.type) for v, f in zip(value, t))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        kind = type(value)
+        return kind(_from_plain(v, t.value_type) for v in value)
+    if pa.types.is_map(t):
+        kind = type(value)
+        return kind((_from_plain(k, t.key_type), _from_plain(v, t.item_type)) for k, v in value)
+    if pa.types.is_date(t):
+        return datetime.date.fromordinal(value)
+    if pa.types.is_time(t):
+        seconds, micros = divmod(value, 1_000_000)
+        minutes, second = divmod(seconds, 60)
+        return datetime.time(minutes // 60, minutes % 60, second, micros)
+    if pa.types.is_decimal(t):
+        return decimal.Decimal(value)
+    if pa.types.is_duration(t):
+        return datetime.timedelta(microseconds=value)
+    return value
+
+
+class TupleCodec:
+    """A schema's tuples to bytes and back; equal tuples give equal bytes."""
+
+    def __init__(self, schema: pa.Schema):
+        types = [storage_type(f.type) for f in schema]
+        if any(_needs_conversion(t) for t in types):
+            def encode(row, _types=types):
+                return marshal.dumps(tuple(_to_plain(v, t) for v, t in zip(row, _types)), 0)
+
+            def decode(data, _types=types):
+                return tuple(_from_plain(v, t) for v, t in zip(marshal.loads(data), _types))
+            self.encode, self.decode = encode, decode
+        else:
+            self.encode = lambda row, _dumps=marshal.dumps: _dumps(row, 0)
+            self.decode = marshal.loads
+
+
+# -- the local database ----------------------------------------------------------------------
+_SHARED: dict = {}
+_INSTANCES = itertools.count()
+
+
+def _local_root() -> str:
+    """``<first of SPARK_LOCAL_DIRS, or the temp dir>/microbatch-rocksdb``; on first use in
+    a process, the databases of worker processes that no longer run are removed."""
+    root = _SHARED.get("root")
+    if root is None:
+        base = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()
+        root = os.path.join(base, "microbatch-rocksdb")
+        os.makedirs(root, exist_ok=True)
+        for name in os.listdir(root):
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        _SHARED["root"] = root
+    return root
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _options(conf: StateStoreConf):
+    from rocksdict import BlockBasedOptions, Cache, Options
+    cache = _SHARED.get("cache")
+    if cache is None:   # one block cache for every store of this worker process
+        cache = _SHARED["cache"] = Cache(conf.rocksdb_block_cache_mb << 20)
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)   # a new key (most of a dedup's) is decided in memory
+    table.set_block_cache(cache)
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_size(conf.rocksdb_write_buffer_mb << 20)
+    options.set_max_write_buffer_number(conf.rocksdb_max_write_buffers)
+    options.set_compression_type(_compression(conf.compression))
+    options.increase_parallelism(2)
+    return options
+
+
+def _compression(codec: str):
+    from rocksdict import DBCompressionType
+    return DBCompressionType.zstd() if codec == "zstd" else DBCompressionType.lz4()
+
+
+class RocksDBStateStore(StateStore):
+    """One version of a ``RocksDBStateStoreProvider``'s store: reads go to the open
+    version's changes, then to the database; changes stay in memory until ``commit``."""
+
+    def __init__(self, provider: "RocksDBStateStoreProvider", version: int):
+        self.provider = provider
+        self.id = provider.id
+        self.version = version
+        self.key_schema = provider.key_schema
+        self.value_schema = provider.value_schema
+        self._pending: dict[Key, object] = {}    # key -> value tuple, or _MISSING (removed)
+        #: what the database held for keys this version read (encoded value, or None):
+        #: the commit's undo record needs no second read of them
+        self._held: dict[Key, bytes | None] = {}
+        self._loaded = False
+        self._cache_hit = False
+        self._committed = False
+        self._aborted = False
+        self._gets = self._puts = 0
+        self._metrics = StateStoreMetrics()
+
+    def _open(self):
+        if not self._loaded:
+            self._check_open()
+            self._cache_hit = self.provider.load(self.version)
+            self._loaded = True
+        return self.provider.db
+
+    def _check_open(self) -> None:
+        if self._committed or self._aborted:
+            raise RuntimeError(f"State store {self.id} version {self.version} is already "
+                               f"{'committed' if self._committed else 'aborted'}")
+
+    def _stored(self, key: Key) -> bytes | None:
+        held = self._held
+        if key in held:
+            return held[key]
+        data = self._open().get(self.provider.keys.encode(key))
+        held[key] = data
+        self._gets += 1
+        return data
+
+    # -- key by key -------------------------------------------------------------------
+    def get(self, key: Key) -> Value | None:
+        self._open()
+        value = self._pending.get(key, _MISSING)
+        if value is not _MISSING:
+            return value  # type: ignore[return-value]
+        if key in self._pending:
+            return None
+        data = self._stored(key)
+        return None if data is None else self.provider.values.decode(data)
+
+    def put(self, key: Key, value: Value) -> None:
+        self._open()
+        self._check_open()
+        self._pending[key] = value
+
+    def remove(self, key: Key) -> None:
+        self._open()
+        self._check_open()
+        if key in self._pending or self._stored(key) is not None:
+            self._pending[key] = _MISSING
+
+    def put_absent(self, keys: list[Key], values: list[Value] | None = None) -> np.ndarray:
+        db = self._open()
+        self._check_open()
+        pending, held = self._pending, self._held
+        encode, lookup = self.provider.keys.encode, db.get
+        n = len(keys)
+        first = dict(zip(reversed(keys), range(n - 1, -1, -1)))   # key -> its first row
+        new = np.zeros(n, bool)
+        for key, row in first.items():
+            if key in pending:
+                absent = pending[key] is _MISSING
+            else:
+                if key in held:
+                    data = held[key]
+                else:
+                    data = held[key] = lookup(encode(key))
+                    self._gets += 1
+                absent = data is None
+            if absent:
+                pending[key] = () if values is None else values[row]
+                new[row] = True
+        return new
+
+    def remove_many(self, keys: list[Key]) -> None:
+        for key in keys:
+            self.remove(key)
+
+    def keys_at_or_below(self, bound: int, *, key_field: int | None = None,
+                         value_field: int | None = None) -> list[Key]:
+        found = []
+        for key, value in self.iterator():
+            t = key[key_field] if key_field is not None else value[value_field]
+            if t is not None and t <= bound:
+                found.append(key)
+        return found
+
+    def num_keys(self) -> int:
+        self._open()
+        count = self.provider.num_keys
+        for key, value in self._pending.items():
+            was_held = self._stored(key) is not None
+            count += (value is not _MISSING) - was_held
+        return count
+
+    def iterator(self) -> Iterator[tuple[Key, Value]]:
+        db = self._open()
+        pending, provider = self._pending, self.provider
+        decode_key, decode_value = provider.keys.decode, provider.values.decode
+        for data, value in db.items():
+            key = decode_key(data)
+            if key in pending:
+                continue
+            yield key, decode_value(value)
+        for key, value in pending.items():
+            if value is not _MISSING:
+                yield key, value  # type: ignore[misc]
+
+    # -- the end of a version ---------------------------------------------------------------
+    def commit(self) -> int:
+        self._open()
+        self._check_open()
+        pending = self._pending
+        for key in pending:          # the database's value of every changed key, for the undo record
+            if key not in self._held:
+                self._stored(key)
+        self._puts = len(pending)
+        timings = self.provider.commit(self.version, pending, self._held)
+        self._committed = True
+        removed = sum(1 for v in pending.values() if v is _MISSING)
+        provider = self.provider
+        self._metrics = StateStoreMetrics(
+            num_keys=provider.num_keys, num_updated=len(pending) - removed, num_removed=removed,
+            memory_used_bytes=provider.memory_used_bytes(), commit_time_ms=sum(timings.values()),
+            custom={"rocksdbGetCount": self._gets, "rocksdbPutCount": self._puts,
+                    "rocksdbCommitWriteBatchLatency": timings["writeBatch"],
+                    "rocksdbCommitChangelogLatency": timings["changelog"],
+                    "rocksdbSstFileSize": provider.sst_bytes(),
+                    "rocksdbLoadedFromMemoryCount": int(self._cache_hit),
+                    "rocksdbLoadedFromCheckpointCount": int(not self._cache_hit)})
+        provider.maybe_maintain()
+        return self.version + 1
+
+    def abort(self) -> None:
+        if not self._committed:
+            self._aborted = True
+            self._pending = {}
+            self._held = {}
+
+    def metrics(self) -> StateStoreMetrics:
+        return self._metrics
+
+    @property
+    def has_committed(self) -> bool:
+        return self._committed
+
+
+class RocksDBStateStoreProvider(StateStoreProvider):
+    def __init__(self, store_id: StateStoreId, key_schema: pa.Schema, value_schema: pa.Schema,
+                 conf: StateStoreConf):
+        super().__init__(store_id, key_schema, value_schema, conf)
+        self.files = StateFiles(store_id, key_schema, value_schema, conf)
+        self.keys = TupleCodec(key_schema)
+        self.values = TupleCodec(value_schema)
+        self.db = None
+        self.path: str | None = None
+        self.loaded_version = -1          # the version the database holds; -1: none
+        self.num_keys = 0
+        self._undo: dict[int, tuple[dict[bytes, bytes | None], int]] = {}   # v -> (v-1's values, keys)
+        self._deltas_since_snapshot = 0
+        self._maintenance: threading.Thread | None = None
+
+    # -- the database ------------------------------------------------------------------
+    def _fresh_db(self) -> None:
+        """An empty database (the old one, if any, dropped)."""
+        from rocksdict import Rdict, WriteOptions
+        self._wait_for_maintenance()
+        self._drop_db()
+        digest = hashlib.sha1(f"{self.id.path}\0{self.conf.run_id}".encode()).hexdigest()[:16]
+        self.path = os.path.join(_local_root(), f"{os.getpid()}-{digest}-{next(_INSTANCES)}")
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.db = Rdict(self.path, _options(self.conf))
+        write = WriteOptions()
+        write.disable_wal = True      # the delta file is the durable record; this is a working copy
+        self.db.set_write_options(write)
+        self.loaded_version, self.num_keys, self._undo, self._deltas_since_snapshot = 0, 0, {}, 0
+
+    def _drop_db(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+        if self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def close(self) -> None:
+        self._wait_for_maintenance()
+        self._drop_db()
+        self.loaded_version = -1
+
+    def memory_used_bytes(self) -> int:
+        db = self.db
+        total = 0
+        for name in ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem",
+                     "rocksdb.block-cache-usage"):
+            total += db.property_int_value(name) or 0
+        return total
+
+    def sst_bytes(self) -> int:
+        return self.db.property_int_value("rocksdb.total-sst-files-size") or 0
+
+    # -- loading a version ----------------------------------------------------------------
+    def load(self, version: int) -> bool:
+        """Make the database hold ``version``; whether it held it already."""
+        if version < 0:
+            raise ValueError(f"Version cannot be less than 0, got {version}")
+        if self.db is not None and version == self.loaded_version:
+            return True
+        loaded = self.loaded_version if self.db is not None else -1
+        if 0 <= version < loaded and all(v in self._undo for v in range(version + 1, loaded + 1)):
+            for v in range(loaded, version, -1):     # a re-run: step back by the undo records
+                previous, keys = self._undo.pop(v)
+                self._write(previous)
+                self.num_keys = keys
+            self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - (loaded - version))
+            self.loaded_version = version
+            return False
+        if version > loaded >= 0 and all(self.files.exists(v, "delta") for v in range(loaded + 1, version + 1)):
+            for v in range(loaded + 1, version + 1):   # other executors committed since
+                self._apply_rows(v, self.files.read_delta(v, version, 0))
+            return False
+        self._rebuild(version)
+        return False
+
+    def _rebuild(self, version: int) -> None:
+        started = time.monotonic()
+        self._fresh_db()
+        if version == 0:
+            return
+        start = self.files.newest_snapshot(version)
+        if start:
+            for rows in self.files.read_chunks(start, "snapshot"):
+                encode_key, encode_value = self.keys.encode, self.values.encode
+                self._write({encode_key(k): encode_value(v) for k, v in rows})
+                self.num_keys += len(rows)
+            self.loaded_version = start
+        for v in range(start + 1, version + 1):
+            self._apply_rows(v, self.files.read_delta(v, version, start),
+                             keep_undo=v > version - self.conf.max_versions_in_memory)
+        self._deltas_since_snapshot = version - start
+        log.info("Loaded state store %s version %d into RocksDB at %s (snapshot %d + %d deltas, "
+                 "%d keys) in %d ms", self.id, version, self.path, start, version - start,
+                 self.num_keys, (time.monotonic() - started) * 1000)
+
+    def _apply_rows(self, version: int, rows, keep_undo: bool = True) -> None:
+        """A delta file's (key, value) rows (value ``REMOVED``: the key goes) as ``version``."""
+        encode_key, encode_value, get = self.keys.encode, self.values.encode, self.db.get
+        changes = {encode_key(k): (None if v is _MISSING else encode_value(v)) for k, v in rows}
+        previous = {k: get(k) for k in changes}
+        self._apply(version, changes, previous, keep_undo)
+
+    def _apply(self, version: int, changes: dict[bytes, bytes | None], previous: dict[bytes, bytes | None],
+               keep_undo: bool = True) -> None:
+        if keep_undo:
+            self._undo[version] = (previous, self.num_keys)
+            for old in [v for v in self._undo if v <= version - self.conf.max_versions_in_memory]:
+                del self._undo[old]
+        added = sum(1 for k, v in changes.items() if v is not None and previous[k] is None)
+        gone = sum(1 for k, v in changes.items() if v is None and previous[k] is not None)
+        self._write(changes)
+        self.num_keys += added - gone
+        self.loaded_version = version
+        self._deltas_since_snapshot += 1
+
+    def _write(self, changes: dict[bytes, bytes | None]) -> None:
+        from rocksdict import WriteBatch
+        batch = WriteBatch(raw_mode=True)
+        put, delete = batch.put, batch.delete
+        for key, value in changes.items():
+            if value is None:
+                delete(key)
+            else:
+                put(key, value)
+        self.db.write(batch)
+
+    # -- the contract ---------------------------------------------------------------------
+    def get_store(self, version: int) -> StateStore:
+        if version < 0:
+            raise ValueError(f"Version cannot be less than 0, got {version}")
+        store = RocksDBStateStore(self, version)
+        crash_points.reached("state-loaded")
+        return store
+
+    def commit(self, version: int, pending: dict[Key, object], held: dict[Key, bytes | None]) -> dict:
+        """Write ``version + 1``'s delta (the changelog), then apply it to the database."""
+        if self.loaded_version != version:
+            raise RuntimeError(f"State store {self.id}: committing version {version + 1} on top "
+                               f"of version {self.loaded_version}; another store of the same "
+                               "partition was committed meanwhile.")
+        started = time.monotonic()
+        self.files.write_rows(version + 1, "delta", list(pending), list(pending.values()))
+        changelog = time.monotonic()
+        encode_key, encode_value = self.keys.encode, self.values.encode
+        changes, previous = {}, {}
+        for key, value in pending.items():
+            data = encode_key(key)
+            changes[data] = None if value is _MISSING else encode_value(value)
+            previous[data] = held[key]
+        self._apply(version + 1, changes, previous)
+        done = time.monotonic()
+        return {"changelog": int((changelog - started) * 1000), "writeBatch": int((done - changelog) * 1000)}
+
+    # -- maintenance --------------------------------------------------------------------------
+    def maybe_maintain(self) -> None:
+        """A snapshot when due (after the previous one ends, so which versions have one
+        does not depend on timing)."""
+        if self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot:
+            self.do_maintenance(background=True)
+
+    def do_maintenance(self, background: bool = False) -> None:
+        """Snapshot the committed version (in a background thread when asked) and delete
+        the files no retained version needs."""
+        if self.db is None or self.loaded_version <= 0 or \
+                self._deltas_since_snapshot <= self.conf.min_deltas_for_snapshot:
+            self.files.cleanup()
+            return
+        version, view = self.loaded_version, self.db.snapshot()
+        self._deltas_since_snapshot = 0
+        if not background:
+            self._snapshot(version, view)
+            return
+        self._wait_for_maintenance()
+        self._maintenance = threading.Thread(target=self._snapshot, args=(version, view),
+                                             name=f"state-snapshot-{self.id.operator_id}-{self.id.partition_id}",
+                                             daemon=True)
+        self._maintenance.start()
+
+    def _snapshot(self, version: int, view) -> None:
+        started = time.monotonic()
+        decode_key, decode_value = self.keys.decode, self.values.decode
+
+        def chunks():
+            keys, values, written = [], [], False
+            for key, value in view.items():
+                keys.append(decode_key(key))
+                values.append(decode_value(value))
+                if len(keys) == _SNAPSHOT_CHUNK:
+                    yield keys, values
+                    keys, values, written = [], [], True
+            if keys or not written:
+                yield keys, values
+        try:
+            self.files.write_chunks(version, "snapshot", chunks())
+            log.info("Written snapshot file for version %d of %s at %s in %d ms", version, self.id,
+                     self.files.path(version, "snapshot"), (time.monotonic() - started) * 1000)
+            self.files.cleanup()
+        except Exception:   # the deltas still hold every version; the next maintenance retries
+            log.warning("Error writing the snapshot of version %d of state store %s", version,
+                        self.id, exc_info=True)
+            self._deltas_since_snapshot = self.conf.min_deltas_for_snapshot + 1
+        finally:
+            del view
+
+    def _wait_for_maintenance(self) -> None:
+        thread = self._maintenance
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._maintenance = None
+

@@ -1,0 +1,145 @@
+"""microbatch's RocksDB state store provider: chosen by Spark's conf value, matching Spark's
+own engine on its RocksDB provider batch by batch, the checkpoint in the files every
+provider shares, the working copy on the executor's local disk."""
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import os
+
+import pyarrow as pa
+import pytest
+
+from microbatch.state import rocksdb_provider
+from microbatch.state.rocksdb_provider import RocksDBStateStoreProvider, TupleCodec
+from microbatch.state.store import ROCKSDB_PROVIDER, StateStoreConf, StateStoreId
+from stream_events import comparable, write_event_files
+
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+MAP = "microbatch.state.map_provider.MapStateStoreProvider"
+
+EVENTS = [
+    [(1, "00:00:10"), (2, "00:00:20"), (1, "00:00:10"), (None, "00:00:12")],
+    [(1, "00:00:10"), (3, "00:00:40"), (None, "00:00:12"), (None, "00:00:35")],
+    [(2, "00:00:20"), (4, "00:00:05"), (5, "00:00:41"), (3, "00:00:45"), (None, "00:00:42")],
+    [(6, "00:01:40"), (3, "00:00:40")],
+]
+
+QUERIES = {
+    "dedup with watermark": ("append", lambda f: f.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"])),
+    "dedup within watermark": ("append", lambda f: f.withWatermark("ts", "10 seconds")
+                               .dropDuplicatesWithinWatermark(["id"])),
+    "window count": ("append", lambda f: f.withWatermark("ts", "10 seconds")
+                     .groupBy(__import__("pyspark.sql.functions", fromlist=["window"]).window("ts", "10 seconds"))
+                     .count()),
+    "count per id": ("update", lambda f: f.groupBy("id").count()),
+}
+
+
+@pytest.fixture
+def events(tmp_path):
+    return write_event_files(tmp_path / "events", EVENTS, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
+
+
+def run(session, events, ckpt, case, provider):
+    mode, transform = QUERIES[case]
+    session.conf.set(PROVIDER_CONF, provider)
+    batches = []
+    try:
+        frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
+        query = (transform(frame).writeStream.outputMode(mode)
+                 .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
+                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None
+        return batches, query.recentProgress
+    finally:
+        session.conf.unset(PROVIDER_CONF)
+
+
+@pytest.mark.parametrize("case", list(QUERIES))
+def test_sparks_rocksdb_conf_runs_microbatchs_rocksdb_provider_with_sparks_answers(spark, ss, events, tmp_path,
+                                                                                   case):
+    theirs, their_progress = run(spark, events, tmp_path / "spark", case, SPARK_ROCKSDB)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", case, SPARK_ROCKSDB)
+    assert ours == theirs
+    assert comparable(our_progress) == comparable(their_progress)
+    conf = json.loads((tmp_path / "microbatch" / "offsets" / "0").read_text().split("\n")[1])["conf"]
+    assert conf[PROVIDER_CONF] == ROCKSDB_PROVIDER
+    metrics = our_progress[-1]["stateOperators"][0]["customMetrics"]
+    assert metrics["rocksdbPutCount"] >= 0 and "rocksdbCommitWriteBatchLatency" in metrics
+    assert our_progress[0]["stateOperators"][0]["memoryUsedBytes"] > 0
+
+
+def test_a_checkpoint_moves_between_the_map_and_rocksdb_providers(ss, events, tmp_path):
+    """Both providers write the same files: a run on the map provider, a restart on
+    RocksDB and one back on the map give the answers of one uninterrupted run."""
+    whole, _ = run(ss, events, tmp_path / "whole", "count per id", MAP)
+    live, ckpt, outputs = tmp_path / "live", tmp_path / "moving", []
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    for provider, files in ((MAP, names[:2]), (SPARK_ROCKSDB, names[2:3]), (MAP, names[3:])):
+        for name in files:      # the next files arrive (a rename keeps their modification times)
+            os.rename(os.path.join(events, name), live / name)
+        ss.conf.set(PROVIDER_CONF, provider)
+        try:
+            frame = ss.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(str(live))
+            query = (frame.groupBy("id").count().writeStream.outputMode("update")
+                     .foreachBatch(lambda df, i: outputs.append((i, sorted(map(tuple, df.collect()), key=repr))))
+                     .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+            query.awaitTermination(120)
+            assert query.exception() is None
+        finally:
+            ss.conf.unset(PROVIDER_CONF)
+    assert outputs == whole
+    recorded = [json.loads((ckpt / "offsets" / b).read_text().split("\n")[1])["conf"][PROVIDER_CONF]
+                for b in sorted(os.listdir(ckpt / "offsets"), key=int)]
+    assert ROCKSDB_PROVIDER in recorded and recorded[-1] == MAP
+
+
+def test_equal_keys_are_equal_bytes_and_every_type_round_trips():
+    schema = pa.schema([("s", pa.string()), ("d", pa.date32()), ("n", pa.decimal128(10, 2)),
+                        ("t", pa.time64("us")), ("nested", pa.struct([("day", pa.date32()), ("x", pa.float64())])),
+                        ("items", pa.list_(pa.int64()))])
+    codec = TupleCodec(schema)
+    built = "".join(["wo", "rd"])          # not interned, unlike the literal
+    key = ("word", datetime.date(2026, 1, 2), decimal.Decimal("12.50"), datetime.time(1, 2, 3, 4),
+           (datetime.date(2020, 5, 6), -0.5), (1, 2))
+    same = (built, datetime.date(2026, 1, 2), decimal.Decimal("12.50"), datetime.time(1, 2, 3, 4),
+            (datetime.date(2020, 5, 6), -0.5), (1, 2))
+    assert codec.encode(key) == codec.encode(same)
+    assert codec.decode(codec.encode(key)) == key
+    assert codec.decode(codec.encode((None,) * 6)) == (None,) * 6
+    plain = TupleCodec(pa.schema([("k", pa.int64()), ("v", pa.string())]))
+    assert plain.decode(plain.encode((2 ** 40, built))) == (2 ** 40, "word")
+
+
+def test_the_working_copy_lives_in_sparks_local_dir_and_goes_with_the_provider(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'local'},{tmp_path / 'other'}")
+    monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
+    dead = tmp_path / "local" / "microbatch-rocksdb" / "999999999-abc-0"      # a worker that died
+    dead.mkdir(parents=True)
+    key, value = pa.schema([("k", pa.int64())]), pa.schema([("v", pa.int64())])
+    provider = RocksDBStateStoreProvider(StateStoreId(str(tmp_path / "state"), 0, 0), key, value,
+                                         StateStoreConf(min_deltas_for_snapshot=1))
+    for version in range(3):
+        store = provider.get_store(version)
+        for k in range(100):
+            current = store.get((k,))
+            store.put((k,), ((current[0] if current else 0) + k,))
+        store.commit()
+    assert provider.path.startswith(str(tmp_path / "local" / "microbatch-rocksdb" / f"{os.getpid()}-"))
+    assert os.path.isdir(provider.path) and not dead.exists()
+    provider._wait_for_maintenance()
+    assert sorted(os.listdir(tmp_path / "state" / "0" / "0")) == \
+        ["1.delta.arrow", "2.delta.arrow", "2.snapshot.arrow", "3.delta.arrow"]
+    # a re-run of batch 2 steps back without reading a file; the answer is the same
+    store = provider.get_store(2)
+    assert store.get((7,)) == (14,)
+    store.abort()
+    assert provider.get_store(3).get((7,)) == (21,)
+    path = provider.path
+    provider.close()
+    assert not os.path.exists(path)
