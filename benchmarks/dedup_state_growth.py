@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--provider", choices=("map", "rocksdb"), default="map",
                         help="rocksdb: both engines on their RocksDB state stores")
     parser.add_argument("--python-memory", default=None, help="spark.executor.pyspark.memory, e.g. 512m")
+    parser.add_argument("--master", default="local[2]",
+                        help="e.g. local-cluster[2,1,2048]: state partitions move between two executors")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -132,11 +134,11 @@ def main(argv: list[str] | None = None) -> None:
         # the cap is on address space (RLIMIT_AS): glibc's per-thread malloc arenas reserve
         # 64 MB each, and RocksDB's threads would spend the cap on reservations
         os.environ.setdefault("MALLOC_ARENA_MAX", "2")
-    spark = embedded_spark(conf=conf)
+    spark = embedded_spark(args.master, conf=conf)
     ss = StreamingSession(spark)
     results = {"keys": args.keys, "batches": args.batches, "partitions": args.partitions,
                "query": args.query, "provider": args.provider, "python_memory": args.python_memory,
-               "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, local[2]"}
+               "date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, {args.master}"}
     with tempfile.TemporaryDirectory() as tmp:
         ours = run(ss, "microbatch", args.keys, args.batches, f"{tmp}/microbatch", args.query)
         results["microbatch"] = {"batches": ours, **summarize("microbatch", ours)}
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
             theirs = run(spark, "spark", args.keys, args.batches, f"{tmp}/spark", args.query)
             results["spark"] = {"batches": theirs, **summarize("Spark Structured Streaming", theirs)}
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    suffix = "_rocksdb" if args.provider == "rocksdb" else ""
+    suffix = ("_rocksdb" if args.provider == "rocksdb" else "") + \
+        ("_cluster" if args.master.startswith("local-cluster") else "")
     path = os.path.join(HERE, "results", f"{args.query}_state_growth{suffix}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
