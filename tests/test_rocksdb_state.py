@@ -116,30 +116,45 @@ def test_equal_keys_are_equal_bytes_and_every_type_round_trips():
     assert plain.decode(plain.encode((2 ** 40, built))) == (2 ** 40, "word")
 
 
-def test_the_working_copy_lives_in_sparks_local_dir_and_goes_with_the_provider(tmp_path, monkeypatch):
+def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_workers(tmp_path, monkeypatch):
+    """One database per store in Spark's local directory, closed at each commit, so the
+    partition's next task may run in another worker process (another provider here) and
+    find it at its version; undo records of a provider are not trusted after another
+    wrote; a provider that finds the database open elsewhere works on a private copy."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'local'},{tmp_path / 'other'}")
     monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
-    dead = tmp_path / "local" / "microbatch-rocksdb" / "999999999-abc-0"      # a worker that died
-    dead.mkdir(parents=True)
     key, value = pa.schema([("k", pa.int64())]), pa.schema([("v", pa.int64())])
-    provider = RocksDBStateStoreProvider(StateStoreId(str(tmp_path / "state"), 0, 0), key, value,
-                                         StateStoreConf(min_deltas_for_snapshot=1))
-    for version in range(3):
+    conf = StateStoreConf(min_deltas_for_snapshot=1, run_id="run")
+    store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
+    workers = [RocksDBStateStoreProvider(store_id, key, value, conf) for _ in range(2)]
+
+    def add(provider, version):
         store = provider.get_store(version)
         for k in range(100):
             current = store.get((k,))
             store.put((k,), ((current[0] if current else 0) + k,))
         store.commit()
-    assert provider.path.startswith(str(tmp_path / "local" / "microbatch-rocksdb" / f"{os.getpid()}-"))
-    assert os.path.isdir(provider.path) and not dead.exists()
-    provider._wait_for_maintenance()
-    assert sorted(os.listdir(tmp_path / "state" / "0" / "0")) == \
-        ["1.delta.arrow", "2.delta.arrow", "2.snapshot.arrow", "3.delta.arrow"]
-    # a re-run of batch 2 steps back without reading a file; the answer is the same
-    store = provider.get_store(2)
-    assert store.get((7,)) == (14,)
+        return store.metrics()
+
+    for version in range(4):
+        metrics = add(workers[version % 2], version)
+        assert metrics.custom["rocksdbLoadedFromMemoryCount"] == 1, version   # never rebuilt
+    shared = workers[0].shared_path
+    assert shared.startswith(str(tmp_path / "local" / "microbatch-rocksdb")) and os.path.isdir(shared)
+    assert workers[1].path == shared and workers[0].db is None and workers[1].db is None
+    for worker in workers:
+        worker._wait_for_maintenance()
+    names = sorted(os.listdir(tmp_path / "state" / "0" / "0"))
+    assert {"1.delta.arrow", "4.delta.arrow", "2.snapshot.arrow"} <= set(names), names
+    # worker 0 last wrote version 3: its undo records are stale now that worker 1 wrote 4
+    store = workers[0].get_store(3)
+    assert store.get((7,)) == (21,)
+    # while worker 0 holds the database, worker 1 reads the same answer from a private copy
+    other = workers[1].get_store(3)
+    assert other.get((7,)) == (21,) and workers[1].path != shared
+    other.abort()
+    assert not os.path.exists(workers[1].path)
     store.abort()
-    assert provider.get_store(3).get((7,)) == (21,)
-    path = provider.path
-    provider.close()
-    assert not os.path.exists(path)
+    assert workers[1].get_store(4).get((7,)) == (28,)
+    workers[1].close()
+    assert not os.path.exists(shared)

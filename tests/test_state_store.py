@@ -140,14 +140,17 @@ def test_missing_and_damaged_files_are_clear_errors(tmp_path, kind):
     v = 0
     for words in (["a"], ["b"], ["c"]):
         v = commit_counts(p, v, words)
+    p.close()     # as a new executor: nothing local (RocksDB's database on this executor goes)
     other = kind(StateStoreId(str(tmp_path / "state"), 0, 0), KEY,
                                   pa.schema([pa.field("count", pa.string())]), StateStoreConf())
     with pytest.raises(CheckpointError, match="operator's state has"):
         other.get_store(3).get(("a",))   # a store loads at its first call
     directory = tmp_path / "state" / "0" / "0"
     os.remove(directory / "2.delta.arrow")
+    reader = provider(tmp_path, kind=kind)
     with pytest.raises(CheckpointError, match=r"2\.delta\.arrow.*does not exist.*version 3 needs it"):
-        provider(tmp_path, kind=kind).get_store(3).get(("a",))
+        reader.get_store(3).get(("a",))
+    reader.close()
     (directory / "1.delta.arrow").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=r"Error reading state file .*1\.delta\.arrow"):
         provider(tmp_path, kind=kind).get_store(1).get(("a",))

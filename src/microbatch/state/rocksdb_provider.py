@@ -11,20 +11,24 @@ the toolkit, repartition and a change of provider between runs read it alike:
   checkpointing), then applies the same changes to the local database in one write
   batch. A delta costs the keys the batch touched, however large the state.
 - Every ``minDeltasForSnapshot`` versions a background thread of the Python worker
-  writes an Arrow snapshot from a RocksDB snapshot of the committed version (a
-  consistent view while later batches write), chunk by chunk, then deletes the files
-  no retained version needs. A batch does not wait for it (unless the previous
+  writes an Arrow snapshot from a RocksDB checkpoint of the committed version (hard
+  links to its files, so the database may close and change meanwhile), chunk by chunk,
+  then deletes the files no retained version needs. A batch does not wait for it (unless the previous
   snapshot is still being written when the next one is due).
 - Loading a version: the one the database holds (a hit); an earlier one within
   ``maxBatchesToRetainInMemory`` by undo records (a re-run of a batch); a later one
   by applying the deltas other executors committed since; anything else rebuilds the
   database from the newest snapshot and the deltas after it.
 
-The database lives in ``<SPARK_LOCAL_DIRS>/microbatch-rocksdb/<pid>-<store digest>-<n>``:
-one per provider, so a Python worker process keeps one a store, because RocksDB lets
-one process open a database and Spark may run a partition's next task in another
-worker. It is a working copy, never the checkpoint: dropped when the provider closes,
-and directories of dead workers are removed by the next worker that opens one.
+The database lives in ``<SPARK_LOCAL_DIRS>/microbatch-rocksdb/<store digest>``, one per
+store and executor, like Spark's: a task opens it, and closes it when it commits or
+aborts, so the partition's next task may run in any Python worker process of the
+executor (RocksDB lets one process open a database at a time). The database keeps its
+own record (version, keys, a token of the last write) in the write batch of every
+version, so whoever opens it knows what it holds; undo records are trusted only if the
+token is the one this process wrote. While another process has it open (a speculative
+or retried task), a task builds a private copy from the files. The database is a
+working copy, never the checkpoint; Spark deletes its local directories at the end.
 
 In the database a key or value is the tuple ``state.files`` defines, encoded with
 ``marshal`` format 0 (no interning flags or back-references, so equal keys are equal
@@ -145,32 +149,22 @@ class TupleCodec:
 # -- the local database ----------------------------------------------------------------------
 _SHARED: dict = {}
 _INSTANCES = itertools.count()
+#: The database's own record, in the write batch of every version: (version, number of
+#: keys, token of the write). It sorts before every encoded tuple (marshal's tuples start
+#: with "("), so reading from ``_FIRST_KEY`` skips it.
+_META = b"\x00microbatch"
+_FIRST_KEY = b"\x01"
 
 
 def _local_root() -> str:
-    """``<first of SPARK_LOCAL_DIRS, or the temp dir>/microbatch-rocksdb``; on first use in
-    a process, the databases of worker processes that no longer run are removed."""
+    """``<first of SPARK_LOCAL_DIRS, or the temp dir>/microbatch-rocksdb``."""
     root = _SHARED.get("root")
     if root is None:
         base = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()
         root = os.path.join(base, "microbatch-rocksdb")
         os.makedirs(root, exist_ok=True)
-        for name in os.listdir(root):
-            pid = name.split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         _SHARED["root"] = root
     return root
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _options(conf: StateStoreConf):
@@ -308,7 +302,7 @@ class RocksDBStateStore(StateStore):
         db = self._open()
         pending, provider = self._pending, self.provider
         decode_key, decode_value = provider.keys.decode, provider.values.decode
-        for data, value in db.items():
+        for data, value in db.items(from_key=_FIRST_KEY):
             key = decode_key(data)
             if key in pending:
                 continue
@@ -339,7 +333,7 @@ class RocksDBStateStore(StateStore):
                     "rocksdbSstFileSize": provider.sst_bytes(),
                     "rocksdbLoadedFromMemoryCount": int(self._cache_hit),
                     "rocksdbLoadedFromCheckpointCount": int(not self._cache_hit)})
-        provider.maybe_maintain()
+        provider.release()
         return self.version + 1
 
     def abort(self) -> None:
@@ -347,6 +341,8 @@ class RocksDBStateStore(StateStore):
             self._aborted = True
             self._pending = {}
             self._held = {}
+            if self._loaded:
+                self.provider.release()
 
     def metrics(self) -> StateStoreMetrics:
         return self._metrics
@@ -363,40 +359,72 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         self.files = StateFiles(store_id, key_schema, value_schema, conf)
         self.keys = TupleCodec(key_schema)
         self.values = TupleCodec(value_schema)
+        digest = hashlib.sha1(f"{store_id.path}\0{conf.run_id}\0{key_schema}\0{value_schema}".encode())
+        #: the store's database on this executor, shared by its Python worker processes
+        self.shared_path = os.path.join(_local_root(), digest.hexdigest()[:20])
+        self.path: str | None = None      # the database open now (the shared one, or a private copy)
         self.db = None
-        self.path: str | None = None
-        self.loaded_version = -1          # the version the database holds; -1: none
+        self.loaded_version = -1          # the version the open database holds
         self.num_keys = 0
+        self._token: str | None = None    # the token of the last write this provider made or saw
         self._undo: dict[int, tuple[dict[bytes, bytes | None], int]] = {}   # v -> (v-1's values, keys)
         self._deltas_since_snapshot = 0
         self._maintenance: threading.Thread | None = None
 
     # -- the database ------------------------------------------------------------------
+    def _open(self) -> None:
+        """Open the store's database: the executor's shared one, or, while another worker
+        process holds it (a speculative or retried task of the same partition), a private
+        copy built from the files. Reads the version it holds from its own record."""
+        if self.db is not None:
+            return
+        from rocksdict import Rdict
+        try:
+            self.db, self.path = Rdict(self.shared_path, _options(self.conf)), self.shared_path
+        except Exception as e:
+            if "lock" not in str(e).lower():
+                raise
+            private = f"{self.shared_path}-{os.getpid()}-{next(_INSTANCES)}"
+            shutil.rmtree(private, ignore_errors=True)
+            self.db, self.path = Rdict(private, _options(self.conf)), private
+        record = self.db.get(_META)
+        version, keys, deltas, token = marshal.loads(record) if record is not None else (0, 0, 0, None)
+        if token is None or token != self._token:   # another process wrote since: our undo records are stale
+            self._undo = {}
+        self.loaded_version, self.num_keys, self._deltas_since_snapshot, self._token = version, keys, deltas, token
+
+    def release(self) -> None:
+        """The end of a task's store: start a snapshot when due, and close the database so
+        the next task of the partition may open it in any worker process."""
+        if self.db is None:
+            return
+        if self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot:
+            self.do_maintenance(background=True)
+        self.db.close()
+        self.db = None
+        if self.path != self.shared_path:    # a private copy serves one task
+            shutil.rmtree(self.path, ignore_errors=True)
+            self._token = None
+
     def _fresh_db(self) -> None:
-        """An empty database (the old one, if any, dropped)."""
-        from rocksdict import Rdict, WriteOptions
-        self._wait_for_maintenance()
-        self._drop_db()
-        digest = hashlib.sha1(f"{self.id.path}\0{self.conf.run_id}".encode()).hexdigest()[:16]
-        self.path = os.path.join(_local_root(), f"{os.getpid()}-{digest}-{next(_INSTANCES)}")
-        shutil.rmtree(self.path, ignore_errors=True)
-        self.db = Rdict(self.path, _options(self.conf))
-        write = WriteOptions()
-        write.disable_wal = True      # the delta file is the durable record; this is a working copy
-        self.db.set_write_options(write)
+        """Empty the open database (drop it and make it again at the same path)."""
+        from rocksdict import Rdict
+        path = self.path
+        self.db.close()
+        shutil.rmtree(path, ignore_errors=True)
+        self.db = Rdict(path, _options(self.conf))
         self.loaded_version, self.num_keys, self._undo, self._deltas_since_snapshot = 0, 0, {}, 0
 
-    def _drop_db(self) -> None:
+    def close(self) -> None:
+        """Forget the store on this executor (a new run, or the provider unloaded): its
+        database goes with it."""
+        self._wait_for_maintenance()
         if self.db is not None:
             self.db.close()
             self.db = None
-        if self.path:
-            shutil.rmtree(self.path, ignore_errors=True)
-
-    def close(self) -> None:
-        self._wait_for_maintenance()
-        self._drop_db()
-        self.loaded_version = -1
+        for path in {self.path, self.shared_path} - {None}:
+            shutil.rmtree(path, ignore_errors=True)
+        self.loaded_version, self._token, self._undo = -1, None, {}
 
     def memory_used_bytes(self) -> int:
         db = self.db
@@ -411,21 +439,21 @@ class RocksDBStateStoreProvider(StateStoreProvider):
 
     # -- loading a version ----------------------------------------------------------------
     def load(self, version: int) -> bool:
-        """Make the database hold ``version``; whether it held it already."""
+        """Open the database and make it hold ``version``; whether it held it already."""
         if version < 0:
             raise ValueError(f"Version cannot be less than 0, got {version}")
-        if self.db is not None and version == self.loaded_version:
+        self._open()
+        loaded = self.loaded_version
+        if version == loaded:
             return True
-        loaded = self.loaded_version if self.db is not None else -1
         if 0 <= version < loaded and all(v in self._undo for v in range(version + 1, loaded + 1)):
             for v in range(loaded, version, -1):     # a re-run: step back by the undo records
                 previous, keys = self._undo.pop(v)
-                self._write(previous)
-                self.num_keys = keys
-            self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - (loaded - version))
-            self.loaded_version = version
+                self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - 1)
+                self._write(previous, v - 1, keys)
             return False
-        if version > loaded >= 0 and all(self.files.exists(v, "delta") for v in range(loaded + 1, version + 1)):
+        if loaded < version <= loaded + max(1, self.conf.min_deltas_for_snapshot) and \
+                all(self.files.exists(v, "delta") for v in range(loaded + 1, version + 1)):
             for v in range(loaded + 1, version + 1):   # other executors committed since
                 self._apply_rows(v, self.files.read_delta(v, version, 0))
             return False
@@ -441,13 +469,10 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         if start:
             for rows in self.files.read_chunks(start, "snapshot"):
                 encode_key, encode_value = self.keys.encode, self.values.encode
-                self._write({encode_key(k): encode_value(v) for k, v in rows})
-                self.num_keys += len(rows)
-            self.loaded_version = start
+                self._write({encode_key(k): encode_value(v) for k, v in rows}, start, self.num_keys + len(rows))
         for v in range(start + 1, version + 1):
             self._apply_rows(v, self.files.read_delta(v, version, start),
                              keep_undo=v > version - self.conf.max_versions_in_memory)
-        self._deltas_since_snapshot = version - start
         log.info("Loaded state store %s version %d into RocksDB at %s (snapshot %d + %d deltas, "
                  "%d keys) in %d ms", self.id, version, self.path, start, version - start,
                  self.num_keys, (time.monotonic() - started) * 1000)
@@ -467,12 +492,11 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 del self._undo[old]
         added = sum(1 for k, v in changes.items() if v is not None and previous[k] is None)
         gone = sum(1 for k, v in changes.items() if v is None and previous[k] is not None)
-        self._write(changes)
-        self.num_keys += added - gone
-        self.loaded_version = version
         self._deltas_since_snapshot += 1
+        self._write(changes, version, self.num_keys + added - gone)
 
-    def _write(self, changes: dict[bytes, bytes | None]) -> None:
+    def _write(self, changes: dict[bytes, bytes | None], version: int, num_keys: int) -> None:
+        """Changes and the database's record of ``version`` in one write batch."""
         from rocksdict import WriteBatch
         batch = WriteBatch(raw_mode=True)
         put, delete = batch.put, batch.delete
@@ -481,7 +505,10 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 delete(key)
             else:
                 put(key, value)
+        token = os.urandom(8).hex()
+        put(_META, marshal.dumps((version, num_keys, self._deltas_since_snapshot, token), 0))
         self.db.write(batch)
+        self.loaded_version, self.num_keys, self._token = version, num_keys, token
 
     # -- the contract ---------------------------------------------------------------------
     def get_store(self, version: int) -> StateStore:
@@ -511,37 +538,39 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         return {"changelog": int((changelog - started) * 1000), "writeBatch": int((done - changelog) * 1000)}
 
     # -- maintenance --------------------------------------------------------------------------
-    def maybe_maintain(self) -> None:
-        """A snapshot when due (after the previous one ends, so which versions have one
-        does not depend on timing)."""
-        if self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot:
-            self.do_maintenance(background=True)
-
     def do_maintenance(self, background: bool = False) -> None:
-        """Snapshot the committed version (in a background thread when asked) and delete
-        the files no retained version needs."""
+        """Snapshot the open database's version (from a RocksDB checkpoint: hard links to
+        its files, so the database may close and change meanwhile), in a background
+        thread when asked, and delete the files no retained version needs."""
         if self.db is None or self.loaded_version <= 0 or \
                 self._deltas_since_snapshot <= self.conf.min_deltas_for_snapshot:
             self.files.cleanup()
             return
-        version, view = self.loaded_version, self.db.snapshot()
-        self._deltas_since_snapshot = 0
-        if not background:
-            self._snapshot(version, view)
-            return
+        from rocksdict import Checkpoint
         self._wait_for_maintenance()
-        self._maintenance = threading.Thread(target=self._snapshot, args=(version, view),
+        version = self.loaded_version
+        copy = f"{self.path}.snapshot-{version}-{os.getpid()}-{next(_INSTANCES)}"
+        shutil.rmtree(copy, ignore_errors=True)
+        Checkpoint(self.db).create_checkpoint(copy)
+        self._deltas_since_snapshot = 0
+        self._write({}, version, self.num_keys)    # the next process to open it knows the snapshot is made
+        if not background:
+            self._snapshot(version, copy)
+            return
+        self._maintenance = threading.Thread(target=self._snapshot, args=(version, copy),
                                              name=f"state-snapshot-{self.id.operator_id}-{self.id.partition_id}",
                                              daemon=True)
         self._maintenance.start()
 
-    def _snapshot(self, version: int, view) -> None:
+    def _snapshot(self, version: int, copy: str) -> None:
+        from rocksdict import AccessType, Options, Rdict
         started = time.monotonic()
         decode_key, decode_value = self.keys.decode, self.values.decode
+        view = None
 
         def chunks():
             keys, values, written = [], [], False
-            for key, value in view.items():
+            for key, value in view.items(from_key=_FIRST_KEY):
                 keys.append(decode_key(key))
                 values.append(decode_value(value))
                 if len(keys) == _SNAPSHOT_CHUNK:
@@ -550,6 +579,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             if keys or not written:
                 yield keys, values
         try:
+            view = Rdict(copy, Options(raw_mode=True), access_type=AccessType.read_only())
             self.files.write_chunks(version, "snapshot", chunks())
             log.info("Written snapshot file for version %d of %s at %s in %d ms", version, self.id,
                      self.files.path(version, "snapshot"), (time.monotonic() - started) * 1000)
@@ -559,11 +589,12 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                         self.id, exc_info=True)
             self._deltas_since_snapshot = self.conf.min_deltas_for_snapshot + 1
         finally:
-            del view
+            if view is not None:
+                view.close()
+            shutil.rmtree(copy, ignore_errors=True)
 
     def _wait_for_maintenance(self) -> None:
         thread = self._maintenance
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         self._maintenance = None
-
