@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch import crash_points
-from microbatch.state.files import REMOVED, StateFiles, storage_type
+from microbatch.state.files import REMOVED, StateFiles, state_values, storage_type, to_struct_array
 from microbatch.state.store import (Key, StateStore, StateStoreConf, StateStoreId,
                                     StateStoreMetrics, StateStoreProvider, Value)
 
@@ -204,6 +204,9 @@ class RocksDBStateStore(StateStore):
         #: what the database held for keys this version read (encoded value, or None):
         #: the commit's undo record needs no second read of them
         self._held: dict[Key, bytes | None] = {}
+        #: the Arrow rows ``insert_new`` added, while it is the only change: the delta is
+        #: then written from them, not from Python tuples
+        self._inserted: list | None = []
         self._loaded = False
         self._cache_hit = False
         self._committed = False
@@ -247,14 +250,33 @@ class RocksDBStateStore(StateStore):
         self._open()
         self._check_open()
         self._pending[key] = value
+        self._inserted = None
 
     def remove(self, key: Key) -> None:
         self._open()
         self._check_open()
         if key in self._pending or self._stored(key) is not None:
             self._pending[key] = _MISSING
+            self._inserted = None
+
+    def insert_new(self, keys: pa.Table, values: pa.Table | None = None) -> np.ndarray:
+        columns = [state_values(keys.column(i), f.type, as_key=True) for i, f in enumerate(self.key_schema)]
+        key_rows = list(zip(*columns)) if columns else [()] * keys.num_rows
+        value_rows = None
+        if values is not None:
+            value_columns = [state_values(values.column(i), f.type) for i, f in enumerate(self.value_schema)]
+            value_rows = list(zip(*value_columns)) if value_columns else [()] * values.num_rows
+        new = self._put_absent(key_rows, value_rows)
+        if self._inserted is not None and new.any():
+            mask = pa.array(new)
+            self._inserted.append((keys.filter(mask), values.filter(mask) if values is not None else None))
+        return new
 
     def put_absent(self, keys: list[Key], values: list[Value] | None = None) -> np.ndarray:
+        self._inserted = None
+        return self._put_absent(keys, values)
+
+    def _put_absent(self, keys: list[Key], values: list[Value] | None) -> np.ndarray:
         db = self._open()
         self._check_open()
         pending, held = self._pending, self._held
@@ -320,7 +342,7 @@ class RocksDBStateStore(StateStore):
             if key not in self._held:
                 self._stored(key)
         self._puts = len(pending)
-        timings = self.provider.commit(self.version, pending, self._held)
+        timings = self.provider.commit(self.version, pending, self._held, self._inserted_arrays())
         self._committed = True
         removed = sum(1 for v in pending.values() if v is _MISSING)
         provider = self.provider
@@ -335,6 +357,27 @@ class RocksDBStateStore(StateStore):
                     "rocksdbLoadedFromCheckpointCount": int(not self._cache_hit)})
         provider.release()
         return self.version + 1
+
+    def _inserted_arrays(self):
+        """The delta's key and value struct arrays from the rows ``insert_new`` added, when
+        those are all the changes; None otherwise (the delta is then written from tuples)."""
+        if not self._inserted or not len(self.key_schema):
+            return None
+        try:
+            keys = pa.concat_tables([k for k, _ in self._inserted])
+            key_struct = pa.StructArray.from_arrays(
+                [keys.column(i).combine_chunks().cast(f.type) for i, f in enumerate(self.key_schema)],
+                fields=list(self.key_schema))
+            if self._inserted[0][1] is not None and len(self.value_schema):
+                values = pa.concat_tables([v for _, v in self._inserted])
+                value_struct = pa.StructArray.from_arrays(
+                    [values.column(i).combine_chunks().cast(f.type) for i, f in enumerate(self.value_schema)],
+                    fields=list(self.value_schema))
+            else:
+                value_struct = to_struct_array([()] * keys.num_rows, self.value_schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        return (key_struct, value_struct) if len(key_struct) == len(self._pending) else None
 
     def abort(self) -> None:
         if not self._committed:
@@ -369,6 +412,8 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         self._token: str | None = None    # the token of the last write this provider made or saw
         self._undo: dict[int, tuple[dict[bytes, bytes | None], int]] = {}   # v -> (v-1's values, keys)
         self._deltas_since_snapshot = 0
+        self._delta_rows = 0              # rows written in the deltas since the last snapshot
+        self._snapshot_rows = 0           # keys in the last snapshot
         self._maintenance: threading.Thread | None = None
 
     # -- the database ------------------------------------------------------------------
@@ -388,17 +433,19 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             shutil.rmtree(private, ignore_errors=True)
             self.db, self.path = Rdict(private, _options(self.conf)), private
         record = self.db.get(_META)
-        version, keys, deltas, token = marshal.loads(record) if record is not None else (0, 0, 0, None)
+        version, keys, deltas, delta_rows, snapshot_rows, token = \
+            marshal.loads(record) if record is not None else (0, 0, 0, 0, 0, None)
         if token is None or token != self._token:   # another process wrote since: our undo records are stale
             self._undo = {}
-        self.loaded_version, self.num_keys, self._deltas_since_snapshot, self._token = version, keys, deltas, token
+        self.loaded_version, self.num_keys, self._token = version, keys, token
+        self._deltas_since_snapshot, self._delta_rows, self._snapshot_rows = deltas, delta_rows, snapshot_rows
 
     def release(self) -> None:
         """The end of a task's store: start a snapshot when due, and close the database so
         the next task of the partition may open it in any worker process."""
         if self.db is None:
             return
-        if self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot:
+        if self._snapshot_due():
             self.do_maintenance(background=True)
         self.db.close()
         self.db = None
@@ -413,7 +460,8 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         self.db.close()
         shutil.rmtree(path, ignore_errors=True)
         self.db = Rdict(path, _options(self.conf))
-        self.loaded_version, self.num_keys, self._undo, self._deltas_since_snapshot = 0, 0, {}, 0
+        self.loaded_version, self.num_keys, self._undo = 0, 0, {}
+        self._deltas_since_snapshot = self._delta_rows = self._snapshot_rows = 0
 
     def close(self) -> None:
         """Forget the store on this executor (a new run, or the provider unloaded): its
@@ -450,6 +498,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             for v in range(loaded, version, -1):     # a re-run: step back by the undo records
                 previous, keys = self._undo.pop(v)
                 self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - 1)
+                self._delta_rows = max(0, self._delta_rows - len(previous))
                 self._write(previous, v - 1, keys)
             return False
         if loaded < version <= loaded + max(1, self.conf.min_deltas_for_snapshot) and \
@@ -469,6 +518,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         if start:
             for rows in self.files.read_chunks(start, "snapshot"):
                 encode_key, encode_value = self.keys.encode, self.values.encode
+                self._snapshot_rows += len(rows)
                 self._write({encode_key(k): encode_value(v) for k, v in rows}, start, self.num_keys + len(rows))
         for v in range(start + 1, version + 1):
             self._apply_rows(v, self.files.read_delta(v, version, start),
@@ -493,6 +543,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         added = sum(1 for k, v in changes.items() if v is not None and previous[k] is None)
         gone = sum(1 for k, v in changes.items() if v is None and previous[k] is not None)
         self._deltas_since_snapshot += 1
+        self._delta_rows += len(changes)
         self._write(changes, version, self.num_keys + added - gone)
 
     def _write(self, changes: dict[bytes, bytes | None], version: int, num_keys: int) -> None:
@@ -506,7 +557,8 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             else:
                 put(key, value)
         token = os.urandom(8).hex()
-        put(_META, marshal.dumps((version, num_keys, self._deltas_since_snapshot, token), 0))
+        put(_META, marshal.dumps((version, num_keys, self._deltas_since_snapshot, self._delta_rows,
+                                  self._snapshot_rows, token), 0))
         self.db.write(batch)
         self.loaded_version, self.num_keys, self._token = version, num_keys, token
 
@@ -518,14 +570,19 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         crash_points.reached("state-loaded")
         return store
 
-    def commit(self, version: int, pending: dict[Key, object], held: dict[Key, bytes | None]) -> dict:
-        """Write ``version + 1``'s delta (the changelog), then apply it to the database."""
+    def commit(self, version: int, pending: dict[Key, object], held: dict[Key, bytes | None],
+               arrays=None) -> dict:
+        """Write ``version + 1``'s delta (the changelog: ``arrays``' key and value structs
+        when given, else the pending rows), then apply it to the database."""
         if self.loaded_version != version:
             raise RuntimeError(f"State store {self.id}: committing version {version + 1} on top "
                                f"of version {self.loaded_version}; another store of the same "
                                "partition was committed meanwhile.")
         started = time.monotonic()
-        self.files.write_rows(version + 1, "delta", list(pending), list(pending.values()))
+        if arrays is not None:
+            self.files.write_arrays(version + 1, "delta", *arrays)
+        else:
+            self.files.write_rows(version + 1, "delta", list(pending), list(pending.values()))
         changelog = time.monotonic()
         encode_key, encode_value = self.keys.encode, self.values.encode
         changes, previous = {}, {}
@@ -538,12 +595,19 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         return {"changelog": int((changelog - started) * 1000), "writeBatch": int((done - changelog) * 1000)}
 
     # -- maintenance --------------------------------------------------------------------------
+    def _snapshot_due(self) -> bool:
+        """At least ``minDeltasForSnapshot`` deltas since the last snapshot, and as many rows
+        in them as the snapshot held: a snapshot costs the whole state, so they come at
+        geometrically growing intervals while the state grows, and the work per batch stays
+        flat; a reload reads at most about twice the state."""
+        return self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot and \
+            self._delta_rows >= self._snapshot_rows
+
     def do_maintenance(self, background: bool = False) -> None:
         """Snapshot the open database's version (from a RocksDB checkpoint: hard links to
         its files, so the database may close and change meanwhile), in a background
         thread when asked, and delete the files no retained version needs."""
-        if self.db is None or self.loaded_version <= 0 or \
-                self._deltas_since_snapshot <= self.conf.min_deltas_for_snapshot:
+        if self.db is None or self.loaded_version <= 0 or not self._snapshot_due():
             self.files.cleanup()
             return
         from rocksdict import Checkpoint
@@ -552,7 +616,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         copy = f"{self.path}.snapshot-{version}-{os.getpid()}-{next(_INSTANCES)}"
         shutil.rmtree(copy, ignore_errors=True)
         Checkpoint(self.db).create_checkpoint(copy)
-        self._deltas_since_snapshot = 0
+        self._deltas_since_snapshot, self._delta_rows, self._snapshot_rows = 0, 0, self.num_keys
         self._write({}, version, self.num_keys)    # the next process to open it knows the snapshot is made
         if not background:
             self._snapshot(version, copy)
@@ -584,10 +648,9 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             log.info("Written snapshot file for version %d of %s at %s in %d ms", version, self.id,
                      self.files.path(version, "snapshot"), (time.monotonic() - started) * 1000)
             self.files.cleanup()
-        except Exception:   # the deltas still hold every version; the next maintenance retries
+        except Exception:   # the deltas still hold every version; a later snapshot replaces it
             log.warning("Error writing the snapshot of version %d of state store %s", version,
                         self.id, exc_info=True)
-            self._deltas_since_snapshot = self.conf.min_deltas_for_snapshot + 1
         finally:
             if view is not None:
                 view.close()
