@@ -117,12 +117,14 @@ def test_equal_keys_are_equal_bytes_and_every_type_round_trips():
 
 
 def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_workers(tmp_path, monkeypatch):
-    """One database per store in Spark's local directory, closed at each commit, so the
-    partition's next task may run in another worker process (another provider here) and
-    find it at its version; undo records of a provider are not trusted after another
-    wrote; a provider that finds the database open elsewhere works on a private copy."""
+    """One database per store in Spark's local directory. A worker process keeps it open
+    after its task; the partition's next task, in another worker process (another
+    provider here), asks for it, gets it at its version and never rebuilds it. Undo
+    records of a provider are not trusted after another wrote. A provider that cannot
+    get the database (another task of the partition holds it) works on a private copy."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'local'},{tmp_path / 'other'}")
     monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
+    monkeypatch.setattr(rocksdb_provider, "_RELEASE_WAIT_S", 0.3)
     key, value = pa.schema([("k", pa.int64())]), pa.schema([("v", pa.int64())])
     conf = StateStoreConf(min_deltas_for_snapshot=1, run_id="run")
     store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
@@ -137,11 +139,13 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
         return store.metrics()
 
     for version in range(4):
-        metrics = add(workers[version % 2], version)
+        worker = workers[version % 2]
+        metrics = add(worker, version)
         assert metrics.custom["rocksdbLoadedFromMemoryCount"] == 1, version   # never rebuilt
+        assert worker.db is not None and workers[1 - version % 2].db is None, version   # kept open, handed over
     shared = workers[0].shared_path
     assert shared.startswith(str(tmp_path / "local" / "microbatch-rocksdb")) and os.path.isdir(shared)
-    assert workers[1].path == shared and workers[0].db is None and workers[1].db is None
+    assert workers[1].path == shared and not os.path.exists(shared + ".release")
     for worker in workers:
         worker._wait_for_maintenance()
     names = sorted(os.listdir(tmp_path / "state" / "0" / "0"))
@@ -149,7 +153,7 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
     # worker 0 last wrote version 3: its undo records are stale now that worker 1 wrote 4
     store = workers[0].get_store(3)
     assert store.get((7,)) == (21,)
-    # while worker 0 holds the database, worker 1 reads the same answer from a private copy
+    # while worker 0's task holds the database, worker 1 reads the same answer from a private copy
     other = workers[1].get_store(3)
     assert other.get((7,)) == (21,) and workers[1].path != shared
     other.abort()
@@ -157,6 +161,7 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
     store.abort()
     assert workers[1].get_store(4).get((7,)) == (28,)
     workers[1].close()
+    workers[0].close()
     assert not os.path.exists(shared)
 
 
