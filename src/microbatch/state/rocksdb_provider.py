@@ -21,14 +21,16 @@ the toolkit, repartition and a change of provider between runs read it alike:
   database from the newest snapshot and the deltas after it.
 
 The database lives in ``<SPARK_LOCAL_DIRS>/microbatch-rocksdb/<store digest>``, one per
-store and executor, like Spark's: a task opens it, and closes it when it commits or
-aborts, so the partition's next task may run in any Python worker process of the
-executor (RocksDB lets one process open a database at a time). The database keeps its
-own record (version, keys, a token of the last write) in the write batch of every
-version, so whoever opens it knows what it holds; undo records are trusted only if the
-token is the one this process wrote. While another process has it open (a speculative
-or retried task), a task builds a private copy from the files. The database is a
-working copy, never the checkpoint; Spark deletes its local directories at the end.
+store and executor, like Spark's. RocksDB lets one process open a database, and Spark
+may run a partition's next task in any Python worker process of the executor: a worker
+keeps the database open after its task, and another that needs it creates
+``<db>.release`` and retries; the holder's watcher thread closes it between tasks. The
+database keeps its own record (version, keys, a token of the last write) in the write
+batch of every version, so whoever opens it knows what it holds; undo records are
+trusted only if the token is the one this provider wrote. A task that cannot get the
+database (another task of the partition holds it: a speculative or retried one) builds
+a private copy from the files. The database is a working copy, never the checkpoint;
+Spark deletes its local directories at the end.
 
 In the database a key or value is the tuple ``state.files`` defines, encoded with
 ``marshal`` format 0 (no interning flags or back-references, so equal keys are equal
