@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -10,9 +11,13 @@ from microbatch import StreamingSession, embedded_spark
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
-    session = embedded_spark(conf={"spark.sql.shuffle.partitions": "2",
-                                   "spark.default.parallelism": "2",
-                                   "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse"))})
+    conf = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse"))}
+    if os.environ.get("MICROBATCH_TEST_STATE_STORE") == "rocksdb":
+        # both engines on their RocksDB stores: MICROBATCH_TEST_STATE_STORE=rocksdb pytest tests/...
+        conf["spark.sql.streaming.stateStore.providerClass"] = \
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    session = embedded_spark(conf=conf)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session
     session.stop()

@@ -245,8 +245,10 @@ class RocksDBStateStore(StateStore):
         self._metrics = StateStoreMetrics()
 
     def _open(self):
+        """The database at this store's version: loaded on the first call; a store is not
+        read after its commit or abort (its database belongs to the next task then)."""
+        self._check_open()
         if not self._loaded:
-            self._check_open()
             self._cache_hit = self.provider.load(self.version)
             self._loaded = True
         return self.provider.db
@@ -528,15 +530,20 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         self._deltas_since_snapshot = self._delta_rows = self._snapshot_rows = 0
 
     def close(self) -> None:
-        """Forget the store on this executor (a new run, or the provider unloaded): its
-        database goes with it."""
+        """Forget the store in this process (a new run, or the provider unloaded). The
+        database goes with it if this process holds it; one another worker holds goes
+        when that worker closes its provider (and Spark's local directories at the end)."""
         self._wait_for_maintenance()
         _KEPT_OPEN.discard(self)
         with self._lock:
-            if self.db is not None:
-                self.db.close()
+            held, path = self.db is not None, self.path
+            if held:
+                try:
+                    self.db.close()
+                except Exception:       # its files may be gone already (the directory was removed)
+                    log.debug("Closing the RocksDB database of %s", self.id, exc_info=True)
                 self.db = None
-        for path in {self.path, self.shared_path} - {None}:
+        if held or (path and path != self.shared_path):
             shutil.rmtree(path, ignore_errors=True)
         self.loaded_version, self._token, self._undo = -1, None, {}
 

@@ -574,14 +574,14 @@ class TransformWithStateTask:
         updates_ms = (time.monotonic() - started) * 1000
         total, memory, commit_ms = 0, 0, 0
         for name, store in list(stores.items()) + [(TIMERS_STORE, timers)]:
+            variable = next((v for v in self.variables if v.name == name), None)
+            if variable is not None and variable.kind == MAP:   # (read before the commit ends the store's use)
+                total += sum(len(value[0] or []) for _, value in store.iterator())
             store.commit()
             m = store.metrics()
             memory += m.memory_used_bytes
             commit_ms += m.commit_time_ms
-            variable = next((v for v in self.variables if v.name == name), None)
-            if variable is not None and variable.kind == MAP:
-                total += sum(len(value[0] or []) for _, value in store.iterator())
-            elif variable is not None:
+            if variable is not None and variable.kind != MAP:
                 total += m.num_keys
         kinds = [(v.kind, v.ttl_ms is not None) for v in self.variables]
         self.metrics.add({
