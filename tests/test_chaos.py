@@ -17,13 +17,13 @@ from microbatch.testing.chaos import KINDS
 def test_a_short_chaos_seed_is_exactly_once(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1")
-    done = subprocess.run([sys.executable, "-m", "microbatch.testing.chaos", "--kills", "4",
+    done = subprocess.run([sys.executable, "-m", "microbatch.testing.chaos", "--kills", "3",
                            "--seed", "20261124", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=900)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
     for kind in KINDS:
-        assert len(re.findall(rf"^  {kind}: kill \d/4 ", out, re.M)) == 4, out
-        summary = re.search(rf"^{kind}: 4 kills, 4 restarts, rows in (\d+), rows out (\d+), "
+        assert len(re.findall(rf"^  {kind}: kill \d/3 ", out, re.M)) == 3, out
+        summary = re.search(rf"^{kind}: 3 kills, 3 restarts, rows in (\d+), rows out (\d+), "
                             r"missing 0, written twice 0: EXACTLY ONCE$", out, re.M)
         assert summary and int(summary.group(1)) > 0 and int(summary.group(2)) > 0, out

@@ -161,6 +161,10 @@ _FIRST_KEY = b"\x01"
 _RELEASE_REQUEST = ".release"
 _RELEASE_WAIT_S = 5.0
 _KEPT_OPEN: set = set()       # providers of this process keeping their database open
+#: One snapshot at a time in a worker process: each holds a chunk of rows and its whole
+#: compressed file in memory until the write (a worker killed at 50M keys under a 1 GB
+#: address-space cap when its four partitions snapshotted together).
+_ONE_SNAPSHOT = threading.Semaphore(1)
 
 
 def _watch(provider) -> None:
@@ -725,6 +729,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             if keys or not written:
                 yield keys, values
         try:
+            _ONE_SNAPSHOT.acquire()
             view = Rdict(copy, Options(raw_mode=True), access_type=AccessType.read_only())
             self.files.write_chunks(version, "snapshot", chunks())
             log.info("Written snapshot file for version %d of %s at %s in %d ms", version, self.id,
@@ -736,6 +741,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         finally:
             if view is not None:
                 view.close()
+            _ONE_SNAPSHOT.release()
             shutil.rmtree(copy, ignore_errors=True)
 
     def _wait_for_maintenance(self) -> None:
