@@ -34,13 +34,14 @@ def main() -> None:
                 if engine not in result:
                     continue
                 batches = result[engine]["batches"][1:]     # batch 0 warms the JVM and the workers
-                label = f"{'microbatch' if engine == 'microbatch' else 'Spark'}, {provider} provider"
+                name = "HDFS-backed" if engine == "spark" and provider == "map" else provider
+                label = f"{'microbatch' if engine == 'microbatch' else 'Spark'}, {name} provider"
                 if "local-cluster" in result.get("machine", ""):
                     label += ", 2 executors"
                 ax.plot([b["stateRows"] / 1e6 for b in batches], [b["triggerMs"] for b in batches],
                         style, linewidth=1, label=label)
-        keys = max(r["keys"] for r in results)
-        ax.set_title(f"{query}: {keys / 1e6:g}M keys in {results[0]['batches']} batches")
+        sizes = ", ".join(sorted({f"{r['keys'] / 1e6:g}M keys ({r.get('provider', 'map')})" for r in results}))
+        ax.set_title(f"{query}: {sizes}, {results[0]['batches']} batches each", fontsize=9)
         ax.set_xlabel("state rows (millions)")
         ax.set_ylabel("triggerExecution per batch (ms)")
         ax.set_ylim(bottom=0)

@@ -58,9 +58,9 @@ import numpy as np
 import pyarrow as pa
 
 from microbatch import crash_points
-from microbatch.state.files import REMOVED, StateFiles, state_values, storage_type, to_struct_array
+from microbatch.state.files import REMOVED, StateFiles, storage_type, to_struct_array
 from microbatch.state.store import (Key, StateStore, StateStoreConf, StateStoreId,
-                                    StateStoreMetrics, StateStoreProvider, Value)
+                                    StateStoreMetrics, StateStoreProvider, Value, table_rows)
 
 log = logging.getLogger(__name__)
 
@@ -296,12 +296,8 @@ class RocksDBStateStore(StateStore):
             self._inserted = None
 
     def insert_new(self, keys: pa.Table, values: pa.Table | None = None) -> np.ndarray:
-        columns = [state_values(keys.column(i), f.type, as_key=True) for i, f in enumerate(self.key_schema)]
-        key_rows = list(zip(*columns)) if columns else [()] * keys.num_rows
-        value_rows = None
-        if values is not None:
-            value_columns = [state_values(values.column(i), f.type) for i, f in enumerate(self.value_schema)]
-            value_rows = list(zip(*value_columns)) if value_columns else [()] * values.num_rows
+        key_rows = table_rows(keys, self.key_schema, as_key=True)
+        value_rows = table_rows(values, self.value_schema) if values is not None else None
         new = self._put_absent(key_rows, value_rows)
         if self._inserted is not None and new.any():
             mask = pa.array(new)

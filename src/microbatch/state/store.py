@@ -188,13 +188,8 @@ class StateStore(ABC):
         true when it is the first row of a key the store does not hold; that key is put,
         with the same row of ``values`` (the value schema's columns) or the empty value.
         Stores may override this with a faster bulk version."""
-        from microbatch.state.files import state_values
-        columns = [state_values(keys.column(i), f.type, as_key=True) for i, f in enumerate(self.key_schema)]
-        key_rows = list(zip(*columns)) if columns else [()] * keys.num_rows
-        value_rows = None
-        if values is not None:
-            value_columns = [state_values(values.column(i), f.type) for i, f in enumerate(self.value_schema)]
-            value_rows = list(zip(*value_columns)) if value_columns else [()] * values.num_rows
+        key_rows = table_rows(keys, self.key_schema, as_key=True)
+        value_rows = table_rows(values, self.value_schema) if values is not None else None
         return np.asarray(self.put_absent(key_rows, value_rows), dtype=bool)
 
     def remove_at_or_below(self, bound: int, *, key_field: int | None = None,
@@ -225,6 +220,13 @@ class StateStore(ABC):
     @property
     @abstractmethod
     def has_committed(self) -> bool: ...
+
+
+def table_rows(table: pa.Table, schema: pa.Schema, as_key: bool = False) -> list[tuple]:
+    """An Arrow table of ``schema``'s columns (in order) as state tuples."""
+    from microbatch.state.files import state_values
+    columns = [state_values(table.column(i), f.type, as_key=as_key) for i, f in enumerate(schema)]
+    return list(zip(*columns)) if columns else [()] * table.num_rows
 
 
 class StateStoreProvider(ABC):
