@@ -192,3 +192,85 @@ def test_a_batch_binds_its_inputs_into_steps_analysed_once_per_run(ss, tmp_path,
     assert long_counts[1:] == short_counts[1:]
     assert max(long_counts[1:]) < 40
     assert long_rows == short_rows and len(long_rows) == 3
+
+
+def _count_per_key(frame):
+    def count(key, pdfs, state):   # nested: the workers get it by value, not from this module
+        import pandas as pd
+        total = (state.get[0] if state.exists else 0) + sum(len(p) for p in pdfs)
+        state.update((total,))
+        yield pd.DataFrame({"id": [key[0]], "n": [total]})
+    return frame.groupBy("id").applyInPandasWithState(count, "id INT, n LONG", "n LONG", "update", "NoTimeout")
+
+
+STATEFUL_QUERIES = {
+    "window count": (1, "append", lambda f, g: f.withWatermark("ts", "5 seconds")
+                     .groupBy(F.window("ts", "10 seconds")).count()),
+    "dedup and a limit": (2, "append", lambda f, g: f.withWatermark("ts", "5 seconds")
+                          .dropDuplicates(["id", "ts"]).limit(30)),
+    "stream-stream join": (1, "append", lambda f, g: f.withWatermark("ts", "5 seconds").join(
+        g.withWatermark("ts", "5 seconds").withColumnRenamed("ts", "ts2").withColumnRenamed("v", "v2"), "id")),
+    "applyInPandasWithState": (1, "update", lambda f, g: _count_per_key(f)),
+    "session window": (1, "append", lambda f, g: f.withWatermark("ts", "5 seconds")
+                       .groupBy("id", F.session_window("ts", "3 seconds")).count()),
+}
+
+
+@pytest.mark.parametrize("name", list(STATEFUL_QUERIES))
+def test_stateful_steps_are_analysed_once_per_run_and_bound_per_batch(ss, tmp_path, monkeypatch, name):
+    """Each stateful step (its Spark steps around the task on the state store) is analysed
+    once per run over a placeholder (``PreparedStep``); a batch binds its input and its
+    task, which carries the batch's state version and watermarks. Five batches make no
+    more analyses than one, and every batch after the first makes the same few DataFrames."""
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
+    import microbatch.execution.micro_batch as micro_batch
+    import microbatch.execution.stateful as stateful
+    operators, mode, build = STATEFUL_QUERIES[name]
+    made, prepared, per_batch = [], [], []
+    real_init = ClassicDataFrame.__init__
+
+    def counting_init(self, *args, **kwargs):
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    class CountingStep(stateful.PreparedStep):
+        def __init__(self, *args, **kwargs):
+            prepared.append(1)
+            super().__init__(*args, **kwargs)
+
+    real_build = micro_batch.IncrementalExecution.batch_dataframe
+
+    def counting_build(self, *args, **kwargs):
+        before = len(made)
+        df = real_build(self, *args, **kwargs)
+        per_batch.append(len(made) - before)
+        return df
+
+    monkeypatch.setattr(ClassicDataFrame, "__init__", counting_init)
+    monkeypatch.setattr(stateful, "PreparedStep", CountingStep)
+    monkeypatch.setattr(micro_batch.IncrementalExecution, "batch_dataframe", counting_build)
+    for side in ("left", "right"):
+        (tmp_path / side).mkdir()
+        for i in range(4):
+            (tmp_path / side / f"{i}.json").write_text("".join(
+                f'{{"id": {j}, "ts": "2026-01-01 00:00:{10 * i + j % 10:02d}", "v": "{side}"}}\n'
+                for j in range(20)))
+
+    def source(side):
+        return (ss.readStream.schema("id INT, ts TIMESTAMP, v STRING").option("maxFilesPerTrigger", 1)
+                .json(str(tmp_path / side)))
+
+    query = (build(source("left"), source("right")).writeStream.format("memory").queryName("prepared")
+             .outputMode(mode).option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(180)
+    assert query.exception() is None
+    assert len(per_batch) >= 4
+    assert ss.spark.table("prepared").count() > 0
+    # one analysis per stateful operator in the run, not one per batch
+    assert len(prepared) == operators
+    # from the second batch on, a batch makes the same DataFrames (its sources', its
+    # observations', one binding per prepared part of the plan), fewer than the first,
+    # which analysed each operator's Spark steps
+    assert len(set(per_batch[1:])) == 1, per_batch
+    assert per_batch[1] < per_batch[0], per_batch

@@ -426,6 +426,28 @@ def analyzed_plan(df: Any) -> Any:
     return df._jdf.queryExecution().analyzed()
 
 
+@dataclass(frozen=True)
+class PythonFunctionRef:
+    """A Python function a plan calls (a ``PythonUDF`` expression, e.g. the function of a
+    ``mapInArrow``), found again after analysis by its result id, with the return type
+    PySpark pickled with it."""
+
+    result_id: Any
+    return_type: Any      # pyspark.sql.types.DataType
+
+
+def map_in_arrow_function(mapped: Any, return_type: Any) -> PythonFunctionRef:
+    """The function of ``mapped``, a DataFrame whose last step is ``mapInArrow``."""
+    return PythonFunctionRef(analyzed_plan(mapped).functionExpr().resultId(), return_type)
+
+
+def projected_function(projected: Any, return_type: Any) -> PythonFunctionRef:
+    """The function of ``projected``, a DataFrame whose last step is a projection whose
+    last column is a Python UDF (``withColumn(name, udf(...))``)."""
+    columns = analyzed_plan(projected).projectList()
+    return PythonFunctionRef(columns.apply(columns.size() - 1).child().resultId(), return_type)
+
+
 class BindablePlan:
     """An analysed plan with placeholder leaves, bound to each batch's DataFrames.
 
@@ -435,9 +457,16 @@ class BindablePlan:
     analyser has nothing left to resolve. The bound plan is marked analysed (it is: the
     analysed template over the batch's analysed plans, whose columns have the placeholders'
     exact types, which the caller guarantees), so Spark does not analyse it again. What
-    each binding needs from the placeholders (names, attribute ids) is read once."""
+    each binding needs from the placeholders (names, attribute ids) is read once.
 
-    def __init__(self, prepared: Any, placeholders: list[Any]):
+    ``functions`` names Python functions of the plan a binding may replace: a stateful
+    step's task carries its batch's state version and watermarks, so each batch binds its
+    own. The new function is pickled as PySpark pickles a UDF's and takes the place of the
+    old one in its ``PythonUDF`` (same inputs, type and result id), as Spark's
+    IncrementalExecution gives each batch's stateful operators their state info."""
+
+    def __init__(self, prepared: Any, placeholders: list[Any],
+                 functions: Mapping[str, PythonFunctionRef] | None = None):
         jvm = _jvm()
         self.prepared = prepared
         self.placeholders = []
@@ -447,26 +476,111 @@ class BindablePlan:
                                                     for i in range(output.size())]))
         self._alias = jvm.org.apache.spark.sql.catalyst.expressions.Alias
         self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
+        self._python_udf = jvm.org.apache.spark.sql.catalyst.expressions.PythonUDF
+        self._simple_function = jvm.org.apache.spark.api.python.SimplePythonFunction
+        self._hash_map = jvm.java.util.HashMap
+        self._dataset = jvm.org.apache.spark.sql.classic.Dataset
         self._utils = jvm.org.apache.spark.api.python.PythonUtils
         self._no_names = self._utils.toSeq([])
         self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        self.functions = {name: self._find_function(ref) for name, ref in (functions or {}).items()}
+        if self.functions:
+            sc = SparkContext._active_spark_context
+            self._broadcast_threshold = self._utils.getBroadcastThreshold(sc._jsc)
+            self._no_broadcasts = jvm.java.util.ArrayList()
 
-    def bind(self, dfs: list[Any]) -> Any:
-        """The plan with placeholder i replaced by ``dfs[i]``'s plan, as a DataFrame of its
-        session."""
+    def _find_function(self, ref: PythonFunctionRef) -> tuple:
+        """The ``PythonUDF`` of ``ref`` in the prepared plan (a node's expression, or under
+        an alias of a projection), with the fields a replacement keeps."""
+        pending = [self.prepared]
+        while pending:
+            node = pending.pop()
+            expressions = node.expressions()
+            for i in range(expressions.size()):
+                expression = expressions.apply(i)
+                if expression.getClass().getSimpleName() == "Alias":
+                    expression = expression.child()
+                if expression.getClass().getSimpleName() == "PythonUDF" \
+                        and expression.resultId().equals(ref.result_id):
+                    function = expression.func()
+                    return (expression, ref.return_type, expression.name(), expression.dataType(),
+                            expression.children(), expression.evalType(), expression.udfDeterministic(),
+                            (function.envVars(), function.pythonIncludes(), function.pythonExec(),
+                             function.pythonVer(), function.accumulator()))
+            children = node.children()
+            pending.extend(children.apply(i) for i in range(children.size()))
+        raise ValueError(f"No Python function with result id {ref.result_id} in the plan")
+
+    def bind(self, dfs: list[Any], functions: Mapping[str, Any] | None = None) -> Any:
+        """The plan with placeholder i replaced by ``dfs[i]``'s plan, and each named
+        function by the Python callable given for it, as a DataFrame of the session."""
         from pyspark.sql import DataFrame
         session = dfs[0].sparkSession
-        replacements = session._jvm.java.util.HashMap()
+        plan = self.prepared
+        if functions:
+            replaced = self._hash_map()
+            for name, func in functions.items():
+                old, return_type, udf_name, data_type, children, eval_type, deterministic, context = \
+                    self.functions[name]
+                new_function = self._python_function(session.sparkContext, func, return_type, context)
+                replaced.put(old, self._python_udf(udf_name, new_function, data_type, children, eval_type,
+                                                   deterministic, old.resultId()))
+            plan = plan.transformAllExpressions(self._utils.toScalaMap(replaced))
+        replacements = self._hash_map()
         for (placeholder, columns), df in zip(self.placeholders, dfs):
             batch = analyzed_plan(df)
             given = batch.output()
             aliases = [self._alias(given.apply(i), name, expr_id, self._no_names, self._none, self._no_names)
                        for i, (name, expr_id) in enumerate(columns)]
             replacements.put(placeholder, self._project(self._utils.toSeq(aliases), batch))
-        plan = self.prepared.transform(self._utils.toScalaMap(replacements))
+        plan = plan.transform(self._utils.toScalaMap(replacements))
         plan.setAnalyzed()
-        return DataFrame(session._jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, plan),
-                         session)
+        return DataFrame(self._dataset.ofRows(session._jsparkSession, plan), session)
+
+    def _python_function(self, sc: SparkContext, func: Any, return_type: Any, context: tuple) -> Any:
+        """``func`` as the JVM's PythonFunction, as PySpark's ``udf._wrap_function`` makes it
+        (the pickled ``(func, return_type)``), with the interpreter, environment and
+        accumulator of the function it replaces. A command that PySpark would broadcast
+        (too large, or holding broadcast variables) goes through PySpark's own path."""
+        from pyspark.serializers import CloudPickleSerializer
+        from pyspark.sql.udf import _wrap_function
+        pickled = CloudPickleSerializer().dumps((func, return_type))
+        if len(pickled) > self._broadcast_threshold or any(True for _ in sc._pickled_broadcast_vars):
+            return _wrap_function(sc, func, return_type)
+        env, includes, python_exec, python_ver, accumulator = context
+        return self._simple_function(bytearray(pickled), env, includes, python_exec, python_ver,
+                                     self._no_broadcasts, accumulator)
+
+
+class FileBatches:
+    """Batch DataFrames of files a file source's log names, made as Spark's
+    FileStreamSource.getBatch makes them: a ``DataSource`` of the files with the stream's
+    schema and the reader's options, resolved without checking that each file exists
+    (the source has just checked, and ``spark.read.load`` would check each again in a
+    thread pool: 10-20 ms a batch of one file)."""
+
+    def __init__(self, spark: SparkSession, fmt: str, schema: StructType, options: Mapping[str, str]):
+        jvm = _jvm()
+        self._spark = spark
+        self._format = fmt
+        self._data_source = jvm.org.apache.spark.sql.execution.datasources.DataSource
+        self._logical_relation = getattr(getattr(jvm.org.apache.spark.sql.execution.datasources,
+                                                 "LogicalRelation$"), "MODULE$")
+        self._dataset = jvm.org.apache.spark.sql.classic.Dataset
+        self._utils = jvm.org.apache.spark.api.python.PythonUtils
+        self._schema = jvm.scala.Some(spark._jsparkSession.parseDataType(schema.json()))
+        self._options = scala_map(options)
+        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        self._no_columns = self._utils.toSeq([])
+
+    def dataframe(self, paths: list[str]) -> Any:
+        from pyspark.sql import DataFrame
+        source = self._data_source(self._spark._jsparkSession, self._format, self._utils.toSeq(paths),
+                                   self._schema, self._no_columns, self._none, self._options, self._none,
+                                   self._none)
+        # (checkFilesExist, readOnly, forceNullable), as DataFrameReader.load resolves it
+        relation = self._logical_relation.apply(source.resolveRelation(False, True, True), False)
+        return DataFrame(self._dataset.ofRows(self._spark._jsparkSession, relation), self._spark)
 
 
 def grouping_column_names(grouped: Any) -> list[str]:

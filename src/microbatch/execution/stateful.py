@@ -18,6 +18,7 @@ and state at or before *this* batch's watermark is evicted.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pyarrow as pa
@@ -25,9 +26,10 @@ from pyspark import AccumulatorParam
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BooleanType, StructType
 
-from microbatch.plan.incremental import OperatorWatermarks, operator_name, state_partitions
+from microbatch import spark_internals
+from microbatch.plan.incremental import OperatorWatermarks, PreparedStep, operator_name, state_partitions
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, Observe, PlanNode,
                                      StatefulNode, StreamingLimit, StreamJoin, TransformWithState,
@@ -41,6 +43,8 @@ from microbatch.state.transform_with_state_operator import (TIMERS_STORE, Transf
                                                             state_store_schemas, state_value_type)
 from microbatch.state.files import storage_type
 from microbatch.state.store import StateStoreConf
+
+log = logging.getLogger(__name__)
 
 #: Names of the progress fields of a state operator, in Spark's order.
 STATE_OPERATOR_FIELDS = ("numRowsTotal", "numRowsUpdated", "allUpdatesTimeMs", "numRowsRemoved",
@@ -136,8 +140,9 @@ class BatchContext:
         #: watermarks whose event-time statistics the operator right above computes
         self.stats_in_operator = stats_in_operator
         self.stats_operators: dict[Watermark, int] = {}    # watermark -> operator reporting them
-        #: Column objects that do not change from batch to batch, kept by the engine for
-        #: the query run: building one costs a py4j round trip or more
+        #: What does not change from batch to batch, kept by the engine for the query run:
+        #: Column objects (building one costs a py4j round trip or more) and each stateful
+        #: step analysed once (``_step``)
         self.columns = columns if columns is not None else {}
 
     def watermarks_for(self, node: StatefulNode) -> tuple[int, int]:
@@ -150,6 +155,25 @@ class BatchContext:
         if key not in self.columns:
             self.columns[key] = make()
         return self.columns[key]
+
+    def _step(self, key, inputs: list[DataFrame], task: Any, build) -> DataFrame:
+        """The stateful step ``build`` over this batch's ``inputs``, running this batch's
+        ``task``: analysed once per run (again only if an input's columns change) and bound
+        to each batch's inputs and task (``plan.incremental.PreparedStep``). A step that
+        cannot be prepared is built step by step every batch."""
+        prepared_key = ("step", key, tuple(df._jdf.schema().json() for df in inputs))
+        prepared = self.columns.get(prepared_key)
+        if prepared is None:
+            try:
+                prepared = PreparedStep(inputs, task, build)
+            except Exception:  # noqa: BLE001 - e.g. a Spark whose plans differ: build it per batch
+                log.warning("Cannot prepare the stateful step %s once per run; building it every "
+                            "batch", key[0], exc_info=True)
+                prepared = False
+            self.columns[prepared_key] = prepared
+        if prepared is False:
+            return build(inputs, task)[0]
+        return prepared.bind(inputs, task)
 
     def observe_event_time(self, node: Watermark, df: DataFrame) -> DataFrame:
         """Event-time statistics of ``df``: by an ``Observation`` (a node at the scan that
@@ -199,9 +223,15 @@ class BatchContext:
             event_time_stats=reports_event_time)
         keys, arguments = self._columns(("dedup", id(node)), lambda: (
             [F.col(_quoted(k)) for k in node.keys], [F.col(_quoted(c)) for c in inputs]))
-        keyed = df.repartition(self.num_partitions, *keys)
-        keep = _row_filter_udf(task)(*arguments)
-        return keyed.withColumn(KEEP_COLUMN, keep).filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN)
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: DedupTask):
+            keyed = inputs[0].repartition(partitions, *keys).withColumn(
+                KEEP_COLUMN, _row_filter_udf(task)(*arguments))
+            function = spark_internals.projected_function(keyed, BooleanType())
+            return keyed.filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN), function
+
+        return self._step(("dedup", id(node)), [df], task, build)
 
     def stream_join(self, node: StreamJoin, left: DataFrame, right: DataFrame) -> DataFrame:
         """Both sides' rows, tagged by side and hash-partitioned by the join keys into the
@@ -226,9 +256,14 @@ class BatchContext:
             late_us=late_ms * 1000 if watermarked else None,
             evict_us=evict_ms * 1000 if watermarked else None,
             conf=self.conf, metrics=self.accumulators[op])
-        both = left.select(*shape["tagged"][0]).union(right.select(*shape["tagged"][1]))
-        keyed = both.repartition(self.num_partitions, *shape["partition"])
-        return keyed.mapInArrow(task, shape["out"]).select(*shape["result"])
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: JoinTask):
+            both = inputs[0].select(*shape["tagged"][0]).union(inputs[1].select(*shape["tagged"][1]))
+            mapped = both.repartition(partitions, *shape["partition"]).mapInArrow(task, shape["out"])
+            return mapped.select(*shape["result"]), spark_internals.map_in_arrow_function(mapped, shape["out"])
+
+        return self._step(("join", id(node)), [left, right], task, build)
 
     def flat_map_groups_with_state(self, node: FlatMapGroupsWithState, df: DataFrame) -> DataFrame:
         """Rows hash-partitioned by the grouping keys, then the task that calls the user's
@@ -249,8 +284,17 @@ class BatchContext:
             late_us=late_ms * 1000 if node.timeout == "EventTimeTimeout" and event_time is not None else None,
             event_time_index=event_time, timezone=shape["timezone"],
             max_records_per_batch=shape["max_records"], conf=self.conf, metrics=self.accumulators[op])
-        keyed = df.repartition(self.num_partitions, *shape["partition"])
-        return keyed.mapInArrow(task, shape["output"])
+        return self._step(("group state", id(node)), [df], task,
+                          self._map_by_keys(shape["partition"], shape["output"]))
+
+    def _map_by_keys(self, partition_columns: list, output: StructType):
+        """A step's build: rows hash-partitioned by ``partition_columns``, then its task."""
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: Any):
+            mapped = inputs[0].repartition(partitions, *partition_columns).mapInArrow(task, output)
+            return mapped, spark_internals.map_in_arrow_function(mapped, output)
+        return build
 
     def transform_with_state(self, node: TransformWithState, df: DataFrame) -> DataFrame:
         """Rows hash-partitioned by the grouping keys, then the task that runs the user's
@@ -274,15 +318,21 @@ class BatchContext:
             conf=self.conf, metrics=self.accumulators[op])
         if first_with_initial:   # the query's first batch also reads the initial state
             return _with_initial_state(node, df, self.num_partitions).mapInArrow(task, shape["output"])
-        keyed = df.repartition(self.num_partitions, *shape["partition"])
-        return keyed.mapInArrow(task, shape["output"])
+        return self._step(("transform with state", id(node)), [df], task,
+                          self._map_by_keys(shape["partition"], shape["output"]))
 
     def limit(self, node: StreamingLimit, df: DataFrame) -> DataFrame:
         """The batch's first ``n`` rows (a plain limit: one partition, the batch's order),
         then the task that lets through only what the run's total leaves room for."""
         op = self.operator_ids[node]
         task = LimitTask(self.state_root, op, self.batch_id, node.limit, self.conf, self.accumulators[op])
-        return df.limit(node.limit).mapInArrow(task, df.schema)
+
+        def build(inputs: list[DataFrame], task: LimitTask):
+            schema = inputs[0].schema
+            mapped = inputs[0].limit(node.limit).mapInArrow(task, schema)
+            return mapped, spark_internals.map_in_arrow_function(mapped, schema)
+
+        return self._step(("limit", id(node)), [df], task, build)
 
     def aggregate(self, node: Aggregate, df: DataFrame) -> DataFrame:
         """Buffers per key in Spark, merged with the state per partition, then finalised."""
@@ -307,15 +357,9 @@ class BatchContext:
             self.stats_operators[watermark] = op
         buffers, results = self._columns(("aggregate", id(node)), lambda: (
             partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
-        partial = grouped_partial(df, node.keys, spec.calls, spec.buffer_names, extra, buffers,
-                                  **({} if node.grouping is None else {"grouping": node.grouping}))
         partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
-        if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
-            partition_columns = self._columns(("partition", id(node)), lambda: [
-                F.col(_quoted(k)) for k in partition_keys])
-            partial = partial.repartition(self.num_partitions, *partition_columns)
-        elif node.session_index is not None:
-            partial = partial.repartition(1)
+        partition_columns = self._columns(("partition", id(node)), lambda: [
+            F.col(_quoted(k)) for k in partition_keys])
         arrow = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
                  for f in spec.partial_schema.fields]
         num_keys = len(spec.key_names)
@@ -324,30 +368,40 @@ class BatchContext:
             merges.append((call.merge, start, len(names), call.options))
             start += len(names)
         has_watermark = node.event_time_key is not None
+        output_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+                                   for f in spec.merged_schema.fields])
         if node.session_index is not None:
-            session_task = SessionAggregateTask(
+            task = SessionAggregateTask(
                 state_root=self.state_root, operator_id=op, version=self.batch_id,
                 key_fields=tuple(arrow[:num_keys]), session_index=node.session_index,
-                buffer_fields=tuple(arrow[num_keys:]), merges=tuple(merges),
-                output_schema=pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
-                                         for f in spec.merged_schema.fields]),
-                mode=self.output_mode,
-                evict_us=evict_ms * 1000 if has_watermark else None,
+                buffer_fields=tuple(arrow[num_keys:]), merges=tuple(merges), output_schema=output_schema,
+                mode=self.output_mode, evict_us=evict_ms * 1000 if has_watermark else None,
                 conf=self.conf, metrics=self.accumulators[op])
-            return finalize(partial.mapInArrow(session_task, spec.merged_schema), spec, results)
-        task = AggregateTask(
-            state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
-            key_fields=tuple(arrow[:num_keys]), buffer_fields=tuple(arrow[num_keys:]),
-            merges=tuple(merges),
-            output_schema=pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
-                                     for f in spec.merged_schema.fields]),
-            mode=self.output_mode, watermark_key=node.event_time_key,
-            watermark_is_window=node.event_time_is_window,
-            late_us=late_ms * 1000 if has_watermark else None,
-            evict_us=evict_ms * 1000 if has_watermark else None,
-            conf=self.conf, metrics=self.accumulators[self.operator_ids[node]],
-            event_time_stats=watermark is not None)
-        return finalize(partial.mapInArrow(task, spec.merged_schema), spec, results)
+        else:
+            task = AggregateTask(
+                state_root=self.state_root, operator_id=op, version=self.batch_id,
+                key_fields=tuple(arrow[:num_keys]), buffer_fields=tuple(arrow[num_keys:]),
+                merges=tuple(merges), output_schema=output_schema,
+                mode=self.output_mode, watermark_key=node.event_time_key,
+                watermark_is_window=node.event_time_is_window,
+                late_us=late_ms * 1000 if has_watermark else None,
+                evict_us=evict_ms * 1000 if has_watermark else None,
+                conf=self.conf, metrics=self.accumulators[op],
+                event_time_stats=watermark is not None)
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: AggregateTask | SessionAggregateTask):
+            partial = grouped_partial(inputs[0], node.keys, spec.calls, spec.buffer_names, extra, buffers,
+                                      **({} if node.grouping is None else {"grouping": node.grouping}))
+            if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
+                partial = partial.repartition(partitions, *partition_columns)
+            elif node.session_index is not None:
+                partial = partial.repartition(1)
+            mapped = partial.mapInArrow(task, spec.merged_schema)
+            return (finalize(mapped, spec, results),
+                    spark_internals.map_in_arrow_function(mapped, spec.merged_schema))
+
+        return self._step(("aggregate", id(node)), [df], task, build)
 
     def partitions_of(self, node: StatefulNode) -> int:
         return state_partitions(node, self.num_partitions)

@@ -13,6 +13,9 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
 - **Stateful operators.** Each gets Spark's operator id (top down, in plan order), its
   state location ``<checkpoint>/state/<id>`` and its number of state stores (the
   checkpoint's shuffle partitions; one for a global aggregation and for a limit).
+- **Prepared plans.** Each largest run of stateless steps is a ``PreparedSegment`` and
+  each stateful step a ``PreparedStep``: analysed once, bound to each batch's inputs (and
+  a stateful step to the batch's task, which carries its state version and watermarks).
 - **Watermarks per operator** (Spark 3.4+'s watermark propagation): a watermark node
   gives the query's watermark; a stateful operator gives what it may still emit (a
   stream-stream join: the smallest of its input watermark and each side's state
@@ -192,6 +195,28 @@ class PreparedSegment(PlanNode):
 
     def tree_string(self, indent: int = 0, annotate=None) -> str:
         return self.template.tree_string(indent, annotate)
+
+
+class PreparedStep:
+    """A stateful step of the query (its Spark steps around the Python task that runs the
+    step on the state store), analysed by Spark once per run and bound to each batch's
+    inputs and task (Spark's IncrementalExecution giving each batch's stateful operators
+    their state version and watermarks in an otherwise unchanged plan).
+
+    ``build(inputs, task)`` makes the step's DataFrame over ``inputs`` and returns it with
+    the reference of the task's Python function in it (``spark_internals.PythonFunctionRef``).
+    It is called once, over an empty placeholder per input; a batch then binds its inputs
+    and its own task (``bind``): one DataFrame a batch instead of one per Spark step."""
+
+    def __init__(self, inputs: list[DataFrame], task: Any, build):
+        empties = [df.sparkSession.createDataFrame([], df.schema) for df in inputs]
+        step, function = build(empties, task)
+        self.plan = spark_internals.BindablePlan(spark_internals.analyzed_plan(step),
+                                                 [spark_internals.analyzed_plan(df) for df in empties],
+                                                 {"task": function})
+
+    def bind(self, inputs: list[DataFrame], task: Any) -> DataFrame:
+        return self.plan.bind(inputs, {"task": task})
 
 
 def _segments_prepared(node: PlanNode) -> PlanNode:
