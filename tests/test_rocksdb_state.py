@@ -199,3 +199,57 @@ def test_a_version_changed_only_by_insert_new_writes_its_delta_from_arrow(tmp_pa
     provider.close()
     fresh = RocksDBStateStoreProvider(store_id, key, value, StateStoreConf())
     assert dict(fresh.get_store(2).iterator()) == {("b", 2): (20,), (None, 3): (30,), ("c", 4): (40,)}
+
+
+def test_a_snapshot_of_versions_that_only_added_keys_is_the_files_one_after_the_other(tmp_path, monkeypatch):
+    """While every delta since the newest snapshot only added keys, a snapshot is made from
+    the files (that snapshot, then the deltas), not by decoding the database's rows; once a
+    version updates a key, the next snapshot decodes the database. Either way the snapshot
+    holds the store's rows, and a new database built from the files answers the same."""
+    import pyarrow.ipc as ipc
+    from microbatch.state.files import StateFiles
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
+    monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
+    merged = []
+    real_concatenated = StateFiles.write_concatenated
+
+    def counting(self, version, kind, sources):
+        merged.append((version, sources))
+        return real_concatenated(self, version, kind, sources)
+
+    monkeypatch.setattr(StateFiles, "write_concatenated", counting)
+    key, value = pa.schema([("k", pa.int64())]), pa.schema([("v", pa.int64())])
+    store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
+    conf = StateStoreConf(min_deltas_for_snapshot=1, run_id="run")
+    provider = RocksDBStateStoreProvider(store_id, key, value, conf)
+    expected = {}
+    for version in range(8):
+        store = provider.get_store(version)
+        if version == 4:                           # version 5 updates a key
+            store.put((7,), (-1,))
+            expected[7] = -1
+        new = pa.table({"k": pa.array(range(version * 100, version * 100 + 100), pa.int64())})
+        store.insert_new(new, pa.table({"v": pa.array([version] * 100, pa.int64())}))
+        expected.update((k, version) for k in range(version * 100, version * 100 + 100))
+        store.commit()
+        provider._wait_for_maintenance()
+
+    def snapshot(version):
+        with open(os.path.join(store_id.path, f"{version}.snapshot.arrow"), "rb") as f:
+            return {row["key"]["k"]: row["value"]["v"] for row in ipc.open_stream(f).read_all().to_pylist()}
+
+    assert merged == [(2, [(1, "delta"), (2, "delta")]),
+                      (4, [(2, "snapshot"), (3, "delta"), (4, "delta")])]
+    assert snapshot(2) == {k: k // 100 for k in range(200)}
+    assert snapshot(4) == {k: k // 100 for k in range(400)}
+    assert os.path.exists(os.path.join(store_id.path, "8.snapshot.arrow"))   # decoded: version 5 updated
+    assert snapshot(8) == expected and expected[7] == -1
+    provider.close()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "elsewhere"))   # a new database, from the files
+    monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
+    fresh = RocksDBStateStoreProvider(store_id, key, value, conf)
+    store = fresh.get_store(8)
+    assert store.num_keys() == len(expected) == 800
+    assert store.get((7,)) == (-1,) and store.get((450,)) == (4,) and store.get((799,)) == (7,)
+    store.abort()
+    fresh.close()

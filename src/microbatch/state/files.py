@@ -178,6 +178,17 @@ class StateFiles:
         self.conf.fs.write_bytes(self.path(version, kind), sink.getvalue())
         crash_points.reached(f"state-{kind}-written")
 
+    def write_concatenated(self, version: int, kind: str, sources: list[tuple[int, str]]) -> None:
+        """Write a state file holding the rows of the files ``sources`` ((version, kind)
+        each), in order, one source's record batches at a time, none decoded to Python."""
+        options = ipc.IpcWriteOptions(compression=self.conf.compression)
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, self.schema, options=options) as writer:
+            for source_version, source_kind in sources:
+                writer.write_table(self.read_table(source_version, source_kind))
+        self.conf.fs.write_bytes(self.path(version, kind), sink.getvalue())
+        crash_points.reached(f"state-{kind}-written")
+
     def read_chunks(self, version: int, kind: str):
         """(key, value) pairs of a file, one record batch at a time (``read_rows`` of each)."""
         for batch in self.read_table(version, kind).to_batches():

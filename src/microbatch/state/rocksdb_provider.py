@@ -446,6 +446,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         self._deltas_since_snapshot = 0
         self._delta_rows = 0              # rows written in the deltas since the last snapshot
         self._snapshot_rows = 0           # keys in the last snapshot
+        self._last_non_insert = 0         # the newest version whose delta updated or removed a key
         self._maintenance: threading.Thread | None = None
         self._lock = threading.Lock()     # a task's use of the database against the release watcher
         self._in_use = False
@@ -482,12 +483,15 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 time.sleep(0.005)
         _forget_request(self.shared_path)
         record = self.db.get(_META)
-        version, keys, deltas, delta_rows, snapshot_rows, token = \
-            marshal.loads(record) if record is not None else (0, 0, 0, 0, 0, None)
+        fields = marshal.loads(record) if record is not None else (0, 0, 0, 0, 0, None, 0)
+        if len(fields) == 6:   # written before the record kept the last non-insert: assume it is now
+            fields = (*fields, fields[0])
+        version, keys, deltas, delta_rows, snapshot_rows, token, last_non_insert = fields
         if token is None or token != self._token:   # another process wrote since: our undo records are stale
             self._undo = {}
         self.loaded_version, self.num_keys, self._token = version, keys, token
         self._deltas_since_snapshot, self._delta_rows, self._snapshot_rows = deltas, delta_rows, snapshot_rows
+        self._last_non_insert = last_non_insert
 
     def release(self) -> None:
         """The end of a task's store: start a snapshot when due, and keep the database open
@@ -527,7 +531,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         shutil.rmtree(path, ignore_errors=True)
         self.db = Rdict(path, _options(self.conf))
         self.loaded_version, self.num_keys, self._undo = 0, 0, {}
-        self._deltas_since_snapshot = self._delta_rows = self._snapshot_rows = 0
+        self._deltas_since_snapshot = self._delta_rows = self._snapshot_rows = self._last_non_insert = 0
 
     def close(self) -> None:
         """Forget the store in this process (a new run, or the provider unloaded). The
@@ -580,6 +584,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         if 0 <= version < loaded and all(v in self._undo for v in range(version + 1, loaded + 1)):
             for v in range(loaded, version, -1):     # a re-run: step back by the undo records
                 previous, keys = self._undo.pop(v)
+                self._last_non_insert = max(self._last_non_insert, v)   # (its redo may differ)
                 self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - 1)
                 self._delta_rows = max(0, self._delta_rows - len(previous))
                 self._write(previous, v - 1, keys)
@@ -624,6 +629,8 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 del self._undo[old]
         added = sum(1 for k, v in changes.items() if v is not None and previous[k] is None)
         gone = sum(1 for k, v in changes.items() if v is None and previous[k] is not None)
+        if added != len(changes):
+            self._last_non_insert = version
         self._deltas_since_snapshot += 1
         self._delta_rows += len(changes)
         self._write(changes, version, self.num_keys + added - gone)
@@ -640,7 +647,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 put(key, value)
         token = os.urandom(8).hex()
         put(_META, marshal.dumps((version, num_keys, self._deltas_since_snapshot, self._delta_rows,
-                                  self._snapshot_rows, token), 0))
+                                  self._snapshot_rows, token, self._last_non_insert), 0))
         self.db.write(batch)
         self.loaded_version, self.num_keys, self._token = version, num_keys, token
 
@@ -686,24 +693,33 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             self._delta_rows >= self._snapshot_rows
 
     def do_maintenance(self, background: bool = False) -> None:
-        """Snapshot the open database's version (from a RocksDB checkpoint: hard links to
-        its files, so the database may close and change meanwhile), in a background
-        thread when asked, and delete the files no retained version needs."""
+        """Snapshot the open database's version, in a background thread when asked, and
+        delete the files no retained version needs. If every delta since the newest
+        snapshot only added keys (a deduplication's, a count of new keys), the new snapshot
+        is that snapshot's file and the deltas' files one after the other, record batch by
+        record batch (``_merged_snapshot``); otherwise it is written from a RocksDB
+        checkpoint of the database (hard links to its files, so the database may close and
+        change meanwhile), decoding every row (``_snapshot``)."""
         if self.db is None or self.loaded_version <= 0 or not self._snapshot_due():
             self.files.cleanup()
             return
         from rocksdict import Checkpoint
         self._wait_for_maintenance()
         version = self.loaded_version
-        copy = f"{self.path}.snapshot-{version}-{os.getpid()}-{next(_INSTANCES)}"
-        shutil.rmtree(copy, ignore_errors=True)
-        Checkpoint(self.db).create_checkpoint(copy)
+        base = self.files.newest_snapshot(version)
+        if self._last_non_insert <= base:
+            target, args = self._merged_snapshot, (version, base)
+        else:
+            copy = f"{self.path}.snapshot-{version}-{os.getpid()}-{next(_INSTANCES)}"
+            shutil.rmtree(copy, ignore_errors=True)
+            Checkpoint(self.db).create_checkpoint(copy)
+            target, args = self._snapshot, (version, copy)
         self._deltas_since_snapshot, self._delta_rows, self._snapshot_rows = 0, 0, self.num_keys
         self._write({}, version, self.num_keys)    # the next process to open it knows the snapshot is made
         if not background:
-            self._snapshot(version, copy)
+            target(*args)
             return
-        self._maintenance = threading.Thread(target=self._snapshot, args=(version, copy),
+        self._maintenance = threading.Thread(target=target, args=args,
                                              name=f"state-snapshot-{self.id.operator_id}-{self.id.partition_id}",
                                              daemon=True)
         self._maintenance.start()
@@ -739,6 +755,24 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 view.close()
             _ONE_SNAPSHOT.release()
             shutil.rmtree(copy, ignore_errors=True)
+
+    def _merged_snapshot(self, version: int, base: int) -> None:
+        """Snapshot ``version`` as snapshot ``base`` followed by deltas ``base+1..version``,
+        each of which only added keys: no row is read from the database or decoded."""
+        started = time.monotonic()
+        sources = ([(base, "snapshot")] if base else []) + [(v, "delta") for v in range(base + 1, version + 1)]
+        try:
+            _ONE_SNAPSHOT.acquire()
+            self.files.write_concatenated(version, "snapshot", sources)
+            log.info("Written snapshot file for version %d of %s at %s from snapshot %d and %d deltas "
+                     "in %d ms", version, self.id, self.files.path(version, "snapshot"), base,
+                     version - base, (time.monotonic() - started) * 1000)
+            self.files.cleanup()
+        except Exception:   # the deltas still hold every version; a later snapshot replaces it
+            log.warning("Error writing the snapshot of version %d of state store %s", version,
+                        self.id, exc_info=True)
+        finally:
+            _ONE_SNAPSHOT.release()
 
     def _wait_for_maintenance(self) -> None:
         thread = self._maintenance
