@@ -140,22 +140,19 @@ def test_the_run_is_planned_once_not_per_batch(ss, tmp_path, monkeypatch):
     assert len(made) == 2
 
 
-def test_a_batch_binds_its_inputs_into_steps_analysed_once_per_run(ss, tmp_path, monkeypatch):
-    """Spark analyses every DataFrame PySpark makes. A batch makes the same number of
-    DataFrames whether the query has 1 or 40 stateless steps: the steps are analysed once
-    per run (``PreparedSegment``) and a batch only binds its inputs into them."""
+def dataframes_made_per_batch(monkeypatch) -> list[int]:
+    """Patch PySpark and the planner so that each batch's plan build appends the number
+    of DataFrames it made (Spark analyses every DataFrame PySpark makes)."""
     from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
     import microbatch.execution.micro_batch as micro_batch
-    made = []
+    made: list[int] = []
+    per_batch: list[int] = []
     real_init = ClassicDataFrame.__init__
+    real_build = micro_batch.IncrementalExecution.batch_dataframe
 
     def counting_init(self, *args, **kwargs):
         made.append(1)
         real_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(ClassicDataFrame, "__init__", counting_init)
-    per_batch: list[int] = []
-    real_build = micro_batch.IncrementalExecution.batch_dataframe
 
     def counting_build(self, *args, **kwargs):
         before = len(made)
@@ -163,7 +160,16 @@ def test_a_batch_binds_its_inputs_into_steps_analysed_once_per_run(ss, tmp_path,
         per_batch.append(len(made) - before)
         return df
 
+    monkeypatch.setattr(ClassicDataFrame, "__init__", counting_init)
     monkeypatch.setattr(micro_batch.IncrementalExecution, "batch_dataframe", counting_build)
+    return per_batch
+
+
+def test_a_batch_binds_its_inputs_into_steps_analysed_once_per_run(ss, tmp_path, monkeypatch):
+    """Spark analyses every DataFrame PySpark makes. A batch makes the same number of
+    DataFrames whether the query has 1 or 40 stateless steps: the steps are analysed once
+    per run (``PreparedSegment``) and a batch only binds its inputs into them."""
+    per_batch = dataframes_made_per_batch(monkeypatch)
     src = tmp_path / "in"
     src.mkdir()
     for i in range(4):
@@ -222,33 +228,17 @@ def test_stateful_steps_are_analysed_once_per_run_and_bound_per_batch(ss, tmp_pa
     once per run over a placeholder (``PreparedStep``); a batch binds its input and its
     task, which carries the batch's state version and watermarks. Five batches make no
     more analyses than one, and every batch after the first makes the same few DataFrames."""
-    from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
-    import microbatch.execution.micro_batch as micro_batch
     import microbatch.execution.stateful as stateful
     operators, mode, build = STATEFUL_QUERIES[name]
-    made, prepared, per_batch = [], [], []
-    real_init = ClassicDataFrame.__init__
-
-    def counting_init(self, *args, **kwargs):
-        made.append(1)
-        real_init(self, *args, **kwargs)
+    prepared: list[int] = []
 
     class CountingStep(stateful.PreparedStep):
         def __init__(self, *args, **kwargs):
             prepared.append(1)
             super().__init__(*args, **kwargs)
 
-    real_build = micro_batch.IncrementalExecution.batch_dataframe
-
-    def counting_build(self, *args, **kwargs):
-        before = len(made)
-        df = real_build(self, *args, **kwargs)
-        per_batch.append(len(made) - before)
-        return df
-
-    monkeypatch.setattr(ClassicDataFrame, "__init__", counting_init)
+    per_batch = dataframes_made_per_batch(monkeypatch)
     monkeypatch.setattr(stateful, "PreparedStep", CountingStep)
-    monkeypatch.setattr(micro_batch.IncrementalExecution, "batch_dataframe", counting_build)
     for side in ("left", "right"):
         (tmp_path / side).mkdir()
         for i in range(4):
