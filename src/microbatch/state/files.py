@@ -148,6 +148,13 @@ class StateFiles:
         """The newest snapshot at or below ``version`` (0: none)."""
         return max((v for v, kind in self.list() if kind == "snapshot" and v <= version), default=0)
 
+    def deltas_since_snapshot(self, version: int) -> int:
+        """How many deltas ``version`` has on top of its newest snapshot. A provider that
+        caught up with versions another executor committed counts from here, not from its
+        own commits: the other may have written a snapshot meanwhile, and a checkpoint's
+        snapshots must be where one provider would put them, wherever the tasks ran."""
+        return version - self.newest_snapshot(version)
+
     def write_rows(self, version: int, kind: str, keys: list, values: list) -> None:
         """Write key tuples and value tuples (``REMOVED``: a removed key) as one file."""
         self.write_arrays(version, kind, to_struct_array(keys, self.key_schema),

@@ -290,7 +290,6 @@ class MapStateStoreProvider(StateStoreProvider):
         if version == self.loaded_version:
             return
         if version < self.loaded_version and all(v in self._undo for v in range(version + 1, self.loaded_version + 1)):
-            self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - (self.loaded_version - version))
             for v in range(self.loaded_version, version, -1):
                 for key, previous in self._undo.pop(v).items():
                     if previous is _MISSING:
@@ -298,12 +297,14 @@ class MapStateStoreProvider(StateStoreProvider):
                     else:
                         self.map[key] = previous  # type: ignore[assignment]
             self.loaded_version = version
+            self._deltas_since_snapshot = self.files.deltas_since_snapshot(version)
             return
         if version > self.loaded_version >= 0 and all(
                 self.files.exists(v, "delta") for v in range(self.loaded_version + 1, version + 1)):
             # other executors committed the versions after ours: read only their deltas
             for v in range(self.loaded_version + 1, version + 1):
                 self._apply(v, self.files.read_delta(v, version, 0))
+            self._deltas_since_snapshot = self.files.deltas_since_snapshot(version)
             return
         self._load_from_files(version)
 

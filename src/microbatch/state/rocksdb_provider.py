@@ -593,6 +593,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 all(self.files.exists(v, "delta") for v in range(loaded + 1, version + 1)):
             for v in range(loaded + 1, version + 1):   # other executors committed since
                 self._apply_rows(v, self.files.read_delta(v, version, 0))
+            self._deltas_since_snapshot = self.files.deltas_since_snapshot(version)
             return
         self._rebuild(version)
 

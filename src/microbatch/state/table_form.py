@@ -110,12 +110,12 @@ class TableVersions:
                 table = self.tables[base]
                 for v in range(base + 1, version + 1):
                     table = self._apply_delta(table, self.files.read_delta(v, version, 0, rows=False))
-                self._deltas_since_snapshot += version - base
+                self._deltas_since_snapshot = self.files.deltas_since_snapshot(version)
                 self.tables = {version: table}
             else:
                 self.tables = {version: self._load(version)}
         elif version < self.loaded_version:   # a re-run: forget the versions after it
-            self._deltas_since_snapshot = max(0, self._deltas_since_snapshot - (self.loaded_version - version))
+            self._deltas_since_snapshot = self.files.deltas_since_snapshot(version)
             self.tables = {v: t for v, t in self.tables.items() if v <= version}
         self.loaded_version = version
         return self.tables[version]
