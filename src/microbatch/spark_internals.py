@@ -552,6 +552,37 @@ class BindablePlan:
                                      self._no_broadcasts, accumulator)
 
 
+class FileBatches:
+    """Batch DataFrames of files a file source's log names, made as Spark's
+    FileStreamSource.getBatch makes them: a ``DataSource`` of the files with the stream's
+    schema and the reader's options, resolved without checking that each file exists
+    (the source has just checked, and ``spark.read.load`` would check each again in a
+    thread pool: 10-20 ms a batch of one file)."""
+
+    def __init__(self, spark: SparkSession, fmt: str, schema: StructType, options: Mapping[str, str]):
+        jvm = _jvm()
+        self._spark = spark
+        self._format = fmt
+        self._data_source = jvm.org.apache.spark.sql.execution.datasources.DataSource
+        self._logical_relation = getattr(getattr(jvm.org.apache.spark.sql.execution.datasources,
+                                                 "LogicalRelation$"), "MODULE$")
+        self._dataset = jvm.org.apache.spark.sql.classic.Dataset
+        self._utils = jvm.org.apache.spark.api.python.PythonUtils
+        self._schema = jvm.scala.Some(spark._jsparkSession.parseDataType(schema.json()))
+        self._options = scala_map(options)
+        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        self._no_columns = self._utils.toSeq([])
+
+    def dataframe(self, paths: list[str]) -> Any:
+        from pyspark.sql import DataFrame
+        source = self._data_source(self._spark._jsparkSession, self._format, self._utils.toSeq(paths),
+                                   self._schema, self._no_columns, self._none, self._options, self._none,
+                                   self._none)
+        # (checkFilesExist, readOnly, forceNullable), as DataFrameReader.load resolves it
+        relation = self._logical_relation.apply(source.resolveRelation(False, True, True), False)
+        return DataFrame(self._dataset.ofRows(self._spark._jsparkSession, relation), self._spark)
+
+
 def grouping_column_names(grouped: Any) -> list[str]:
     """The column names a PySpark ``GroupedData`` groups by (``df.groupBy("id")``); a
     ValueError if it groups by something else than columns."""

@@ -417,6 +417,7 @@ class FileStreamSource(Source):
             inner["basePath"] = path
         inner["__globPaths__"] = "false"  # file names are names, not patterns
         self._reader_options = inner
+        self._batches: spark_internals.FileBatches | None = None   # made at the first batch
         self.metadata_log = FileStreamSourceLog(
             context.metadata_path, context.fs,
             default_compact_interval=int(spark.conf.get(
@@ -593,15 +594,19 @@ class FileStreamSource(Source):
         self._batch_paths = ((start_offset, end_offset), paths)
         if not paths:
             return self._spark.createDataFrame([], self._schema)
-        reader = (self._spark.read.format(self.format).schema(self._schema)
-                  .options(**self._reader_options))
-        if self._ignore_missing:
-            reader = reader.option("ignoreMissingFiles", "true")
-        df = reader.load(["file://" + p for p in paths])
+        df = self._file_batches().dataframe(["file://" + p for p in paths])
         if df.columns != self._schema.fieldNames():
             # e.g. partition directories that appeared after the stream's schema was fixed
             df = df.select(*self._schema.fieldNames())
         return df
+
+    def _file_batches(self) -> spark_internals.FileBatches:
+        if self._batches is None:
+            options = dict(self._reader_options)
+            if self._ignore_missing:
+                options["ignoreMissingFiles"] = "true"
+            self._batches = spark_internals.FileBatches(self._spark, self.format, self._schema, options)
+        return self._batches
 
     #: Up to this many files a batch's row count is read from the parquet footers;
     #: beyond, the engine counts the rows as they pass.
