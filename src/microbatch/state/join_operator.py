@@ -201,8 +201,11 @@ class JoinTask:
             return 0
         counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
         outer = self.how == "full" or self.how == side
+        by_key_only = self.value_evict_us[index_of_side] is None and not matched_out
         removed = 0
         for key, (count,) in list(counts.iterator()):
+            if by_key_only and not self._behind_watermark(key):
+                continue   # the key decides for all its rows: none of them goes, none is read
             stored = [values.get(key + (index,)) for index in range(count)]
             kept = [v for v in stored if not (self._behind_watermark(key, v[:-1], index_of_side)
                                               or (matched_out and v[-1]))]
