@@ -201,11 +201,8 @@ class JoinTask:
             return 0
         counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
         outer = self.how == "full" or self.how == side
-        by_key_only = self.value_evict_us[index_of_side] is None and not matched_out
         removed = 0
-        for key, (count,) in list(counts.iterator()):
-            if by_key_only and not self._behind_watermark(key):
-                continue   # the key decides for all its rows: none of them goes, none is read
+        for key, count in self._keys_to_evict(counts, values, index_of_side, matched_out):
             stored = [values.get(key + (index,)) for index in range(count)]
             kept = [v for v in stored if not (self._behind_watermark(key, v[:-1], index_of_side)
                                               or (matched_out and v[-1]))]
@@ -226,6 +223,20 @@ class JoinTask:
                 counts.remove(key)
             removed += count - len(kept)
         return removed
+
+    def _keys_to_evict(self, counts, values, side: int, matched_out: bool) -> list[tuple[tuple, int]]:
+        """(key, row count) of the keys that have a row to evict. By a watermarked key, the
+        key decides for all its rows, and no row is read; by the value watermark (or a
+        semi join's matched rows), one pass over the rows, without a lookup per key."""
+        if self.value_evict_us[side] is None and not matched_out:
+            return [(key, count) for key, (count,) in counts.iterator() if self._behind_watermark(key)]
+        doomed: dict[tuple, None] = {}
+        behind = self._behind_watermark
+        for key_index, value in values.iterator():
+            key = key_index[:-1]
+            if key not in doomed and (behind(key, value[:-1], side) or (matched_out and value[-1])):
+                doomed[key] = None
+        return [(key, counts.get(key)[0]) for key in doomed]
 
     def _output(self, pairs: list[tuple[tuple, tuple]]) -> pa.RecordBatch:
         columns, names = [], []
