@@ -421,6 +421,18 @@ def filter_passes_projection(filtered: Any) -> bool:
     return all(used.apply(i).exprId().id() in passed for i in range(used.size()))
 
 
+def filter_passes_filter(filtered: Any) -> bool:
+    """Whether ``filtered`` (a DataFrame whose last step is a filter over another filter)
+    can filter before that other filter, as Spark's optimizer combines the two (the lower
+    condition deterministic: CombineFilters) and pushes the parts of the result on its
+    own; the condition that moves must be deterministic too."""
+    analyzed = filtered._jdf.queryExecution().analyzed()
+    if analyzed.getClass().getSimpleName() != "Filter" or not analyzed.condition().deterministic():
+        return False
+    lower = analyzed.child()
+    return lower.getClass().getSimpleName() == "Filter" and lower.condition().deterministic()
+
+
 def analyzed_plan(df: Any) -> Any:
     """``df``'s analysed logical plan (a JVM ``LogicalPlan``)."""
     return df._jdf.queryExecution().analyzed()

@@ -279,7 +279,8 @@ class IncrementalExecution:
     def _push_filters_below_watermarks(self, plan: PlanNode,
                                        empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
         """A filter above ``withWatermark(t)`` (directly, or through projections that pass
-        the columns it uses through unchanged) runs below it when Spark's optimizer would
+        the columns it uses through unchanged, or through deterministic filters, which
+        Spark's optimizer combines with it) runs below it when Spark's optimizer would
         push it there: deterministic and not using ``t``; of a conjunction, the parts that
         are. (Spark also pushes through renames and computed columns by substituting them;
         such a filter stays above here.)"""
@@ -303,8 +304,10 @@ class IncrementalExecution:
                 log.debug("Filter %s runs below the watermark on %s", filtered.describe(), below.event_time)
                 return dataclasses.replace(below, child=moved)
             return self._split_filter(filtered, below, empty_inputs)
-        if isinstance(below, Transform) and below.method not in ("filter", "where", "limit") \
-                and spark_internals.filter_passes_projection(filtered.build(empty_inputs)):
+        if isinstance(below, Transform) and below.method != "limit" and (
+                spark_internals.filter_passes_filter(filtered.build(empty_inputs))
+                if below.method in ("filter", "where")
+                else spark_internals.filter_passes_projection(filtered.build(empty_inputs))):
             sunk = self._sink_filter(moved, empty_inputs)
             return None if sunk is None else dataclasses.replace(below, child=sunk)
         return None
