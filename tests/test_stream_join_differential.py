@@ -44,7 +44,9 @@ def sides(tmp_path):
     return write(tmp_path / "left", LEFT, "a"), write(tmp_path / "right", RIGHT, "b")
 
 
-def run(session, sides, ckpt, transform):
+def run(session, sides, ckpt, transform, queries=None):
+    """The batches and progress of ``transform`` of the two sides; the query is added to
+    ``queries`` when given."""
     left = session.readStream.schema("id INT, ts TIMESTAMP, a STRING").option("maxFilesPerTrigger", 1).json(sides[0])
     right = session.readStream.schema("id INT, ts TIMESTAMP, b INT").option("maxFilesPerTrigger", 1).json(sides[1])
     batches = []
@@ -53,11 +55,16 @@ def run(session, sides, ckpt, transform):
              .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
+    if queries is not None:
+        queries.append(query)
     return batches, query.recentProgress
 
 
-def ranged(left, right, how, condition="id = rid AND lts >= rts AND lts <= rts + interval 20 seconds"):
+def ranged(left, right, how, condition="id = rid AND lts >= rts AND lts <= rts + interval 20 seconds",
+           left_filter=None):
     left = left.withColumnRenamed("ts", "lts").withWatermark("lts", "10 seconds")
+    if left_filter is not None:
+        left = left.where(left_filter)
     right = right.withColumnRenamed("id", "rid").withColumnRenamed("ts", "rts").withWatermark("rts", "20 seconds")
     return left.join(right, F.expr(condition), how)
 
@@ -269,3 +276,26 @@ def test_explain_shows_each_stateful_operator_with_its_id(ss, sides, tmp_path, c
     assert lines[0].startswith("Aggregate") and "opId = 0, ver = " in lines[0] and "numPartitions = 2]" in lines[0]
     assert "StreamingSymmetricHashJoin inner, [id, ts]" in lines[1] and "opId = 1" in lines[1]
     assert f"checkpoint = {tmp_path / 'ckpt'}/state, runId = {query.runId}" in lines[1]
+
+
+def test_each_sides_event_times_come_from_the_join_unless_a_filter_on_them_is_between(spark, ss, sides, tmp_path):
+    """A side's watermark right below the join (through the join's own null filter on the
+    event time) has no Observation in the batch's plan: the join's tasks compute its
+    event-time statistics. A filter on the event time between a watermark and the join
+    drops rows the watermark saw, so that side keeps its Observation (and the join's null
+    filter on the id moves through it, below the watermark, as Spark's optimizer moves it).
+    Rows, progress (eventTime) and watermarks match Spark's in both. The filtered case is a
+    time-range join: on an equal event time Spark would also infer the filter for the other
+    side (InferFiltersFromConstraints), which microbatch does not do (state counts differ)."""
+    filtered = lambda l, r: ranged(l, r, "inner", left_filter=F.col("lts") > F.lit(T + "00:15").cast("timestamp"))  # noqa: E731
+    for name, transform, observations in (("both sides", CASES["on id and event time, watermarks on both sides"], 0),
+                                          ("filtered left", filtered, 1)):
+        queries = []
+        theirs, their_progress = run(spark, sides, tmp_path / name / "spark", transform)
+        ours, our_progress = run(ss, sides, tmp_path / name / "microbatch", transform, queries)
+        assert ours == theirs, name
+        assert comparable(our_progress) == comparable(their_progress), name
+        assert watermarks(tmp_path / name / "microbatch") == watermarks(tmp_path / name / "spark"), name
+        assert sum(1 for p in our_progress if p["eventTime"].get("max")) >= 3, name
+        plan = queries[0]._execution.last_batch_df._jdf.queryExecution().optimizedPlan().toString()
+        assert plan.count("CollectMetrics") == observations, (name, plan)

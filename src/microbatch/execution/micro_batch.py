@@ -726,8 +726,8 @@ class MicroBatchExecution(StreamExecution):
         used_ms = self.offset_seq_metadata.batch_watermark_ms
         merged: dict[str, float] = {}   # the first watermark (plan order) that saw rows
         observed = [(node, self._observed(observation)) for node, observation in ctx.observations.items()]
-        observed += [(node, aggregated_event_time(self._state_metrics[op].value))
-                     for node, op in ctx.stats_operators.items()]
+        observed += [(node, aggregated_event_time(self._state_metrics[op].value, tag))
+                     for node, (op, tag) in ctx.stats_operators.items()]
         watermark_ids = self._incremental.watermark_ids
         for node, stats in sorted(observed, key=lambda item: watermark_ids[item[0]]):
             if not stats or not stats.get("count"):

@@ -37,7 +37,7 @@ from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithSt
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
 from microbatch.state.group_state_operator import TIMEOUT_FIELD, GroupStateTask
-from microbatch.state.join_operator import JoinTask
+from microbatch.state.join_operator import JOIN_SIDE_TAGS, JoinTask
 from microbatch.state.limit_operator import LimitTask
 from microbatch.state.transform_with_state_operator import (TIMERS_STORE, TransformWithStateTask,
                                                             state_store_schemas, state_value_type)
@@ -70,21 +70,30 @@ EVENT_TIME_STATS = ("max", "min", "sum", "count")
 
 def stats_in_operator(stateful: list[StatefulNode]) -> frozenset:
     """Watermarks right below an aggregation (not a session window, which drops late rows
-    before aggregating, nor grouping sets, which count a row once per set) or a
-    deduplication: every row of theirs reaches the operator's partial aggregation or its
-    task, which computes their event-time statistics."""
-    return frozenset(n.child for n in stateful if (
-        isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None
-                                       and (n.grouping is None or not n.grouping.has_sets)))
-        and isinstance(n.child, Watermark))
+    before aggregating, nor grouping sets, which count a row once per set), a
+    deduplication or one side of a stream-stream join (not a self-join of one watermark):
+    every row of theirs reaches the operator's partial aggregation or its task, which
+    computes their event-time statistics."""
+    found = set()
+    for n in stateful:
+        if isinstance(n, StreamJoin):
+            sides = [n.side_watermark(0), n.side_watermark(1)]
+            if sides[0] is not sides[1]:
+                found.update(side for side in sides if side is not None)
+        elif (isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None
+                                             and (n.grouping is None or not n.grouping.has_sets))) \
+                and isinstance(n.child, Watermark):
+            found.add(n.child)
+    return frozenset(found)
 
 
-def aggregated_event_time(metrics: dict) -> dict | None:
-    """The statistics an aggregation's tasks reported (``set:eventTime_<partition>_<stat>``),
-    as an ``Observation`` of the watermark would give them."""
+def aggregated_event_time(metrics: dict, tag: str = "") -> dict | None:
+    """The statistics an operator's tasks reported (``set:eventTime<tag>_<partition>_<stat>``;
+    a join tags each side's), as an ``Observation`` of the watermark would give them."""
     stats: dict[str, list] = {name: [] for name in EVENT_TIME_STATS}
+    prefix = f"set:eventTime{tag}_"
     for key, value in metrics.items():
-        if key.startswith("set:eventTime_"):
+        if key.startswith(prefix):
             stats[key.rsplit("_", 1)[1]].append(value)
     count = sum(stats["count"])
     if not count:
@@ -139,7 +148,8 @@ class BatchContext:
         self.user_observations: dict[str, Observation] = {}   # observe(name, ...) by name
         #: watermarks whose event-time statistics the operator right above computes
         self.stats_in_operator = stats_in_operator
-        self.stats_operators: dict[Watermark, int] = {}    # watermark -> operator reporting them
+        #: watermark -> (operator reporting them, the tag of its metrics)
+        self.stats_operators: dict[Watermark, tuple[int, str]] = {}
         #: What does not change from batch to batch, kept by the engine for the query run:
         #: Column objects (building one costs a py4j round trip or more) and each stateful
         #: step analysed once (``_step``)
@@ -179,7 +189,8 @@ class BatchContext:
         """Event-time statistics of ``df``: by an ``Observation`` (a node at the scan that
         stops code generation: 150-200 ms a 1M-row batch), or, for a watermark right
         below a stateful operator, by that operator (``stats_in_operator``)."""
-        if node in self.stats_in_operator:
+        if node in self.stats_in_operator and self._columns(
+                ("operator reports", id(node)), lambda: _operator_can_report(node, df, self.operator_ids)):
             return df
         observation = Observation(f"microbatch_event_time_{self.watermark_ids[node]}_{self.batch_id}")
         self.observations[node] = observation
@@ -209,7 +220,7 @@ class BatchContext:
             inputs.append(late_column)
         reports_event_time = node.child in self.stats_in_operator and late_column is not None
         if reports_event_time:
-            self.stats_operators[node.child] = self.operator_ids[node]
+            self.stats_operators[node.child] = (self.operator_ids[node], "")
         task = DedupTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
             key_schema=pa.schema(fields),
@@ -244,6 +255,15 @@ class BatchContext:
         times = shape["times"]
         watermarked = any(t is not None for t in times)
         late_ms, evict_ms = self.watermarks_for(node)
+        reports = []
+        for side, child in enumerate((node.side_watermark(0), node.side_watermark(1))):
+            # the side's rows all reach the task, which reports their event-time statistics
+            index = shape["stats_columns"][side]
+            if child in self.stats_in_operator and child not in self.observations and index is not None:
+                self.stats_operators[child] = (op, JOIN_SIDE_TAGS[side])
+                reports.append(index)
+            else:
+                reports.append(None)
         value_watermarks = tuple(None if times[side] is None or node.watermark_key() is not None
                                  else node.value_watermark_ms(side, evict_ms)
                                  for side in (0, 1))
@@ -255,7 +275,7 @@ class BatchContext:
             value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
             late_us=late_ms * 1000 if watermarked else None,
             evict_us=evict_ms * 1000 if watermarked else None,
-            conf=self.conf, metrics=self.accumulators[op])
+            conf=self.conf, metrics=self.accumulators[op], event_time_stats=tuple(reports))
         partitions = self.num_partitions
 
         def build(inputs: list[DataFrame], task: JoinTask):
@@ -354,7 +374,7 @@ class BatchContext:
         extra = ()
         if watermark is not None:
             extra = self._columns(("event time stats", id(node)), lambda: _event_time_stats_columns(watermark))
-            self.stats_operators[watermark] = op
+            self.stats_operators[watermark] = (op, "")
         buffers, results = self._columns(("aggregate", id(node)), lambda: (
             partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
         partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
@@ -456,6 +476,8 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
             result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
     return {
         "tagged": tagged,
+        "stats_columns": tuple(None if (watermark := node.side_watermark(side)) is None
+                               else _join_stats_column(watermark, schemas[side]) for side in (0, 1)),
         "key_schema": pa.schema([pa.field(f.name, storage_type(to_arrow_type(f.dataType, timezone="UTC")))
                                  for f in key_fields]),
         "row_schemas": tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
@@ -520,6 +542,26 @@ def _with_initial_state(node: TransformWithState, df: DataFrame, partitions: int
 
     both = side(df, 0, node.keys, "__in").union(side(initial, 1, node.initial_keys, "__st"))
     return both.repartition(partitions, *[F.col(f"__k{i}") for i in range(len(node.keys))])
+
+
+def _operator_can_report(node: Watermark, df: DataFrame, operators) -> bool:
+    """Whether the operator above can compute ``node``'s statistics from its rows: an
+    aggregation or dedup computes them from any event time; a join's task from a
+    timestamp column (a window's end it leaves to an ``Observation``)."""
+    if not any(isinstance(op, StreamJoin) and node in (op.side_watermark(0), op.side_watermark(1))
+               for op in operators):
+        return True
+    return _join_stats_column(node, df.schema) is not None
+
+
+def _join_stats_column(node: Watermark, schema: StructType) -> int | None:
+    """The index of a join side's watermarked timestamp column in the side's row, or None."""
+    from pyspark.sql.types import TimestampNTZType, TimestampType
+    names = [n.lower() for n in schema.fieldNames()]
+    if node.event_time.lower() not in names:
+        return None
+    index = names.index(node.event_time.lower())
+    return index if isinstance(schema.fields[index].dataType, (TimestampType, TimestampNTZType)) else None
 
 
 def _event_time_stats_columns(watermark: Watermark) -> tuple:

@@ -193,6 +193,12 @@ class PreparedSegment(PlanNode):
     def describe(self) -> str:
         return self.template.describe()
 
+    def under_null_filters(self, column: str) -> PlanNode:
+        """The hole right under the template's null filters on ``column``, if the template
+        is only those; else the segment itself."""
+        inner = self.template.under_null_filters(column)
+        return inner if inner is not self.template and any(inner is hole for hole in self.holes) else self
+
     def tree_string(self, indent: int = 0, annotate=None) -> str:
         return self.template.tree_string(indent, annotate)
 

@@ -46,6 +46,11 @@ class PlanNode:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def under_null_filters(self, column: str) -> "PlanNode":
+        """What this node reads once the join's null filters on ``column``
+        (``NullFilter``) are passed; a node that is none: itself."""
+        return self
+
     def tree_string(self, indent: int = 0, annotate: Callable[["PlanNode"], str] | None = None) -> str:
         """The plan as an indented tree; ``annotate`` adds text after a node's line."""
         extra = annotate(self) if annotate else ""
@@ -100,6 +105,17 @@ class Transform(PlanNode):
         shown = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
         text = ", ".join(shown)
         return f"{self.method}({text if len(text) < 120 else text[:117] + '...'})"
+
+
+@dataclass(eq=False)
+class NullFilter(Transform):
+    """A stream-stream join's ``column IS NOT NULL`` on one of its sides
+    (``StreamJoin.side_input``), with the column it tests."""
+
+    column: str = ""
+
+    def under_null_filters(self, column: str) -> PlanNode:
+        return self.child.under_null_filters(column) if self.column.lower() == column.lower() else self
 
 
 @dataclass(eq=False)
@@ -443,9 +459,16 @@ class StreamJoin(StatefulNode):
                     for k in names:
                         if (k.lower() == event_time) == timed:
                             condition = F.col("`" + k.replace("`", "``") + "`").isNotNull()
-                            plan = Transform(plan, "where", (condition,))
+                            plan = NullFilter(plan, "where", (condition,), column=k)
             self._inputs[side] = plan
         return self._inputs[side]
+
+    def side_watermark(self, side: int) -> Watermark | None:
+        """The watermark right below a side as the join reads it, when only the join's
+        own null filter on the side's event time lies between (it drops only rows without
+        an event time, which no statistic of the watermark counts); else None."""
+        node = self.side_input(side).under_null_filters(self.side_event_time(side) or "")
+        return node if isinstance(node, Watermark) else None
 
     def side_event_time(self, side: int) -> str | None:
         """The watermarked event-time column of a side (0: left, 1: right), if it has one:

@@ -29,10 +29,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.state.files import from_state_values, state_values
-from microbatch.state.store import (StateStoreConf, StateStoreId, StateStoreMetrics, load_provider,
-                                    task_metrics)
+from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, StateStoreMetrics,
+                                    load_provider, task_metrics)
 
 SIDES = ("left", "right")
+#: The tags of each side's event-time statistics in the operator's metrics.
+JOIN_SIDE_TAGS = ("Left", "Right")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class JoinTask:
     #: per side: rows whose watermarked column is at or before this are evicted (the
     #: state value watermark of the time comparisons), or None
     value_evict_us: tuple = (None, None)
+    #: per side: the row column whose event-time statistics the task reports for the
+    #: side's watermark (instead of an ``Observation`` of it), or None
+    event_time_stats: tuple = (None, None)
 
     def _stores(self, partition: int) -> dict[str, Any]:
         counts = pa.schema([pa.field("value", pa.int64())])
@@ -72,10 +77,16 @@ class JoinTask:
                 stores[name] = load_provider(store_id, key, value, self.conf).get_store(self.version)
         return stores
 
-    def _side_rows(self, table: pa.Table, side: int) -> tuple[list, list, int]:
-        """A side's (keys, rows) without its late rows, and how many were late."""
+    def _side_rows(self, table: pa.Table, side: int, partition: int) -> tuple[list, list, int]:
+        """A side's (keys, rows) without its late rows, and how many were late; the
+        event-time statistics of all its rows reported, when the task reports them."""
         prefix = "__l" if side == 0 else "__r"
         rows_table = table.filter(pc.equal(table.column("__side"), side))
+        if self.event_time_stats[side] is not None:
+            stats = EventTimeStats()
+            for chunk in rows_table.column(f"{prefix}{self.event_time_stats[side]}").chunks:
+                stats.add_micros(chunk.cast(pa.int64()))
+            stats.report(self.metrics, partition, JOIN_SIDE_TAGS[side])
         keys = list(zip(*[state_values(rows_table.column(f"__k{i}"), f.type, as_key=True)
                           for i, f in enumerate(self.key_schema)]))
         rows = list(zip(*[state_values(rows_table.column(f"{prefix}{j}"), f.type)
@@ -125,7 +136,7 @@ class JoinTask:
         if batches:
             table = pa.Table.from_batches(batches)
             for side in ((1, 0) if self.how == "semi" else (0, 1)):   # Spark 4.3: a semi join's right first
-                keys, rows, dropped = self._side_rows(table, side)
+                keys, rows, dropped = self._side_rows(table, side, partition)
                 late += dropped
                 updated += self._store_and_join(stores, side, keys, rows, output)
         updates_ms = (time.monotonic() - started) * 1000

@@ -344,8 +344,10 @@ class EventTimeStats:
         if count:
             self.add_ms(pc.max(ms).as_py(), pc.min(ms).as_py(), pc.sum(ms.cast(pa.float64())).as_py(), count)
 
-    def report(self, metrics, partition: int) -> None:
+    def report(self, metrics, partition: int, tag: str = "") -> None:
+        """Add the statistics to the operator's accumulator (``tag``: which of its
+        watermarks they are for, when it has more than one, as a join's sides)."""
         if self.count:
-            metrics.add({f"set:eventTime_{partition}_max": self.high, f"set:eventTime_{partition}_min": self.low,
-                         f"set:eventTime_{partition}_sum": self.total,
-                         f"set:eventTime_{partition}_count": self.count})
+            prefix = f"set:eventTime{tag}_{partition}"
+            metrics.add({f"{prefix}_max": self.high, f"{prefix}_min": self.low,
+                         f"{prefix}_sum": self.total, f"{prefix}_count": self.count})
