@@ -430,3 +430,57 @@ def test_a_partition_moving_between_executors_gets_the_same_answers(tmp_path, ki
         final = contents(reference, 5)
         for provider in (*executors.values(), kind(store_id, key_schema, value_schema, conf)):
             assert contents(provider, 5) == final, run.__name__
+
+
+def test_end_task_freezes_what_a_task_leaves_and_collects_the_whole_heap_every_so_often(monkeypatch):
+    """After a state task the worker's heap is frozen, so PySpark's collection after the
+    task walks only what came later; a cycle that becomes garbage while frozen is still
+    reclaimed by the next whole collection (every FULL_COLLECTION_EVERY tasks)."""
+    import gc
+    import weakref
+    from pyspark import TaskContext
+    from microbatch.state import store
+
+    class Metrics:
+        added: list = []
+
+        def add(self, value):
+            self.added.append(value)
+
+    class Node:
+        pass
+
+    monkeypatch.setattr(TaskContext, "get", classmethod(lambda cls: object()))   # as inside a Spark task
+    metrics = Metrics()
+    try:
+        store._unfreeze_worker_heap()
+        cycle = Node()
+        cycle.itself = cycle
+        alive = weakref.ref(cycle)
+        store.end_task(metrics, {"numRowsUpdated": 1})
+        assert gc.get_freeze_count() > 0 and metrics.added == [{"numRowsUpdated": 1}]
+        del cycle
+        gc.collect()
+        assert alive() is not None          # frozen: the collection after the task skips it
+        for _ in range(store.FULL_COLLECTION_EVERY):
+            store.end_task(metrics, {})
+        assert alive() is None              # the whole collection found it
+    finally:
+        gc.unfreeze()
+
+
+def test_a_state_task_in_a_python_worker_leaves_its_heap_frozen(spark):
+    import gc
+    from microbatch.execution.stateful import DictSum
+    from microbatch.state.store import end_task
+    accumulator = spark.sparkContext.accumulator({}, DictSum())
+
+    def task(batches):
+        for _ in batches:
+            pass
+        end_task(accumulator, {"tasks": 1})
+        yield pa.RecordBatch.from_pydict({"frozen": [gc.get_freeze_count()]})
+
+    frozen = [row.frozen for row in spark.range(0, 2, 1, 2).mapInArrow(task, "frozen LONG").collect()]
+    assert len(frozen) == 2 and all(count > 10_000 for count in frozen), frozen   # pyarrow, pandas, pyspark
+    assert accumulator.value == {"tasks": 2}

@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 
 from microbatch.state.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
-from microbatch.state.store import EventTimeStats, StateStoreConf, StateStoreId, load_provider, task_metrics
+from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, end_task, load_provider,
+                                    task_metrics)
 
 
 def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[pa.Array]:
@@ -217,7 +218,7 @@ class AggregateTask:
         m = store.metrics()
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
-        self.metrics.add(task_metrics(
+        end_task(self.metrics, task_metrics(
             partition, m, numRowsUpdated=updated, numRowsRemoved=removed,
             allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
             numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read))
@@ -325,7 +326,7 @@ class SessionAggregateTask:
         m = store.metrics()
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
-        self.metrics.add(task_metrics(
+        end_task(self.metrics, task_metrics(
             partition, m, numRowsTotal=total, numRowsUpdated=updated, numRowsRemoved=removed,
             allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
             # Spark 4.3 reports no state store instances for this operator in complete mode.

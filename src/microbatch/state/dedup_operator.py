@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.state.store import EventTimeStats, StateStoreConf, StateStoreId, load_provider, task_metrics
+from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, end_task, load_provider,
+                                    task_metrics)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class DedupTask:
                 removed = store.remove_at_or_below(self.evict_us, key_field=self.watermark_key)
         removals_ms = (time.monotonic() - started) * 1000
         store.commit()
-        self.metrics.add(task_metrics(
+        end_task(self.metrics, task_metrics(
             partition, store.metrics(), numRowsUpdated=inserted, numRowsRemoved=removed,
             allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
             numRowsDroppedByWatermark=late, numDroppedDuplicateRows=keys.num_rows - inserted,

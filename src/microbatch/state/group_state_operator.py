@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, task_metrics
+from microbatch.state.store import StateStoreConf, StateStoreId, end_task, load_provider, task_metrics
 
 NO_TIMESTAMP = -1
 TIMEOUT_FIELD = "timeoutTimestamp"
@@ -85,7 +85,7 @@ class GroupStateTask:
                 yield from self._call(store, key, None, True, counts)
         updates_ms = (time.monotonic() - started) * 1000
         store.commit()
-        self.metrics.add(task_metrics(partition, store.metrics(), numRowsUpdated=counts["updated"],
+        end_task(self.metrics, task_metrics(partition, store.metrics(), numRowsUpdated=counts["updated"],
                                       numRowsRemoved=counts["removed"], numRowsDroppedByWatermark=late,
                                       allUpdatesTimeMs=int(updates_ms)))
 

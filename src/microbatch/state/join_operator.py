@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from microbatch.state.files import from_state_values, state_values
 from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, StateStoreMetrics,
-                                    load_provider, task_metrics)
+                                    end_task, load_provider, task_metrics)
 
 SIDES = ("left", "right")
 #: The tags of each side's event-time statistics in the operator's metrics.
@@ -158,7 +158,7 @@ class JoinTask:
                 custom[key] = custom.get(key, 0) + value
         combined = StateStoreMetrics(num_keys=total, memory_used_bytes=memory, commit_time_ms=commit_ms,
                                      custom=custom)
-        self.metrics.add(task_metrics(
+        end_task(self.metrics, task_metrics(
             partition, combined, numRowsUpdated=updated, numRowsRemoved=removed,
             allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
             numRowsDroppedByWatermark=late, numStateStoreInstances=len(stores)))

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, task_metrics
+from microbatch.state.store import StateStoreConf, StateStoreId, end_task, load_provider, task_metrics
 
 KEY_SCHEMA = pa.schema([pa.field("key", pa.null())])
 VALUE_SCHEMA = pa.schema([pa.field("value", pa.int64())])
@@ -50,5 +50,5 @@ class LimitTask:
             store.put(KEY, (total,))
         updates_ms = (time.monotonic() - started) * 1000
         store.commit()
-        self.metrics.add(task_metrics(partition, store.metrics(), numRowsUpdated=int(total > before),
+        end_task(self.metrics, task_metrics(partition, store.metrics(), numRowsUpdated=int(total > before),
                                       allUpdatesTimeMs=int(updates_ms)))

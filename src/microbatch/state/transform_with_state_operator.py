@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from microbatch.state.group_state_operator import (_python, _storage_value, _stored, _table,
                                                    pandas_to_arrow, without_late_rows)
-from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, task_metrics
+from microbatch.state.store import StateStoreConf, StateStoreId, end_task, load_provider, task_metrics
 
 #: The store of a partition's timers (a name no state variable can take in Spark either).
 TIMERS_STORE = "$timers"
@@ -584,7 +584,7 @@ class TransformWithStateTask:
             if variable is not None and variable.kind != MAP:
                 total += m.num_keys
         kinds = [(v.kind, v.ttl_ms is not None) for v in self.variables]
-        self.metrics.add({
+        end_task(self.metrics, {
             **task_metrics(partition, _combined(total, memory, commit_ms)),
             "numRowsUpdated": counts.updated, "numRowsRemoved": counts.removed,
             "numRowsDroppedByWatermark": late, "allUpdatesTimeMs": int(updates_ms),
