@@ -35,7 +35,9 @@ def main() -> None:
     src, out, checkpoint = sys.argv[1:4]
     spark = (SparkSession.builder.master("local-cluster[2,1,1024]").appName("microbatch-cluster")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-             .config("spark.task.maxFailures", "8").getOrCreate())
+             .config("spark.task.maxFailures", "8")
+             # as docs/deploying.md recommends: Python workers over Unix domain sockets
+             .config("spark.python.unix.domain.socket.enabled", "true").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     ss = StreamingSession(spark)
     killed = threading.Event()

@@ -1,6 +1,7 @@
 """StreamingSession: the entry point, wrapping a SparkSession."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -13,10 +14,19 @@ from microbatch import spark_internals
 from microbatch.api.manager import StreamingQueryManager
 from microbatch.api.reader import DataStreamReader
 
+log = logging.getLogger(__name__)
+
+#: Spark's Python workers over Unix domain sockets instead of loopback TCP, where each
+#: Python task waited about 40 ms for its first input bytes (Nagle's algorithm against
+#: delayed ACKs): a batch's four state tasks took 144 ms against 56 (docs/deploying.md).
+#: A static setting: it must be set before the SparkContext starts.
+UNIX_SOCKETS_CONF = "spark.python.unix.domain.socket.enabled"
+
 #: Settings for an embedded local Spark (docs/design.md, section 8: measured costs):
-#: no UI, few shuffle partitions, Arrow on without a silent fallback, and no driver-side
-#: local relations for Arrow data.
+#: no UI, few shuffle partitions, Arrow on without a silent fallback, no driver-side
+#: local relations for Arrow data, and Python workers over Unix domain sockets.
 EMBEDDED_CONF = {
+    UNIX_SOCKETS_CONF: "true",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
@@ -53,6 +63,10 @@ class StreamingSession:
         # Stop Spark on stop() only if this object started it.
         self._embedded = spark is None and SparkSession.getActiveSession() is None
         self.spark = spark if spark is not None else embedded_spark(master, conf=conf)
+        if self.spark.sparkContext.getConf().get(UNIX_SOCKETS_CONF, "false").lower() != "true":
+            log.info("This session's Python workers talk to the JVM over TCP, which costs each "
+                     "Python task (every state task) about 40 ms; start the session with %s=true "
+                     "for faster stateful batches (docs/deploying.md)", UNIX_SOCKETS_CONF)
         self.streams = StreamingQueryManager(self.spark)
         self._stream_views: dict[str, Any] = {}   # temp views over streams, by lower-case name
         self._dashboard = None
