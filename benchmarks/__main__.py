@@ -11,9 +11,17 @@ In one process and one local[2] SparkSession, for every query and batch size:
 3. the *floor*: the same transformation and sink over one file as a plain DataFrame job.
 
 It prints a table (median run seconds, ratio microbatch/Spark, per-batch median against
-the floor, engine overhead = triggerExecution - addBatch, and microbatch's phases), writes
-``benchmarks/results/bench.json`` and, with matplotlib, ``benchmarks/results/bench.png``
-(per-batch durations of both engines). ``--short`` finishes in under 3 minutes.
+the floor, engine overhead = triggerExecution - addBatch, and microbatch's phases).
+
+Then the other cells (``OTHER_CELLS``, the modules beside this one), each against its
+anchor in the same process: stream-stream joins on a time range and on keys
+(``stream_join``) and applyInPandasWithState (``group_state``) against Spark's own
+engine, median ``triggerExecution`` of each; Kafka -> parquet (``kafka``) against one
+plain confluent-kafka consumer reading the same records, median wall time of each.
+
+It writes ``benchmarks/results/bench.json`` and, with matplotlib,
+``benchmarks/results/bench.png`` (per-batch durations of both engines). ``--short`` (the
+five queries only, small) finishes in under 3 minutes.
 """
 from __future__ import annotations
 
@@ -69,6 +77,33 @@ QUERIES = [
     Query("dropDuplicates with watermark -> noop", "parquet", _dedup),
     Query("stream-static join -> noop", "parquet", _static_join),
     Query("json files -> parquet file sink", "json", _identity, sink="parquet"),
+]
+
+
+def _join_cell(on: str):
+    from benchmarks import stream_join
+    return lambda: stream_join.measure(rows=20_000, batches=20, on=on)[2]
+
+
+def _group_state_cell(rows: int, batches: int):
+    from benchmarks import group_state
+    return lambda: group_state.measure(rows=rows, users=10_000, batches=batches)[2]
+
+
+def _kafka_cell(records: int):
+    from benchmarks import kafka
+    return lambda: kafka.measure(records=records, partitions=8, reps=5)["cell"]
+
+
+#: (name, rows a batch, anchor, measure) of the cells beyond the five queries: each
+#: measure returns microbatch's and the anchor's median ms, their ratio, and microbatch's
+#: median engine overhead.
+OTHER_CELLS = [
+    ("stream-stream join, time range -> noop", 20_000, "Spark", _join_cell("range")),
+    ("stream-stream join, on keys -> noop", 20_000, "Spark", _join_cell("keys")),
+    ("applyInPandasWithState sessions -> noop", 100_000, "Spark", _group_state_cell(100_000, 10)),
+    ("applyInPandasWithState sessions -> noop", 1_000_000, "Spark", _group_state_cell(1_000_000, 6)),
+    ("kafka -> parquet (whole run)", 100_000, "consumer floor", _kafka_cell(100_000)),
 ]
 
 
@@ -192,8 +227,15 @@ def main(argv: list[str] | None = None) -> int:
                 report_row(results[-1])
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    cells: list[dict] = []
+    if not args.short:
+        for name, rows, anchor, measure in OTHER_CELLS:
+            if args.only and args.only not in name:
+                continue
+            cells.append({"cell": name, "rows_per_batch": rows, "anchor": anchor, **measure()})
+            report_cell(cells[-1])
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
-    write_results(results, args)
+    write_results(results, args, cells)
     return 0
 
 
@@ -214,12 +256,21 @@ def report_row(r: dict) -> None:
           flush=True)
 
 
-def write_results(results: list[dict], args) -> None:
+def report_cell(cell: dict) -> None:
+    if not getattr(report_cell, "printed", False):
+        print(f"\n{'cell':42} {'rows':>9} {'mb ms':>7} {'anchor ms':>9} {'ratio':>5} {'ovh mb':>6}  anchor")
+        report_cell.printed = True
+    print(f"{cell['cell'][:42]:42} {cell['rows_per_batch']:>9} {cell['microbatch_ms']:7.0f} "
+          f"{cell['anchor_ms']:9.0f} {cell['ratio']:5.2f} {cell['overhead_ms']:6.0f}  {cell['anchor']}", flush=True)
+
+
+def write_results(results: list[dict], args, cells: list[dict]) -> None:
     out = os.path.join(HERE, "results")
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "bench-short.json" if args.short else "bench.json")
     with open(path, "w") as f:
-        json.dump({"machine": f"{os.cpu_count()} cores, local[2]", "results": results}, f, indent=1)
+        json.dump({"machine": f"{os.cpu_count()} cores, local[2]", "date": time.strftime("%Y-%m-%d %H:%M"),
+                   "results": results, "cells": cells}, f, indent=1)
     print(f"wrote {path}")
     try:
         import matplotlib
@@ -227,6 +278,8 @@ def write_results(results: list[dict], args) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: no chart (pip install matplotlib)")
+        return
+    if not results:
         return
     fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.2 * len(results)), squeeze=False)
     for ax, r in zip(axes[:, 0], results):

@@ -17,7 +17,7 @@ import argparse
 import sys
 import tempfile
 
-from benchmarks.progress import both_engines, first_batches, write_results
+from benchmarks.progress import batch_times, both_engines, engines_cell, first_batches, write_results
 
 
 def sessions(key, frames, state):
@@ -50,9 +50,17 @@ def run(session, rows: int, users: int, batches: int) -> list[dict]:
              .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-group-state-"))
              .trigger(processingTime="0 seconds").start())
     progress = first_batches(query, batches)
-    return [{"batchId": p.batchId, "triggerMs": p.durationMs.get("triggerExecution", 0),
-             "inputRows": p.numInputRows, "stateRows": p.stateOperators[0].numRowsTotal}
+    return [{**batch_times(p), "inputRows": p.numInputRows, "stateRows": p.stateOperators[0].numRowsTotal}
             for p in progress]
+
+
+def measure(rows: int = 1_000_000, users: int = 10_000, batches: int = 10) -> tuple[dict, dict, dict]:
+    """Both engines' batches, their medians, and the cell of the full run
+    (``python -m benchmarks``)."""
+    from pyspark import cloudpickle
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers need `sessions`
+    results, medians = both_engines(run, (rows // 10, users, 3), (rows, users, batches))
+    return results, medians, engines_cell(results, medians)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,9 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=10_000)
     args = parser.parse_args(argv)
 
-    from pyspark import cloudpickle
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers need `sessions`
-    results, medians = both_engines(run, (args.rows // 10, args.users, 3), (args.rows, args.users, args.batches))
+    results, medians, _ = measure(args.rows, args.users, args.batches)
     print(f"applyInPandasWithState sessionization, {args.rows} rows a batch, {args.users} users, "
           f"{args.batches} batches")
     for name, batches in results.items():

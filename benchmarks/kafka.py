@@ -83,6 +83,47 @@ def microbatch_read(ss, bootstrap: str) -> tuple[float, int, list]:
     return elapsed, rows, [dict(p.durationMs) for p in query.recentProgress]
 
 
+def measure(records: int = 200_000, partitions: int = 8, reps: int = 3, value_bytes: int = 100) -> dict:
+    """A broker and topic of ``records`` records, then ``reps`` alternating runs of the
+    floor and of microbatch (after a warm-up of each) in the embedded Spark; the result
+    (``kafka.json``), with the cell of the full run (``python -m benchmarks``)."""
+    from microbatch import StreamingSession, embedded_spark
+    from microbatch.testing.kafka_broker import KafkaBroker
+    broker = KafkaBroker()
+    try:
+        broker.create_topic(TOPIC, partitions)
+        t0 = time.perf_counter()
+        produce(broker, records, partitions, value_bytes)
+        ends = broker.latest_offsets(TOPIC)
+        assert sum(ends.values()) == records, ends
+        print(f"produced {records} records in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "2"})
+        spark.conf.set("spark.sql.shuffle.partitions", "2")   # a session made before keeps its own
+        ss = StreamingSession(spark)
+        microbatch_read(ss, broker.bootstrap)          # warm-up: JVM, Python workers
+        floor_read(broker.bootstrap, ends)
+        floors, ours, phases = [], [], []
+        for _ in range(reps):
+            floors.append(floor_read(broker.bootstrap, ends))
+            elapsed, rows, durations = microbatch_read(ss, broker.bootstrap)
+            assert rows == records, (rows, records)
+            ours.append(elapsed)
+            phases.append(durations)
+    finally:
+        broker.close()
+    floor_s, ours_s = statistics.median(floors), statistics.median(ours)
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "args": {"records": records, "partitions": partitions, "reps": reps, "value_bytes": value_bytes},
+        "floor_seconds": floors, "microbatch_seconds": ours,
+        "floor_rows_per_s": records / floor_s, "microbatch_rows_per_s": records / ours_s,
+        "microbatch_over_floor": floor_s / ours_s, "microbatch_batches": phases,
+        "cell": {"microbatch_ms": ours_s * 1000, "anchor_ms": floor_s * 1000, "ratio": ours_s / floor_s,
+                 "overhead_ms": statistics.median(d.get("triggerExecution", 0) - d.get("addBatch", 0)
+                                                  for run in phases for d in run)},
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
@@ -91,47 +132,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--value-bytes", type=int, default=100)
     args = parser.parse_args(argv)
 
-    from microbatch import StreamingSession, embedded_spark
-    from microbatch.testing.kafka_broker import KafkaBroker
-    broker = KafkaBroker()
-    try:
-        broker.create_topic(TOPIC, args.partitions)
-        t0 = time.perf_counter()
-        produce(broker, args.records, args.partitions, args.value_bytes)
-        ends = broker.latest_offsets(TOPIC)
-        assert sum(ends.values()) == args.records, ends
-        print(f"produced {args.records} records in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "2"})
-        ss = StreamingSession(spark)
-        microbatch_read(ss, broker.bootstrap)          # warm-up: JVM, Python workers
-        floor_read(broker.bootstrap, ends)
-        floors, ours, phases = [], [], []
-        for _ in range(args.reps):
-            floors.append(floor_read(broker.bootstrap, ends))
-            elapsed, rows, durations = microbatch_read(ss, broker.bootstrap)
-            assert rows == args.records, (rows, args.records)
-            ours.append(elapsed)
-            phases.append(durations)
-        floor_s, ours_s = statistics.median(floors), statistics.median(ours)
-        result = {
-            "date": time.strftime("%Y-%m-%d"), "args": vars(args),
-            "floor_seconds": floors, "microbatch_seconds": ours,
-            "floor_rows_per_s": args.records / floor_s, "microbatch_rows_per_s": args.records / ours_s,
-            "microbatch_over_floor": floor_s / ours_s, "microbatch_batches": phases,
-        }
-        print(f"records {args.records}, partitions {args.partitions}, reps {args.reps}")
-        print(f"floor (one confluent-kafka consumer): median {floor_s:.2f} s, "
-              f"{result['floor_rows_per_s']:,.0f} rows/s")
-        print(f"microbatch kafka -> parquet:          median {ours_s:.2f} s, "
-              f"{result['microbatch_rows_per_s']:,.0f} rows/s")
-        print(f"microbatch / floor (rows per second): {result['microbatch_over_floor']:.2f}")
-        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-        os.makedirs(here, exist_ok=True)
-        with open(os.path.join(here, "kafka.json"), "w") as f:
-            json.dump(result, f, indent=1)
-        spark.stop()
-    finally:
-        broker.close()
+    result = measure(args.records, args.partitions, args.reps, args.value_bytes)
+    floor_s, ours_s = statistics.median(result["floor_seconds"]), statistics.median(result["microbatch_seconds"])
+    print(f"records {args.records}, partitions {args.partitions}, reps {args.reps}")
+    print(f"floor (one confluent-kafka consumer): median {floor_s:.2f} s, "
+          f"{result['floor_rows_per_s']:,.0f} rows/s")
+    print(f"microbatch kafka -> parquet:          median {ours_s:.2f} s, "
+          f"{result['microbatch_rows_per_s']:,.0f} rows/s")
+    print(f"microbatch / floor (rows per second): {result['microbatch_over_floor']:.2f}")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(here, exist_ok=True)
+    with open(os.path.join(here, "kafka.json"), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,14 @@ def by_tenth(batches: list[dict], key: str) -> list[float]:
     return [statistics.median(b[key] for b in batches[i:i + tenth]) for i in range(0, len(batches), tenth)]
 
 
+def batch_times(progress) -> dict:
+    """A batch's id, ``triggerExecution`` and engine overhead (everything outside
+    ``addBatch``, the sink's Spark job), in ms."""
+    trigger = progress.durationMs.get("triggerExecution", 0)
+    return {"batchId": progress.batchId, "triggerMs": trigger,
+            "overheadMs": trigger - progress.durationMs.get("addBatch", 0)}
+
+
 def both_engines(run, warm_up: tuple, measured: tuple, partitions: int = 4):
     """``run(session, *args)`` on Spark's engine and on microbatch in one embedded Spark:
     a warm-up run of each with ``warm_up`` (JVM code paths, Python workers), then one
@@ -36,12 +44,22 @@ def both_engines(run, warm_up: tuple, measured: tuple, partitions: int = 4):
     ``triggerMs`` of batches 1.. per engine."""
     from microbatch import StreamingSession, embedded_spark
     spark = embedded_spark(conf={"spark.sql.shuffle.partitions": str(partitions)})
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))   # a session made before keeps its own
     engines = {"spark": spark, "microbatch": StreamingSession(spark)}
     for session in engines.values():
         run(session, *warm_up)
     results = {name: run(session, *measured) for name, session in engines.items()}
     medians = {name: statistics.median(b["triggerMs"] for b in batches[1:]) for name, batches in results.items()}
     return results, medians
+
+
+def engines_cell(results: dict, medians: dict) -> dict:
+    """A cell of the full run from ``both_engines``: the medians, their ratio, and
+    microbatch's median engine overhead (batches 1..)."""
+    return {"microbatch_ms": medians["microbatch"], "anchor_ms": medians["spark"],
+            "ratio": medians["microbatch"] / medians["spark"],
+            "overhead_ms": statistics.median(b["overheadMs"] for b in results["microbatch"][1:]),
+            "anchor_overhead_ms": statistics.median(b["overheadMs"] for b in results["spark"][1:])}
 
 
 def write_results(name: str, args, medians: dict, results: dict) -> None:

@@ -11,14 +11,14 @@ runs on Spark's engine and on microbatch, alternating, one run each after a warm
 of each. It prints the median ``triggerExecution`` of batches 1.. per engine, their ratio
 (microbatch / Spark), and the join's state rows per tenth of the run (bounded: once the
 watermark evicts, the state stops growing; last tenth / peak about 1), and writes
-``benchmarks/results/stream_join.json``.
+``benchmarks/results/stream_join_<on>.json``.
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
 
-from benchmarks.progress import both_engines, by_tenth, first_batches, write_results
+from benchmarks.progress import batch_times, both_engines, by_tenth, engines_cell, first_batches, write_results
 
 
 def join_query(session, rows: int, on: str):
@@ -45,9 +45,15 @@ def run(session, rows: int, batches: int, on: str) -> list[dict]:
              .option("checkpointLocation", tempfile.mkdtemp(prefix="bench-join-"))
              .trigger(processingTime="0 seconds").start())
     progress = first_batches(query, batches)
-    return [{"batchId": p.batchId, "triggerMs": p.durationMs.get("triggerExecution", 0),
-             "inputRows": p.numInputRows, "stateRows": p.stateOperators[0].numRowsTotal,
+    return [{**batch_times(p), "inputRows": p.numInputRows, "stateRows": p.stateOperators[0].numRowsTotal,
              "removed": p.stateOperators[0].numRowsRemoved} for p in progress]
+
+
+def measure(rows: int = 20_000, batches: int = 20, on: str = "range") -> tuple[dict, dict, dict]:
+    """Both engines' batches, their medians, and the cell of the full run
+    (``python -m benchmarks``)."""
+    results, medians = both_engines(run, (rows, 3, on), (rows, batches, on))
+    return results, medians, engines_cell(results, medians)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,14 +63,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--on", choices=("range", "keys"), default="range")
     args = parser.parse_args(argv)
 
-    results, medians = both_engines(run, (args.rows, 3, args.on), (args.rows, args.batches, args.on))
+    results, medians, _ = measure(args.rows, args.batches, args.on)
     print(f"stream-stream inner join on {args.on}, {args.rows} rows a batch on each side, {args.batches} batches")
     for name, batches in results.items():
         tenths = by_tenth(batches, "stateRows")
         print(f"  {name:10} median triggerExecution {medians[name]:6.0f} ms; state rows per tenth "
               f"{[round(t) for t in tenths]} (last tenth / peak {tenths[-1] / max(max(tenths), 1):.2f})")
     print(f"  microbatch / Spark: {medians['microbatch'] / medians['spark']:.2f}")
-    write_results("stream_join", args, medians, results)
+    write_results(f"stream_join_{args.on}", args, medians, results)
 
 
 if __name__ == "__main__":
