@@ -8,6 +8,7 @@ import sys
 import pandas as pd
 import pytest
 from pyspark import cloudpickle
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import test_chained_differential as chained
@@ -90,6 +91,50 @@ def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
     ours, our_progress = same_as_spark(spark, ss, events, tmp_path, case, CASES[case])
     assert sum(len(rows) for _, rows in ours) >= 3
     assert our_progress[0]["stateOperators"][0]["operatorName"] == "applyInPandasWithState"
+
+
+SESSIONS_OUT = "id INT, start TIMESTAMP, end TIMESTAMP, events LONG"
+SESSIONS_STATE = "start TIMESTAMP, end TIMESTAMP, events LONG"
+
+#: (Observations of the watermark in each batch, mode, query): steps between a watermark
+#: and the stateful operator above it
+PROJECTED_CASES = {
+    "a projection between the watermark and applyInPandasWithState": (
+        0, "append", lambda f: f.withWatermark("ts", "10 seconds").withColumn("id", (F.col("id") % 3).cast("int"))
+        .groupBy("id").applyInPandasWithState(sessions, SESSIONS_OUT, SESSIONS_STATE, "append",
+                                              GroupStateTimeout.EventTimeTimeout)),
+    "renames and a drop between the watermark and a window count": (
+        0, "append", lambda f: f.withWatermark("ts", "10 seconds").withColumnRenamed("id", "key")
+        .withColumn("k", F.col("key") % 2).drop("key").groupBy(F.window("ts", "10 seconds"), "k").count()),
+    "the event time recomputed between the watermark and applyInPandasWithState": (
+        1, "append", lambda f: f.withWatermark("ts", "10 seconds").withColumn("ts", F.col("ts") + F.expr("INTERVAL 1 SECOND"))
+        .groupBy("id").applyInPandasWithState(first_rows, OUTPUT, "seen INT", "append", GroupStateTimeout.NoTimeout)),
+}
+
+
+@pytest.mark.parametrize("case", list(PROJECTED_CASES))
+def test_the_operator_computes_the_watermarks_statistics_through_projections_that_keep_its_column(
+        spark, ss, events, tmp_path, monkeypatch, case):
+    """Between a watermark and the stateful operator above it, steps that only project the
+    rows and keep the event-time column as it is leave every row and its event time to the
+    operator, whose tasks compute the watermark's statistics: the batch has no Observation
+    of the watermark (a node that stops code generation and costs the driver 15-20 ms a
+    batch). A step that recomputes the event time keeps the Observation. Rows, progress
+    (eventTime) and watermarks match Spark's in each case."""
+    import microbatch.execution.stateful as stateful
+    made: list[str] = []
+
+    class CountingObservation(stateful.Observation):
+        def __init__(self, name=None):
+            made.append(name)
+            super().__init__(name)
+
+    monkeypatch.setattr(stateful, "Observation", CountingObservation)
+    observations, mode, transform = PROJECTED_CASES[case]
+    ours, our_progress = same_as_spark(spark, ss, events, tmp_path, case, (mode, transform))
+    assert sum(1 for p in our_progress if p["eventTime"].get("max")) >= 3
+    of_the_watermark = [name for name in made if name.startswith("microbatch_event_time_")]
+    assert len(of_the_watermark) == observations * len(our_progress), made
 
 
 def test_timeouts_fire_in_the_batch_spark_fires_them_and_the_state_reads_as_sparks(spark, ss, events, tmp_path):

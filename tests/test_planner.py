@@ -264,3 +264,82 @@ def test_stateful_steps_are_analysed_once_per_run_and_bound_per_batch(ss, tmp_pa
     # which analysed each operator's Spark steps
     assert len(set(per_batch[1:])) == 1, per_batch
     assert per_batch[1] < per_batch[0], per_batch
+
+
+def test_a_rate_micro_batch_batch_comes_from_a_plan_made_once_with_the_same_columns(spark):
+    """``rate-micro-batch`` makes each batch from a plan analysed once: the rows, types and
+    partitions of ``spark.range`` under the source's projection, and the same output
+    attributes every batch (what lets a prepared plan bind it without new aliases)."""
+    batches = spark_internals.RangeBatches(spark, 3)
+    first = spark_internals.analyzed_plan(batches.dataframe(0, 5, 0)).output()
+    for start, end, timestamp_ms in [(5, 17, 1000), (17, 18, 1_767_225_600_123)]:
+        made = batches.dataframe(start, end, timestamp_ms)
+        expected = spark.range(start, end, 1, 3).selectExpr(f"timestamp_millis({timestamp_ms}) AS timestamp",
+                                                             "id AS value")
+        assert made.schema == expected.schema
+        assert made.collect() == expected.collect()
+        assert made.rdd.getNumPartitions() == 3
+        assert spark_internals.analyzed_plan(made).output().equals(first)
+
+
+def test_steps_that_only_project_rows_and_keep_a_column_are_told_apart_by_their_plan(spark):
+    """``projections_keep_column``: whether steps over a DataFrame (here a rate-micro-batch
+    batch, itself a projection) leave each of its rows one row and its column as it is
+    (the stateful operator above can then compute the watermark's statistics)."""
+    below = spark_internals.RangeBatches(spark, 2).dataframe(0, 10, 1000)
+    keeps = {
+        "a new column": (below.withColumn("k", F.col("value") % 3), True),
+        "renames, a drop and an alias": (below.withColumnRenamed("value", "v").drop("v").alias("a"), True),
+        "a select of the column": (below.select("timestamp"), True),
+        "the column recomputed": (below.withColumn("timestamp", F.col("timestamp") + F.expr("INTERVAL 1 SECOND")), False),
+        "the column dropped": (below.drop("timestamp"), False),
+        "another column renamed to it": (below.drop("timestamp").withColumnRenamed("value", "timestamp"), False),
+        "a filter": (below.withColumn("k", F.lit(1)).filter("value > 3"), False),
+        "rows exploded": (below.select("timestamp", F.explode(F.array("value", "value"))), False),
+    }
+    assert {name: spark_internals.projections_keep_column(df, below, "TimeStamp")
+            for name, (df, _) in keeps.items()} == {name: keep for name, (_, keep) in keeps.items()}
+
+
+def test_a_batch_whose_inputs_keep_their_columns_is_bound_without_new_projections(ss, tmp_path, monkeypatch):
+    """A prepared plan binds each input under a projection that gives the input's columns
+    the placeholder's attribute ids. When the input's attributes are those of the batch
+    before (a bound plan's output, a ``rate-micro-batch`` batch), the projection's columns
+    are not made again (a few py4j round trips per column): in a stream-stream join of two
+    rate streams, every binding after the first batch reuses them, and the join is right."""
+    per_batch = dataframes_made_per_batch(monkeypatch)
+    made: list[tuple[int, int]] = []     # (batch, projections made by one binding)
+    real_bind = spark_internals.BindablePlan.bind
+
+    def counting_bind(self, inputs, functions=None):
+        before = list(self._projections)
+        df = real_bind(self, inputs, functions)
+        made.append((len(per_batch), sum(1 for old, new in zip(before, self._projections) if old is not new)))
+        return df
+
+    monkeypatch.setattr(spark_internals.BindablePlan, "bind", counting_bind)
+
+    def side(prefix):
+        return (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 50).option("numPartitions", 2)
+                .option("advanceMillisPerBatch", 1000).option("startTimestamp", 1_767_225_600_000).load()
+                .withColumnRenamed("value", f"{prefix}value").withColumnRenamed("timestamp", f"{prefix}ts")
+                .withWatermark(f"{prefix}ts", "2 seconds"))
+
+    joined = side("l").join(side("r"), F.expr("lvalue = rvalue AND lts BETWEEN rts AND rts + INTERVAL 1 SECOND"))
+    query = (joined.writeStream.format("memory").queryName("rate_join")
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="0 seconds").start())
+    try:
+        while len(query.recentProgress) < 5 and query.exception() is None:
+            query.awaitTermination(0.2)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    first = [n for batch, n in made if batch == 0]
+    second = [n for batch, n in made if batch == 1]
+    later = [n for batch, n in made if batch >= 1]
+    assert len(second) >= 3 and sum(first) > 0, made      # the sides, their watermarks, the join
+    assert sum(later) == 0, made
+    rows = ss.spark.table("rate_join").collect()
+    assert len(rows) >= 4 * 50
+    assert sorted(r.lvalue for r in rows) == list(range(len(rows)))   # every row met its twin once
+    assert all(r.lvalue == r.rvalue and r.lts == r.rts for r in rows)

@@ -19,7 +19,7 @@ and state at or before *this* batch's watermark is evicted.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 from pyspark import AccumulatorParam
@@ -29,11 +29,12 @@ from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import BooleanType, StructType
 
 from microbatch import spark_internals
-from microbatch.plan.incremental import OperatorWatermarks, PreparedStep, operator_name, state_partitions
+from microbatch.plan.incremental import (OperatorWatermarks, PreparedSegment, PreparedStep, operator_name,
+                                         state_partitions)
 from microbatch.plan.aggregation import final_columns, finalize, grouped_partial, partial_columns
 from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, Observe, PlanNode,
-                                     StatefulNode, StreamingLimit, StreamJoin, TransformWithState,
-                                     Watermark)
+                                     StatefulNode, StreamingLimit, StreamJoin, Transform,
+                                     TransformWithState, Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
 from microbatch.state.group_state_operator import TIMEOUT_FIELD, GroupStateTask
@@ -68,23 +69,50 @@ class DictSum(AccumulatorParam):
 EVENT_TIME_STATS = ("max", "min", "sum", "count")
 
 
-def stats_in_operator(stateful: list[StatefulNode]) -> frozenset:
-    """Watermarks right below an aggregation (not a session window, which drops late rows
-    before aggregating, nor grouping sets, which count a row once per set), a
-    deduplication or one side of a stream-stream join (not a self-join of one watermark):
-    every row of theirs reaches the operator's partial aggregation or its task, which
-    computes their event-time statistics."""
-    found = set()
+#: DataFrame methods that may only project a watermark's rows; whether they do, Spark's
+#: analysed plan of the steps says (``spark_internals.projections_keep_column``)
+PROJECTING_METHODS = frozenset({"select", "selectExpr", "withColumn", "withColumns", "withColumnRenamed",
+                                "withColumnsRenamed", "drop", "toDF", "alias", "withMetadata"})
+
+
+def watermark_below(node: PlanNode) -> tuple[Watermark, tuple[Transform, ...]] | None:
+    """The watermark under ``node`` (a stateful operator's input) when only steps that may
+    project lie between, with those steps (top-down); else None."""
+    steps: list[Transform] = []
+    while True:
+        if isinstance(node, Watermark):
+            return node, tuple(steps)
+        if isinstance(node, PreparedSegment):
+            node = node.template
+        elif type(node) is Transform and node.method in PROJECTING_METHODS:
+            steps.append(node)
+            node = node.child
+        else:
+            return None
+
+
+def stats_in_operator(stateful: list[StatefulNode]) -> dict[Watermark, tuple[Transform, ...]]:
+    """Watermarks whose event-time statistics the stateful operator above can compute, with
+    the steps between them: right below one side of a stream-stream join (not a self-join
+    of one watermark), or below an aggregation (not a session window, which drops late
+    rows before aggregating, nor grouping sets, which count a row once per set), a
+    deduplication or an applyInPandasWithState through steps that may only project (the
+    watermark checks, once per run, that they do and keep its column:
+    ``BatchContext.observe_event_time``). Every row of the watermark reaches the
+    operator's partial aggregation or its task, which computes the statistics."""
+    found: dict[Watermark, tuple[Transform, ...]] = {}
     for n in stateful:
         if isinstance(n, StreamJoin):
             sides = [n.side_watermark(0), n.side_watermark(1)]
             if sides[0] is not sides[1]:
-                found.update(side for side in sides if side is not None)
-        elif (isinstance(n, Deduplicate) or (isinstance(n, Aggregate) and n.session_index is None
-                                             and (n.grouping is None or not n.grouping.has_sets))) \
-                and isinstance(n.child, Watermark):
-            found.add(n.child)
-    return frozenset(found)
+                found.update((side, ()) for side in sides if side is not None)
+        elif isinstance(n, (Deduplicate, FlatMapGroupsWithState)) or (
+                isinstance(n, Aggregate) and n.session_index is None
+                and (n.grouping is None or not n.grouping.has_sets)):
+            below = watermark_below(n.child)
+            if below is not None:
+                found[below[0]] = below[1]
+    return found
 
 
 def aggregated_event_time(metrics: dict, tag: str = "") -> dict | None:
@@ -131,7 +159,7 @@ class BatchContext:
                  watermarks: dict[StatefulNode, OperatorWatermarks], conf: StateStoreConf,
                  operator_ids: dict[StatefulNode, int], accumulators: dict[int, Any],
                  watermark_ids: dict[Watermark, int], output_mode: str = "append",
-                 stats_in_operator: frozenset = frozenset(), columns: dict | None = None,
+                 stats_in_operator: Mapping[Watermark, tuple] | None = None, columns: dict | None = None,
                  batch_timestamp_ms: int = 0):
         self.batch_id = batch_id
         self.state_root = state_root
@@ -146,8 +174,9 @@ class BatchContext:
         self.late_observations: dict[int, Observation] = {}   # operator -> rows dropped before it
         self.observations: dict[Watermark, Observation] = {}
         self.user_observations: dict[str, Observation] = {}   # observe(name, ...) by name
-        #: watermarks whose event-time statistics the operator right above computes
-        self.stats_in_operator = stats_in_operator
+        #: watermarks whose event-time statistics the operator above may compute, with the
+        #: steps between (``stats_in_operator``)
+        self.stats_in_operator = stats_in_operator or {}
         #: watermark -> (operator reporting them, the tag of its metrics)
         self.stats_operators: dict[Watermark, tuple[int, str]] = {}
         #: What does not change from batch to batch, kept by the engine for the query run:
@@ -161,6 +190,15 @@ class BatchContext:
         found = self.watermarks[node]
         return found.late_ms, found.eviction_ms
 
+    def reported_watermark(self, node: StatefulNode) -> Watermark | None:
+        """The watermark whose event-time statistics ``node``'s tasks compute this batch:
+        one below it in ``stats_in_operator`` that did not observe them itself (it is
+        built before the operator)."""
+        below = watermark_below(node.child)
+        if below is None or below[0] not in self.stats_in_operator or below[0] in self.observations:
+            return None
+        return below[0]
+
     def _columns(self, key, make):
         if key not in self.columns:
             self.columns[key] = make()
@@ -171,7 +209,9 @@ class BatchContext:
         ``task``: analysed once per run (again only if an input's columns change) and bound
         to each batch's inputs and task (``plan.incremental.PreparedStep``). A step that
         cannot be prepared is built step by step every batch."""
-        prepared_key = ("step", key, tuple(df._jdf.schema().json() for df in inputs))
+        given = [spark_internals.BatchInput(df) for df in inputs]
+        columns_keys = self._columns(("step columns", key), spark_internals.ColumnsKeys)
+        prepared_key = ("step", key, columns_keys.key(given))
         prepared = self.columns.get(prepared_key)
         if prepared is None:
             try:
@@ -183,14 +223,15 @@ class BatchContext:
             self.columns[prepared_key] = prepared
         if prepared is False:
             return build(inputs, task)[0]
-        return prepared.bind(inputs, task)
+        return prepared.bind(given, task)
 
     def observe_event_time(self, node: Watermark, df: DataFrame) -> DataFrame:
         """Event-time statistics of ``df``: by an ``Observation`` (a node at the scan that
         stops code generation: 150-200 ms a 1M-row batch), or, for a watermark right
         below a stateful operator, by that operator (``stats_in_operator``)."""
         if node in self.stats_in_operator and self._columns(
-                ("operator reports", id(node)), lambda: _operator_can_report(node, df, self.operator_ids)):
+                ("operator reports", id(node)),
+                lambda: _operator_can_report(node, df, self.operator_ids, self.stats_in_operator[node])):
             return df
         observation = Observation(f"microbatch_event_time_{self.watermark_ids[node]}_{self.batch_id}")
         self.observations[node] = observation
@@ -218,9 +259,10 @@ class BatchContext:
         inputs = list(node.keys)
         if late_column is not None and late_column not in inputs:
             inputs.append(late_column)
-        reports_event_time = node.child in self.stats_in_operator and late_column is not None
+        reported = self.reported_watermark(node)
+        reports_event_time = reported is not None and late_column is not None
         if reports_event_time:
-            self.stats_operators[node.child] = (self.operator_ids[node], "")
+            self.stats_operators[reported] = (self.operator_ids[node], "")
         task = DedupTask(
             state_root=self.state_root, operator_id=self.operator_ids[node], version=self.batch_id,
             key_schema=pa.schema(fields),
@@ -292,6 +334,13 @@ class BatchContext:
         late_ms, evict_ms = self.watermarks_for(node)
         shape = self._columns(("group state", id(node)), lambda: _group_state_shape(node, df))
         event_time, has_watermark = shape["event_time"], shape["has_watermark"]
+        stats_index = None
+        reported = self.reported_watermark(node)
+        if reported is not None:
+            names = [n.lower() for n in shape["input_names"]]
+            if reported.event_time.lower() in names:
+                stats_index = names.index(reported.event_time.lower())
+                self.stats_operators[reported] = (op, "")
         task = GroupStateTask(
             state_root=self.state_root, operator_id=op, version=self.batch_id, func=node.func,
             key_indexes=shape["key_indexes"], key_types=shape["key_types"],
@@ -303,7 +352,8 @@ class BatchContext:
             watermark_ms=evict_ms if has_watermark else -1, watermark_present=has_watermark,
             late_us=late_ms * 1000 if node.timeout == "EventTimeTimeout" and event_time is not None else None,
             event_time_index=event_time, timezone=shape["timezone"],
-            max_records_per_batch=shape["max_records"], conf=self.conf, metrics=self.accumulators[op])
+            max_records_per_batch=shape["max_records"], conf=self.conf, metrics=self.accumulators[op],
+            event_time_stats_index=stats_index)
         return self._step(("group state", id(node)), [df], task,
                           self._map_by_keys(shape["partition"], shape["output"]))
 
@@ -370,7 +420,7 @@ class BatchContext:
             self.late_observations[op] = observation
             df = (df.select("*", end).observe(observation, F.count(F.when(late, 1)).alias("late"))
                   .filter(~late | late.isNull()).drop(SESSION_END_COLUMN))
-        watermark = node.child if node.child in self.stats_in_operator else None
+        watermark = self.reported_watermark(node)
         extra = ()
         if watermark is not None:
             extra = self._columns(("event time stats", id(node)), lambda: _event_time_stats_columns(watermark))
@@ -544,10 +594,18 @@ def _with_initial_state(node: TransformWithState, df: DataFrame, partitions: int
     return both.repartition(partitions, *[F.col(f"__k{i}") for i in range(len(node.keys))])
 
 
-def _operator_can_report(node: Watermark, df: DataFrame, operators) -> bool:
-    """Whether the operator above can compute ``node``'s statistics from its rows: an
-    aggregation or dedup computes them from any event time; a join's task from a
-    timestamp column (a window's end it leaves to an ``Observation``)."""
+def _operator_can_report(node: Watermark, df: DataFrame, operators, steps: tuple = ()) -> bool:
+    """Whether the operator above can compute ``node``'s statistics from its rows (``df``:
+    the watermark's): the ``steps`` between, replayed over ``df``, only project its rows and
+    keep its event-time column as it is; an aggregation, dedup or applyInPandasWithState
+    computes them from any event time; a join's task from a timestamp column (a window's
+    end it leaves to an ``Observation``)."""
+    if steps:
+        projected = df
+        for step in reversed(steps):
+            projected = getattr(projected, step.method)(*step.args, **step.kwargs)
+        if not spark_internals.projections_keep_column(projected, df, node.event_time):
+            return False
     if not any(isinstance(op, StreamJoin) and node in (op.side_watermark(0), op.side_watermark(1))
                for op in operators):
         return True

@@ -159,6 +159,8 @@ class PreparedSegment(PlanNode):
     template: PlanNode
     holes: tuple[PlanNode, ...]
     _prepared: dict = field(default_factory=dict, repr=False)
+    _columns_keys: spark_internals.ColumnsKeys = field(default_factory=spark_internals.ColumnsKeys,
+                                                       repr=False)
     analyses: int = 0          # how often the steps were analysed (one per run, normally)
 
     @property
@@ -170,10 +172,10 @@ class PreparedSegment(PlanNode):
         yield from self.template.nodes()
 
     def build(self, inputs, ctx=None):
-        built = [hole.build(inputs, ctx) for hole in self.holes]
-        key = tuple(df._jdf.schema().json() for df in built)
+        built = [spark_internals.BatchInput(hole.build(inputs, ctx)) for hole in self.holes]
+        key = self._columns_keys.key(built)
         if key not in self._prepared:
-            self._prepared[key] = self._prepare(built)
+            self._prepared[key] = self._prepare([given.df for given in built])
         return self._prepared[key].bind(built)
 
     def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
@@ -221,7 +223,7 @@ class PreparedStep:
                                                  [spark_internals.analyzed_plan(df) for df in empties],
                                                  {"task": function})
 
-    def bind(self, inputs: list[DataFrame], task: Any) -> DataFrame:
+    def bind(self, inputs: list[spark_internals.BatchInput], task: Any) -> DataFrame:
         return self.plan.bind(inputs, {"task": task})
 
 

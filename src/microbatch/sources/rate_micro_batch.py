@@ -13,6 +13,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
 from microbatch.sources.base import ReadLimit, Source, SourceContext, SourceProvider
 from microbatch.sources.rate import LONG_MAX, RATE_SCHEMA, reject_user_schema
 from microbatch.util import CaseInsensitiveOptions
@@ -39,6 +40,7 @@ class RateMicroBatchSource(Source):
         self.advance_ms_per_batch = advance_ms_per_batch
         self._available_now = False
         self._available_now_end: Any = None
+        self._batches: spark_internals.RangeBatches | None = None   # made at the first batch
 
     @property
     def schema(self) -> StructType:
@@ -72,9 +74,9 @@ class RateMicroBatchSource(Source):
             raise ValueError(f"start offset {start} is after end offset {end}")
         if start_offset == end_offset:
             return self._spark.createDataFrame([], RATE_SCHEMA)
-        # one SQL projection: half the cost of building it from Column objects (8 ms against 16)
-        return (self._spark.range(start_offset, end_offset, 1, self.num_partitions)
-                .selectExpr(f"timestamp_millis({int(start_ts)}) AS timestamp", "id AS value"))
+        if self._batches is None:
+            self._batches = spark_internals.RangeBatches(self._spark, self.num_partitions)
+        return self._batches.dataframe(start_offset, end_offset, start_ts)
 
     def num_rows(self, start: Any, end: Any) -> int | None:
         start_offset, _ = _offset(start if start is not None else self.initial_offset())

@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-from microbatch.state.store import StateStoreConf, StateStoreId, end_task, load_provider, task_metrics
+from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, end_task, load_provider,
+                                    task_metrics)
 
 NO_TIMESTAMP = -1
 TIMEOUT_FIELD = "timeoutTimestamp"
@@ -63,6 +64,9 @@ class GroupStateTask:
     max_records_per_batch: int
     conf: StateStoreConf
     metrics: Any                       # an Accumulator of DictSum
+    #: the watermarked column whose event-time statistics the task reports, for the
+    #: watermark below (all rows, late ones too, as Spark's watermark node counts them)
+    event_time_stats_index: int | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -71,7 +75,13 @@ class GroupStateTask:
         store = load_provider(StateStoreId(self.state_root, self.operator_id, partition),
                               self.key_schema, self.value_schema, self.conf).get_store(self.version)
         started = time.monotonic()
-        table, late = without_late_rows(_table(list(batches)), self.event_time_index, self.late_us)
+        table = _table(list(batches))
+        if self.event_time_stats_index is not None and table.num_rows:
+            stats = EventTimeStats()
+            for chunk in table.column(self.event_time_stats_index).chunks:
+                stats.add_micros(chunk.cast(pa.int64()))
+            stats.report(self.metrics, partition)
+        table, late = without_late_rows(table, self.event_time_index, self.late_us)
         counts = {"updated": 0, "removed": 0}
         if table.num_rows:
             frame = self._pandas(table)   # once per partition; a key's rows are taken from it
