@@ -455,6 +455,14 @@ def projections_keep_column(projected: Any, below: Any, column: str) -> bool:
     return True
 
 
+def job_tags(sc: SparkContext) -> set[str]:
+    """The calling thread's job tags, as ``SparkContext.getJobTags()`` gives them, without
+    PySpark's walk of the Java set: py4j's iterator ends in a Java exception that PySpark
+    converts, about 15 ms of a query's start."""
+    tags = sc._jsc.getJobTags()
+    return set(tags.toArray()) if tags.size() else set()
+
+
 def analyzed_plan(df: Any) -> Any:
     """``df``'s analysed logical plan (a JVM ``LogicalPlan``)."""
     return df._jdf.queryExecution().analyzed()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pyspark.errors import PySparkTypeError, PySparkValueError
 
 from microbatch import spark_internals
-from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, storage_for
+from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, is_local, storage_for
 from microbatch.errors import IllegalArgumentException
 from microbatch.execution.clock import Clock, SystemClock
 from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
@@ -214,7 +214,9 @@ class DataStreamWriter:
         elif (root := spark.conf.get("spark.sql.streaming.checkpointLocation", None)):
             location = root.rstrip("/") + "/" + (self._query_name or str(uuid.uuid4()))
         if location is not None:
-            self._checkpoint_fs = self._fs or storage_for(location, self._spark_settings())
+            # (reading every Spark setting through py4j costs about 20 ms: only for a remote store)
+            self._checkpoint_fs = self._fs or storage_for(
+                location, None if is_local(location) else self._spark_settings())
             resolved = self._checkpoint_fs.resolve(location)
             if isinstance(self._checkpoint_fs, ObjectStoreFileSystem):
                 self._check_object_store(resolved)

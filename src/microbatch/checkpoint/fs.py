@@ -283,10 +283,17 @@ def _reason(error: BaseException) -> str:
     return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
-def storage_for(location: str, conf: Mapping[str, str] | None = None) -> CheckpointFileSystem:
-    """The file system a checkpoint location lives on (see the module docstring)."""
+def is_local(location: str) -> bool:
+    """Whether ``location`` is a local path (no scheme, ``file:``, or a Windows drive)."""
     scheme = urlparse(location).scheme.lower()
-    if scheme in ("", "file") or len(scheme) == 1:   # a local path (or a Windows drive)
+    return scheme in ("", "file") or len(scheme) == 1
+
+
+def storage_for(location: str, conf: Mapping[str, str] | None = None) -> CheckpointFileSystem:
+    """The file system a checkpoint location lives on (see the module docstring); ``conf``:
+    the Spark settings a remote store may take its endpoint and credentials from."""
+    scheme = urlparse(location).scheme.lower()
+    if is_local(location):
         return LOCAL
     if scheme in ("s3", "s3a", "s3n"):
         try:

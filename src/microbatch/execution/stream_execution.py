@@ -137,7 +137,7 @@ class StreamExecution:
                  self.checkpoint_root)
         # Spark's query thread inherits the starting thread's job tags; ours is a Python
         # thread, so carry them over (they tag the batches' jobs too).
-        self._job_tags = set(self.spark.sparkContext.getJobTags())
+        self._job_tags = spark_internals.job_tags(self.spark.sparkContext)
         self.thread.start()
         self.start_latch.wait()
 
