@@ -282,6 +282,25 @@ def test_a_rate_micro_batch_batch_comes_from_a_plan_made_once_with_the_same_colu
         assert spark_internals.analyzed_plan(made).output().equals(first)
 
 
+def test_placeholders_are_local_relations_of_the_exact_schema_and_jvm_names_are_looked_up_once(spark):
+    """A prepared plan's placeholders are empty local relations with the schema's exact
+    types and nullability, as ``createDataFrame([], schema)`` gives them without its RDD;
+    ``jvm_class`` resolves a JVM name once per JVM."""
+    from pyspark.sql.types import (ArrayType, DecimalType, IntegerType, MapType, StringType, StructField,
+                                   StructType, TimestampType)
+    schema = StructType([StructField("a", IntegerType(), False), StructField("b", StringType(), True),
+                         StructField("c", ArrayType(StructType([StructField("x", TimestampType())]), False)),
+                         StructField("d", MapType(StringType(), DecimalType(10, 2)))])
+    for wanted in (schema, StructType([])):
+        empty = spark_internals.empty_dataframe(spark, wanted)
+        assert empty.schema == wanted == spark.createDataFrame([], wanted).schema
+        assert empty.collect() == []
+        assert spark_internals.analyzed_plan(empty).getClass().getSimpleName() == "LocalRelation"
+    project = spark_internals.jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")
+    assert spark_internals.jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project") is project
+    assert spark_internals.jvm_class("scala.None$").isEmpty()
+
+
 def test_steps_that_only_project_rows_and_keep_a_column_are_told_apart_by_their_plan(spark):
     """``projections_keep_column``: whether steps over a DataFrame (here a rate-micro-batch
     batch, itself a projection) leave each of its rows one row and its column as it is

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from py4j.protocol import Py4JJavaError
 from pyspark import SparkContext
 from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.captured import CapturedException, convert_exception
@@ -39,13 +41,33 @@ def _jvm():
     return jvm
 
 
+#: JVM classes and Scala objects by name, per JVM (``jvm_class``)
+_JVM_NAMES: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def jvm_class(path: str) -> Any:
+    """The JVM class named ``path`` (``"java.util.HashMap"``), or the Scala object when
+    the name ends in ``$`` (its ``MODULE$``), looked up once per JVM: py4j resolves each
+    dotted name in a round trip, 1-2 ms for a class."""
+    jvm = _jvm()
+    known = _JVM_NAMES.setdefault(jvm, {})
+    found = known.get(path)
+    if found is None:
+        found = jvm
+        for part in path.split("."):
+            found = getattr(found, part)
+        if path.endswith("$"):
+            found = getattr(found, "MODULE$")
+        known[path] = found
+    return found
+
+
 def scala_map(values: Mapping[str, str]) -> Any:
     """A ``scala.collection.immutable.Map[String, String]``."""
-    jvm = _jvm()
-    java_map = jvm.java.util.HashMap()
+    java_map = jvm_class("java.util.HashMap")()
     for key, value in values.items():
         java_map.put(str(key), str(value))
-    return jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map)
+    return jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap(java_map)
 
 
 def spark_error(kind: str, error_class: str, **parameters: Any) -> CapturedException:
@@ -358,26 +380,24 @@ def with_batch_timestamp(spark: SparkSession, df: Any, timestamp_ms: int) -> Any
     a catalyst transform of the analyzed plan, with a Scala Map as the partial function."""
     from py4j.java_collections import MapConverter
     from pyspark.sql import DataFrame
-    jvm = spark._jvm
-    expressions = jvm.org.apache.spark.sql.catalyst.expressions
-    types = jvm.org.apache.spark.sql.types
-    some_tz = jvm.scala.Some(spark.conf.get("spark.sql.session.timeZone"))
+    expressions = "org.apache.spark.sql.catalyst.expressions."
+    some_tz = jvm_class("scala.Some")(spark.conf.get("spark.sql.session.timeZone"))
 
     def batch_time(type_name: str):
-        data_type = getattr(getattr(types, type_name + "$"), "MODULE$")
-        return expressions.CurrentBatchTimestamp(timestamp_ms, data_type, some_tz)
+        data_type = jvm_class(f"org.apache.spark.sql.types.{type_name}$")
+        return jvm_class(expressions + "CurrentBatchTimestamp")(timestamp_ms, data_type, some_tz)
 
     timestamp = batch_time("TimestampType")
     replacements = {
-        expressions.CurrentTimestamp(): timestamp,
-        expressions.Now(): timestamp,
-        expressions.CurrentDate(some_tz): batch_time("DateType"),
-        expressions.LocalTimestamp(some_tz): batch_time("TimestampNTZType"),
+        jvm_class(expressions + "CurrentTimestamp")(): timestamp,
+        jvm_class(expressions + "Now")(): timestamp,
+        jvm_class(expressions + "CurrentDate")(some_tz): batch_time("DateType"),
+        jvm_class(expressions + "LocalTimestamp")(some_tz): batch_time("TimestampNTZType"),
     }
     java_map = MapConverter().convert(replacements, spark._sc._gateway._gateway_client)
-    scala_partial = jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_map)
+    scala_partial = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap(java_map)
     plan = df._jdf.queryExecution().analyzed().transformAllExpressions(scala_partial)
-    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan), spark)
+    return DataFrame(jvm_class("org.apache.spark.sql.classic.Dataset").ofRows(spark._jsparkSession, plan), spark)
 
 
 def filter_can_skip_column(filtered: Any, column: str) -> bool:
@@ -463,6 +483,21 @@ def job_tags(sc: SparkContext) -> set[str]:
     return set(tags.toArray()) if tags.size() else set()
 
 
+def empty_dataframe(spark: SparkSession, schema: StructType) -> Any:
+    """An empty DataFrame of ``schema`` (its exact types and nullability), as a local
+    relation: PySpark's ``createDataFrame([], schema)`` goes through an RDD, about 17 ms.
+    For placeholders that are analysed, never run: Spark's optimizer knows a local
+    relation is empty (PropagateEmptyRelation) and drops the steps above one, so a
+    batch without rows must stay an RDD's (a stateful task above it still has to run)."""
+    from pyspark.sql import DataFrame
+    try:
+        jschema = spark._jsparkSession.parseDataType(schema.json())
+        jdf = spark._jsparkSession.createDataFrame(jvm_class("java.util.ArrayList")(), jschema)
+    except (PySparkException, Py4JJavaError):   # e.g. CHAR/VARCHAR columns, which that path refuses
+        return spark.createDataFrame([], schema)
+    return DataFrame(jdf, spark)
+
+
 def analyzed_plan(df: Any) -> Any:
     """``df``'s analysed logical plan (a JVM ``LogicalPlan``)."""
     return df._jdf.queryExecution().analyzed()
@@ -544,7 +579,6 @@ class BindablePlan:
 
     def __init__(self, prepared: Any, placeholders: list[Any],
                  functions: Mapping[str, PythonFunctionRef] | None = None):
-        jvm = _jvm()
         self.prepared = prepared
         self.placeholders = []
         for placeholder in placeholders:
@@ -553,20 +587,20 @@ class BindablePlan:
                                                     for i in range(output.size())]))
         #: per placeholder, the batch columns it was last bound to and their projection
         self._projections: list[tuple[Any, Any] | None] = [None] * len(self.placeholders)
-        self._alias = jvm.org.apache.spark.sql.catalyst.expressions.Alias
-        self._project = jvm.org.apache.spark.sql.catalyst.plans.logical.Project
-        self._python_udf = jvm.org.apache.spark.sql.catalyst.expressions.PythonUDF
-        self._simple_function = jvm.org.apache.spark.api.python.SimplePythonFunction
-        self._hash_map = jvm.java.util.HashMap
-        self._dataset = jvm.org.apache.spark.sql.classic.Dataset
-        self._utils = jvm.org.apache.spark.api.python.PythonUtils
+        self._alias = jvm_class("org.apache.spark.sql.catalyst.expressions.Alias")
+        self._project = jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")
+        self._python_udf = jvm_class("org.apache.spark.sql.catalyst.expressions.PythonUDF")
+        self._simple_function = jvm_class("org.apache.spark.api.python.SimplePythonFunction")
+        self._hash_map = jvm_class("java.util.HashMap")
+        self._dataset = jvm_class("org.apache.spark.sql.classic.Dataset")
+        self._utils = jvm_class("org.apache.spark.api.python.PythonUtils")
         self._no_names = self._utils.toSeq([])
-        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        self._none = jvm_class("scala.None$")
         self.functions = {name: self._find_function(ref) for name, ref in (functions or {}).items()}
         if self.functions:
             sc = SparkContext._active_spark_context
             self._broadcast_threshold = self._utils.getBroadcastThreshold(sc._jsc)
-            self._no_broadcasts = jvm.java.util.ArrayList()
+            self._no_broadcasts = jvm_class("java.util.ArrayList")()
 
     def _find_function(self, ref: PythonFunctionRef) -> tuple:
         """The ``PythonUDF`` of ``ref`` in the prepared plan (a node's expression, or under
@@ -642,17 +676,15 @@ class FileBatches:
     thread pool: 10-20 ms a batch of one file)."""
 
     def __init__(self, spark: SparkSession, fmt: str, schema: StructType, options: Mapping[str, str]):
-        jvm = _jvm()
         self._spark = spark
         self._format = fmt
-        self._data_source = jvm.org.apache.spark.sql.execution.datasources.DataSource
-        self._logical_relation = getattr(getattr(jvm.org.apache.spark.sql.execution.datasources,
-                                                 "LogicalRelation$"), "MODULE$")
-        self._dataset = jvm.org.apache.spark.sql.classic.Dataset
-        self._utils = jvm.org.apache.spark.api.python.PythonUtils
-        self._schema = jvm.scala.Some(spark._jsparkSession.parseDataType(schema.json()))
+        self._data_source = jvm_class("org.apache.spark.sql.execution.datasources.DataSource")
+        self._logical_relation = jvm_class("org.apache.spark.sql.execution.datasources.LogicalRelation$")
+        self._dataset = jvm_class("org.apache.spark.sql.classic.Dataset")
+        self._utils = jvm_class("org.apache.spark.api.python.PythonUtils")
+        self._schema = jvm_class("scala.Some")(spark._jsparkSession.parseDataType(schema.json()))
         self._options = scala_map(options)
-        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        self._none = jvm_class("scala.None$")
         self._no_columns = self._utils.toSeq([])
 
     def dataframe(self, paths: list[str]) -> Any:
@@ -674,7 +706,6 @@ class RangeBatches:
     PySpark (``range`` then ``selectExpr``, each analysed) cost about 8 ms a batch."""
 
     def __init__(self, spark: SparkSession, partitions: int):
-        jvm = _jvm()
         self._spark = spark
         template = analyzed_plan(spark.range(0, 1, 1, partitions)
                                  .selectExpr("timestamp_millis(0) AS timestamp", "id AS value"))
@@ -684,19 +715,19 @@ class RangeBatches:
         self._value = columns.apply(1)
         range_plan = template.child()
         self._range_output, self._slices = range_plan.output(), range_plan.numSlices()
-        catalyst = jvm.org.apache.spark.sql.catalyst
-        self._range = catalyst.plans.logical.Range
-        self._project = catalyst.plans.logical.Project
-        self._alias = catalyst.expressions.Alias
-        self._literal = getattr(getattr(catalyst.expressions, "Literal$"), "MODULE$")
-        self._instant = jvm.java.time.Instant
-        self._timestamp_type = getattr(getattr(jvm.org.apache.spark.sql.types, "TimestampType$"), "MODULE$")
-        self._dataset = jvm.org.apache.spark.sql.classic.Dataset
-        utils = jvm.org.apache.spark.api.python.PythonUtils
+        catalyst = "org.apache.spark.sql.catalyst."
+        self._range = jvm_class(catalyst + "plans.logical.Range")
+        self._project = jvm_class(catalyst + "plans.logical.Project")
+        self._alias = jvm_class(catalyst + "expressions.Alias")
+        self._literal = jvm_class(catalyst + "expressions.Literal$")
+        self._instant = jvm_class("java.time.Instant")
+        self._timestamp_type = jvm_class("org.apache.spark.sql.types.TimestampType$")
+        self._dataset = jvm_class("org.apache.spark.sql.classic.Dataset")
+        utils = jvm_class("org.apache.spark.api.python.PythonUtils")
         self._to_seq = utils.toSeq
         self._no_names = utils.toSeq([])
-        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
-        self._list = jvm.java.util.ArrayList
+        self._none = jvm_class("scala.None$")
+        self._list = jvm_class("java.util.ArrayList")
 
     def dataframe(self, start: int, end: int, timestamp_ms: int) -> Any:
         from pyspark.sql import DataFrame

@@ -32,6 +32,8 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from microbatch import spark_internals
+
 log = logging.getLogger(__name__)
 
 #: Leaves that wrap a plan of their own, and the method that returns it.
@@ -62,14 +64,13 @@ class ScanRowCounter:
 
     def __init__(self, session: SparkSession):
         self._session = session
-        self._jvm = session.sparkContext._jvm
         self._lock = threading.Lock()
         self._collecting = False
         self._executions: list[Any] = []
         self._listener: _ExecutionListener | None = None
 
     def _identity(self, obj: Any) -> int:
-        return self._jvm.java.lang.System.identityHashCode(obj)
+        return spark_internals.jvm_class("java.lang.System").identityHashCode(obj)
 
     def input_keys(self, df: DataFrame) -> dict[int, Any] | None:
         """The file indexes ``df`` scans, by identity hash, or None if any of its leaves is

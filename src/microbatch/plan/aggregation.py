@@ -25,6 +25,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql.types import LongType, StructField, StructType
 
+from microbatch import spark_internals
 from microbatch.errors import AnalysisException, UnsupportedOperationError
 
 #: The functions a streaming aggregation supports (Spark class name -> SQL name).
@@ -121,11 +122,6 @@ def _aggregate_expressions(jexpr) -> list:
     return found
 
 
-def _jvm():
-    from pyspark import SparkContext
-    return SparkContext._jvm
-
-
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -176,7 +172,7 @@ def _call(jagg) -> AggCall:
     # HyperLogLogPlusPlus: the registers, merged by maximum, estimated in the merge task
     # with the bias tables of the running Spark (read here, on the driver).
     p = math.ceil(2.0 * math.log(1.106 / float(function.relativeSD())) / math.log(2.0))
-    jvm_helper = _jvm().org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper
+    jvm_helper = spark_internals.jvm_class("org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper")
     tables = (float(jvm_helper.THRESHOLDS()[p - 4]),
               tuple(float(x) for x in jvm_helper.RAW_ESTIMATE_DATA()[p - 4]),
               tuple(float(x) for x in jvm_helper.BIAS_DATA()[p - 4])) if p < 19 else (0.0, (), ())

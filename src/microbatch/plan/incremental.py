@@ -180,7 +180,7 @@ class PreparedSegment(PlanNode):
 
     def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
         """The steps analysed over empty placeholders with the columns of ``built``."""
-        empties = [df.sparkSession.createDataFrame([], df.schema) for df in built]
+        empties = [spark_internals.empty_dataframe(df.sparkSession, df.schema) for df in built]
         remaining = iter(empties)
 
         def over_placeholders(node: PlanNode) -> PlanNode:
@@ -217,7 +217,7 @@ class PreparedStep:
     and its own task (``bind``): one DataFrame a batch instead of one per Spark step."""
 
     def __init__(self, inputs: list[DataFrame], task: Any, build):
-        empties = [df.sparkSession.createDataFrame([], df.schema) for df in inputs]
+        empties = [spark_internals.empty_dataframe(df.sparkSession, df.schema) for df in inputs]
         step, function = build(empties, task)
         self.plan = spark_internals.BindablePlan(spark_internals.analyzed_plan(step),
                                                  [spark_internals.analyzed_plan(df) for df in empties],
