@@ -431,3 +431,26 @@ def test_min_offsets_per_trigger_waits_for_enough_records_or_the_delay(ss, broke
         assert sizes()[-1] == 5 and len(sizes()) == batches + 1
     finally:
         query.stop()
+
+
+def test_new_clients_reconnect_after_10_ms_unless_a_kafka_option_says_otherwise(broker):
+    """librdkafka lets a new client connect to a broker it learned from the bootstrap
+    server only after half ``reconnect.backoff.ms``; its default (100 ms) made each new
+    client's first request wait about 50 ms. microbatch's clients default it to 10 ms; a
+    ``kafka.reconnect.backoff.ms`` option (any case) wins, and the setting reaches the
+    driver's offset reader, which still answers."""
+    from microbatch.sinks.kafka import producer_params
+    from microbatch.sources.kafka import client_params
+    from microbatch.util import CaseInsensitiveOptions
+    base = {"kafka.bootstrap.servers": broker.bootstrap}
+    assert client_params(CaseInsensitiveOptions(base))["reconnect.backoff.ms"] == "10"
+    assert producer_params(CaseInsensitiveOptions(base))["reconnect.backoff.ms"] == "10"
+    mine = client_params(CaseInsensitiveOptions({**base, "kafka.Reconnect.Backoff.MS": "250"}))
+    assert [v for k, v in mine.items() if k.lower() == "reconnect.backoff.ms"] == ["250"]
+    broker.create_topic("backoff", 2)
+    reader = KafkaOffsetReader(CaseInsensitiveOptions({**base, "subscribe": "backoff"}), "g")
+    try:
+        assert reader.consumer.list_topics(timeout=10).topics["backoff"].partitions.keys() == {0, 1}
+        assert reader.latest() == {("backoff", 0): 0, ("backoff", 1): 0}
+    finally:
+        reader.close()

@@ -76,11 +76,25 @@ INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE = (
 _JAAS_SETTING = re.compile(r'(\w+)\s*=\s*"([^"]*)"')
 
 
+#: librdkafka settings microbatch's clients use unless a ``kafka.*`` option sets them.
+#: ``reconnect.backoff.ms`` (librdkafka: 100): a new client connects to the bootstrap
+#: server, learns the brokers, drops the bootstrap connection and may then connect to a
+#: learned broker only after half this backoff, so each new client's first request
+#: waited about 50 ms (every query start, driver offset lookup and source task). Spark's
+#: Java client waits 50 ms before a reconnect; failed reconnects still back off
+#: exponentially up to ``reconnect.backoff.max.ms``.
+CLIENT_DEFAULTS = {"reconnect.backoff.ms": "10"}
+
+
 def client_params(options: CaseInsensitiveOptions) -> dict[str, str]:
-    """The ``kafka.*`` options, without the prefix, for librdkafka. Java's
+    """The ``kafka.*`` options, without the prefix, for librdkafka (with
+    ``CLIENT_DEFAULTS`` where they do not set those). Java's
     ``sasl.jaas.config`` (Plain or SCRAM login module) becomes librdkafka's
     ``sasl.username``/``sasl.password``, so a ported job's options work as they are."""
     params = {k[len("kafka."):]: str(v) for k, v in options.items() if k.lower().startswith("kafka.")}
+    for key, value in CLIENT_DEFAULTS.items():
+        if not any(k.lower() == key for k in params):
+            params[key] = value
     jaas = params.pop("sasl.jaas.config", None)
     if jaas is not None:
         settings = dict(_JAAS_SETTING.findall(jaas))
