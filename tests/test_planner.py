@@ -285,7 +285,8 @@ def test_a_rate_micro_batch_batch_comes_from_a_plan_made_once_with_the_same_colu
 def test_placeholders_are_local_relations_of_the_exact_schema_and_jvm_names_are_looked_up_once(spark):
     """A prepared plan's placeholders are empty local relations with the schema's exact
     types and nullability, as ``createDataFrame([], schema)`` gives them without its RDD;
-    ``jvm_class`` resolves a JVM name once per JVM."""
+    an empty batch is an RDD's, made in the JVM, which the optimizer keeps; ``jvm_class``
+    resolves a JVM name once per JVM."""
     from pyspark.sql.types import (ArrayType, DecimalType, IntegerType, MapType, StringType, StructField,
                                    StructType, TimestampType)
     schema = StructType([StructField("a", IntegerType(), False), StructField("b", StringType(), True),
@@ -296,6 +297,14 @@ def test_placeholders_are_local_relations_of_the_exact_schema_and_jvm_names_are_
         assert empty.schema == wanted == spark.createDataFrame([], wanted).schema
         assert empty.collect() == []
         assert spark_internals.analyzed_plan(empty).getClass().getSimpleName() == "LocalRelation"
+    # a batch without rows is an RDD's, as createDataFrame makes it: the steps above it stay
+    batch = spark_internals.empty_batch(spark, schema)
+    assert batch.schema == schema and batch.collect() == []
+    assert batch.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism
+    for empty, kept in ((batch, True), (spark_internals.empty_dataframe(spark, schema), False)):
+        grouped = empty.groupBy("b").count()
+        assert ("LogicalRDD" in grouped._jdf.queryExecution().optimizedPlan().toString()) is kept
+        assert grouped.collect() == []
     project = spark_internals.jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")
     assert spark_internals.jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project") is project
     assert spark_internals.jvm_class("scala.None$").isEmpty()

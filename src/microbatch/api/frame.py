@@ -48,7 +48,7 @@ class StreamFrame:
 
     @classmethod
     def from_relation(cls, session: "StreamingSession", relation: StreamingRelation) -> "StreamFrame":
-        template = session.spark.createDataFrame([], relation.schema)
+        template = spark_internals.empty_batch(session.spark, relation.schema)
         return cls(session, relation, template)
 
     # -- description --------------------------------------------------------
@@ -556,7 +556,7 @@ class GroupedStream:
                                   f"{f.dataType.simpleString()} (numbers, strings, booleans, binary, dates "
                                   "and timestamps are supported so far)", "arbitrary stateful processing (issue 18)")
         node = FlatMapGroupsWithState(frame._plan, tuple(keys), func, output, state, mode, timeoutConf)
-        template = frame._template.sparkSession.createDataFrame([], output)
+        template = spark_internals.empty_batch(frame._template.sparkSession, output)
         return StreamFrame(frame._session, node, template)
 
     def transformWithStateInPandas(self, statefulProcessor: Any, outputStructType: Any, outputMode: str,
@@ -629,7 +629,7 @@ class GroupedStream:
         node = TransformWithState(frame._plan, tuple(keys), processor, output, mode, time,
                                   declared_state_variables(processor, time), rows_api=api == "transformWithState",
                                   initial_state=initial_df, initial_keys=initial_keys)
-        template = frame._template.sparkSession.createDataFrame([], output)
+        template = spark_internals.empty_batch(frame._template.sparkSession, output)
         return StreamFrame(frame._session, node, template)
 
     def sum(self, *cols: str) -> StreamFrame:

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import IntegerType, StructField, StructType
 
+from microbatch import spark_internals
 from microbatch.checkpoint.commits import CommitLog
 from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
 from microbatch.errors import AnalysisException, CheckpointError, IllegalArgumentException
@@ -157,7 +158,7 @@ class StateStoreReader:
         spark_schema = StructType([StructField("key", key_type), StructField("value", value_type),
                                    StructField("partition_id", IntegerType())])
         if storage is None:
-            return self._spark.createDataFrame([], spark_schema)
+            return spark_internals.empty_batch(self._spark, spark_schema)
         columns = [_struct(keys, storage[0], key_type), _struct(values, storage[1], value_type),
                    pa.array(partition_ids, type=pa.int32())]
         table = pa.Table.from_arrays(columns, names=["key", "value", "partition_id"])

@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
+
 _relation_ids = itertools.count()
 
 
@@ -346,7 +348,7 @@ class FlatMapGroupsWithState(StatefulNode):
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)
         if ctx is None:
-            return df.sparkSession.createDataFrame([], self.output_schema)
+            return spark_internals.empty_batch(df.sparkSession, self.output_schema)
         return ctx.flat_map_groups_with_state(self, df)
 
     def describe(self) -> str:
@@ -375,7 +377,7 @@ class TransformWithState(StatefulNode):
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)
         if ctx is None:
-            return df.sparkSession.createDataFrame([], self.output_schema)
+            return spark_internals.empty_batch(df.sparkSession, self.output_schema)
         return ctx.transform_with_state(self, df)
 
     def describe(self) -> str:

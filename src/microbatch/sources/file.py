@@ -593,7 +593,7 @@ class FileStreamSource(Source):
             paths = [p for p in paths if p not in set(missing)]
         self._batch_paths = ((start_offset, end_offset), paths)
         if not paths:
-            return self._spark.createDataFrame([], self._schema)
+            return spark_internals.empty_batch(self._spark, self._schema)
         df = self._file_batches().dataframe(["file://" + p for p in paths])
         if df.columns != self._schema.fieldNames():
             # e.g. partition directories that appeared after the stream's schema was fixed

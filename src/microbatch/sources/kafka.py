@@ -40,6 +40,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType,
                                StructField, StructType, TimestampType)
 
+from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.sources.base import (ALL_AVAILABLE, CompositeReadLimit, ReadAllAvailable,
                                      ReadLimit, ReadMaxRows, ReadMinRows, Source, SourceContext,
@@ -853,7 +854,7 @@ class KafkaSource(Source):
         spark = self._context.spark
         ranges = self.offset_ranges(start, end)
         if not ranges:
-            return spark.createDataFrame([], self._schema)
+            return spark_internals.empty_batch(spark, self._schema)
         # Spark runs a task per range; a Python task costs tens of ms more than a JVM one,
         # so ranges share tasks up to the cores (each task one consumer for its ranges),
         # unless minPartitions asks for more

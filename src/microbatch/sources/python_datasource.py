@@ -23,6 +23,7 @@ from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.streaming import datasource as pyspark_limits
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
 from microbatch.sources.base import (ALL_AVAILABLE, ReadAllAvailable,
                                      ReadLimit, ReadMaxBytes, ReadMaxFiles, ReadMaxRows,
                                      ReadMinRows, Source, SourceProvider)
@@ -141,11 +142,11 @@ class PythonDataSourceStream(Source):
                 rows = self.reader.read(SimpleInputPartition(start, end))
             batches = list(_arrow_batches(rows, self._schema, self._data_source))
             if not batches:
-                return spark.createDataFrame([], self._schema)
+                return spark_internals.empty_batch(spark, self._schema)
             return spark.createDataFrame(pa.Table.from_batches(batches), self._schema)
         partitions = list(self.reader.partitions(start, end))
         if not partitions:
-            return spark.createDataFrame([], self._schema)
+            return spark_internals.empty_batch(spark, self._schema)
         task = _read_partitions_task(self.reader, partitions, self._schema, self._data_source)
         return spark.range(0, len(partitions), 1, len(partitions)).mapInArrow(task, self._schema)
 

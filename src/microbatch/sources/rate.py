@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType, TimestampType
 
+from microbatch import spark_internals
 from microbatch.checkpoint.metadata_log import MetadataLog, parse_version
 from microbatch.errors import AnalysisException
 from microbatch.sources.base import ReadLimit, Source, SourceContext, SourceProvider
@@ -96,7 +97,7 @@ class RateSource(Source):
     def get_batch(self, start: Any, end: Any) -> DataFrame:
         start_s, end_s, range_start, range_end = self._range(start, end)
         if range_start == range_end:
-            return self._spark.createDataFrame([], RATE_SCHEMA)
+            return spark_internals.empty_batch(self._spark, RATE_SCHEMA)
         local_start_ms = self.creation_time_ms + start_s * 1000
         ms_per_value = float((end_s - start_s) * 1000) / (range_end - range_start)
         # Java's Math.round is floor(x + 0.5); the double arithmetic matches Spark's reader.

@@ -73,7 +73,7 @@ class RateMicroBatchSource(Source):
         if start_offset > end_offset or start_ts > end_ts:
             raise ValueError(f"start offset {start} is after end offset {end}")
         if start_offset == end_offset:
-            return self._spark.createDataFrame([], RATE_SCHEMA)
+            return spark_internals.empty_batch(self._spark, RATE_SCHEMA)
         if self._batches is None:
             self._batches = spark_internals.RangeBatches(self._spark, self.num_partitions)
         return self._batches.dataframe(start_offset, end_offset, start_ts)
