@@ -86,7 +86,8 @@ def run(session, engine: str, keys: int, batches: int, checkpoint: str, query_ki
         op = p["stateOperators"][0]
         out.append({"batchId": p["batchId"], "triggerMs": p["durationMs"].get("triggerExecution", 0),
                     "addBatchMs": p["durationMs"].get("addBatch", 0), "stateRows": op["numRowsTotal"],
-                    "memoryUsedBytes": op["memoryUsedBytes"], "commitTimeMs": op["commitTimeMs"]})
+                    "memoryUsedBytes": op["memoryUsedBytes"], "commitTimeMs": op["commitTimeMs"],
+                    "customMetrics": op.get("customMetrics", {})})
     if out:
         out[-1]["peakPythonWorkerRss"] = peak_rss
     return out

@@ -143,23 +143,30 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
         metrics = add(worker, version)
         assert metrics.custom["rocksdbLoadedFromMemoryCount"] == 1, version   # never rebuilt
         assert worker.db is not None and workers[1 - version % 2].db is None, version   # kept open, handed over
+        assert metrics.custom["rocksdbOpenedCount"] == 1 and metrics.custom["rocksdbPrivateCopyCount"] == 0
+        if version == 0:            # nobody held it yet
+            assert metrics.custom["rocksdbHandOverWaitMs"] == 0
+    metrics = add(workers[1], 4)       # the same worker again: the database it kept open
+    assert metrics.custom["rocksdbOpenedCount"] == 0 and metrics.custom["rocksdbOpenLatencyMs"] == 0
     shared = workers[0].shared_path
     assert shared.startswith(str(tmp_path / "local" / "microbatch-rocksdb")) and os.path.isdir(shared)
     assert workers[1].path == shared and not os.path.exists(shared + ".release")
     for worker in workers:
         worker._wait_for_maintenance()
     names = sorted(os.listdir(tmp_path / "state" / "0" / "0"))
-    assert {"1.delta.arrow", "4.delta.arrow", "2.snapshot.arrow"} <= set(names), names
-    # worker 0 last wrote version 3: its undo records are stale now that worker 1 wrote 4
+    assert {"1.delta.arrow", "4.delta.arrow", "5.delta.arrow", "2.snapshot.arrow"} <= set(names), names
+    # worker 0 last wrote version 3: its undo records are stale now that workers 1 wrote 4 and 5
     store = workers[0].get_store(3)
     assert store.get((7,)) == (21,)
-    # while worker 0's task holds the database, worker 1 reads the same answer from a private copy
+    # while worker 0's task holds the database, worker 1 reads the same answer from a
+    # private copy, after waiting _RELEASE_WAIT_S for a hand-over that does not come
     other = workers[1].get_store(3)
     assert other.get((7,)) == (21,) and workers[1].path != shared
+    assert workers[1].opened["privateCopy"] == 1 and workers[1].opened["handOverWaitMs"] >= 300
     other.abort()
     assert not os.path.exists(workers[1].path)
     store.abort()
-    assert workers[1].get_store(4).get((7,)) == (28,)
+    assert workers[1].get_store(5).get((7,)) == (35,)
     workers[1].close()
     workers[0].close()
     assert not os.path.exists(shared)

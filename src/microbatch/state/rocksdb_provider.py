@@ -386,7 +386,13 @@ class RocksDBStateStore(StateStore):
                     "rocksdbCommitChangelogLatency": timings["changelog"],
                     "rocksdbSstFileSize": provider.sst_bytes(),
                     "rocksdbLoadedFromMemoryCount": int(self._cache_hit),
-                    "rocksdbLoadedFromCheckpointCount": int(not self._cache_hit)})
+                    "rocksdbLoadedFromCheckpointCount": int(not self._cache_hit),
+                    # microbatch's own: the database opened by this task's worker process
+                    # (its block cache cold), after waiting for the worker that held it
+                    "rocksdbOpenedCount": provider.opened["opened"],
+                    "rocksdbOpenLatencyMs": provider.opened["openMs"],
+                    "rocksdbHandOverWaitMs": provider.opened["handOverWaitMs"],
+                    "rocksdbPrivateCopyCount": provider.opened["privateCopy"]})
         provider.release()
         return self.version + 1
 
@@ -451,6 +457,10 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         self._lock = threading.Lock()     # a task's use of the database against the release watcher
         self._in_use = False
         self._hit = False
+        #: how the last task got the database: opened it (not kept open by this process
+        #: since its last task of the partition), waiting for another worker to hand it
+        #: over, in how long, or on a private copy (the store metrics' ``rocksdbOpen*``)
+        self.opened = {"opened": 0, "handOverWaitMs": 0, "openMs": 0, "privateCopy": 0}
 
     # -- the database ------------------------------------------------------------------
     def _open(self) -> None:
@@ -462,25 +472,35 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         private copy built from the files. Reads the version it holds from its own record."""
         with self._lock:
             self._in_use = True
+            self.opened = {"opened": 0, "handOverWaitMs": 0, "openMs": 0, "privateCopy": 0}
             if self.db is not None:
                 return
         from rocksdict import Rdict
-        deadline = time.monotonic() + _RELEASE_WAIT_S
+        started = time.monotonic()
+        deadline = started + _RELEASE_WAIT_S
+        asked = None                      # when this process first found the database held
         while True:
             try:
+                attempt = time.monotonic()
                 self.db, self.path = Rdict(self.shared_path, _options(self.conf)), self.shared_path
                 break
             except Exception as e:
                 if "lock" not in str(e).lower():
                     raise
+                asked = asked or time.monotonic()
                 if time.monotonic() >= deadline:
                     private = f"{self.shared_path}-{os.getpid()}-{next(_INSTANCES)}"
                     shutil.rmtree(private, ignore_errors=True)
+                    attempt = time.monotonic()
                     self.db, self.path = Rdict(private, _options(self.conf)), private
+                    self.opened["privateCopy"] = 1
                     break
                 with open(self.shared_path + _RELEASE_REQUEST, "w"):
                     pass
                 time.sleep(0.005)
+        done = time.monotonic()
+        self.opened.update(opened=1, openMs=int((done - attempt) * 1000),
+                           handOverWaitMs=int((attempt - asked) * 1000) if asked else 0)
         _forget_request(self.shared_path)
         record = self.db.get(_META)
         fields = marshal.loads(record) if record is not None else (0, 0, 0, 0, 0, None, 0)
