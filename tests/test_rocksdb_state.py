@@ -7,6 +7,7 @@ import datetime
 import decimal
 import json
 import os
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -146,6 +147,13 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
         assert metrics.custom["rocksdbOpenedCount"] == 1 and metrics.custom["rocksdbPrivateCopyCount"] == 0
         if version == 0:            # nobody held it yet
             assert metrics.custom["rocksdbHandOverWaitMs"] == 0
+    # a database opened again keeps its table settings (rocksdict would open the default
+    # family with the OPTIONS file's, which have no bloom filter): the newest OPTIONS file
+    # is the last open's
+    newest = max((f for f in os.listdir(workers[1].shared_path) if f.startswith("OPTIONS-")),
+                 key=lambda f: int(f.split("-")[1]))
+    table = (Path(workers[1].shared_path) / newest).read_text().split('[TableOptions/BlockBasedTable "default"]')[1]
+    assert "filter_policy=bloomfilter" in table
     metrics = add(workers[1], 4)       # the same worker again: the database it kept open
     assert metrics.custom["rocksdbOpenedCount"] == 0 and metrics.custom["rocksdbOpenLatencyMs"] == 0
     shared = workers[0].shared_path
