@@ -154,6 +154,9 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
                  key=lambda f: int(f.split("-")[1]))
     table = (Path(workers[1].shared_path) / newest).read_text().split('[TableOptions/BlockBasedTable "default"]')[1]
     assert "filter_policy=bloomfilter" in table
+    # level 1 of half a memtable, so a compaction never rewrites a whole large database
+    family = (Path(workers[1].shared_path) / newest).read_text().split('[CFOptions "default"]')[1]
+    assert f"max_bytes_for_level_base={(conf.rocksdb_write_buffer_mb // 2) << 20}\n" in family
     metrics = add(workers[1], 4)       # the same worker again: the database it kept open
     assert metrics.custom["rocksdbOpenedCount"] == 0 and metrics.custom["rocksdbOpenLatencyMs"] == 0
     shared = workers[0].shared_path

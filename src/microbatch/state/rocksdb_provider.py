@@ -216,6 +216,15 @@ def _options(conf: StateStoreConf):
     options.set_max_write_buffer_number(conf.rocksdb_max_write_buffers)
     options.set_compression_type(_compression(conf.compression))
     options.increase_parallelism(2)
+    # Level 1 of half a memtable (RocksDB's default is 256 MB): a partition's database
+    # is tens to hundreds of MB, so with the default all of it sat in level 1 and every
+    # compaction of level 0 (every few memtables, and each hand-over flushes one)
+    # rewrote the whole database, a cost growing with the state. With a small level 1
+    # the data moves down levels and a compaction rewrites a bounded slice: the 50M-key
+    # deduplication's last tenth went from 1.3-2.1 to 1.13-1.14 times its second.
+    level_base = max(1, conf.rocksdb_write_buffer_mb // 2)
+    options.set_max_bytes_for_level_base(level_base << 20)
+    options.set_target_file_size_base(max(1, level_base // 4) << 20)
     return options
 
 
