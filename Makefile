@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test chaos
+.PHONY: setup demo test test-pyspark chaos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
+test-pyspark: setup
+	$(PY) -m pytest -q pyspark_suites
 
 # Seeded SIGKILL chaos for every pipeline kind: make chaos KILLS=100 SEED=7
 KILLS ?= 100

@@ -1,0 +1,37 @@
+"""PySpark's own streaming tests, from the installed pyspark wheel, run on microbatch.
+
+The wheel ships its tests in ``pyspark/python/lib/pyspark.zip`` (Spark puts that zip on
+its Python workers' path, so the tests' processors and functions unpickle there); this
+makes ``pyspark.sql.tests`` importable on the driver from the same zip, unmodified.
+
+``MICROBATCH_PYSPARK_ENGINE=spark`` runs the same tests on Spark's own engine (the
+reference: which tests pass there); the default runs them on microbatch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pyspark
+import pyspark.sql
+
+ZIP = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
+if not os.path.exists(ZIP):   # pragma: no cover - every pyspark wheel has it
+    raise RuntimeError(f"{ZIP} is missing: PySpark's own tests come from the installed wheel")
+pyspark.sql.__path__.append(ZIP + "/pyspark/sql")
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which engine ran the tests: every test ran its queries on microbatch (each test's
+    tearDown fails if Spark's own engine started one)."""
+    from engine import ENGINE, STARTED_QUERIES
+    if ENGINE != "microbatch" or not STARTED_QUERIES:
+        return
+    starting = sum(1 for n in STARTED_QUERIES.values() if n)
+    terminalreporter.write_line(
+        f"microbatch ran {sum(STARTED_QUERIES.values())} queries of {starting} of PySpark's tests "
+        f"({len(STARTED_QUERIES) - starting} started none); Spark's own engine ran none")

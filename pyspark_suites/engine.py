@@ -1,0 +1,76 @@
+"""How a test class of PySpark's runs on microbatch: its session wrapped, as a user ports a job.
+
+``OnMicrobatch`` goes first in a test class's bases, before PySpark's own test class. After
+PySpark's ``setUpClass`` made the class's SparkSession with the class's own ``conf()``, the
+session becomes ``StreamingSession(spark)``: ``readStream`` and ``streams`` are
+microbatch's, everything else (``createDataFrame``, ``read``, ``conf``, ``dataSource``, ...)
+is the wrapped SparkSession's. Each test then checks the engine that ran it: Spark's own
+query manager must have started no query, and a test that started queries started
+microbatch's.
+"""
+from __future__ import annotations
+
+import os
+
+ENGINE = os.environ.get("MICROBATCH_PYSPARK_ENGINE", "microbatch")
+
+
+class _Starts:
+    """Counts the queries an engine's query manager starts (a listener of either engine)."""
+
+    def __init__(self) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        starts = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event):
+                starts.count += 1
+
+            def onQueryProgress(self, event):
+                pass
+
+            def onQueryIdle(self, event):
+                pass
+
+            def onQueryTerminated(self, event):
+                pass
+
+        self.count = 0
+        self.listener = Listener()
+
+
+class OnMicrobatch:
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.spark_starts = _Starts()
+        cls.spark.streams.addListener(cls.spark_starts.listener)
+        cls.microbatch_starts = _Starts()
+        if ENGINE == "microbatch":
+            from microbatch import StreamingSession
+            cls.spark = StreamingSession(cls.spark)
+            cls.spark.streams.addListener(cls.microbatch_starts.listener)
+
+    def setUp(self):
+        super().setUp()
+        self._spark_before = self.spark_starts.count
+        self._microbatch_before = self.microbatch_starts.count
+
+    def tearDown(self):
+        try:
+            if ENGINE == "microbatch":
+                for query in self.spark.streams.active:
+                    query.stop()
+                # (Spark posts a QueryStartedEvent to the session's listeners synchronously)
+                assert self.spark_starts.count == self._spark_before, (
+                    f"{self.id()} started {self.spark_starts.count - self._spark_before} query(ies) "
+                    "on Spark's own engine")
+                started = self.microbatch_starts.count - self._microbatch_before
+                STARTED_QUERIES[self.id()] = started
+        finally:
+            super().tearDown()
+
+
+#: test id -> queries it started on microbatch (printed at the end of the run)
+STARTED_QUERIES: dict[str, int] = {}
