@@ -29,10 +29,15 @@ class ConsoleSink(Sink):
         self._live_key = f"console sink {id(self)}"
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        # As Spark's console sink: every row comes to the driver (and is counted), the first
+        # numRows are shown
+        rows = df.collect()
+        self.last_num_output_rows = len(rows)
         print("-------------------------------------------")
         print(f"Batch: {batch_id}")
         print("-------------------------------------------")
-        df.show(self.num_rows, self.truncate)
+        shown = df.sparkSession.createDataFrame(rows[:self.num_rows], df.schema, verifySchema=False)
+        shown.show(self.num_rows, self.truncate)
 
     def report_progress(self, progress) -> None:
         if self.live:

@@ -29,12 +29,16 @@ def check_foreach_writer(f: Any) -> None:
 
 
 def _partition_writer(f: Any, batch_id: int):
+    """A partition's function: the user's on each row; yields how many rows it got."""
     def run(rows):
         from pyspark import TaskContext
 
+        count = 0
         if callable(f):
             for row in rows:
                 f(row)
+                count += 1
+            yield count
             return
         partition_id = TaskContext.get().partitionId()
         should_process = f.open(partition_id, batch_id) if hasattr(f, "open") else True
@@ -43,12 +47,14 @@ def _partition_writer(f: Any, batch_id: int):
             if should_process:
                 for row in rows:
                     f.process(row)
+                    count += 1
         except BaseException as e:
             error = e
             raise
         finally:
             if hasattr(f, "close"):
                 f.close(error)
+        yield count
     return run
 
 
@@ -59,7 +65,7 @@ class ForeachSink(Sink):
         self.f = f
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
-        df.foreachPartition(_partition_writer(self.f, batch_id))
+        self.last_num_output_rows = sum(df.rdd.mapPartitions(_partition_writer(self.f, batch_id)).collect())
 
     def __str__(self) -> str:
         return "ForeachWriterTable"

@@ -24,12 +24,28 @@ from microbatch.sources.python_datasource import instantiate
 log = logging.getLogger(__name__)
 
 
+def _counted(items, count: list, size=lambda item: 1):
+    for item in items:
+        count[0] += size(item)
+        yield item
+
+
 def _arrow_write_task(writer):
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark.serializers import CloudPickleSerializer
-        message = writer.write(batches)
+        count = [0]
+        message = writer.write(_counted(batches, count, lambda batch: batch.num_rows))
         yield pa.RecordBatch.from_pydict(
-            {"message": pa.array([CloudPickleSerializer().dumps(message)], pa.binary())})
+            {"message": pa.array([CloudPickleSerializer().dumps(message)], pa.binary()),
+             "rows": pa.array([count[0]], pa.int64())})
+    return run
+
+
+def _row_write_task(writer):
+    def run(rows):
+        count = [0]
+        message = writer.write(_counted(rows, count))
+        yield message, count[0]
     return run
 
 
@@ -47,10 +63,13 @@ class PythonDataSourceSink(Sink):
         try:
             if self._arrow:
                 from pyspark.serializers import CloudPickleSerializer
-                rows = df.mapInArrow(_arrow_write_task(writer), "message BINARY").collect()
-                messages = [CloudPickleSerializer().loads(r["message"]) for r in rows]
+                results = df.mapInArrow(_arrow_write_task(writer), "message BINARY, rows LONG").collect()
+                messages = [CloudPickleSerializer().loads(r["message"]) for r in results]
+                self.last_num_output_rows = sum(r["rows"] for r in results)
             else:
-                messages = df.rdd.mapPartitions(lambda rows: [writer.write(rows)]).collect()
+                results = df.rdd.mapPartitions(_row_write_task(writer)).collect()
+                messages = [message for message, _ in results]
+                self.last_num_output_rows = sum(rows for _, rows in results)
         except Exception:
             log.error("Aborting batch %d of the Python data source sink '%s'", batch_id, self._name)
             writer.abort([], batch_id)
