@@ -184,6 +184,12 @@ def schema_ddl(spark: SparkSession, schema: StructType) -> str:
     return spark._jsparkSession.parseDataType(schema.json()).toDDL()
 
 
+def schema_string(schema: StructType) -> str:
+    """A schema as Spark's messages print it (Scala's ``StructType.toString``:
+    ``StructType(StructField(id,IntegerType,true),...)``)."""
+    return jvm_class("org.apache.spark.sql.types.DataType").fromJson(schema.json()).toString()
+
+
 @dataclass(frozen=True)
 class CatalogTableInfo:
     """What a streaming read or write of a catalog table needs to know about it."""
@@ -240,6 +246,12 @@ def observation_row(observation: Any, wait_s: float) -> Any:
     while not future.isCompleted() and time.monotonic() < deadline:
         time.sleep(0.005)
     return observation._jo.getRow() if future.isCompleted() else None
+
+
+def run_to_end(df: Any) -> int:
+    """Runs ``df``'s own executed plan to the end, dropping its rows; how many there were
+    (the executed plan keeps its metrics and observations, as for an RDD action)."""
+    return int(df._jdf.queryExecution().toRdd().count())
 
 
 def executed_observation_row(df: Any, name: str) -> Any:
@@ -763,17 +775,31 @@ class RangeBatches:
         return DataFrame(self._dataset.ofRows(self._spark._jsparkSession, plan), self._spark)
 
 
+def grouping_columns(grouped: Any) -> list[str | None]:
+    """What a PySpark ``GroupedData`` groups by, key by key: a top-level column's name
+    (``df.groupBy("id")``, ``df.groupBy(df["id"])``), or None for anything else (an
+    expression, a nested field)."""
+    expressions = grouped._jgd.groupingExprs()
+    names: list[str | None] = []
+    for i in range(expressions.size()):
+        expression = expressions.apply(i)
+        kind = expression.getClass().getSimpleName()
+        if kind == "AttributeReference" or (kind == "UnresolvedAttribute" and expression.nameParts().size() == 1):
+            names.append(expression.name())
+        else:
+            names.append(None)
+    return names
+
+
 def grouping_column_names(grouped: Any) -> list[str]:
     """The column names a PySpark ``GroupedData`` groups by (``df.groupBy("id")``); a
     ValueError if it groups by something else than columns."""
-    expressions = grouped._jgd.groupingExprs()
-    names = []
-    for i in range(expressions.size()):
-        expression = expressions.apply(i)
-        if expression.getClass().getSimpleName() not in ("AttributeReference", "UnresolvedAttribute"):
-            raise ValueError(f"The initial state must be grouped by columns, not by {expression.sql()}")
-        names.append(expression.name())
-    return names
+    names = grouping_columns(grouped)
+    if None in names:
+        expressions = grouped._jgd.groupingExprs()
+        raise ValueError("The initial state must be grouped by columns, not by "
+                         f"{expressions.apply(names.index(None)).sql()}")
+    return names  # type: ignore[return-value]
 
 
 def conjuncts_without_column(filtered: Any, column: str) -> tuple[list[str], list[str]] | None:

@@ -79,6 +79,20 @@ def time_string_as_ms(text: str) -> int:
     return int(_time_string_ms(text, 1))
 
 
+_BYTE_SUFFIX = {"b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
+                "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
+_BYTE_STRING = re.compile(r"^\s*(\d+)\s*([a-z]+)?\s*$")
+
+
+def byte_size(text: Any) -> int:
+    """Spark's ``JavaUtils.byteStringAsBytes``: ``"64m"``, ``"64MB"``, or a bare number of bytes."""
+    m = _BYTE_STRING.match(str(text).lower())
+    if not m or (m.group(2) and m.group(2) not in _BYTE_SUFFIX):
+        raise ValueError(f"Invalid size '{text}'. Use a number of bytes with an optional suffix "
+                         "(k, m, g, t, p, with or without b), e.g. '64m'.")
+    return int(m.group(1)) * (_BYTE_SUFFIX[m.group(2)] if m.group(2) else 1)
+
+
 class CaseInsensitiveOptions(Mapping[str, str]):
     """Source and sink options: keys compare case-insensitively, values are strings,
     as in Spark's CaseInsensitiveStringMap."""

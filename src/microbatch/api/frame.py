@@ -21,9 +21,9 @@ from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.plan.aggregation import Grouping, plan_aggregation
-from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, Observe, PlanNode, StatefulNode,
-                                     StaticJoin, StreamingLimit, StreamJoin,
-                                     StreamingRelation, Transform, Union, Watermark)
+from microbatch.plan.logical import (WATERMARK_DELAY, Aggregate, Apply, Deduplicate, Observe, PlanNode,
+                                     StatefulNode, StaticJoin, StreamingLimit, StreamJoin, StreamingRelation,
+                                     Transform, TransformWithState, Union, Watermark)
 from microbatch.util import interval_to_ms
 
 if TYPE_CHECKING:
@@ -480,6 +480,8 @@ class GroupedStream:
         window over its ``window_time``."""
         nodes = list(self._frame._plan.nodes())
         event_times = [n.event_time for n in nodes if isinstance(n, Watermark)]
+        event_times += [n.event_time_column for n in nodes
+                        if isinstance(n, TransformWithState) and n.event_time_column is not None]
         event_times += [n.spec.key_names[n.event_time_key] for n in nodes
                         if isinstance(n, Aggregate) and n.event_time_key is not None]
         by_name = {f.name: f for f in template.schema.fields}
@@ -511,6 +513,31 @@ class GroupedStream:
     def count(self) -> StreamFrame:
         return self._aggregate(lambda g: g.count())
 
+    def _key_columns(self, pyspark_method: Callable[[Any], Any]) -> tuple[StreamFrame, tuple[str, ...], int]:
+        """The stream a function of keyed state reads, its grouping columns, and how many of
+        its columns the function gets. A key that is a column of the stream (by name or as a
+        Column) is that column. Any other key is first given to PySpark's own method over
+        the template (``pyspark_method(grouped)``): Spark 4.3 refuses an expression there
+        (UNRESOLVED_COLUMN, as on its own engine); one it takes becomes a column added after
+        the stream's own, which the function does not get, as Spark projects grouping
+        expressions beside the data attributes it hands to Python."""
+        frame = self._frame
+        data_columns = len(frame.columns)
+        grouped = frame._template.groupBy(*self._keys)
+        names = spark_internals.grouping_columns(grouped)
+        columns = {c.lower(): c for c in frame.columns}
+        if any(name is None or name.lower() not in columns for name in names):
+            pyspark_method(grouped)   # Spark's analysis of the grouping, and its error
+        keys = []
+        for index, (key, name) in enumerate(zip(self._keys, names)):
+            if name is not None and name.lower() in columns:
+                keys.append(columns[name.lower()])
+                continue
+            hidden = f"__microbatch_grouping_key{index}"
+            frame = frame.withColumn(hidden, key if isinstance(key, Column) else F.col(key))
+            keys.append(hidden)
+        return frame, tuple(keys), data_columns
+
     def applyInPandasWithState(self, func: Callable, outputStructType: Any, stateStructType: Any,
                                outputMode: str, timeoutConf: str) -> StreamFrame:
         """Per key, ``func(key, pandas DataFrames of the key's rows, GroupState)`` yielding
@@ -540,13 +567,8 @@ class GroupedStream:
                                            f"{', '.join(timeouts)} (GroupStateTimeout).")
         output, state = (spark_internals.parse_schema_ddl(t) if isinstance(t, str) else t
                          for t in (outputStructType, stateStructType))
-        columns = {c.lower(): c for c in frame.columns}
-        keys = []
-        for key in self._keys:
-            name = key if isinstance(key, str) else None
-            if name is None or name.lower() not in columns:
-                raise not_yet(f"applyInPandasWithState grouped by {key!r} (group by columns of the stream)")
-            keys.append(columns[name.lower()])
+        frame, keys, data_columns = self._key_columns(lambda grouped: grouped.applyInPandasWithState(
+            func, output, state, outputMode, timeoutConf))
         plain = (NumericType, StringType, BooleanType, BinaryType, DateType, TimestampType, TimestampNTZType)
         by_name = {f.name.lower(): f for f in frame._template.schema.fields}
         for what, fields in (("grouping column", [by_name[k.lower()] for k in keys]), ("state field", state.fields)):
@@ -555,7 +577,8 @@ class GroupedStream:
                     raise not_yet(f"applyInPandasWithState with the {what} {f.name} of type "
                                   f"{f.dataType.simpleString()} (numbers, strings, booleans, binary, dates "
                                   "and timestamps are supported so far)", "arbitrary stateful processing (issue 18)")
-        node = FlatMapGroupsWithState(frame._plan, tuple(keys), func, output, state, mode, timeoutConf)
+        node = FlatMapGroupsWithState(frame._plan, keys, func, output, state, mode, timeoutConf,
+                                      data_columns=data_columns)
         template = spark_internals.empty_batch(frame._template.sparkSession, output)
         return StreamFrame(frame._session, node, template)
 
@@ -580,7 +603,6 @@ class GroupedStream:
                               time_mode: str, initial_state: Any, event_time_column: str) -> StreamFrame:
         from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-        from microbatch.plan.logical import TransformWithState
         from microbatch.state.transform_with_state_operator import declared_state_variables
         frame = self._frame
         if self._grouping is not None:
@@ -617,20 +639,34 @@ class GroupedStream:
                     f"The initial state is grouped by {len(initial_keys)} column(s) "
                     f"({', '.join(initial_keys)}) and the stream by {len(self._keys)}: group both "
                     "by the same key.")
-        if event_time_column:
-            raise not_yet(f"{api} with eventTimeColumnName", "event time output of transformWithState (issue 18)")
         output = spark_internals.parse_schema_ddl(output_type) if isinstance(output_type, str) else output_type
-        columns = {c.lower(): c for c in frame.columns}
-        keys = []
-        for key in self._keys:
-            if not isinstance(key, str) or key.lower() not in columns:
-                raise not_yet(f"{api} grouped by {key!r} (group by columns of the stream)")
-            keys.append(columns[key.lower()])
-        node = TransformWithState(frame._plan, tuple(keys), processor, output, mode, time,
+        frame, keys, data_columns = self._key_columns(lambda grouped: getattr(grouped, api)(
+            processor, output, output_mode, time_mode))
+        event_time = self._output_event_time(output, event_time_column) if event_time_column else None
+        node = TransformWithState(frame._plan, keys, processor, output, mode, time,
                                   declared_state_variables(processor, time), rows_api=api == "transformWithState",
-                                  initial_state=initial_df, initial_keys=initial_keys)
+                                  initial_state=initial_df, initial_keys=initial_keys, data_columns=data_columns,
+                                  event_time_column=event_time)
+        if event_time is not None:   # the column carries the watermark's delay on, as in Spark
+            from pyspark.sql.types import StructField
+            delay = node.event_time_delay_ms()
+            output = StructType([StructField(f.name, f.dataType, f.nullable, {**f.metadata, WATERMARK_DELAY: delay})
+                                 if f.name == event_time else f for f in output.fields])
         template = spark_internals.empty_batch(frame._template.sparkSession, output)
         return StreamFrame(frame._session, node, template)
+
+    def _output_event_time(self, output: StructType, column: str) -> str:
+        """``eventTimeColumnName``: a column of the output, and a watermark below (Spark's
+        UpdateEventTimeWatermarkColumn takes the nearest watermark's delay)."""
+        if not any(isinstance(n, Watermark) for n in self._frame._plan.nodes()):
+            raise spark_internals.spark_error("AnalysisException",
+                                              "CANNOT_ASSIGN_EVENT_TIME_COLUMN_WITHOUT_WATERMARK")
+        names = {f.name.lower(): f.name for f in output.fields}
+        if column.lower() not in names:
+            raise spark_internals.spark_error(
+                "AnalysisException", "UNRESOLVED_COLUMN.WITH_SUGGESTION", objectName=f"`{column}`",
+                proposal=", ".join(f"`{f.name}`" for f in output.fields))
+        return names[column.lower()]
 
     def sum(self, *cols: str) -> StreamFrame:
         return self._aggregate(lambda g: g.sum(*cols))

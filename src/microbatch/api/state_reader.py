@@ -119,7 +119,11 @@ class StateStoreReader:
         if "storename" in self._options:   # a name the user gave, not one derived above
             self._check_store_name(fs, op_dir, partitions, self._options["storename"], operator)
         offsets = OffsetSeqLog(f"{root}/offsets", fs).get(batch_id)
-        provider_name = (offsets.metadata.conf if offsets else {}).get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)
+        confs = offsets.metadata.conf if offsets else {}
+        provider_name = confs.get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)
+        # a transformWithState's state may have evolved: older files read in the newest schema
+        evolution = "" if variable is None else \
+            "name" if confs.get("spark.sql.streaming.stateStore.encodingFormat") == "avro" else "position"
         kind = provider_class(provider_name)
         keys: list = []
         tws_rows: list = []
@@ -133,7 +137,8 @@ class StateStoreReader:
                 continue
             storage = (file_schema.field("key").type, file_schema.field("value").type)
             provider = kind(store_id, pa.schema(list(storage[0])), pa.schema(list(storage[1])),
-                            StateStoreConf(storage=fs.spec(), provider_class=provider_name))
+                            StateStoreConf(storage=fs.spec(), provider_class=provider_name,
+                                           value_evolution=evolution))
             try:
                 rows = list(provider.get_store(batch_id + 1).iterator())
             except CheckpointError as e:
@@ -246,8 +251,10 @@ def _tws_table(rows: list[tuple], schema: StructType) -> pa.Table:
 
 
 def _file_schema(fs: CheckpointFileSystem, directory: str) -> pa.Schema | None:
-    """The Arrow schema of a state directory's files (they all share it)."""
-    names = sorted(n for n in fs.list(directory) if n.endswith(".arrow"))
+    """The Arrow schema of a state directory's newest file (the files share it, but for a
+    transformWithState whose schema evolved: older files are read in the newest schema)."""
+    names = sorted((n for n in fs.list(directory) if n.endswith(".arrow")),
+                   key=lambda n: (int(n.split(".")[0]) if n.split(".")[0].isdigit() else -1, n))
     if not names:
         return None
     return ipc.open_stream(pa.py_buffer(fs.read_bytes(f"{directory}/{names[-1]}"))).schema

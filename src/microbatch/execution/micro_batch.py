@@ -49,7 +49,8 @@ from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Onc
                                            ProcessingTime, ProcessingTimeExecutor,
                                            SingleBatchExecutor, Trigger)
 from microbatch.plan.incremental import IncrementalExecution, operator_name, state_partitions
-from microbatch.plan.logical import Observe, PlanNode, StatefulNode, StreamingRelation, StreamJoin
+from microbatch.plan.logical import (Observe, PlanNode, StatefulNode, StreamingRelation, StreamJoin,
+                                     TransformWithState)
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SAME_FILES_PROVIDERS,
@@ -144,6 +145,7 @@ class MicroBatchExecution(StreamExecution):
         self._requires_another_batch = False
         self._state_metrics: dict[int, Any] = {}
         self._state_schemas_written = False
+        self._evolved_state_schemas: dict[str, str] = {}   # schema file -> the evolved schema document
         self._store_conf: StateStoreConf | None = None
         if isinstance(trigger, ProcessingTime):
             self.trigger_executor = ProcessingTimeExecutor(trigger, self.clock, self.interrupt)
@@ -154,17 +156,23 @@ class MicroBatchExecution(StreamExecution):
         else:
             raise ValueError(f"Unknown type of trigger: {trigger}")
 
+    def start(self) -> None:
+        # Batches run on a clone of the user's session, with the confs the checkpoint fixes.
+        # It is made when the query starts, as Spark's StreamExecution clones the session in
+        # its constructor: a conf the user changes after start() returns is not the query's.
+        spark = self.spark
+        self._batch_session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+        self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
+        self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
+        super().start()
+
     # -- initialisation (on the stream thread) ------------------------------
     def initialize(self) -> None:
-        spark = self.spark
+        spark = self._batch_session
         self.min_batches_to_retain = int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
         self.polling_delay_ms = conf_ms(spark, "spark.sql.streaming.pollingDelay", 10)
         self.no_data_batches_enabled = spark.conf.get(
             "spark.sql.streaming.noDataMicroBatches.enabled", "true").lower() == "true"
-        # Batches run on a clone of the user's session, with the confs the checkpoint fixes.
-        self._batch_session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
-        self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
-        self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
         self._source_evolution = conf_bool(spark, SOURCE_EVOLUTION_CONF, False)
         for relation, source_id in zip(self.relations, self.source_ids):
             context = SourceContext(self._batch_session,
@@ -446,12 +454,27 @@ class MicroBatchExecution(StreamExecution):
                 for op, node in enumerate(self.stateful)]
 
     def _check_state_schemas(self) -> None:
-        """An operator's key and value schema must be those its state was written with."""
-        from microbatch.execution.stateful import schema_difference
+        """An operator's key and value schema must be those its state was written with;
+        a transformWithState's may evolve by Spark's rules (``state_schema_history``), and
+        its new schema is recorded when the run's first batch runs."""
+        import json
+
+        from microbatch.execution.stateful import schema_difference, schema_document
+        from microbatch.state.transform_with_state_operator import (ENCODING_FORMAT_CONF, check_nullable_state,
+                                                                    state_schema_history)
+        encoding = self._batch_session.conf.get(ENCODING_FORMAT_CONF, "unsaferow").lower()
         for op, (path, node, key, value) in enumerate(self._state_schemas()):
+            if isinstance(node, TransformWithState):
+                check_nullable_state(node.variables, encoding)
             if not self.fs.exists(path):
                 continue
-            difference = schema_difference(self.fs.read_text(path), node, key, value)
+            stored = self.fs.read_text(path)
+            if isinstance(node, TransformWithState) and json.loads(stored).get("operatorName") == operator_name(node):
+                history = state_schema_history(json.loads(stored), node.variables, key, value, encoding)
+                if history is not None:
+                    self._evolved_state_schemas[path] = schema_document(node, key, value, history)
+                continue
+            difference = schema_difference(stored, node, key, value)
             if difference:
                 raise CheckpointError(
                     f"The state of stateful operator {op} ({operator_name(node)}) in checkpoint "
@@ -464,7 +487,9 @@ class MicroBatchExecution(StreamExecution):
     def _write_state_schemas(self) -> None:
         from microbatch.execution.stateful import schema_document
         for path, node, key, value in self._state_schemas():
-            if not self.fs.exists(path):
+            if path in self._evolved_state_schemas:
+                self.fs.write(path, self._evolved_state_schemas.pop(path))
+            elif not self.fs.exists(path):
                 self.fs.mkdirs(path.rsplit("/", 1)[0])
                 self.fs.write(path, schema_document(node, key, value))
         self._state_schemas_written = True

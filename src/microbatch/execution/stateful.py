@@ -18,6 +18,7 @@ and state at or before *this* batch's watermark is evicted.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Mapping
 
@@ -37,7 +38,7 @@ from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithSt
                                      TransformWithState, Watermark)
 from microbatch.state.aggregate_operator import AggregateTask, SessionAggregateTask
 from microbatch.state.dedup_operator import DedupTask
-from microbatch.state.group_state_operator import TIMEOUT_FIELD, GroupStateTask
+from microbatch.state.group_state_operator import TIMEOUT_FIELD, GroupStateTask, PandasConversion
 from microbatch.state.join_operator import JOIN_SIDE_TAGS, JoinTask
 from microbatch.state.limit_operator import LimitTask
 from microbatch.state.transform_with_state_operator import (TIMERS_STORE, TransformWithStateTask,
@@ -347,12 +348,11 @@ class BatchContext:
             input_names=tuple(shape["input_names"]),
             key_schema=shape["key_schema"],
             value_schema=shape["value_schema"], state_type=node.state_schema,
-            output_schema=shape["output_arrow"], timeout_conf=node.timeout,
+            pandas=shape["pandas"], timeout_conf=node.timeout,
             batch_timestamp_ms=self.batch_timestamp_ms,
             watermark_ms=evict_ms if has_watermark else -1, watermark_present=has_watermark,
             late_us=late_ms * 1000 if node.timeout == "EventTimeTimeout" and event_time is not None else None,
-            event_time_index=event_time, timezone=shape["timezone"],
-            max_records_per_batch=shape["max_records"], conf=self.conf, metrics=self.accumulators[op],
+            event_time_index=event_time, conf=self.conf, metrics=self.accumulators[op],
             event_time_stats_index=stats_index)
         return self._step(("group state", id(node)), [df], task,
                           self._map_by_keys(shape["partition"], shape["output"]))
@@ -375,17 +375,21 @@ class BatchContext:
         shape = self._columns(("transform with state", id(node)), lambda: _group_state_shape(node, df))
         event_time = shape["event_time"]
         first_with_initial = node.initial_state is not None and self.batch_id == 0
+        evolution = "name" if shape["encoding"] == "avro" else "position"
         task = TransformWithStateTask(
             state_root=self.state_root, operator_id=op, version=self.batch_id, processor=node.processor,
             variables=node.variables, rows_api=node.rows_api, time_mode=node.time_mode,
             key_indexes=shape["key_indexes"], key_types=shape["key_types"], key_schema=shape["key_schema"],
             store_schemas=state_store_schemas(node.variables), input_names=tuple(shape["input_names"]),
             initial_names=tuple(node.initial_state.columns) if first_with_initial else (),
-            output_schema=shape["output_arrow"], batch_timestamp_ms=self.batch_timestamp_ms,
+            pandas=shape["pandas"], batch_timestamp_ms=self.batch_timestamp_ms,
             watermark_ms=evict_ms if shape["has_watermark"] else -1,
             late_us=late_ms * 1000 if node.time_mode == "eventtime" and event_time is not None else None,
-            event_time_index=event_time, timezone=shape["timezone"], max_records_per_batch=shape["max_records"],
-            conf=self.conf, metrics=self.accumulators[op])
+            event_time_index=event_time,
+            conf=dataclasses.replace(self.conf, value_evolution=evolution), metrics=self.accumulators[op],
+            output_event_time_index=shape["output_event_time"],
+            output_late_us=late_ms * 1000 if shape["output_event_time"] is not None and shape["has_watermark"]
+            else None)
         if first_with_initial:   # the query's first batch also reads the initial state
             return _with_initial_state(node, df, self.num_partitions).mapInArrow(task, shape["output"])
         return self._step(("transform with state", id(node)), [df], task,
@@ -555,20 +559,23 @@ def _group_state_shape(node: FlatMapGroupsWithState | TransformWithState, df: Da
     state_fields = [_store_field(f) for f in getattr(node, "state_schema", StructType()).fields]
     return {
         "key_indexes": tuple(names.index(k.lower()) for k in node.keys),
-        "input_names": schema.fieldNames(),
+        # the columns the function gets: without keys added for grouping expressions
+        "input_names": schema.fieldNames()[:node.data_columns],
         "key_types": tuple(schema.fields[names.index(k.lower())].dataType for k in node.keys),
         "key_schema": pa.schema([_store_field(schema.fields[names.index(k.lower())]) for k in node.keys]),
         "value_schema": pa.schema([pa.field("groupState", pa.struct(state_fields)),
                                    pa.field(TIMEOUT_FIELD, pa.int64())]),
-        "output_arrow": pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
-                                   for f in node.output_schema.fields]),
+        "pandas": PandasConversion.of(node.output_schema, pa.schema(
+            [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in node.output_schema.fields]), conf,
+            byte_limit=isinstance(node, TransformWithState) and not node.rows_api),
         # Spark widens a stateful operator's output to nullable
         "output": StructType([StructField(f.name, f.dataType, True) for f in node.output_schema.fields]),
         "event_time": names.index(event_time.lower()) if event_time and event_time.lower() in names else None,
         "has_watermark": event_time is not None,
+        "encoding": conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow").lower(),
+        "output_event_time": node.output_schema.names.index(node.event_time_column)
+        if getattr(node, "event_time_column", None) else None,
         "partition": [F.col(_quoted(k)) for k in node.keys],
-        "timezone": conf.get("spark.sql.session.timeZone"),
-        "max_records": int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")),
     }
 
 
@@ -707,11 +714,14 @@ def state_schema(node: StatefulNode, child_schema: StructType) -> tuple[StructTy
     return key, StructType([StructField("expiresAtMicros", LongType(), False)] if within else [])
 
 
-def schema_document(node: StatefulNode, key: StructType, value: StructType) -> str:
-    """``state/<op>/_metadata/schema``: JSON text naming the operator and its schemas."""
+def schema_document(node: StatefulNode, key: StructType, value: StructType, history: list | None = None) -> str:
+    """``state/<op>/_metadata/schema``: JSON text naming the operator and its schemas (a
+    transformWithState whose schema evolved: with the earlier value schemas, oldest first)."""
     import json
     doc = {"version": 1, "operatorName": operator_name(node),
            "keySchema": key.jsonValue(), "valueSchema": value.jsonValue()}
+    if history:
+        doc["valueSchemaHistory"] = history
     if isinstance(node, StreamJoin):
         doc["joinType"] = node.how
     if isinstance(node, Aggregate):   # what the buffers mean: count(1) and sum(x) share a type

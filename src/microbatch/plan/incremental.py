@@ -362,6 +362,8 @@ class IncrementalExecution:
                 found[node] = given
                 if given is not None and isinstance(node, StreamJoin):
                     return node.output_watermark_ms(given)
+                if isinstance(node, TransformWithState) and not node.output_watermarked():
+                    return None
             return given
 
         output(self.plan)

@@ -184,6 +184,10 @@ class StaticJoin(PlanNode):
         return f"Join {self.how}, stream on the {self.stream_side}, on {self.on!r} with a static DataFrame"
 
 
+#: The metadata key of a watermarked column, and its delay in ms (Spark's EventTimeWatermark.delayKey).
+WATERMARK_DELAY = "spark.watermarkDelayMs"
+
+
 @dataclass(eq=False)
 class Watermark(PlanNode):
     """``withWatermark``: rows pass unchanged; a batch's event times are observed
@@ -344,6 +348,7 @@ class FlatMapGroupsWithState(StatefulNode):
     state_schema: StructType
     func_mode: str                         # the function's output mode: append or update
     timeout: str                           # a GroupStateTimeout value
+    data_columns: int | None = None        # the input's leading columns the function gets (None: all)
 
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)
@@ -373,6 +378,18 @@ class TransformWithState(StatefulNode):
     rows_api: bool = False                 # transformWithState: Rows in and out
     initial_state: Any = None              # a DataFrame of initial state, read in the query's first batch
     initial_keys: tuple[str, ...] = ()     # the columns it is grouped by
+    data_columns: int | None = None        # the input's leading columns the processor gets (None: all)
+    event_time_column: str | None = None   # eventTimeColumnName: the output's watermarked column
+
+    def event_time_delay_ms(self) -> int:
+        """The delay of the watermark nearest below (Spark's UpdateEventTimeWatermarkColumn
+        copies it onto ``event_time_column``)."""
+        return next(n.delay_ms for n in self.child.nodes() if isinstance(n, Watermark))
+
+    def output_watermarked(self) -> bool:
+        """Whether operators above see a watermark out of this one: Spark passes its input
+        watermark on, except in processing time."""
+        return self.time_mode != "processingtime"
 
     def build(self, inputs, ctx=None):
         df = self.child.build(inputs, ctx)

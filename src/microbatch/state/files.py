@@ -27,6 +27,7 @@ from itertools import repeat
 from operator import countOf, is_
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.ipc as ipc
 
 from microbatch import crash_points
@@ -114,6 +115,38 @@ def from_struct_array(array: pa.Array, keys: bool = False) -> list:
     columns = [state_values(column, column.type, as_key=keys) for column in array.flatten()]
     return [tuple(values) if ok else None for ok, values in zip(valid, zip(*columns))] \
         if columns else [() if ok else None for ok in valid]
+
+
+def evolved(array: pa.Array, target: pa.DataType, by_name: bool) -> pa.Array:
+    """Values written with an older schema, read as ``target`` (a state whose schema evolved
+    across restarts): struct fields matched by name, a field the old schema lacks read as
+    null (Avro's rules), or matched by position (``by_name`` False); lists and maps
+    element by element; other values cast (Avro's promotions: int to long, ...)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.type == target:
+        return array
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(target) and pa.types.is_struct(array.type):
+        children = array.flatten()
+        old = {array.type.field(i).name: i for i in range(array.type.num_fields)}
+        fields = []
+        for i, f in enumerate(target):
+            j = old.get(f.name) if by_name else (i if i < len(children) else None)
+            fields.append(pa.nulls(len(array), f.type) if j is None else evolved(children[j], f.type, by_name))
+        return pa.StructArray.from_arrays(fields, fields=list(target), mask=mask)
+    if pa.types.is_map(target) and pa.types.is_map(array.type):
+        offsets = pa.compute.subtract(array.offsets, array.offsets[0])
+        start, end = array.offsets[0].as_py(), array.offsets[-1].as_py()
+        keys = evolved(array.keys.slice(start, end - start), target.key_type, by_name)
+        items = evolved(array.items.slice(start, end - start), target.item_type, by_name)
+        return pa.MapArray.from_arrays(offsets, keys, items, type=target, mask=mask)
+    if pa.types.is_list(target) and (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
+        offsets = pa.compute.subtract(array.offsets, array.offsets[0]).cast(pa.int32())
+        start, end = array.offsets[0].as_py(), array.offsets[-1].as_py()
+        values = evolved(array.values.slice(start, end - start), target.value_type, by_name)
+        return pa.ListArray.from_arrays(offsets, values, type=target, mask=mask)
+    return array.cast(target)
 
 
 # -- the files of one store ---------------------------------------------------------------
@@ -218,6 +251,11 @@ class StateFiles:
                 f"Error reading state file {path} of state store {self.id}: {e}. The file is "
                 "damaged; restore it from a backup, or start the query with a new checkpoint "
                 "location.") from e
+        if table.schema != self.schema and self.conf.value_evolution \
+                and table.schema.field("key").type == self.schema.field("key").type:
+            value = evolved(table.column("value"), self.schema.field("value").type,
+                            self.conf.value_evolution == "name")
+            table = pa.Table.from_arrays([table.column("key"), value], schema=self.schema)
         if table.schema != self.schema:
             raise CheckpointError(
                 f"The state file {path} has the schema {table.schema}, but the operator's state "

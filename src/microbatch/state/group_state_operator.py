@@ -49,19 +49,17 @@ class GroupStateTask:
     func: Callable
     key_indexes: tuple[int, ...]       # the grouping columns among the input columns
     key_types: tuple                   # their Spark types
-    input_names: tuple[str, ...]       # the input columns
+    input_names: tuple[str, ...]       # the input columns the function gets (the leading ones)
     key_schema: pa.Schema              # as stored
     value_schema: pa.Schema            # groupState (struct of the state's fields), timeoutTimestamp
     state_type: Any                    # the state's StructType (GroupState's valueSchema)
-    output_schema: pa.Schema
+    pandas: PandasConversion           # rows to pandas and the function's DataFrames back
     timeout_conf: str                  # GroupStateTimeout.NoTimeout, ...
     batch_timestamp_ms: int
     watermark_ms: int                  # this batch's (eviction) watermark, or -1 without one
     watermark_present: bool
     late_us: int | None                # event-time timeout: rows at or before this are late
     event_time_index: int | None       # the watermarked column among the input columns
-    timezone: str
-    max_records_per_batch: int
     conf: StateStoreConf
     metrics: Any                       # an Accumulator of DictSum
     #: the watermarked column whose event-time statistics the task reports, for the
@@ -84,9 +82,11 @@ class GroupStateTask:
         table, late = without_late_rows(table, self.event_time_index, self.late_us)
         counts = {"updated": 0, "removed": 0}
         if table.num_rows:
-            frame = self._pandas(table)   # once per partition; a key's rows are taken from it
+            frame = self.pandas.to_pandas(table)   # once per partition; a key's rows are taken from it
+            data = frame if frame.shape[1] == len(self.input_names) else frame.iloc[:, :len(self.input_names)]
+            size = self.pandas.chunk_rows(table)
             for key, rows in self._groups(table):
-                yield from self._call(store, key, (frame, rows), False, counts)
+                yield from self._call(store, key, (frame, data, size, rows), False, counts)
         if self.timeout_conf != "NoTimeout":
             threshold = self.batch_timestamp_ms if self.timeout_conf == "ProcessingTimeTimeout" else self.watermark_ms
             timed_out = [key for key, value in list(store.iterator())
@@ -110,8 +110,9 @@ class GroupStateTask:
             yield key, rows_of[key]
 
     def _call(self, store, key: tuple, rows: tuple | None, timed_out: bool, counts: dict):
-        """Calls the function for ``key``: with its rows (the partition's pandas frame and
-        the rows' positions), or timed out (``rows`` None); then writes its state."""
+        """Calls the function for ``key``: with its rows (the partition's pandas frame, its
+        columns the function gets, the rows a DataFrame holds, and the rows' positions), or
+        timed out (``rows`` None); then writes its state."""
         from pyspark.sql import Row
         from pyspark.sql.streaming.state import GroupState
 
@@ -129,13 +130,12 @@ class GroupStateTask:
             frames: Iterator = iter([pd.DataFrame(columns=list(self.input_names))])
             python_key = tuple(_python(t, v) for t, v in zip(self.key_types, key))
         else:
-            frame, positions = rows
-            size = max(self.max_records_per_batch, 1)
-            frames = (frame.take(positions[start:start + size]).reset_index(drop=True)
+            frame, data, size, positions = rows
+            frames = (data.take(positions[start:start + size]).reset_index(drop=True)
                       for start in range(0, len(positions), size))
             python_key = tuple(frame.iat[positions[0], i] for i in self.key_indexes)
         for result in self.func(python_key, frames, state):
-            batch = pandas_to_arrow(result, self.output_schema, self.timezone)
+            batch = self.pandas.batch(result)
             if batch.num_rows:
                 yield batch
         timeout = state._timeout_timestamp
@@ -158,53 +158,94 @@ class GroupStateTask:
         """A state value as the store keeps it (timestamps as µs, numpy scalars as Python's)."""
         return tuple(_stored(f.dataType, _storage_value(v)) for f, v in zip(self.state_type.fields, value))
 
-    def _pandas(self, rows: pa.Table):
-        """A key's rows as pandas, as PySpark gives them: timestamps in the session time
-        zone, without a zone."""
-        frame = rows.to_pandas()
-        for field in rows.schema:
-            if pa.types.is_timestamp(field.type) and field.type.tz is not None:
-                frame[field.name] = frame[field.name].dt.tz_convert(self.timezone).dt.tz_localize(None)
+@dataclass(frozen=True)
+class PandasConversion:
+    """How a function's rows become pandas DataFrames and its DataFrames Arrow batches of
+    its declared output, as PySpark's worker converts them: PySpark's own conversions,
+    with the session's settings."""
+
+    spark_schema: Any                  # the declared output StructType
+    arrow_schema: pa.Schema            # the batches' schema (timestamps in UTC)
+    timezone: str                      # spark.sql.session.timeZone
+    safecheck: bool = False            # spark.sql.execution.pandas.convertToArrowArraySafely
+    int_to_decimal: bool = False       # spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled
+    int_extension_dtypes: bool = False  # spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype
+    max_records: int = 10_000          # spark.sql.execution.arrow.maxRecordsPerBatch (<= 0: no limit)
+    max_bytes: int | None = None       # spark.sql.execution.arrow.maxBytesPerBatch, where the function honours it
+
+    @classmethod
+    def of(cls, spark_schema: Any, arrow_schema: pa.Schema, conf: Any, *, byte_limit: bool = False
+           ) -> "PandasConversion":
+        """``conf``: the session's RuntimeConfig. ``byte_limit``: a key's rows are chunked by
+        their Arrow size too (transformWithStateInPandas)."""
+        from microbatch.util import byte_size
+
+        def flag(key: str) -> bool:
+            return str(conf.get(key, "false")).lower() == "true"
+        return cls(spark_schema, arrow_schema, conf.get("spark.sql.session.timeZone"),
+                   flag("spark.sql.execution.pandas.convertToArrowArraySafely"),
+                   flag("spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled"),
+                   flag("spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype"),
+                   int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")),
+                   byte_size(conf.get("spark.sql.execution.arrow.maxBytesPerBatch", "64m")) if byte_limit else None)
+
+    def to_pandas(self, table: pa.Table):
+        """Rows as the function gets them: PySpark's Arrow-to-pandas conversion (timestamps
+        in the session time zone without a zone, as nanoseconds)."""
+        import pandas as pd
+        from pyspark.sql.conversion import ArrowBatchTransformer
+        columns = ArrowBatchTransformer.to_pandas(table, timezone=self.timezone,
+                                                  prefer_int_ext_dtype=self.int_extension_dtypes)
+        frame = pd.concat(columns, axis=1)
+        frame.columns = table.column_names
         return frame
 
-def pandas_to_arrow(frame: Any, output_schema: pa.Schema, timezone: str) -> pa.RecordBatch:
-    """A function's pandas DataFrame as an Arrow batch of ``output_schema``: columns matched
-    by name (by position when the labels are not strings), as PySpark matches them."""
-    import pandas as pd
-    from pyspark.errors import PySparkRuntimeError, PySparkTypeError
+    def chunk_rows(self, table: pa.Table) -> int:
+        """How many of a key's rows one DataFrame holds: at most ``max_records`` and, with a
+        byte limit, as many as reach it at the rows' average Arrow size (PySpark cuts a
+        chunk once ``rows * average >= limit``)."""
+        size = self.max_records if self.max_records > 0 else 2**31 - 1
+        if self.max_bytes is not None and table.num_rows:
+            average = table.get_total_buffer_size() / table.num_rows
+            if average > 0:
+                size = min(size, max(1, -(-self.max_bytes // average)))
+        return int(size)
 
-    if not isinstance(frame, pd.DataFrame):
-        raise PySparkTypeError(
-            errorClass="UDF_RETURN_TYPE",
-            messageParameters={"expected": "iterator of pandas.DataFrame",
-                               "actual": f"iterator of {type(frame).__name__}"})
-    names = output_schema.names
-    if len(frame.columns) == 0 and frame.empty:
-        return pa.RecordBatch.from_pylist([], schema=output_schema)
-    if len(frame.columns) != len(names):
-        raise PySparkRuntimeError(
-            errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
-            messageParameters={"expected": str(len(names)), "actual": str(len(frame.columns))})
-    if any(isinstance(c, str) for c in frame.columns):
-        # by name, as PySpark assigns them; where PySpark would give nulls for a name
-        # it does not find, this says which names are wrong
-        missing = sorted(set(names) - set(frame.columns))
-        extra = sorted(set(frame.columns) - set(names))
-        if missing or extra:
+    def batch(self, frame: Any) -> pa.RecordBatch:
+        """``frame`` as an Arrow batch of the output: columns matched by name (by position
+        when the labels are not strings), as PySpark matches them."""
+        import pandas as pd
+        from pyspark.errors import PySparkRuntimeError, PySparkTypeError
+        from pyspark.sql.conversion import PandasToArrowConversion
+
+        if not isinstance(frame, pd.DataFrame):
+            raise PySparkTypeError(
+                errorClass="UDF_RETURN_TYPE",
+                messageParameters={"expected": "iterator of pandas.DataFrame",
+                                   "actual": f"iterator of {type(frame).__name__}"})
+        names = self.arrow_schema.names
+        if len(frame.columns) == 0 and frame.empty:
+            return pa.RecordBatch.from_pylist([], schema=self.arrow_schema)
+        if len(frame.columns) != len(names):
             raise PySparkRuntimeError(
-                errorClass="RESULT_COLUMN_NAMES_MISMATCH",
-                messageParameters={"missing": f" Missing: {', '.join(missing)}." if missing else "",
-                                   "extra": f" Unexpected: {', '.join(extra)}." if extra else ""})
-        columns = [frame[name] for name in names]
-    else:
-        columns = [frame.iloc[:, i] for i in range(len(names))]
-    arrays = []
-    for field, series in zip(output_schema, columns):
-        if pa.types.is_timestamp(field.type) and getattr(series.dt, "tz", None) is None \
-                and str(series.dtype).startswith("datetime64"):
-            series = series.dt.tz_localize(timezone).dt.tz_convert("UTC")
-        arrays.append(pa.array(series, type=field.type, from_pandas=True))
-    return pa.RecordBatch.from_arrays(arrays, schema=output_schema)
+                errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
+                messageParameters={"expected": str(len(names)), "actual": str(len(frame.columns))})
+        if any(isinstance(c, str) for c in frame.columns):
+            # by name, as PySpark assigns them; where PySpark would give nulls for a name
+            # it does not find, this says which names are wrong
+            missing = sorted(set(names) - set(frame.columns))
+            extra = sorted(set(frame.columns) - set(names))
+            if missing or extra:
+                raise PySparkRuntimeError(
+                    errorClass="RESULT_COLUMN_NAMES_MISMATCH",
+                    messageParameters={"missing": f" Missing: {', '.join(missing)}." if missing else "",
+                                       "extra": f" Unexpected: {', '.join(extra)}." if extra else ""})
+        if not len(frame):   # (PySpark concatenates a batch's results: an empty one adds nothing)
+            return pa.RecordBatch.from_pylist([], schema=self.arrow_schema)
+        batch = PandasToArrowConversion.convert(
+            frame, self.spark_schema, timezone=self.timezone, safecheck=self.safecheck, arrow_cast=True,
+            assign_cols_by_name=True, int_to_decimal_coercion_enabled=self.int_to_decimal)
+        return batch if batch.schema == self.arrow_schema else batch.cast(self.arrow_schema)
 
 
 def without_late_rows(table: pa.Table, event_time_index: int | None, late_us: int | None) -> tuple[pa.Table, int]:

@@ -95,6 +95,10 @@ class StateStoreConf:
     rocksdb_block_cache_mb: int = 8
     rocksdb_write_buffer_mb: int = 16
     rocksdb_max_write_buffers: int = 2
+    #: How files written with an older value schema are read (a transformWithState's state,
+    #: whose schema may evolve across restarts): "name" (Avro's rules, fields matched by
+    #: name), "position" (Spark's unsafe-row encoding, fields by position), or "" (not at all).
+    value_evolution: str = ""
 
     @property
     def fs(self):

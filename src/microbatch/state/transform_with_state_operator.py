@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from microbatch.state.group_state_operator import (_python, _storage_value, _stored, _table,
-                                                   pandas_to_arrow, without_late_rows)
+                                                   PandasConversion, without_late_rows)
 from microbatch.state.store import StateStoreConf, StateStoreId, end_task, load_provider, task_metrics
 
 #: The store of a partition's timers (a name no state variable can take in Spark either).
@@ -90,6 +90,7 @@ def declared_state_variables(processor: Any, time_mode: str = "none") -> tuple[S
     from pyspark.sql.streaming.stateful_processor import (ListState, MapState, StatefulProcessorHandle,
                                                           ValueState)
     declared: dict[str, StateVariable] = {}
+    deleted: set[str] = set()
 
     def declare(variable: StateVariable) -> None:
         if variable.ttl_ms is not None:
@@ -101,8 +102,9 @@ def declared_state_variables(processor: Any, time_mode: str = "none") -> tuple[S
             if int(variable.ttl_ms) <= 0:
                 raise ValueError(f"The TTL of the state variable {variable.name!r} must be positive, "
                                  f"not {variable.ttl_ms} ms.")
-        if variable.name in declared:
+        if variable.name in declared and variable.name not in deleted:
             raise ValueError(f"The state variable {variable.name!r} is declared twice in init().")
+        deleted.discard(variable.name)
         declared[variable.name] = variable
 
     class DeclaringHandle(StatefulProcessorHandle):
@@ -131,7 +133,7 @@ def declared_state_variables(processor: Any, time_mode: str = "none") -> tuple[S
             return iter([])
 
         def deleteIfExists(self, stateName):
-            pass
+            deleted.add(stateName)   # it may be declared again (an empty one)
 
     try:   # the user's instance stays as it was; its copies go to the tasks
         copy = deepcopy(processor)
@@ -142,6 +144,129 @@ def declared_state_variables(processor: Any, time_mode: str = "none") -> tuple[S
     if TIMERS_STORE in declared:
         raise ValueError(f"{TIMERS_STORE!r} is the timers' store: name the state variable otherwise.")
     return tuple(declared.values())
+
+
+#: Spark's conf of how state rows are encoded; "avro" lets transformWithState's schemas evolve.
+ENCODING_FORMAT_CONF = "spark.sql.streaming.stateStore.encodingFormat"
+
+#: A Spark type as Avro writes it (Spark's SchemaConverters), for Avro's rules of which
+#: written type a reader of another type can read.
+_AVRO_KINDS = {"ByteType": "int", "ShortType": "int", "IntegerType": "int", "DateType": "int",
+               "LongType": "long", "TimestampType": "long", "TimestampNTZType": "long",
+               "FloatType": "float", "DoubleType": "double", "StringType": "string",
+               "BinaryType": "bytes", "BooleanType": "boolean"}
+#: Avro's promotions: (written, read)
+_AVRO_PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "float"),
+                    ("long", "double"), ("float", "double"), ("string", "bytes"), ("bytes", "string")}
+
+
+def avro_readable(written: Any, reading: Any) -> bool:
+    """Whether state written as ``written`` can be read as ``reading`` by Avro's schema
+    resolution, as Spark checks a transformWithState's evolved state (every field is
+    nullable with a null default there, so a field may be added or dropped; fields match
+    by name)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+    if written == reading:
+        return True
+    if isinstance(written, StructType) and isinstance(reading, StructType):
+        old = {f.name: f.dataType for f in written.fields}
+        return all(avro_readable(old[f.name], f.dataType) for f in reading.fields if f.name in old)
+    if isinstance(written, ArrayType) and isinstance(reading, ArrayType):
+        return avro_readable(written.elementType, reading.elementType)
+    if isinstance(written, MapType) and isinstance(reading, MapType):
+        return avro_readable(written.keyType, reading.keyType) and avro_readable(written.valueType, reading.valueType)
+    kinds = (_AVRO_KINDS.get(type(written).__name__), _AVRO_KINDS.get(type(reading).__name__))
+    return None not in kinds and (kinds[0] == kinds[1] or kinds in _AVRO_PROMOTIONS)
+
+
+def _same_by_position(a: Any, b: Any) -> bool:
+    """Spark's unsafe-row rule: the same number of fields of the same types, names aside."""
+    return len(a.fields) == len(b.fields) and all(
+        x.dataType == y.dataType for x, y in zip(a.fields, b.fields))
+
+
+def check_nullable_state(variables: tuple, encoding: str) -> None:
+    """With Avro encoding, Spark needs every field of a state variable's schema nullable
+    (TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE), checked when the query is planned."""
+    from microbatch import spark_internals
+    if encoding != "avro":
+        return
+    for v in variables:
+        if any(not f.nullable for f in v.schema.fields):
+            raise spark_internals.spark_error(
+                "SparkUnsupportedOperationException", "TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE",
+                columnFamilyName=v.name, schema=spark_internals.schema_string(v.schema))
+
+
+def state_schema_history(doc: dict, variables: tuple, key: Any, value: Any, encoding: str) -> list | None:
+    """Spark's checks of a transformWithState's state schemas at a restart
+    (StateSchemaCompatibilityChecker), against the operator's stored schema document:
+    the grouping key (and a map's user key) of the same types; no state variable of
+    another kind; each variable's value schema the same, or, with Avro encoding, one Avro
+    can read every earlier version of as (fields added, dropped, reordered, widened).
+    Raises Spark's error; returns the history of value schemas to record when the value
+    schema changed (None when it did not)."""
+    from pyspark.sql.types import StructType
+
+    from microbatch import spark_internals
+    stored_key = StructType.fromJson(doc["keySchema"])
+    if not _same_by_position(stored_key, key):
+        raise spark_internals.spark_error(
+            "SparkUnsupportedOperationException", "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+            storedKeySchema=spark_internals.schema_string(stored_key), newKeySchema=spark_internals.schema_string(key))
+    history = [StructType.fromJson(d) for d in doc.get("valueSchemaHistory", [])]
+    stored_value = StructType.fromJson(doc["valueSchema"])
+    if stored_value == value:
+        return None
+    kinds = {v["name"]: v["kind"] for v in doc.get("stateVariables", [])}
+    versions = history + [stored_value]
+    for v in variables:
+        if v.name not in kinds:
+            continue   # a new state variable: a new store
+        if kinds[v.name] != v.kind:
+            raise spark_internals.spark_error(
+                "SparkUnsupportedOperationException", "STATE_STORE_INVALID_VARIABLE_TYPE_CHANGE", stateVarName=v.name,
+                newType=f"{v.kind.capitalize()}State", oldType=f"{kinds[v.name].capitalize()}State")
+        written = [_variable_schemas(version, v) for version in versions]
+        written = [w for w in written if w is not None]
+        if v.kind == MAP and written and not _same_by_position(written[-1][1], v.key_schema):
+            raise spark_internals.spark_error(
+                "SparkUnsupportedOperationException", "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE",
+                storedKeySchema=spark_internals.schema_string(written[-1][1]),
+                newKeySchema=spark_internals.schema_string(v.key_schema))
+        for schema, _ in reversed(written):   # the newest first, as Spark checks them
+            if schema == v.schema:
+                continue
+            if encoding == "avro":
+                if not avro_readable(schema, v.schema):
+                    raise spark_internals.spark_error(
+                        "SparkUnsupportedOperationException", "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION",
+                        oldValueSchema=spark_internals.schema_string(schema),
+                        newValueSchema=spark_internals.schema_string(v.schema))
+            elif not _same_by_position(schema, v.schema):
+                raise spark_internals.spark_error(
+                    "SparkUnsupportedOperationException", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE",
+                    storedValueSchema=spark_internals.schema_string(schema),
+                    newValueSchema=spark_internals.schema_string(v.schema))
+    return [d.jsonValue() for d in versions]
+
+
+def _variable_schemas(value: Any, variable: StateVariable) -> tuple | None:
+    """A state variable's (value schema, map user key schema) in an operator's value schema
+    as ``state_value_type`` records it, or None when the variable is not in it."""
+    field = next((f for f in value.fields if f.name == variable.name), None)
+    if field is None:
+        return None
+    stored = field.dataType
+    if variable.kind == VALUE:
+        return stored, None
+    element = getattr(stored, "elementType", None)
+    if variable.kind == LIST:
+        return element, None
+    names = getattr(element, "names", [])
+    if names != ["key", "value"]:
+        return None
+    return element["value"].dataType, element["key"].dataType
 
 
 def _arrow_field(field: Any) -> pa.Field:
@@ -187,13 +312,52 @@ def _fields(stored: Any) -> tuple:
     return tuple(stored.values()) if isinstance(stored, dict) else tuple(stored)
 
 
+def to_user(spark_type: Any, value: Any) -> Any:
+    """A stored value as PySpark's state client gives it (Spark's rows unpickled): a nested
+    struct a ``Row``, an array a list, a map a dict, a timestamp a datetime."""
+    from pyspark.sql import Row
+    from pyspark.sql.types import ArrayType, MapType, StructType
+    if value is None:
+        return None
+    if isinstance(spark_type, StructType):
+        fields = _fields(value)
+        return Row(**{f.name: to_user(f.dataType, v) for f, v in zip(spark_type.fields, fields)})
+    if isinstance(spark_type, ArrayType):
+        return [to_user(spark_type.elementType, v) for v in value]
+    if isinstance(spark_type, MapType):
+        pairs = value.items() if isinstance(value, dict) else value
+        return {to_user(spark_type.keyType, k): to_user(spark_type.valueType, v) for k, v in pairs}
+    return _python(spark_type, value)
+
+
+def to_storage(spark_type: Any, value: Any) -> Any:
+    """A processor's value as the store keeps it (plain tuples, lists and pairs; timestamps
+    as µs; numpy and pandas scalars as Python's): a struct from a tuple, ``Row`` or named
+    tuple (by position) or a dict (by name), as PySpark's ``StructType.toInternal`` takes it."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+    if value is None:
+        return None
+    if isinstance(spark_type, StructType):
+        if isinstance(value, dict):
+            return tuple(to_storage(f.dataType, value.get(f.name)) for f in spark_type.fields)
+        return tuple(to_storage(f.dataType, v) for f, v in zip(spark_type.fields, value))
+    if isinstance(spark_type, ArrayType):
+        return [to_storage(spark_type.elementType, v) for v in value]
+    if isinstance(spark_type, MapType):
+        pairs = value.items() if isinstance(value, dict) else value
+        return [(to_storage(spark_type.keyType, k), to_storage(spark_type.valueType, v)) for k, v in pairs]
+    if hasattr(value, "to_pydatetime"):
+        value = value.to_pydatetime()
+    return _stored(spark_type, _storage_value(value))
+
+
 def _codec_in(schema: Any) -> Callable[[Any], tuple]:
     """A stored tuple (or dict, as files give a struct back) of ``schema`` as the processor
     gets it."""
     fields = schema.fields
 
     def decode(stored: Any) -> tuple:
-        return tuple(_python(f.dataType, v) for f, v in zip(fields, _fields(stored)))
+        return tuple(to_user(f.dataType, v) for f, v in zip(fields, _fields(stored)))
     return decode
 
 
@@ -203,11 +367,14 @@ def _codec_out(schema: Any, what: str) -> Callable[[Any], tuple]:
 
     def encode(value: Any) -> tuple:
         if not isinstance(value, (tuple, list)):
-            raise TypeError(f"{what} takes a tuple of {schema.simpleString()}, not {value!r}")
+            try:   # PySpark's client takes any iterable of the fields (``tuple(map(..., value))``):
+                value = tuple(value)   # a one-character string is a struct of one string
+            except TypeError:
+                raise TypeError(f"{what} takes a tuple of {schema.simpleString()}, not {value!r}") from None
         if len(value) != len(fields):
             raise ValueError(f"{what} takes a tuple of {len(fields)} value(s) "
                              f"({schema.simpleString()}), not {len(value)}: {value!r}")
-        return tuple(_stored(f.dataType, _storage_value(v)) for f, v in zip(fields, value))
+        return tuple(to_storage(f.dataType, v) for f, v in zip(fields, value))
     return encode
 
 
@@ -232,7 +399,8 @@ def _handle_class():
             self._decode, self._encode = _codec_in(variable.schema), _codec_out(variable.schema,
                                                                                  f"ValueState {variable.name}.update")
 
-        def _stored(self):
+        def _stored(self, doing: str = "checking value state exists"):
+            self._handle._check_live(self._variable, doing)
             stored = self._handle._get(self._variable)
             if stored is not None and self._variable.ttl_ms is not None and self._handle._expired(stored[-1]):
                 return None
@@ -242,14 +410,16 @@ def _handle_class():
             return self._stored() is not None
 
         def get(self):
-            stored = self._stored()
+            stored = self._stored("getting value state")
             return None if stored is None else self._decode(stored)
 
         def update(self, newValue) -> None:
+            self._handle._check_live(self._variable, "updating value state")
             self._handle._put(self._variable, self._encode(newValue) + self._handle._expiry(self._variable))
             self._handle._counts.updated += 1
 
         def clear(self) -> None:
+            self._handle._check_live(self._variable, "clearing value state")
             self._handle._remove(self._variable)
             self._handle._counts.removed += 1      # Spark counts a clear whether or not a value was there
 
@@ -271,15 +441,19 @@ def _handle_class():
             return [e for e in self._elements() if not self._handle._expired(e[-1])]
 
         def exists(self) -> bool:
+            self._handle._check_live(self._variable, "checking value state exists")   # (PySpark's words)
             return bool(self._live())
 
         def get(self) -> Iterator[tuple]:
+            if self._variable.name in self._handle._deleted:   # PySpark's iterator ends at the error
+                return iter([])
             return iter([self._decode(e) for e in self._live()])
 
         def _encode_element(self, value) -> tuple:
             return self._encode(value) + self._handle._expiry(self._variable)
 
         def put(self, newState) -> None:
+            self._handle._check_live(self._variable, "updating value state")
             removed = len(self._elements())
             encoded = [self._encode_element(v) for v in newState]
             self._write(encoded)
@@ -287,15 +461,18 @@ def _handle_class():
             self._handle._counts.updated += len(encoded)
 
         def appendValue(self, newState) -> None:
+            self._handle._check_live(self._variable, "updating value state")
             self._write(self._elements() + [self._encode_element(newState)])
             self._handle._counts.updated += 1
 
         def appendList(self, newState) -> None:
+            self._handle._check_live(self._variable, "updating value state")
             encoded = [self._encode_element(v) for v in newState]
             self._write(self._elements() + encoded)
             self._handle._counts.updated += len(encoded)
 
         def clear(self) -> None:
+            self._handle._check_live(self._variable, "clearing value state")
             self._handle._counts.removed += len(self._elements())
             self._handle._remove(self._variable)
 
@@ -313,7 +490,11 @@ def _handle_class():
             self._encode_key = _codec_out(variable.key_schema, f"MapState {variable.name} key")
             self._encode = _codec_out(variable.schema, f"MapState {variable.name} value")
 
-        def _entries(self) -> dict:
+        def _entries(self, doing: str | None = None) -> dict:
+            if doing is not None:
+                self._handle._check_live(self._variable, doing)
+            elif self._variable.name in self._handle._deleted:   # PySpark's iterators end at the error
+                return {}
             stored = self._handle._get(self._variable)
             entries: dict = {}
             ttl = self._variable.ttl_ms is not None
@@ -338,17 +519,20 @@ def _handle_class():
                 self._handle._remove(self._variable)
 
         def exists(self) -> bool:
-            return bool(self._entries())
+            return bool(self._entries("checking map state exists"))
 
         def getValue(self, key):
-            value = self._entries().get(self._encode_key(key))
-            return None if value is None else self._decode(value[0])
+            from pyspark.sql import Row
+            value = self._entries("getting value").get(self._encode_key(key))
+            if value is None:
+                return None
+            return Row(**dict(zip(self._variable.schema.names, self._decode(value[0]))))   # PySpark's: a Row
 
         def containsKey(self, key) -> bool:
-            return self._encode_key(key) in self._entries()
+            return self._encode_key(key) in self._entries("checking if map state contains key")
 
         def updateValue(self, key, value) -> None:
-            entries = self._entries()
+            entries = self._entries("updating map state value")
             entries[self._encode_key(key)] = (self._encode(value),) + self._handle._expiry(self._variable)
             self._write(entries)
             self._handle._counts.updated += 1
@@ -363,12 +547,13 @@ def _handle_class():
             return iter([self._decode(v[0]) for v in self._entries().values()])
 
         def removeKey(self, key) -> None:
-            entries = self._entries()
+            entries = self._entries("removing key from map state")
             if entries.pop(self._encode_key(key), None) is not None:
                 self._write(entries)
             self._handle._counts.removed += 1
 
         def clear(self) -> None:
+            self._handle._check_live(self._variable, "clearing map state")
             stored = self._handle._get(self._variable)
             self._handle._counts.removed += len(stored[0] or []) if stored is not None else 0
             self._handle._remove(self._variable)
@@ -386,6 +571,15 @@ def _handle_class():
             self._counts, self._time_mode = counts, time_mode
             self._now_ms = batch_timestamp_ms
             self._key: tuple | None = None
+            self._deleted: set[str] = set()   # deleteIfExists'd and not asked for since
+
+        def _check_live(self, variable: StateVariable, doing: str) -> None:
+            """A state variable deleted with ``deleteIfExists`` (and not asked for again) fails
+            as PySpark's client fails over Spark's state server."""
+            if variable.name in self._deleted:
+                from pyspark.errors import PySparkRuntimeError
+                raise PySparkRuntimeError(
+                    f"Error {doing}: {variable.kind.capitalize()} state {variable.name} is not initialized.")
 
         # -- TTL: expiry in processing time, the batch timestamp --------------------
         def _expiry(self, variable: StateVariable) -> tuple:
@@ -428,19 +622,25 @@ def _handle_class():
             return variable
 
         def getValueState(self, stateName, schema, ttlDurationMs=None):
+            self._deleted.discard(stateName)
             return classes[VALUE](self, self._declared(stateName, VALUE))
 
         def getListState(self, stateName, schema, ttlDurationMs=None):
+            self._deleted.discard(stateName)
             return classes[LIST](self, self._declared(stateName, LIST))
 
         def getMapState(self, stateName, userKeySchema, valueSchema, ttlDurationMs=None):
+            self._deleted.discard(stateName)
             return classes[MAP](self, self._declared(stateName, MAP))
 
         def deleteIfExists(self, stateName: str) -> None:
+            """Removes the state variable's values for every key; using it afterwards fails
+            until it is asked for again (Spark drops its column family)."""
             store = self._stores.get(stateName)
             if store is not None:
                 store.remove_many([k for k, _ in list(store.iterator())])
                 self._counts.deleted_vars += 1
+                self._deleted.add(stateName)
 
         def _current_key(self) -> tuple:
             if self._key is None:
@@ -508,15 +708,17 @@ class TransformWithStateTask:
     store_schemas: dict                # variable name -> arrow value schema
     input_names: tuple[str, ...]
     initial_names: tuple[str, ...]     # the initial state's columns, in the first batch of a query with one
-    output_schema: pa.Schema
+    pandas: PandasConversion           # rows to pandas and the processor's DataFrames back
     batch_timestamp_ms: int
     watermark_ms: int                  # this batch's (eviction) watermark
     late_us: int | None                # EventTime: rows at or before this are late
     event_time_index: int | None
-    timezone: str
-    max_records_per_batch: int
     conf: StateStoreConf
     metrics: Any                       # an Accumulator of DictSum
+    #: eventTimeColumnName: the output's event-time column, and the watermark for late
+    #: rows its values must be after (Spark's UpdateEventTimeColumnExec)
+    output_event_time_index: int | None = None
+    output_late_us: int | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -550,8 +752,6 @@ class TransformWithStateTask:
             if key in initial_keys:   # the first batch: the key's initial state, then its rows
                 python_key, states = initial_rows(key)
                 for state in states:
-                    if not self.rows_api:
-                        state = state.drop(columns=[f"__k{i}" for i in range(len(self.key_indexes))])
                     processor.handleInitialState(python_key, state, timer_values)
             if key in input_keys:
                 python_key, rows = input_rows(key)
@@ -600,6 +800,7 @@ class TransformWithStateTask:
         from microbatch.state.files import state_values
         if not table.num_rows:
             return {}, None
+        names = list(names)   # the columns the processor gets, of the table's
         keys = list(zip(*[state_values(table.column(i), as_key=True) for i in key_indexes]))
         rows_of: dict[tuple, list[int]] = {}
         for row, key in enumerate(keys):
@@ -611,13 +812,14 @@ class TransformWithStateTask:
                 python_key = tuple(_python(t, v) for t, v in zip(self.key_types, key))
                 return python_key, iter([Row(**{n: records[i][n] for n in names}) for i in rows_of[key]])
             return rows_of, rows
-        frame = self._pandas(table)
-        size = max(self.max_records_per_batch, 1)
+        frame = self.pandas.to_pandas(table)
+        data = frame if list(frame.columns) == names else frame.loc[:, names]
+        size = self.pandas.chunk_rows(table)
 
         def frames(key):
             positions = rows_of[key]
             python_key = tuple(frame.iat[positions[0], i] for i in key_indexes)
-            return python_key, (frame.take(positions[start:start + size]).reset_index(drop=True)
+            return python_key, (data.take(positions[start:start + size]).reset_index(drop=True)
                                 for start in range(0, len(positions), size))
         return rows_of, frames
 
@@ -632,20 +834,14 @@ class TransformWithStateTask:
         side = table.column("__side")
         keys = len(self.key_indexes)
         inputs = table.filter(pc.equal(side, 0))
-        inputs = pa.table([inputs.column(f"__in{j}") for j in range(len(self.input_names))],
-                          names=list(self.input_names))
+        columns = [n for n in table.column_names if n.startswith("__in")]   # keys of expressions too
+        inputs = pa.table([inputs.column(n) for n in columns],
+                          names=list(self.input_names) + columns[len(self.input_names):])
         initial = table.filter(pc.equal(side, 1))
         initial = pa.table([initial.column(f"__k{i}") for i in range(keys)]
                            + [initial.column(f"__st{j}") for j in range(len(self.initial_names))],
                            names=[f"__k{i}" for i in range(keys)] + list(self.initial_names))
         return inputs, initial
-
-    def _pandas(self, rows: pa.Table):
-        frame = rows.to_pandas()
-        for field in rows.schema:
-            if pa.types.is_timestamp(field.type) and field.type.tz is not None:
-                frame[field.name] = frame[field.name].dt.tz_convert(self.timezone).dt.tz_localize(None)
-        return frame
 
     def _batches(self, results) -> Iterator[pa.RecordBatch]:
         """The processor's output (pandas DataFrames, or Rows) as Arrow batches of the
@@ -655,16 +851,35 @@ class TransformWithStateTask:
         if self.rows_api:
             rows = [self._row_values(r) for r in results]
             if rows:
-                yield pa.RecordBatch.from_pylist(rows, schema=self.output_schema)
+                yield self._after_watermark(pa.RecordBatch.from_pylist(rows, schema=self.pandas.arrow_schema))
             return
         for frame in results:
-            batch = pandas_to_arrow(frame, self.output_schema, self.timezone)
+            batch = self.pandas.batch(frame)
             if batch.num_rows:
-                yield batch
+                yield self._after_watermark(batch)
+
+    def _after_watermark(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch``, whose event times (``eventTimeColumnName``) must be after the watermark
+        for late rows: operators above would drop an older row as late, so Spark fails the
+        query instead (EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED)."""
+        if self.output_event_time_index is None or self.output_late_us is None:
+            return batch
+        import pyarrow.compute as pc
+        times = pc.cast(batch.column(self.output_event_time_index), pa.int64())
+        old = pc.filter(times, pc.less_equal(times, self.output_late_us))
+        if len(old):
+            watermark_ms = self.output_late_us // 1000
+            raise RuntimeError(
+                "[EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED] Previous node emitted a row with "
+                f"eventTime={old[0].as_py()} which is older than current_watermark_value={watermark_ms}\n"
+                "This can lead to correctness issues in the stateful operators downstream in the "
+                "execution pipeline.\nPlease correct the operator logic to emit rows after current "
+                "global watermark value. SQLSTATE: 42815")
+        return batch
 
     def _row_values(self, row: Any) -> dict:
         from pyspark.errors import PySparkRuntimeError
-        names = self.output_schema.names
+        names = self.pandas.arrow_schema.names
         values = tuple(row)
         if len(values) != len(names):
             raise PySparkRuntimeError(
