@@ -103,7 +103,7 @@ def test_checkpoint_location_rules(ss, tmp_path):
 
 
 def _start_without_checkpoint(frame):
-    from microbatch.sinks import register_sink
+    from microbatch.connectors import register_sink
     from microbatch.sinks.noop import NoopSinkProvider
 
     class StrictNoop(NoopSinkProvider):

@@ -9,9 +9,8 @@ import os
 from contextlib import redirect_stdout
 
 import pytest
-from pyspark.errors import AnalysisException, IllegalArgumentException, StreamingQueryException
+from pyspark.errors import AnalysisException, IllegalArgumentException
 
-from microbatch.sinks.memory import MemorySink
 
 from test_kafka_source import kafka, run, values
 

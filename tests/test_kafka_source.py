@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 
@@ -17,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.errors import IllegalArgumentException, StreamingQueryException
 
 from microbatch.sinks.memory import MemorySink
-from microbatch.sources.kafka import KafkaOffsetReader
+from microbatch.kafka.source import KafkaOffsetReader
 
 SPARK_COLUMNS = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
                  "timestamp TIMESTAMP, timestampType INT")
@@ -270,7 +269,7 @@ def test_new_partitions_and_matching_topics_are_read_from_earliest(ss, broker, t
     broker.produce("grow-a", [(b"c%d" % p, None, p) for p in range(4)])
     query = start()
     try:
-        with caplog.at_level(logging.WARNING, logger="microbatch.sources.kafka"):
+        with caplog.at_level(logging.WARNING, logger="microbatch.kafka.source"):
             query.processAllAvailable()
         assert values(sink) == [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1", b"c2", b"c3"]
         assert "Partition grow-a-0 offset was changed from 2 to 1" in caplog.text
@@ -439,8 +438,8 @@ def test_new_clients_reconnect_after_10_ms_unless_a_kafka_option_says_otherwise(
     client's first request wait about 50 ms. microbatch's clients default it to 10 ms; a
     ``kafka.reconnect.backoff.ms`` option (any case) wins, and the setting reaches the
     driver's offset reader, which still answers."""
-    from microbatch.sinks.kafka import producer_params
-    from microbatch.sources.kafka import client_params
+    from microbatch.kafka.sink import producer_params
+    from microbatch.kafka.client import client_params
     from microbatch.util import CaseInsensitiveOptions
     base = {"kafka.bootstrap.servers": broker.bootstrap}
     assert client_params(CaseInsensitiveOptions(base))["reconnect.backoff.ms"] == "10"

@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 
 from microbatch import spark_internals
 from microbatch.plan.incremental import IncrementalExecution, OperatorWatermarks, PreparedSegment
-from microbatch.plan.logical import Aggregate, Deduplicate, StreamingLimit, StreamJoin, Transform, Watermark
+from microbatch.plan.logical import Aggregate, Deduplicate, StreamJoin, Transform, Watermark
 
 
 def planner(spark, frame, mode="append", partitions=4):

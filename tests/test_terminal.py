@@ -9,7 +9,7 @@ import sys
 
 from rich.console import Console
 
-from microbatch.ops import terminal
+from microbatch import terminal
 from microbatch.sinks import console as console_sink
 
 

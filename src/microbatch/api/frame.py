@@ -10,7 +10,7 @@ that means the same thing in every batch.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from pyspark.errors import PySparkTypeError
 from pyspark.sql import Column, DataFrame
@@ -18,17 +18,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
+from microbatch.api.writer import DataStreamWriter
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.plan.aggregation import Grouping, plan_aggregation
 from microbatch.plan.logical import (WATERMARK_DELAY, Aggregate, Apply, Deduplicate, Observe, PlanNode,
-                                     StatefulNode, StaticJoin, StreamingLimit, StreamJoin, StreamingRelation,
+                                     StaticJoin, StreamingLimit, StreamJoin, StreamingRelation,
                                      Transform, TransformWithState, Union, Watermark)
 from microbatch.util import interval_to_ms
 
-if TYPE_CHECKING:
-    from microbatch.api.session import StreamingSession
-    from microbatch.api.writer import DataStreamWriter
 
 #: Spark's rules for a join of a stream with a static DataFrame.
 _STATIC_JOIN_TYPES = {
@@ -41,13 +39,13 @@ _UNSUPPORTED_STREAM_LEFT = {"full": "FullOuter", "right": "RightOuter"}
 
 
 class StreamFrame:
-    def __init__(self, session: "StreamingSession", plan: PlanNode, template: DataFrame):
+    def __init__(self, session: Any, plan: PlanNode, template: DataFrame):
         self._session = session
         self._plan = plan
         self._template = template
 
     @classmethod
-    def from_relation(cls, session: "StreamingSession", relation: StreamingRelation) -> "StreamFrame":
+    def from_relation(cls, session: Any, relation: StreamingRelation) -> "StreamFrame":
         template = spark_internals.empty_batch(session.spark, relation.schema)
         return cls(session, relation, template)
 
@@ -73,8 +71,7 @@ class StreamFrame:
         return self._session.spark
 
     def printSchema(self, level: int | None = None) -> None:
-        print(self._template._jdf.schema().treeString(level) if level else
-              self._template._jdf.schema().treeString())
+        print(spark_internals.schema_tree(self._template, level))
 
     def explain(self, extended: bool | str | None = None, mode: str | None = None) -> None:
         print("== Stream Plan ==")
@@ -433,7 +430,6 @@ class StreamFrame:
 
     @property
     def writeStream(self) -> "DataStreamWriter":
-        from microbatch.api.writer import DataStreamWriter
         return DataStreamWriter(self)
 
 
@@ -465,7 +461,7 @@ class GroupedStream:
         for index, (name, key) in enumerate(zip(key_names, self._keys)):
             if "spark.sessionWindow" not in by_name[name].metadata:
                 continue
-            text = key._jc.toString() if isinstance(key, Column) else ""
+            text = spark_internals.column_sql(key) if isinstance(key, Column) else ""
             match = re.match(r"session_window\(\s*([^,]+?)\s*,", text)
             if match is None:
                 raise not_yet(f"A session_window key written as {text!r}")
@@ -494,7 +490,7 @@ class GroupedStream:
                 elif isinstance(key, str):
                     uses = key.lower() == event_time.lower()
                 else:  # the column (or the window) is written over the event-time column
-                    text = key._jc.toString()
+                    text = spark_internals.column_sql(key)
                     uses = re.search(r"(?<![\w.`])`?" + re.escape(event_time) + r"`?(?![\w`.])", text,
                                      re.IGNORECASE) is not None
                     uses = uses and (is_window or name.lower() == event_time.lower())

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 from pyspark.errors import PySparkValueError, StreamingQueryException
-from pyspark.errors.exceptions.captured import (
-    StreamingQueryException as CapturedStreamingQueryException)
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
+from microbatch import spark_internals
 from microbatch.execution.micro_batch import MicroBatchExecution
 
 
@@ -74,9 +73,7 @@ class StreamingQuery:
         je = execution.stream_death_cause_jvm
         if je is None:
             return execution.stream_death_cause   # None, or the JVM-less fallback
-        message = je.toString().split(": ", 1)[1]
-        stack_trace = "\n\t at ".join(e.toString() for e in je.getStackTrace())
-        exception = CapturedStreamingQueryException(message, stack_trace, je.getCause())
+        exception = spark_internals.query_exception(je)
         exception.__cause__ = execution._python_cause
         return exception
 

@@ -7,21 +7,19 @@ Method by method PySpark 4.3's: the same arguments, the same checks and errors
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.errors import PySparkTypeError, PySparkValueError
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
+from microbatch.api.frame import StreamFrame
 from microbatch.checkpoint.offsets import SOURCE_EVOLUTION_CONF
 from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
 from microbatch.plan.logical import StreamingRelation
-from microbatch.sources import lookup_source
+from microbatch.connectors import lookup_source
 from microbatch.util import CaseInsensitiveOptions, conf_bool, option_value
 
-if TYPE_CHECKING:
-    from microbatch.api.frame import StreamFrame
-    from microbatch.api.session import StreamingSession
 
 
 def _not_expected_type(arg_name: str, expected: str, value: Any) -> PySparkTypeError:
@@ -32,7 +30,7 @@ def _not_expected_type(arg_name: str, expected: str, value: Any) -> PySparkTypeE
 
 
 class DataStreamReader:
-    def __init__(self, session: "StreamingSession"):
+    def __init__(self, session: Any):   # the StreamingSession
         self._session = session
         self._format: str | None = None
         self._schema: StructType | None = None

@@ -15,17 +15,12 @@ As Spark does for tables whose data it keeps in files (``USING parquet``, ``json
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Any
 
 from microbatch import spark_internals
 from microbatch.checkpoint.file_stream_log import FILE_FORMATS
 from microbatch.errors import UnsupportedOperationError
 
-if TYPE_CHECKING:
-    from microbatch.api.frame import StreamFrame
-    from microbatch.api.query import StreamingQuery
-    from microbatch.api.reader import DataStreamReader
-    from microbatch.api.writer import DataStreamWriter
 
 
 def _check_file_table(table: spark_internals.CatalogTableInfo, doing: str, instead: str) -> None:
@@ -35,7 +30,7 @@ def _check_file_table(table: spark_internals.CatalogTableInfo, doing: str, inste
             f"data Spark keeps in files ({', '.join(FILE_FORMATS)}). {instead}")
 
 
-def stream_of_table(reader: "DataStreamReader", name: str) -> "StreamFrame":
+def stream_of_table(reader: Any, name: str) -> Any:
     spark = reader._session.spark
     batch = spark.table(name)   # Spark's own TABLE_OR_VIEW_NOT_FOUND when there is none
     temp_view = spark_internals.temp_view_exists(spark, name)
@@ -51,7 +46,7 @@ def stream_of_table(reader: "DataStreamReader", name: str) -> "StreamFrame":
     return reader._relation_frame(table.provider, options, batch.schema)
 
 
-def write_to_table(writer: "DataStreamWriter", name: str) -> "StreamingQuery":
+def write_to_table(writer: Any, name: str) -> Any:
     session = writer._frame._session
     spark = session.spark
     if session._stream_view(name) is not None or spark_internals.temp_view_exists(spark, name):
@@ -72,7 +67,7 @@ def write_to_table(writer: "DataStreamWriter", name: str) -> "StreamingQuery":
     return writer.format(table.provider).option("path", table.location).start()
 
 
-def _create_table(writer: "DataStreamWriter", name: str, provider: str) -> None:
+def _create_table(writer: Any, name: str, provider: str) -> None:
     """``CREATE TABLE`` with the stream's schema, as Spark's ``toTable`` does (its errors,
     e.g. both ``partitionBy`` and ``clusterBy``)."""
     spark = writer._frame._session.spark

@@ -8,10 +8,9 @@ options ignored, and the order in which ``start(**kwargs)`` applies its argument
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from pyspark.errors import PySparkTypeError, PySparkValueError
 
@@ -21,20 +20,17 @@ from microbatch.errors import IllegalArgumentException
 from microbatch.execution.clock import Clock, SystemClock
 from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
 from microbatch.plan.checks import CHECK_CORRECTNESS_CONF, check_output_mode, check_source_names, normalize_output_mode
-from microbatch.sinks import lookup_sink
+from microbatch.connectors import lookup_sink
 from microbatch.sinks.base import SinkContext
 from microbatch.sinks.foreach import check_foreach_writer
 from microbatch.util import CaseInsensitiveOptions, option_value
 
-if TYPE_CHECKING:
-    from microbatch.api.frame import StreamFrame
-    from microbatch.api.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
 
 class DataStreamWriter:
-    def __init__(self, frame: "StreamFrame"):
+    def __init__(self, frame: Any):   # the StreamFrame written
         self._frame = frame
         self._format: str | None = None
         self._options: dict[str, str] = {}
@@ -145,7 +141,7 @@ class DataStreamWriter:
 
     def toTable(self, tableName: str, format: str | None = None, outputMode: str | None = None,
                 partitionBy: Any = None, queryName: str | None = None,
-                **options: Any) -> "StreamingQuery":
+                **options: Any) -> Any:
         """Write the stream to catalog table ``tableName``, creating it if it does not exist
         (see ``microbatch.api.tables``)."""
         self._apply(format, outputMode, partitionBy, queryName, options)
@@ -158,7 +154,7 @@ class DataStreamWriter:
 
     def start(self, path: str | None = None, format: str | None = None,
               outputMode: str | None = None, partitionBy: Any = None,
-              queryName: str | None = None, **options: Any) -> "StreamingQuery":
+              queryName: str | None = None, **options: Any) -> Any:
         self._apply(format, outputMode, partitionBy, queryName, options)
         if path is not None:
             if not isinstance(path, str):

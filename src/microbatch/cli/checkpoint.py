@@ -126,7 +126,7 @@ def watch_checkpoints(paths: list[str], settings: dict[str, str], interval: floa
     """A live line per checkpoint's query (rich) in a terminal; a plain line per new batch
     otherwise."""
     from microbatch.ops.history import CheckpointQueries
-    from microbatch.ops.terminal import LiveLines, is_terminal, plain_line, progress_line
+    from microbatch.terminal import LiveLines, is_terminal, plain_line, progress_line
     queries = CheckpointQueries(paths, settings)
     live = LiveLines() if is_terminal() else None
     shown: dict[str, object] = {}

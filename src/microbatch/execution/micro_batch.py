@@ -43,12 +43,11 @@ from microbatch.execution.stateful import (BatchContext, DictSum, aggregated_eve
                                            committed_partitions, state_operator_progress,
                                            stateful_nodes, stats_in_operator, watermark_nodes)
 from microbatch.execution.progress import format_timestamp
-from microbatch.execution.scan_metrics import ScanRowCounter
 from microbatch.execution.stream_execution import StreamExecution, conf_ms
 from microbatch.execution.triggers import (AvailableNow, MultiBatchExecutor, Once,
                                            ProcessingTime, ProcessingTimeExecutor,
                                            SingleBatchExecutor, Trigger)
-from microbatch.plan.incremental import IncrementalExecution, operator_name, state_partitions
+from microbatch.plan.incremental import IncrementalExecution, operator_name
 from microbatch.plan.logical import (Observe, PlanNode, StatefulNode, StreamingRelation, StreamJoin,
                                      TransformWithState)
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
@@ -129,7 +128,7 @@ class MicroBatchExecution(StreamExecution):
         self.watermark_ms = 0
         self._available_now: dict[int, AvailableNowPin] = {}
         self._empty_batches: dict[int, DataFrame] = {}
-        self._scan_counter: ScanRowCounter | None = None
+        self._scan_counter: spark_internals.ScanRowCounter | None = None
         self._scan_counting_failed = False
         self._batch_columns: dict = {}   # Column objects of the stateful steps, for the run
         self._batch_session: SparkSession | None = None
@@ -161,7 +160,7 @@ class MicroBatchExecution(StreamExecution):
         # It is made when the query starts, as Spark's StreamExecution clones the session in
         # its constructor: a conf the user changes after start() returns is not the query's.
         spark = self.spark
-        self._batch_session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+        self._batch_session = spark_internals.cloned_session(spark)
         self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
         self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
         super().start()
@@ -279,7 +278,7 @@ class MicroBatchExecution(StreamExecution):
                 self.populate_start_offsets()
                 self._plan_run()
                 log.info("Stream started from %s", self.committed_offsets)
-            if self._described_batch != self.current_batch_id:  # one py4j call per batch, not per poll
+            if self._described_batch != self.current_batch_id:  # one JVM call per batch, not per poll
                 self.spark.sparkContext.setJobDescription(self.batch_description(self.current_batch_id))
                 self._described_batch = self.current_batch_id
             if not self.is_current_batch_constructed:
@@ -662,7 +661,7 @@ class MicroBatchExecution(StreamExecution):
         if scanned_inputs:
             executions = self._scan_counter.finish() if reads_through != READS_RDD else []
             if reads_through != READS_SQL:
-                executions.append(batch_df._jdf.queryExecution())
+                executions.append(spark_internals.query_execution(batch_df))
             row_counts.update(self._scan_counter.count(scanned_inputs, executions))
         for i, observation in observations.items():
             row_counts[i] = self._observed_rows(observation)
@@ -691,12 +690,12 @@ class MicroBatchExecution(StreamExecution):
 
     def _scan_keys(self, df: DataFrame) -> dict | None:
         """How to find ``df``'s scans in the sink's executions, if its rows can be counted
-        there (see execution/scan_metrics.py); None: count them with an Observation."""
+        there (see spark_internals/metrics.py); None: count them with an Observation."""
         if self._scan_counting_failed:
             return None
         try:
             if self._scan_counter is None:
-                self._scan_counter = ScanRowCounter(self._batch_session)
+                self._scan_counter = spark_internals.ScanRowCounter(self._batch_session)
             return self._scan_counter.input_keys(df)
         except Exception:  # noqa: BLE001 (a Spark without these internals: count another way)
             log.warning("Cannot count input rows from the scans' metrics; counting them "

@@ -206,10 +206,10 @@ class StreamExecution:
 
     def _fail_in_jvm(self, error: BaseException) -> str:
         jerror = spark_internals.jvm_throwable(error)
-        message = jerror.getMessage() or ""
+        message = spark_internals.exception_message(jerror)
         # Spark unwraps a foreach/foreachBatch user function's error, so that the cause
         # users get is their own; the error class stays FOREACH_BATCH_USER_FUNCTION_ERROR.
-        cause = jerror.getCause() if spark_internals.is_foreach_user_error(jerror) else jerror
+        cause = spark_internals.user_error_cause(jerror)
         committed, available = self.offsets_description()
         self.stream_death_cause_jvm = spark_internals.streaming_query_exception(
             self.debug_string(), cause, committed, available, self.id, self.run_id, message)
@@ -218,7 +218,7 @@ class StreamExecution:
 
     def _terminated_exception_text(self) -> str | None:
         if self.stream_death_cause_jvm is not None:
-            return spark_internals.exception_string(self.stream_death_cause_jvm.getCause())
+            return spark_internals.cause_string(self.stream_death_cause_jvm)
         if self._fallback_cause is not None:
             return str(self._python_cause)
         return None

@@ -13,7 +13,6 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from pyspark import SparkContext
 from pyspark.errors import PySparkValueError
 
 from microbatch import spark_internals
@@ -50,7 +49,7 @@ class ProcessingTime(Trigger):
                 raise IllegalArgumentException(
                     "requirement failed: the interval of trigger should not be negative")
             return cls(interval)
-        if SparkContext._jvm is None:   # no Spark yet: the same grammar, parsed here
+        if not spark_internals.jvm_started():   # no Spark yet: the same grammar, parsed here
             return cls(interval_to_ms(str(interval), "processingTime trigger interval"))
         return cls(spark_internals.processing_time_ms(str(interval)))
 

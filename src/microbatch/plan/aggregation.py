@@ -104,79 +104,56 @@ class AggregateSpec:
         return sum(len(b) for b in self.buffer_names)
 
 
-def _seq(seq) -> list:
-    return [seq.apply(i) for i in range(seq.size())]
-
-
-def _simple_name(jexpr) -> str:
-    return jexpr.getClass().getSimpleName()
-
-
-def _aggregate_expressions(jexpr) -> list:
-    """The AggregateExpression nodes in an expression tree, outermost first."""
-    if _simple_name(jexpr) == "AggregateExpression":
-        return [jexpr]
-    found = []
-    for child in _seq(jexpr.children()):
-        found.extend(_aggregate_expressions(child))
-    return found
-
-
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _call(jagg) -> AggCall:
-    function = jagg.aggregateFunction()
-    name = _simple_name(function)
-    pretty = function.prettyName()
-    if jagg.isDistinct():
+def _call(found: spark_internals.AggregateCall) -> AggCall:
+    name, pretty = found.function, found.pretty_name
+    if found.distinct:
         raise AnalysisException("Distinct aggregations are not supported on streaming "
                                 "DataFrames/Datasets. Consider using approx_count_distinct() instead.;")
     if name not in SUPPORTED:
         raise UnsupportedOperationError(
-            f"The aggregate function {pretty} (in {jagg.sql()}) is not supported in a streaming "
+            f"The aggregate function {pretty} (in {found.sql}) is not supported in a streaming "
             "aggregation by microbatch yet. Supported: " + ", ".join(sorted(set(SUPPORTED.values())))
             + " (and avg's alias mean, stddev's alias std, variance).")
-    args = [c.sql() for c in _seq(function.children())]
-    where = f" FILTER (WHERE {jagg.filter().get().sql()})" if jagg.filter().isDefined() else ""
+    args = list(found.arguments)
+    where = f" FILTER (WHERE {found.filter})" if found.filter is not None else ""
     a = args[0] if args else "1"
 
     def agg(sql: str) -> str:
         return sql + where
 
     if name == "Count":
-        return AggCall(name, jagg.sql(), (agg(f"count({', '.join(args)})"),), "sum", "{0}")
+        return AggCall(name, found.sql, (agg(f"count({', '.join(args)})"),), "sum", "{0}")
     if name in ("Sum", "Min", "Max"):
         merge = {"Sum": "sum", "Min": "min", "Max": "max"}[name]
-        return AggCall(name, jagg.sql(), (agg(f"{merge}({a})"),), merge, "{0}")
+        return AggCall(name, found.sql, (agg(f"{merge}({a})"),), merge, "{0}")
     if name == "Average":
-        is_decimal = function.child().dataType().typeName().startswith("decimal")
+        is_decimal = found.decimal_argument
         total = agg(f"sum({a})") if is_decimal else agg(f"sum(CAST({a} AS DOUBLE))")
         count = agg(f"count({a})")
         divisor = "CAST({1} AS DECIMAL(20,0))" if is_decimal else "{1}"
-        return AggCall(name, jagg.sql(), (total, count), "sum",
+        return AggCall(name, found.sql, (total, count), "sum",
                        "CASE WHEN {1} = 0 THEN NULL ELSE {0} / " + divisor + " END")
     if name in ("First", "Last"):
-        ignore_nulls = bool(function.ignoreNulls())
+        ignore_nulls = found.ignore_nulls
         is_set = agg(f"max(({a}) IS NOT NULL)") if ignore_nulls else agg("max(true)")
         value = agg(f"{name.lower()}({a}, {'true' if ignore_nulls else 'false'})")
-        return AggCall(name, jagg.sql(), (value, is_set), name.lower(), "{0}")
+        return AggCall(name, found.sql, (value, is_set), name.lower(), "{0}")
     if name in ("CollectList", "CollectSet"):
         merge = "concat" if name == "CollectList" else "union"
-        return AggCall(name, jagg.sql(), (agg(f"{SUPPORTED[name]}({a})"),), merge, "{0}")
+        return AggCall(name, found.sql, (agg(f"{SUPPORTED[name]}({a})"),), merge, "{0}")
     if name in _MOMENT_FINALS:
         partial = (agg(f"CAST(count({a}) AS DOUBLE)"), agg(f"avg({a})"),
                    agg(f"var_pop({a}) * count({a})"))
-        return AggCall(name, jagg.sql(), partial, "moments", _MOMENT_FINALS[name])
+        return AggCall(name, found.sql, partial, "moments", _MOMENT_FINALS[name])
     # HyperLogLogPlusPlus: the registers, merged by maximum, estimated in the merge task
     # with the bias tables of the running Spark (read here, on the driver).
-    p = math.ceil(2.0 * math.log(1.106 / float(function.relativeSD())) / math.log(2.0))
-    jvm_helper = spark_internals.jvm_class("org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper")
-    tables = (float(jvm_helper.THRESHOLDS()[p - 4]),
-              tuple(float(x) for x in jvm_helper.RAW_ESTIMATE_DATA()[p - 4]),
-              tuple(float(x) for x in jvm_helper.BIAS_DATA()[p - 4])) if p < 19 else (0.0, (), ())
-    return AggCall(name, jagg.sql(), (agg(_hll_registers_sql(a, p)),), "hll", "{0}", (p, *tables))
+    p = math.ceil(2.0 * math.log(1.106 / found.relative_sd) / math.log(2.0))
+    tables = spark_internals.hyperloglog_tables(p)
+    return AggCall(name, found.sql, (agg(_hll_registers_sql(a, p)),), "hll", "{0}", (p, *tables))
 
 
 def _hll_registers_sql(arg: str, p: int) -> str:
@@ -193,25 +170,22 @@ def _hll_registers_sql(arg: str, p: int) -> str:
 def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
                      buffer_prefix: str, grouping: Grouping = Grouping()) -> AggregateSpec:
     """Split the aggregation ``grouped`` (the batch query over the empty template)."""
-    analyzed = grouped._jdf.queryExecution().analyzed()
-    if _simple_name(analyzed) != "Aggregate":
+    root, grouping_expressions, expressions = spark_internals.aggregation_parts(grouped)
+    if root != "Aggregate":
         raise UnsupportedOperationError(
-            f"microbatch cannot plan this aggregation (Spark planned it as {_simple_name(analyzed)}); "
+            f"microbatch cannot plan this aggregation (Spark planned it as {root}); "
             "write it as groupBy(columns).agg(aggregate functions).")
     names = grouped.columns
-    expressions = _seq(analyzed.aggregateExpressions())
-    grouping_expressions = _seq(analyzed.groupingExpressions())
     # groupBy(...).agg lists the keys first; over grouping sets Spark groups by the
     # grouping id too, which is not an output column
-    num_keys = len(grouping_expressions) - int(grouping.has_sets)
+    num_keys = grouping_expressions - int(grouping.has_sets)
     calls: list[AggCall] = []
     buffer_names: list[tuple[str, ...]] = []
     outputs: list[tuple[str, str]] = []
-    for name, jexpr in zip(names[num_keys:], expressions[num_keys:]):
-        aggs = _aggregate_expressions(jexpr)   # none: a constant, which Spark allows
-        body = jexpr.child().sql() if _simple_name(jexpr) == "Alias" else jexpr.sql()
-        for jagg in sorted(aggs, key=lambda j: -len(j.sql())):
-            call = _call(jagg)
+    for name, expression in zip(names[num_keys:], expressions[num_keys:]):
+        body = expression.sql   # its calls: none for a constant, which Spark allows
+        for found in sorted(expression.calls, key=lambda c: -len(c.sql)):
+            call = _call(found)
             index = len(calls)
             buffers = tuple(f"{buffer_prefix}{index}_{i}" for i in range(len(call.partial)))
             calls.append(call)

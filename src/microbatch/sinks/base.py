@@ -31,7 +31,7 @@ class Sink(ABC):
     last_num_output_rows: int = -1
 
     #: How the sink reads the batch's DataFrame, which tells the engine where to find the
-    #: executions whose scans count the batch's input rows (execution/scan_metrics.py):
+    #: executions whose scans count the batch's input rows (spark_internals/metrics.py):
     #: ``READS_SQL``: only through Spark SQL actions (``df.write``, ``collect``, ``show``),
     #: whose executed plans reach a query execution listener; ``READS_RDD``: only through
     #: its RDD (``foreachPartition``), which runs the DataFrame's own executed plan;

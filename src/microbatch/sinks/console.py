@@ -4,7 +4,7 @@ Options ``numRows`` (default 20) and ``truncate`` (default true). No delivery
 guarantee: a batch re-run after a crash is printed again.
 
 Attached to a terminal, the sink also keeps a live line per query below the batches
-(``ops.terminal``: batch, rows per second, watermark, state rows), updated from each
+(``microbatch.terminal``: batch, rows per second, watermark, state rows), updated from each
 batch's progress; in a log or a pipe its output is Spark's, plain.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 
 from pyspark.sql import DataFrame
 
-from microbatch.ops.terminal import is_terminal, progress_line, shared_live_lines
+from microbatch.terminal import is_terminal, progress_line, shared_live_lines
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 
 

@@ -49,7 +49,7 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -59,7 +59,7 @@ from pyspark.sql import functions as F
 from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, SinkFileStatus)
-from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem, storage_for, storage_from_spec
+from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for, storage_from_spec
 from microbatch.errors import (AnalysisException, ConcurrentUpdateError,
                                IllegalArgumentException)
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider

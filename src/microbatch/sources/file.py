@@ -29,7 +29,7 @@ import glob as globlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from pyspark.errors import AnalysisException as PySparkAnalysisException
 from pyspark.sql import DataFrame, SparkSession

@@ -35,7 +35,7 @@ import hashlib
 import json
 import logging
 import time
-from typing import Any, Iterator
+from typing import Iterator
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -44,7 +44,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType
 
 from microbatch.errors import IllegalArgumentException
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
-from microbatch.sources.kafka import HEADERS_TYPE, check_client_settings, client_params
+from microbatch.kafka.client import HEADERS_TYPE, check_client_settings, client_params
 from microbatch import crash_points, spark_internals
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,7 @@
-"""Rows a batch read from each source, from the scans' own ``numOutputRows`` metrics.
+"""What a batch's Spark jobs measured and observed: observations, and the rows each
+input gave (from the scans' own metrics).
+
+Rows a batch read from each source, from the scans' own ``numOutputRows`` metrics.
 
 Spark's engine reports a source's ``numInputRows`` from the executed plan of the batch
 it ran: the ``numOutputRows`` metric of the scan nodes over that source
@@ -28,11 +31,57 @@ from __future__ import annotations
 
 import logging
 import threading
+
+import json
+import time
 from typing import Any
+
 
 from pyspark.sql import DataFrame, SparkSession
 
-from microbatch import spark_internals
+from microbatch.spark_internals.jvm import _jvm, jvm_class
+
+
+def observation_row(observation: Any, wait_s: float) -> Any:
+    """The JVM row an ``Observation`` received, waiting up to ``wait_s`` for the query
+    execution listener that fills it (it may lag the action a little); None if the
+    action that ran the observed DataFrame was not a SQL action, or none ran."""
+    future = observation._jo.future()
+    deadline = time.monotonic() + wait_s
+    while not future.isCompleted() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return observation._jo.getRow() if future.isCompleted() else None
+
+
+def run_to_end(df: Any) -> int:
+    """Runs ``df``'s own executed plan to the end, dropping its rows; how many there were
+    (the executed plan keeps its metrics and observations, as for an RDD action)."""
+    return int(df._jdf.queryExecution().toRdd().count())
+
+
+def executed_observation_row(df: Any, name: str) -> Any:
+    """The JVM row observed as ``name`` by ``df``'s own executed plan (an RDD action such
+    as ``foreachPartition`` runs it); None if that plan has none."""
+    found = df._jdf.queryExecution().observedMetrics().get(name)
+    return found.get() if found.isDefined() else None
+
+
+def row_json(jrow: Any) -> Any:
+    """A JVM row as Spark's ``Row.json`` writes it (parsed)."""
+    return json.loads(jrow.json())
+
+
+def python_row(jrow: Any) -> Any:
+    """A JVM row as PySpark hands one to Python (``Observation.get`` does the same)."""
+    from pyspark.serializers import CPickleSerializer
+    utils = getattr(_jvm(), "org.apache.spark.sql.api.python.PythonSQLUtils")
+    return CPickleSerializer().loads(utils.toPyRow(jrow))
+
+
+def query_execution(df: Any) -> Any:
+    """The JVM QueryExecution of ``df`` (an RDD action runs its executed plan)."""
+    return df._jdf.queryExecution()
+
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +119,7 @@ class ScanRowCounter:
         self._listener: _ExecutionListener | None = None
 
     def _identity(self, obj: Any) -> int:
-        return spark_internals.jvm_class("java.lang.System").identityHashCode(obj)
+        return jvm_class("java.lang.System").identityHashCode(obj)
 
     def input_keys(self, df: DataFrame) -> dict[int, Any] | None:
         """The file indexes ``df`` scans, by identity hash, or None if any of its leaves is

@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from microbatch.sinks.base import READS_ANY, Sink, SinkContext, SinkProvider
-from microbatch.sources.python_datasource import instantiate
+from microbatch.python_datasource.source import instantiate
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""PySpark's Python Data Source API as a streaming source and sink."""

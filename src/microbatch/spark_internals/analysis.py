@@ -1,0 +1,349 @@
+"""Spark's analysis of DataFrames the engine plans with: schemas, conditions, filters,
+projections and groupings read from analysed plans."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from microbatch.spark_internals.jvm import _jvm, jvm_class
+
+
+def schema_string(schema: StructType) -> str:
+    """A schema as Spark's messages print it (Scala's ``StructType.toString``:
+    ``StructType(StructField(id,IntegerType,true),...)``)."""
+    return jvm_class("org.apache.spark.sql.types.DataType").fromJson(schema.json()).toString()
+
+
+def parse_schema_ddl(ddl: str) -> StructType:
+    """A DDL schema string parsed by Spark (``StructType.fromDDL``); a bad one raises
+    Spark's ``ParseException``, as ``readStream.schema(ddl)`` does in PySpark."""
+    jschema = _jvm().org.apache.spark.sql.types.StructType.fromDDL(ddl)
+    return StructType.fromJson(json.loads(jschema.json()))
+
+
+def processing_time_ms(interval: str) -> int:
+    """``Trigger.ProcessingTime(interval)`` as Spark parses it (``"5 seconds"``,
+    ``"interval 1 minute"``, ...): its error for an interval it refuses."""
+    return int(_jvm().org.apache.spark.sql.streaming.Trigger.ProcessingTime(interval).intervalMs())
+
+
+# -- a stream-stream join's condition, from Spark's analyzed plan ------------------------
+@dataclass(frozen=True)
+class TimeTerm:
+    """One side of a time comparison: ``side``'s column ``index`` (None: no column) plus
+    ``offset_us`` microseconds (interval literals)."""
+
+    side: int | None
+    index: int | None
+    offset_us: int
+
+
+def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, TimeTerm, TimeTerm]]]:
+    """The equality keys (left index, right index) and the time comparisons
+    (op, lhs, rhs) of ``left.join(right, condition)``, read from Spark's analyzed ``Join``;
+    ValueError naming the part of the condition that is neither."""
+    plan = joined._jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() != "Join" or plan.condition().isEmpty():
+        raise ValueError("the join has no condition")
+    sides = []
+    for child in (plan.left(), plan.right()):
+        output = child.output()
+        sides.append({output.apply(i).exprId().id(): i for i in range(output.size())})
+
+    def attribute(e: Any) -> tuple[int, int] | None:
+        if e.getClass().getSimpleName() != "AttributeReference":
+            return None
+        for side, ids in enumerate(sides):
+            if e.exprId().id() in ids:
+                return side, ids[e.exprId().id()]
+        return None
+
+    def term(e: Any) -> TimeTerm:
+        name = e.getClass().getSimpleName()
+        if name == "Cast":
+            return term(e.child())
+        if name == "DatetimeSub":
+            return term(e.replacement())
+        if name in ("TimestampAddInterval", "TimeAdd", "DatetimeAdd"):
+            base, interval = term(e.children().apply(0)), term(e.children().apply(1))
+            if interval.side is not None:
+                raise ValueError(f"an interval that is a column ({e.toString()})")
+            return TimeTerm(base.side, base.index, base.offset_us + interval.offset_us)
+        if name == "UnaryMinus":
+            inner = term(e.child())
+            if inner.side is not None:
+                raise ValueError(f"a negated time column ({e.toString()})")
+            return TimeTerm(None, None, -inner.offset_us)
+        if name == "Literal" and e.dataType().typeName().startswith("interval"):
+            value = e.value()
+            if e.dataType().getClass().getSimpleName().startswith("CalendarInterval"):
+                if value.months != 0:
+                    raise ValueError(f"an interval in months or years ({e.toString()})")
+                return TimeTerm(None, None, value.days * 86_400_000_000 + value.microseconds)
+            return TimeTerm(None, None, int(value))
+        found = attribute(e)
+        if found is not None and e.dataType().typeName() in ("timestamp", "timestamp_ntz"):
+            return TimeTerm(found[0], found[1], 0)
+        raise ValueError(f"'{e.toString()}'")
+
+    keys: list[tuple[int, int]] = []
+    comparisons: list[tuple[str, TimeTerm, TimeTerm]] = []
+    operators = {"LessThan": "<", "LessThanOrEqual": "<=", "GreaterThan": ">", "GreaterThanOrEqual": ">="}
+
+    def split(e: Any) -> None:
+        name = e.getClass().getSimpleName()
+        if name == "And":
+            split(e.left())
+            split(e.right())
+            return
+        if name == "Between":   # input BETWEEN lower AND upper: input >= lower AND input <= upper
+            value, lower, upper = term(e.input()), term(e.lower()), term(e.upper())
+            if value.side is not None and {lower.side, upper.side} == {1 - value.side}:
+                comparisons.extend([(">=", value, lower), ("<=", value, upper)])
+                return
+        if name == "EqualTo":
+            a, b = attribute(e.left()), attribute(e.right())
+            if a and b and a[0] != b[0]:
+                keys.append((a[1], b[1]) if a[0] == 0 else (b[1], a[1]))
+                return
+        if name in operators:
+            lhs, rhs = term(e.left()), term(e.right())
+            if lhs.side is not None and rhs.side is not None and lhs.side != rhs.side:
+                comparisons.append((operators[name], lhs, rhs))
+                return
+        raise ValueError(f"'{e.toString()}'")
+
+    split(plan.condition().get())
+    return keys, comparisons
+
+
+_CURRENT_LIKE = ("current_timestamp()", "now()", "current_date(", "localtimestamp(")
+
+
+def uses_current_time(df: Any) -> bool:
+    """Whether ``df``'s analyzed plan refers to the current time or date."""
+    text = df._jdf.queryExecution().analyzed().toString()
+    return any(token in text for token in _CURRENT_LIKE)
+
+
+def filter_can_skip_column(filtered: Any, column: str) -> bool:
+    """Whether ``filtered`` (a DataFrame whose last step is a filter) filters on a
+    deterministic condition that does not refer to the top-level ``column``: what Spark's
+    optimizer needs to push such a filter below a watermark on ``column``."""
+    analyzed = filtered._jdf.queryExecution().analyzed()
+    if analyzed.getClass().getSimpleName() != "Filter":
+        return False
+    condition = analyzed.condition()
+    if not condition.deterministic():
+        return False
+    output = analyzed.child().output()
+    for i in range(output.size()):
+        attribute = output.apply(i)
+        if attribute.name().lower() == column.lower():
+            return not condition.references().contains(attribute)
+    return False   # a nested event time: keep the filter after the watermark
+
+
+def filter_passes_projection(filtered: Any) -> bool:
+    """Whether ``filtered`` (a DataFrame whose last step is a filter over a projection)
+    can filter before the projection unchanged, as Spark's optimizer pushes it: the
+    condition and the projection deterministic, and every column the condition uses
+    passed through the projection as it was (not computed, not renamed)."""
+    analyzed = filtered._jdf.queryExecution().analyzed()
+    if analyzed.getClass().getSimpleName() != "Filter" or not analyzed.condition().deterministic():
+        return False
+    project = analyzed.child()
+    if project.getClass().getSimpleName() != "Project":
+        return False
+    entries = project.projectList()
+    passed = set()
+    for i in range(entries.size()):
+        entry = entries.apply(i)
+        if not entry.deterministic():
+            return False
+        if entry.getClass().getSimpleName() == "AttributeReference":
+            passed.add(entry.exprId().id())
+    used = analyzed.condition().references().toSeq()
+    return all(used.apply(i).exprId().id() in passed for i in range(used.size()))
+
+
+def filter_passes_filter(filtered: Any) -> bool:
+    """Whether ``filtered`` (a DataFrame whose last step is a filter over another filter)
+    can filter before that other filter, as Spark's optimizer combines the two (the lower
+    condition deterministic: CombineFilters) and pushes the parts of the result on its
+    own; the condition that moves must be deterministic too."""
+    analyzed = filtered._jdf.queryExecution().analyzed()
+    if analyzed.getClass().getSimpleName() != "Filter" or not analyzed.condition().deterministic():
+        return False
+    lower = analyzed.child()
+    return lower.getClass().getSimpleName() == "Filter" and lower.condition().deterministic()
+
+
+def projections_keep_column(projected: Any, below: Any, column: str) -> bool:
+    """Whether ``projected`` is ``below`` under projections (and aliases) only, so that
+    each of its rows is one of ``below``'s, and keeps ``below``'s ``column`` as it is (the
+    same attribute, under the same name)."""
+    base = analyzed_plan(below)
+    base_output = base.output()
+    wanted = column.lower()
+    attribute = next((base_output.apply(i) for i in range(base_output.size())
+                      if base_output.apply(i).name().lower() == wanted), None)
+    plan = analyzed_plan(projected)
+    output = plan.output()
+    if attribute is None or not any(output.apply(i).name().lower() == wanted
+                                    and output.apply(i).exprId().equals(attribute.exprId())
+                                    for i in range(output.size())):
+        return False
+    while not plan.equals(base):
+        if plan.getClass().getSimpleName() not in ("Project", "SubqueryAlias"):
+            return False
+        plan = plan.child()
+    return True
+
+
+def analyzed_plan(df: Any) -> Any:
+    """``df``'s analysed logical plan (a JVM ``LogicalPlan``)."""
+    return df._jdf.queryExecution().analyzed()
+
+
+def grouping_columns(grouped: Any) -> list[str | None]:
+    """What a PySpark ``GroupedData`` groups by, key by key: a top-level column's name
+    (``df.groupBy("id")``, ``df.groupBy(df["id"])``), or None for anything else (an
+    expression, a nested field)."""
+    expressions = grouped._jgd.groupingExprs()
+    names: list[str | None] = []
+    for i in range(expressions.size()):
+        expression = expressions.apply(i)
+        kind = expression.getClass().getSimpleName()
+        if kind == "AttributeReference" or (kind == "UnresolvedAttribute" and expression.nameParts().size() == 1):
+            names.append(expression.name())
+        else:
+            names.append(None)
+    return names
+
+
+def grouping_column_names(grouped: Any) -> list[str]:
+    """The column names a PySpark ``GroupedData`` groups by (``df.groupBy("id")``); a
+    ValueError if it groups by something else than columns."""
+    names = grouping_columns(grouped)
+    if None in names:
+        expressions = grouped._jgd.groupingExprs()
+        raise ValueError("The initial state must be grouped by columns, not by "
+                         f"{expressions.apply(names.index(None)).sql()}")
+    return names  # type: ignore[return-value]
+
+
+def conjuncts_without_column(filtered: Any, column: str) -> tuple[list[str], list[str]] | None:
+    """The conjuncts of the filter that is ``filtered``'s last step, as SQL text, split as
+    Spark's optimizer splits a filter above a watermark on ``column``: those it pushes below
+    (deterministic, not using the column) and those that stay. None when the last step is
+    not a filter or ``column`` is not a top-level column of its input."""
+    analyzed = analyzed_plan(filtered)
+    if analyzed.getClass().getSimpleName() != "Filter":
+        return None
+    output = analyzed.child().output()
+    target = next((output.apply(i) for i in range(output.size())
+                   if output.apply(i).name().lower() == column.lower()), None)
+    if target is None:
+        return None
+    parts: list[Any] = []
+
+    def split(expression: Any) -> None:
+        if expression.getClass().getSimpleName() == "And":
+            split(expression.left())
+            split(expression.right())
+        else:
+            parts.append(expression)
+
+    split(analyzed.condition())
+    pushed, kept = [], []
+    for part in parts:
+        movable = part.deterministic() and not part.references().contains(target)
+        (pushed if movable else kept).append(part.sql())
+    return pushed, kept
+
+
+@dataclass(frozen=True)
+class AggregateCall:
+    """An aggregate function call of an analysed aggregation, in Python terms."""
+
+    function: str                  # Spark's class name, e.g. "Average"
+    pretty_name: str               # e.g. "avg"
+    sql: str                       # the call as Spark prints it, e.g. "avg(v)"
+    distinct: bool
+    arguments: tuple[str, ...]     # SQL of each argument
+    filter: str | None             # SQL of FILTER (WHERE ...), if any
+    decimal_argument: bool         # avg of a decimal (Spark sums decimals exactly)
+    ignore_nulls: bool             # first/last(x, ignoreNulls)
+    relative_sd: float | None      # approx_count_distinct's relative standard deviation
+
+
+@dataclass(frozen=True)
+class AggregateOutput:
+    """One output column of an analysed aggregation: its SQL (without its alias) and the
+    aggregate calls in it, outermost first."""
+
+    sql: str
+    calls: tuple[AggregateCall, ...]
+
+
+def aggregation_parts(grouped: Any) -> tuple[str, int, list[AggregateOutput]]:
+    """Spark's analysed plan of ``grouped`` (``df.groupBy(...).agg(...)``): the plan's root
+    node name, its number of grouping expressions, and each aggregate expression."""
+    analyzed = analyzed_plan(grouped)
+    root = analyzed.getClass().getSimpleName()
+    if root != "Aggregate":
+        return root, 0, []
+
+    def seq(values) -> list:
+        return [values.apply(i) for i in range(values.size())]
+
+    def name(jexpr) -> str:
+        return jexpr.getClass().getSimpleName()
+
+    def calls_in(jexpr) -> list:
+        if name(jexpr) == "AggregateExpression":
+            return [jexpr]
+        return [found for child in seq(jexpr.children()) for found in calls_in(child)]
+
+    def call(jagg) -> AggregateCall:
+        function = jagg.aggregateFunction()
+        kind = name(function)
+        children = seq(function.children())
+        return AggregateCall(
+            kind, function.prettyName(), jagg.sql(), bool(jagg.isDistinct()),
+            tuple(c.sql() for c in children),
+            jagg.filter().get().sql() if jagg.filter().isDefined() else None,
+            kind == "Average" and function.child().dataType().typeName().startswith("decimal"),
+            bool(function.ignoreNulls()) if kind in ("First", "Last") else False,
+            float(function.relativeSD()) if kind == "HyperLogLogPlusPlus" else None)
+
+    outputs = []
+    for jexpr in seq(analyzed.aggregateExpressions()):
+        body = jexpr.child().sql() if name(jexpr) == "Alias" else jexpr.sql()
+        outputs.append(AggregateOutput(body, tuple(call(j) for j in calls_in(jexpr))))
+    return root, analyzed.groupingExpressions().size(), outputs
+
+
+def hyperloglog_tables(p: int) -> tuple:
+    """The bias tables of the running Spark's HyperLogLog++ at precision ``p``: (threshold,
+    raw estimates, biases); empty from 19 on, where Spark uses none."""
+    if p >= 19:
+        return 0.0, (), ()
+    helper = jvm_class("org.apache.spark.sql.catalyst.util.HyperLogLogPlusPlusHelper")
+    return (float(helper.THRESHOLDS()[p - 4]), tuple(float(x) for x in helper.RAW_ESTIMATE_DATA()[p - 4]),
+            tuple(float(x) for x in helper.BIAS_DATA()[p - 4]))
+
+
+def column_sql(column: Any) -> str:
+    """A PySpark Column as Spark prints its expression (``window(ts, 10 seconds)``)."""
+    return column._jc.toString()
+
+
+def schema_tree(df: Any, level: int | None = None) -> str:
+    """``df``'s schema as ``printSchema`` prints it."""
+    schema = df._jdf.schema()
+    return schema.treeString(level) if level else schema.treeString()

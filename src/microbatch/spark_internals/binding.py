@@ -1,0 +1,203 @@
+"""Binding a batch into a plan analysed once per run (Spark's binding of a batch into
+its analysed query), with the batch's own Python task and batch timestamp."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+from microbatch.spark_internals.analysis import analyzed_plan
+from microbatch.spark_internals.jvm import jvm_class
+
+
+def with_batch_timestamp(spark: SparkSession, df: Any, timestamp_ms: int) -> Any:
+    """``df`` with ``current_timestamp()``, ``now()``, ``current_date()`` and
+    ``localtimestamp()`` replaced by the batch timestamp (Spark's ``CurrentBatchTimestamp``):
+    a catalyst transform of the analyzed plan, with a Scala Map as the partial function."""
+    from py4j.java_collections import MapConverter
+    from pyspark.sql import DataFrame
+    expressions = "org.apache.spark.sql.catalyst.expressions."
+    some_tz = jvm_class("scala.Some")(spark.conf.get("spark.sql.session.timeZone"))
+
+    def batch_time(type_name: str):
+        data_type = jvm_class(f"org.apache.spark.sql.types.{type_name}$")
+        return jvm_class(expressions + "CurrentBatchTimestamp")(timestamp_ms, data_type, some_tz)
+
+    timestamp = batch_time("TimestampType")
+    replacements = {
+        jvm_class(expressions + "CurrentTimestamp")(): timestamp,
+        jvm_class(expressions + "Now")(): timestamp,
+        jvm_class(expressions + "CurrentDate")(some_tz): batch_time("DateType"),
+        jvm_class(expressions + "LocalTimestamp")(some_tz): batch_time("TimestampNTZType"),
+    }
+    java_map = MapConverter().convert(replacements, spark._sc._gateway._gateway_client)
+    scala_partial = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap(java_map)
+    plan = df._jdf.queryExecution().analyzed().transformAllExpressions(scala_partial)
+    return DataFrame(jvm_class("org.apache.spark.sql.classic.Dataset").ofRows(spark._jsparkSession, plan), spark)
+
+
+@dataclass(frozen=True)
+class PythonFunctionRef:
+    """A Python function a plan calls (a ``PythonUDF`` expression, e.g. the function of a
+    ``mapInArrow``), found again after analysis by its result id, with the return type
+    PySpark pickled with it."""
+
+    result_id: Any
+    return_type: Any      # pyspark.sql.types.DataType
+
+
+def map_in_arrow_function(mapped: Any, return_type: Any) -> PythonFunctionRef:
+    """The function of ``mapped``, a DataFrame whose last step is ``mapInArrow``."""
+    return PythonFunctionRef(analyzed_plan(mapped).functionExpr().resultId(), return_type)
+
+
+def projected_function(projected: Any, return_type: Any) -> PythonFunctionRef:
+    """The function of ``projected``, a DataFrame whose last step is a projection whose
+    last column is a Python UDF (``withColumn(name, udf(...))``)."""
+    columns = analyzed_plan(projected).projectList()
+    return PythonFunctionRef(columns.apply(columns.size() - 1).child().resultId(), return_type)
+
+
+class BatchInput:
+    """A batch DataFrame with its analysed plan and output columns, each read once
+    through py4j (a round trip is about 0.1 ms, and a batch's binding makes a few
+    hundred of them without this)."""
+
+    __slots__ = ("df", "plan", "output")
+
+    def __init__(self, df: Any):
+        self.df = df
+        self.plan = analyzed_plan(df)
+        self.output = self.plan.output()
+
+
+class ColumnsKeys:
+    """The columns of each input of a prepared plan, as a key of the plan analysed for
+    them (the schemas' JSON). The JSON is read again only when an input's output
+    attributes differ from those it had the batch before: a bound plan, and a source
+    that prepares its batches, keep theirs from batch to batch."""
+
+    def __init__(self):
+        self._last: dict[int, tuple[Any, str]] = {}
+
+    def key(self, inputs: list[BatchInput]) -> tuple[str, ...]:
+        key = []
+        for slot, given in enumerate(inputs):
+            last = self._last.get(slot)
+            if last is None or not given.output.equals(last[0]):
+                last = (given.output, given.plan.schema().json())
+                self._last[slot] = last
+            key.append(last[1])
+        return tuple(key)
+
+
+class BindablePlan:
+    """An analysed plan with placeholder leaves, bound to each batch's DataFrames.
+
+    Spark's MicroBatchExecution binds a batch the same way: each StreamingExecutionRelation
+    of the analysed query becomes the batch's plan under a projection that gives the batch's
+    columns the relation's attribute ids, so everything above still refers to them and the
+    analyser has nothing left to resolve. The bound plan is marked analysed (it is: the
+    analysed template over the batch's analysed plans, whose columns have the placeholders'
+    exact types, which the caller guarantees), so Spark does not analyse it again. What
+    each binding needs from the placeholders (names, attribute ids) is read once, and the
+    projection's columns are made again only when a batch's input columns are not the
+    attributes of the batch before (a bound plan's output keeps its attributes).
+
+    ``functions`` names Python functions of the plan a binding may replace: a stateful
+    step's task carries its batch's state version and watermarks, so each batch binds its
+    own. The new function is pickled as PySpark pickles a UDF's and takes the place of the
+    old one in its ``PythonUDF`` (same inputs, type and result id), as Spark's
+    IncrementalExecution gives each batch's stateful operators their state info."""
+
+    def __init__(self, prepared: Any, placeholders: list[Any],
+                 functions: Mapping[str, PythonFunctionRef] | None = None):
+        self.prepared = prepared
+        self.placeholders = []
+        for placeholder in placeholders:
+            output = placeholder.output()
+            self.placeholders.append((placeholder, [(output.apply(i).name(), output.apply(i).exprId())
+                                                    for i in range(output.size())]))
+        #: per placeholder, the batch columns it was last bound to and their projection
+        self._projections: list[tuple[Any, Any] | None] = [None] * len(self.placeholders)
+        self._alias = jvm_class("org.apache.spark.sql.catalyst.expressions.Alias")
+        self._project = jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")
+        self._python_udf = jvm_class("org.apache.spark.sql.catalyst.expressions.PythonUDF")
+        self._simple_function = jvm_class("org.apache.spark.api.python.SimplePythonFunction")
+        self._hash_map = jvm_class("java.util.HashMap")
+        self._dataset = jvm_class("org.apache.spark.sql.classic.Dataset")
+        self._utils = jvm_class("org.apache.spark.api.python.PythonUtils")
+        self._no_names = self._utils.toSeq([])
+        self._none = jvm_class("scala.None$")
+        self.functions = {name: self._find_function(ref) for name, ref in (functions or {}).items()}
+        if self.functions:
+            sc = SparkContext._active_spark_context
+            self._broadcast_threshold = self._utils.getBroadcastThreshold(sc._jsc)
+            self._no_broadcasts = jvm_class("java.util.ArrayList")()
+
+    def _find_function(self, ref: PythonFunctionRef) -> tuple:
+        """The ``PythonUDF`` of ``ref`` in the prepared plan (a node's expression, or under
+        an alias of a projection), with the fields a replacement keeps."""
+        pending = [self.prepared]
+        while pending:
+            node = pending.pop()
+            expressions = node.expressions()
+            for i in range(expressions.size()):
+                expression = expressions.apply(i)
+                if expression.getClass().getSimpleName() == "Alias":
+                    expression = expression.child()
+                if expression.getClass().getSimpleName() == "PythonUDF" \
+                        and expression.resultId().equals(ref.result_id):
+                    function = expression.func()
+                    return (expression, ref.return_type, expression.name(), expression.dataType(),
+                            expression.children(), expression.evalType(), expression.udfDeterministic(),
+                            (function.envVars(), function.pythonIncludes(), function.pythonExec(),
+                             function.pythonVer(), function.accumulator()))
+            children = node.children()
+            pending.extend(children.apply(i) for i in range(children.size()))
+        raise ValueError(f"No Python function with result id {ref.result_id} in the plan")
+
+    def bind(self, inputs: list[BatchInput], functions: Mapping[str, Any] | None = None) -> Any:
+        """The plan with placeholder i replaced by ``inputs[i]``'s plan, and each named
+        function by the Python callable given for it, as a DataFrame of the session."""
+        from pyspark.sql import DataFrame
+        session = inputs[0].df.sparkSession
+        plan = self.prepared
+        if functions:
+            replaced = self._hash_map()
+            for name, func in functions.items():
+                old, return_type, udf_name, data_type, children, eval_type, deterministic, context = \
+                    self.functions[name]
+                new_function = self._python_function(session.sparkContext, func, return_type, context)
+                replaced.put(old, self._python_udf(udf_name, new_function, data_type, children, eval_type,
+                                                   deterministic, old.resultId()))
+            plan = plan.transformAllExpressions(self._utils.toScalaMap(replaced))
+        replacements = self._hash_map()
+        for i, ((placeholder, columns), given) in enumerate(zip(self.placeholders, inputs)):
+            last = self._projections[i]
+            if last is None or not given.output.equals(last[0]):
+                aliases = [self._alias(given.output.apply(j), name, expr_id, self._no_names, self._none,
+                                       self._no_names)
+                           for j, (name, expr_id) in enumerate(columns)]
+                last = (given.output, self._utils.toSeq(aliases))
+                self._projections[i] = last
+            replacements.put(placeholder, self._project(last[1], given.plan))
+        plan = plan.transform(self._utils.toScalaMap(replacements))
+        plan.setAnalyzed()
+        return DataFrame(self._dataset.ofRows(session._jsparkSession, plan), session)
+
+    def _python_function(self, sc: SparkContext, func: Any, return_type: Any, context: tuple) -> Any:
+        """``func`` as the JVM's PythonFunction, as PySpark's ``udf._wrap_function`` makes it
+        (the pickled ``(func, return_type)``), with the interpreter, environment and
+        accumulator of the function it replaces. A command that PySpark would broadcast
+        (too large, or holding broadcast variables) goes through PySpark's own path."""
+        from pyspark.serializers import CloudPickleSerializer
+        from pyspark.sql.udf import _wrap_function
+        pickled = CloudPickleSerializer().dumps((func, return_type))
+        if len(pickled) > self._broadcast_threshold or any(True for _ in sc._pickled_broadcast_vars):
+            return _wrap_function(sc, func, return_type)
+        env, includes, python_exec, python_ver, accumulator = context
+        return self._simple_function(bytearray(pickled), env, includes, python_exec, python_ver,
+                                     self._no_broadcasts, accumulator)

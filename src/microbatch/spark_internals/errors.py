@@ -1,0 +1,156 @@
+"""Spark's exceptions as PySpark raises them: built in the JVM from Spark's error
+catalogue, so users get PySpark's own exception objects with Spark's conditions."""
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from pyspark import SparkContext
+from pyspark.errors import PySparkException
+from pyspark.errors.exceptions.captured import CapturedException, convert_exception
+
+from microbatch.spark_internals.jvm import _jvm, scala_map
+
+
+#: JVM exception classes by the short names this module takes; each is built with
+#: ``(errorClass, messageParameters)`` and formatted from Spark's error catalogue.
+_ERROR_CLASSES = {
+    "AnalysisException": "org.apache.spark.sql.AnalysisException",
+    "SparkIllegalArgumentException": "org.apache.spark.SparkIllegalArgumentException",
+    "SparkUnsupportedOperationException": "org.apache.spark.SparkUnsupportedOperationException",
+}
+
+
+def spark_error(kind: str, error_class: str, **parameters: Any) -> CapturedException:
+    """Spark's exception for ``error_class`` with its catalogued message, as PySpark
+    raises it (e.g. ``pyspark.errors.AnalysisException`` with ``getCondition()``)."""
+    params = scala_map({k: str(v) for k, v in parameters.items()})
+    if kind == "SparkRuntimeException":
+        jexception = _jvm().org.apache.spark.SparkRuntimeException(
+            error_class, params, None, _empty_query_contexts(), "")
+    elif kind == "SparkIllegalStateException":   # (class, parameters, contexts, cause, summary)
+        jexception = _jvm().org.apache.spark.SparkIllegalStateException(
+            error_class, params, _empty_query_contexts(), None, _jvm().scala.Option.apply(None))
+    else:
+        constructor = _jvm()
+        for part in _ERROR_CLASSES[kind].split("."):
+            constructor = getattr(constructor, part)
+        jexception = constructor(error_class, params)
+    exception = convert_exception(jexception)
+    if getattr(exception, "_origin", None) is None:
+        # PySpark converts a class it does not know (SparkIllegalStateException) to an
+        # UnknownException without its origin, whose getCondition() is then None
+        exception._origin = jexception
+    return exception
+
+
+def jvm_throwable(error: BaseException) -> Any:
+    """The JVM exception behind ``error``, or a JVM stand-in for a Python one.
+
+    An error that came from a Spark job or from Spark's analyzer has its JVM exception
+    (PySpark keeps it as ``_origin``); it is used as it is. A Python error becomes a
+    ``SparkException`` carrying its message, error class and parameters (when it is a
+    ``PySparkException``), with the Python frames as its stack trace, so the JVM's
+    exception strings (``QueryTerminatedEvent.exception``) show where it happened."""
+    origin = getattr(error, "_origin", None)
+    if origin is not None:
+        return origin
+    java_exception = getattr(error, "java_exception", None)   # py4j.protocol.Py4JJavaError
+    if java_exception is not None:
+        return java_exception
+    jvm = _jvm()
+    error_class = params = None
+    if isinstance(error, PySparkException):
+        error_class = error.getCondition()
+        params = error.getMessageParameters()
+    message = str(error) if error_class else f"{type(error).__name__}: {error}"
+    option = jvm.scala.Option
+    cause = getattr(error.__cause__, "_origin", None)   # e.g. the Spark job a task error failed
+    jexception = jvm.org.apache.spark.SparkException(
+        message, cause, option.apply(error_class), scala_map(params or {}),
+        _empty_query_contexts())
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ else []
+    elements = SparkContext._gateway.new_array(jvm.java.lang.StackTraceElement, len(frames))
+    for i, frame in enumerate(reversed(frames)):
+        elements[i] = jvm.java.lang.StackTraceElement(
+            frame.filename.rsplit("/", 1)[-1].removesuffix(".py"), frame.name,
+            frame.filename, frame.lineno or -1)
+    jexception.setStackTrace(elements)
+    return jexception
+
+
+def _empty_query_contexts() -> Any:
+    return SparkContext._gateway.new_array(_jvm().org.apache.spark.QueryContext, 0)
+
+
+def python_proxy_error(error: BaseException) -> Any:
+    """What the JVM sees when Python code it called raised (py4j's proxy error): the
+    message carries the Python traceback, as for a Spark ``foreachBatch`` function."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return _jvm().py4j.Py4JException(
+        "An exception was raised by the Python Proxy. Return Message: " + text)
+
+
+def foreach_batch_user_error(error: BaseException) -> Any:
+    """Spark's ``FOREACH_BATCH_USER_FUNCTION_ERROR`` around a user function's error."""
+    cause = python_proxy_error(error)
+    jvm = _jvm()
+    return jvm.org.apache.spark.sql.execution.streaming.sources.ForeachBatchUserFuncException(cause)
+
+
+def is_foreach_user_error(jexception: Any) -> bool:
+    name = jexception.getClass().getName()
+    return name.endswith(".ForeachBatchUserFuncException") or name.endswith(".ForeachUserFuncException")
+
+
+def error_condition(jexception: Any) -> str | None:
+    """The error class of a JVM exception, if it is a ``SparkThrowable``."""
+    from py4j.java_gateway import is_instance_of
+    if is_instance_of(SparkContext._gateway, jexception, "org.apache.spark.SparkThrowable"):
+        return _jvm().PythonErrorUtils.getCondition(jexception)
+    return None
+
+
+def exception_string(jexception: Any) -> str:
+    """Spark's ``Utils.exceptionString``: class, message and stack trace."""
+    return getattr(_jvm(), "org.apache.spark.util.Utils").exceptionString(jexception)
+
+
+def streaming_query_exception(debug_string: str, cause: Any, start_offsets: str,
+                              end_offsets: str, query_id: str, run_id: str,
+                              message: str) -> Any:
+    """Spark's ``StreamingQueryException`` (``STREAM_FAILED``) as the JVM builds it."""
+    return _jvm().org.apache.spark.sql.streaming.StreamingQueryException(
+        debug_string, cause, start_offsets, end_offsets, "STREAM_FAILED",
+        scala_map({"id": query_id, "runId": run_id, "message": message}))
+
+
+def captured(jexception: Any) -> CapturedException:
+    """PySpark's exception for a JVM one, as py4j calls raise it."""
+    return convert_exception(jexception)
+
+
+def exception_message(jexception: Any) -> str:
+    """A JVM exception's message ("" without one)."""
+    return jexception.getMessage() or ""
+
+
+def user_error_cause(jexception: Any) -> Any:
+    """What a query's failure names as its cause: a foreach/foreachBatch user function's
+    own error (Spark unwraps it; the error class stays FOREACH_BATCH_USER_FUNCTION_ERROR),
+    else the exception itself."""
+    return jexception.getCause() if is_foreach_user_error(jexception) else jexception
+
+
+def cause_string(jexception: Any) -> str:
+    """The cause of a query's ``StreamingQueryException`` as Spark's listener events give it."""
+    return exception_string(jexception.getCause())
+
+
+def query_exception(jexception: Any) -> CapturedException:
+    """PySpark's ``StreamingQueryException`` for a JVM one, as PySpark's
+    ``StreamingQuery.exception()`` builds it (message, stack trace, cause converted)."""
+    from pyspark.errors.exceptions.captured import StreamingQueryException
+    message = jexception.toString().split(": ", 1)[1]
+    stack_trace = "\n\t at ".join(e.toString() for e in jexception.getStackTrace())
+    return StreamingQueryException(message, stack_trace, jexception.getCause())

@@ -1,0 +1,20 @@
+"""The sessions and threads queries run in: job tags."""
+from __future__ import annotations
+
+
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+
+def job_tags(sc: SparkContext) -> set[str]:
+    """The calling thread's job tags, as ``SparkContext.getJobTags()`` gives them, without
+    PySpark's walk of the Java set: py4j's iterator ends in a Java exception that PySpark
+    converts, about 15 ms of a query's start."""
+    tags = sc._jsc.getJobTags()
+    return set(tags.toArray()) if tags.size() else set()
+
+
+def cloned_session(spark: SparkSession) -> SparkSession:
+    """A new session with ``spark``'s confs, temporary views and functions, as Spark's
+    StreamExecution clones the user's session for a query."""
+    return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
