@@ -121,7 +121,7 @@ def test_the_operator_computes_the_watermarks_statistics_through_projections_tha
     of the watermark (a node that stops code generation and costs the driver 15-20 ms a
     batch). A step that recomputes the event time keeps the Observation. Rows, progress
     (eventTime) and watermarks match Spark's in each case."""
-    import microbatch.execution.stateful as stateful
+    import microbatch.runtime.watermarks as stateful
     made: list[str] = []
 
     class CountingObservation(stateful.Observation):

@@ -1,4 +1,4 @@
-"""The planner (``plan.incremental.IncrementalExecution``): what it decides once per run
+"""The planner (``runtime.incremental.IncrementalExecution``): what it decides once per run
 (operator ids, state locations, numbers of state stores, rewrites) and per batch (each
 operator's watermarks, whether another batch must run)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.plan.incremental import IncrementalExecution, OperatorWatermarks, PreparedSegment
+from microbatch.runtime.incremental import IncrementalExecution, OperatorWatermarks, PreparedSegment
 from microbatch.plan.logical import Aggregate, Deduplicate, StreamJoin, Transform, Watermark
 
 
@@ -110,7 +110,7 @@ def test_a_split_filter_moves_the_watermark_as_in_spark(spark, ss, tmp_path):
 
 def test_the_run_is_planned_once_not_per_batch(ss, tmp_path, monkeypatch):
     """Three batches, a restart, two more batches: two plans, one per run."""
-    import microbatch.execution.micro_batch as micro_batch
+    import microbatch.runtime.micro_batch as micro_batch
     made = []
     real = micro_batch.IncrementalExecution
 
@@ -144,11 +144,11 @@ def dataframes_made_per_batch(monkeypatch) -> list[int]:
     """Patch PySpark and the planner so that each batch's plan build appends the number
     of DataFrames it made (Spark analyses every DataFrame PySpark makes)."""
     from pyspark.sql.classic.dataframe import DataFrame as ClassicDataFrame
-    import microbatch.execution.micro_batch as micro_batch
+    import microbatch.runtime.micro_batch as micro_batch
     made: list[int] = []
     per_batch: list[int] = []
     real_init = ClassicDataFrame.__init__
-    real_build = micro_batch.IncrementalExecution.batch_dataframe
+    real_build = micro_batch.IncrementalExecution.batch
 
     def counting_init(self, *args, **kwargs):
         made.append(1)
@@ -161,7 +161,7 @@ def dataframes_made_per_batch(monkeypatch) -> list[int]:
         return df
 
     monkeypatch.setattr(ClassicDataFrame, "__init__", counting_init)
-    monkeypatch.setattr(micro_batch.IncrementalExecution, "batch_dataframe", counting_build)
+    monkeypatch.setattr(micro_batch.IncrementalExecution, "batch", counting_build)
     return per_batch
 
 
@@ -228,7 +228,7 @@ def test_stateful_steps_are_analysed_once_per_run_and_bound_per_batch(ss, tmp_pa
     once per run over a placeholder (``PreparedStep``); a batch binds its input and its
     task, which carries the batch's state version and watermarks. Five batches make no
     more analyses than one, and every batch after the first makes the same few DataFrames."""
-    import microbatch.execution.stateful as stateful
+    import microbatch.operators.base as stateful
     operators, mode, build = STATEFUL_QUERIES[name]
     prepared: list[int] = []
 

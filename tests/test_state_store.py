@@ -471,7 +471,7 @@ def test_end_task_freezes_what_a_task_leaves_and_collects_the_whole_heap_every_s
 
 def test_a_state_task_in_a_python_worker_leaves_its_heap_frozen(spark):
     import gc
-    from microbatch.execution.stateful import DictSum
+    from microbatch.operators.base import DictSum
     from microbatch.state.store import end_task
     accumulator = spark.sparkContext.accumulator({}, DictSum())
 

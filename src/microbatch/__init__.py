@@ -15,10 +15,10 @@ from pyspark.errors import StreamingQueryException
 
 from microbatch.errors import (AnalysisException, CheckpointError, IllegalArgumentException,
                                UnsupportedOperationError)
-from microbatch.execution.clock import ManualClock, SystemClock
-from microbatch.execution.events import (QueryIdleEvent, QueryProgressEvent, QueryStartedEvent,
+from microbatch.runtime.clock import ManualClock, SystemClock
+from microbatch.runtime.events import (QueryIdleEvent, QueryProgressEvent, QueryStartedEvent,
                                          QueryTerminatedEvent, StreamingQueryListener)
-from microbatch.execution.triggers import Trigger
+from microbatch.runtime.triggers import Trigger
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ from microbatch import spark_internals
 from microbatch.api.writer import DataStreamWriter
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
-from microbatch.plan.aggregation import Grouping, plan_aggregation
+from microbatch.operators.aggregate.spec import Grouping, plan_aggregation
 from microbatch.plan.logical import (WATERMARK_DELAY, Aggregate, Apply, Deduplicate, Observe, PlanNode,
                                      StaticJoin, StreamingLimit, StreamJoin, StreamingRelation,
                                      Transform, TransformWithState, Union, Watermark)
@@ -599,7 +599,7 @@ class GroupedStream:
                               time_mode: str, initial_state: Any, event_time_column: str) -> StreamFrame:
         from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-        from microbatch.state.transform_with_state_operator import declared_state_variables
+        from microbatch.operators.transform_with_state.variables import declared_state_variables
         frame = self._frame
         if self._grouping is not None:
             raise not_yet(f"{api} after {self._grouping.kind}")

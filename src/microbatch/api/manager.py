@@ -10,9 +10,9 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from microbatch.api.query import StreamingQuery
 from microbatch.errors import IllegalArgumentException
-from microbatch.execution.events import ListenerBus
-from microbatch.execution.micro_batch import MicroBatchExecution
-from microbatch.execution.stream_execution import StreamExecution
+from microbatch.runtime.events import ListenerBus
+from microbatch.runtime.micro_batch import MicroBatchExecution
+from microbatch.runtime.stream_execution import StreamExecution
 
 
 class StreamingQueryManager:

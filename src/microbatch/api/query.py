@@ -5,7 +5,7 @@ from pyspark.errors import PySparkValueError, StreamingQueryException
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 from microbatch import spark_internals
-from microbatch.execution.micro_batch import MicroBatchExecution
+from microbatch.runtime.micro_batch import MicroBatchExecution
 
 
 class StreamingQuery:

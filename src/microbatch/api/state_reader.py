@@ -193,7 +193,7 @@ class StateStoreReader:
         rows' schema (Spark's columns for each kind of state variable)."""
         from pyspark.sql.types import ArrayType, LongType, MapType
 
-        from microbatch.state.transform_with_state_operator import TIMERS_STORE
+        from microbatch.operators.transform_with_state.variables import TIMERS_STORE
         variables = {v["name"]: v for v in doc.get("stateVariables", [])}
         types = {f.name: f.dataType for f in value_type.fields}
         flatten = self._options.get("flattencollectiontypes", "true").lower() == "true"

@@ -17,8 +17,8 @@ from pyspark.errors import PySparkTypeError, PySparkValueError
 from microbatch import spark_internals
 from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, is_local, storage_for
 from microbatch.errors import IllegalArgumentException
-from microbatch.execution.clock import Clock, SystemClock
-from microbatch.execution.triggers import ProcessingTime, Trigger, trigger_from_writer_args
+from microbatch.runtime.clock import Clock, SystemClock
+from microbatch.runtime.triggers import ProcessingTime, Trigger, trigger_from_writer_args
 from microbatch.plan.checks import CHECK_CORRECTNESS_CONF, check_output_mode, check_source_names, normalize_output_mode
 from microbatch.connectors import lookup_sink
 from microbatch.sinks.base import SinkContext

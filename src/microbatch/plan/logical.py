@@ -1,15 +1,17 @@
 """The logical plan of a stream: a small tree of dataclasses.
 
 A leaf ``StreamingRelation`` stands for one source; the other nodes are the
-steps applied to it. Every node can be ``build``-t into a PySpark DataFrame from
-one DataFrame per relation: with each source's batch for a micro-batch, or with
-empty DataFrames for the *template* that gives the stream its schema and checks
-each step when it is defined (so a wrong column fails at definition, as in Spark).
+steps applied to it, and say what they mean (a join's watermarks, a deduplication's
+event time, ...). Every node can be ``build``-t into a PySpark DataFrame from one
+DataFrame per relation, as a batch query: over empty DataFrames that is the stream's
+*template*, which gives it its schema and checks each step when it is defined (so a
+wrong column fails at definition, as in Spark); a stateful node builds its batch
+equivalent there.
 
-A micro-batch build also gets a context (``execution.stateful.BatchContext``):
-watermark nodes observe the batch's event times through it and stateful nodes
-run their step against the state store through it. The template build has no
-context; stateful nodes then build their batch equivalent, for the schema.
+A micro-batch is built by the run's planner (``runtime.incremental``), which walks this
+plan: the watermarks' event-time statistics go to the ``WatermarkTracker``, and each
+stateful node's part is its operator's step (``operators/``). No node calls back into
+the runtime.
 """
 from __future__ import annotations
 
@@ -28,7 +30,10 @@ _relation_ids = itertools.count()
 class PlanNode:
     children: tuple["PlanNode", ...] = ()
 
-    def build(self, inputs: Mapping["StreamingRelation", DataFrame], ctx: Any = None) -> DataFrame:
+    def build(self, inputs: Mapping["StreamingRelation", DataFrame]) -> DataFrame:
+        """The node over ``inputs`` (a DataFrame per relation) as a batch query: the
+        stream's *template* over empty inputs. A micro-batch is built by the planner
+        (``runtime.incremental``), which runs the stateful nodes' steps."""
         raise NotImplementedError
 
     def relations(self) -> list["StreamingRelation"]:
@@ -75,7 +80,7 @@ class StreamingRelation(PlanNode):
     user_name: str | None = None       # DataStreamReader.name(...): its id in the checkpoint
     id: int = field(default_factory=lambda: next(_relation_ids))
 
-    def build(self, inputs, ctx=None):
+    def build(self, inputs):
         return inputs[self]
 
     def relations(self):
@@ -100,8 +105,8 @@ class Transform(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs, ctx=None):
-        return getattr(self.child.build(inputs, ctx), self.method)(*self.args, **self.kwargs)
+    def build(self, inputs):
+        return getattr(self.child.build(inputs), self.method)(*self.args, **self.kwargs)
 
     def describe(self) -> str:
         shown = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
@@ -112,7 +117,7 @@ class Transform(PlanNode):
 @dataclass(eq=False)
 class NullFilter(Transform):
     """A stream-stream join's ``column IS NOT NULL`` on one of its sides
-    (``StreamJoin.side_input``), with the column it tests."""
+    (``operators.join.with_null_filters``), with the column it tests."""
 
     column: str = ""
 
@@ -132,8 +137,8 @@ class Apply(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs, ctx=None):
-        return self.fn(self.child.build(inputs, ctx))
+    def build(self, inputs):
+        return self.fn(self.child.build(inputs))
 
     def describe(self) -> str:
         return self.name
@@ -150,8 +155,8 @@ class Union(PlanNode):
     def children(self):
         return (self.left, self.right)
 
-    def build(self, inputs, ctx=None):
-        left, right = self.left.build(inputs, ctx), self.right.build(inputs, ctx)
+    def build(self, inputs):
+        left, right = self.left.build(inputs), self.right.build(inputs)
         if self.by_name:
             return left.unionByName(right, allowMissingColumns=self.allow_missing_columns)
         return left.union(right)
@@ -174,8 +179,8 @@ class StaticJoin(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs, ctx=None):
-        stream = self.child.build(inputs, ctx)
+    def build(self, inputs):
+        stream = self.child.build(inputs)
         if self.stream_side == "left":
             return stream.join(self.static, self.on, self.how)
         return self.static.join(stream, self.on, self.how)
@@ -206,9 +211,8 @@ class Watermark(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs, ctx=None):
-        df = self.child.build(inputs, ctx)
-        return df if ctx is None else ctx.observe_event_time(self, df)
+    def build(self, inputs):
+        return self.child.build(inputs)
 
     def describe(self) -> str:
         return f"EventTimeWatermark {self.event_time}, {self.delay}"
@@ -230,11 +234,8 @@ class Observe(PlanNode):
     def children(self):
         return (self.child,)
 
-    def build(self, inputs, ctx=None):
-        df = self.child.build(inputs, ctx)
-        if ctx is None:
-            return df.observe(self.name, *self.exprs)
-        return ctx.observe(self, df)
+    def build(self, inputs):
+        return self.child.build(inputs).observe(self.name, *self.exprs)
 
     def describe(self) -> str:
         return f"CollectMetrics {self.name}, [{', '.join(str(e) for e in self.exprs)}]"
@@ -287,13 +288,11 @@ class Deduplicate(StatefulNode):
             return found[0]
         return None
 
-    def build(self, inputs, ctx=None):
-        df = self.child.build(inputs, ctx)
-        if ctx is None:
-            if self.within_watermark:
-                return df.dropDuplicatesWithinWatermark(list(self.keys))
-            return df.dropDuplicates(list(self.keys))
-        return ctx.deduplicate(self, df)
+    def build(self, inputs):
+        df = self.child.build(inputs)
+        if self.within_watermark:
+            return df.dropDuplicatesWithinWatermark(list(self.keys))
+        return df.dropDuplicates(list(self.keys))
 
     def describe(self) -> str:
         name = "DeduplicateWithinWatermark" if self.within_watermark else "Deduplicate"
@@ -322,11 +321,8 @@ class Aggregate(StatefulNode):
     def watermark_column(self) -> str | None:
         return None if self.event_time_key is None else self.spec.key_names[self.event_time_key]
 
-    def build(self, inputs, ctx=None):
-        df = self.child.build(inputs, ctx)
-        if ctx is None:
-            return self.apply(self.grouped(df))
-        return ctx.aggregate(self, df)
+    def build(self, inputs):
+        return self.apply(self.grouped(self.child.build(inputs)))
 
     def describe(self) -> str:
         outputs = ", ".join(name for name, _ in self.spec.outputs)
@@ -350,11 +346,9 @@ class FlatMapGroupsWithState(StatefulNode):
     timeout: str                           # a GroupStateTimeout value
     data_columns: int | None = None        # the input's leading columns the function gets (None: all)
 
-    def build(self, inputs, ctx=None):
-        df = self.child.build(inputs, ctx)
-        if ctx is None:
-            return spark_internals.empty_batch(df.sparkSession, self.output_schema)
-        return ctx.flat_map_groups_with_state(self, df)
+    def build(self, inputs):
+        df = self.child.build(inputs)
+        return spark_internals.empty_batch(df.sparkSession, self.output_schema)
 
     def describe(self) -> str:
         return (f"FlatMapGroupsInPandasWithState [{', '.join(self.keys)}], {self.func_mode}, "
@@ -391,11 +385,9 @@ class TransformWithState(StatefulNode):
         watermark on, except in processing time."""
         return self.time_mode != "processingtime"
 
-    def build(self, inputs, ctx=None):
-        df = self.child.build(inputs, ctx)
-        if ctx is None:
-            return spark_internals.empty_batch(df.sparkSession, self.output_schema)
-        return ctx.transform_with_state(self, df)
+    def build(self, inputs):
+        df = self.child.build(inputs)
+        return spark_internals.empty_batch(df.sparkSession, self.output_schema)
 
     def describe(self) -> str:
         api = "TransformWithState" if self.rows_api else "TransformWithStateInPandas"
@@ -412,11 +404,8 @@ class StreamingLimit(StatefulNode):
     child: PlanNode
     limit: int
 
-    def build(self, inputs, ctx=None):
-        df = self.child.build(inputs, ctx)
-        if ctx is None:
-            return df.limit(self.limit)
-        return ctx.limit(self, df)
+    def build(self, inputs):
+        return self.child.build(inputs).limit(self.limit)
 
     def describe(self) -> str:
         return f"StreamingGlobalLimit {self.limit}"
@@ -441,7 +430,6 @@ class StreamJoin(StatefulNode):
     condition: Any = None                  # the user's Column (not using), for templates
     side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
     side_times: tuple = (None, None)       # each side's watermarked event-time column
-    _inputs: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         if not self.right_keys:
@@ -455,38 +443,11 @@ class StreamJoin(StatefulNode):
     def children(self):
         return (self.left, self.right)
 
-    def side_input(self, side: int) -> PlanNode:
-        """A side as the join reads it in a batch: Spark infers "not null" for the columns
-        of the condition on a side whose rows only come out matched (both sides of an inner
-        join, the other side of an outer one) and pushes the part that does not use the
-        event time below the side's watermark, so those rows move no watermark."""
-        if side not in self._inputs:
-            from pyspark.sql import functions as F
-            plan = (self.left, self.right)[side]
-            outer = {"left": (0,), "right": (1,), "full": (0, 1)}.get(self.how, ())
-            if side not in outer:
-                event_time = (self.side_event_time(side) or "").lower()
-                names = list((self.keys, self.right_keys)[side])
-                columns = self.side_columns[side]
-                for op, a, b in self.comparisons:
-                    for t in (a, b):
-                        if t.side == side and columns[t.index] not in names:
-                            names.append(columns[t.index])
-                # one filter per column, as Spark splits the conjunction: the planner moves
-                # each that does not use the event time below the watermark on its own
-                for timed in (False, True):
-                    for k in names:
-                        if (k.lower() == event_time) == timed:
-                            condition = F.col("`" + k.replace("`", "``") + "`").isNotNull()
-                            plan = NullFilter(plan, "where", (condition,), column=k)
-            self._inputs[side] = plan
-        return self._inputs[side]
-
     def side_watermark(self, side: int) -> Watermark | None:
         """The watermark right below a side as the join reads it, when only the join's
         own null filter on the side's event time lies between (it drops only rows without
         an event time, which no statistic of the watermark counts); else None."""
-        node = self.side_input(side).under_null_filters(self.side_event_time(side) or "")
+        node = (self.left, self.right)[side].under_null_filters(self.side_event_time(side) or "")
         return node if isinstance(node, Watermark) else None
 
     def side_event_time(self, side: int) -> str | None:
@@ -546,11 +507,9 @@ class StreamJoin(StatefulNode):
         index = self.watermark_key()
         return None if index is None else self.keys[index]
 
-    def build(self, inputs, ctx=None):
-        if ctx is None:
-            on = list(self.keys) if self.using else self.condition
-            return self.left.build(inputs).join(self.right.build(inputs), on, self.how)
-        return ctx.stream_join(self, self.side_input(0).build(inputs, ctx), self.side_input(1).build(inputs, ctx))
+    def build(self, inputs):
+        on = list(self.keys) if self.using else self.condition
+        return self.left.build(inputs).join(self.right.build(inputs), on, self.how)
 
     def describe(self) -> str:
         on = ", ".join(self.keys) if self.using else str(self.condition)

@@ -29,8 +29,8 @@ from typing import Any, Callable, Sequence
 
 from pyspark.sql import Row
 
-from microbatch.execution.clock import Clock, ManualClock
-from microbatch.execution.triggers import ProcessingTime, Trigger
+from microbatch.runtime.clock import Clock, ManualClock
+from microbatch.runtime.triggers import ProcessingTime, Trigger
 from microbatch.sinks.memory import MemorySink
 from microbatch.sources.memory import MemoryStreamSource
 

@@ -1,4 +1,5 @@
-"""The state step of ``applyInPandasWithState``: one Spark task per state partition.
+"""``applyInPandasWithState``: its step, its task (one Spark task per state partition), its
+state; and the pandas conversions it shares with transformWithState.
 
 Spark's ``FlatMapGroupsInPandasWithStateExec``. The batch's rows, hash-partitioned by
 the grouping keys into the state partitions, reach the task as Arrow; the task opens
@@ -32,36 +33,36 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
-from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, end_task, load_provider,
-                                    task_metrics)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import LongType, StructField, StructType
+
+from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted, store_field
+from microbatch.operators.event_time_stats import EventTimeStats
 
 NO_TIMESTAMP = -1
 TIMEOUT_FIELD = "timeoutTimestamp"
 
 
 @dataclass(frozen=True)
-class GroupStateTask:
+class GroupStateTask(StateTask):
     """The per-partition function of an ``applyInPandasWithState`` (shipped by cloudpickle)."""
 
-    state_root: str
-    operator_id: int
-    version: int
-    func: Callable
-    key_indexes: tuple[int, ...]       # the grouping columns among the input columns
-    key_types: tuple                   # their Spark types
-    input_names: tuple[str, ...]       # the input columns the function gets (the leading ones)
-    key_schema: pa.Schema              # as stored
-    value_schema: pa.Schema            # groupState (struct of the state's fields), timeoutTimestamp
-    state_type: Any                    # the state's StructType (GroupState's valueSchema)
-    pandas: PandasConversion           # rows to pandas and the function's DataFrames back
-    timeout_conf: str                  # GroupStateTimeout.NoTimeout, ...
-    batch_timestamp_ms: int
-    watermark_ms: int                  # this batch's (eviction) watermark, or -1 without one
-    watermark_present: bool
-    late_us: int | None                # event-time timeout: rows at or before this are late
-    event_time_index: int | None       # the watermarked column among the input columns
-    conf: StateStoreConf
-    metrics: Any                       # an Accumulator of DictSum
+    func: Callable = None
+    key_indexes: tuple = ()            # the grouping columns among the input columns
+    key_types: tuple = ()              # their Spark types
+    input_names: tuple = ()            # the input columns the function gets (the leading ones)
+    key_schema: pa.Schema = None       # as stored
+    value_schema: pa.Schema = None     # groupState (struct of the state's fields), timeoutTimestamp
+    state_type: Any = None             # the state's StructType (GroupState's valueSchema)
+    pandas: PandasConversion = None    # rows to pandas and the function's DataFrames back
+    timeout_conf: str = "NoTimeout"    # GroupStateTimeout.NoTimeout, ...
+    batch_timestamp_ms: int = 0
+    watermark_ms: int = -1             # this batch's (eviction) watermark, or -1 without one
+    watermark_present: bool = False
+    late_us: int | None = None         # event-time timeout: rows at or before this are late
+    event_time_index: int | None = None  # the watermarked column among the input columns
     #: the watermarked column whose event-time statistics the task reports, for the
     #: watermark below (all rows, late ones too, as Spark's watermark node counts them)
     event_time_stats_index: int | None = None
@@ -70,8 +71,7 @@ class GroupStateTask:
         from pyspark import TaskContext
 
         partition = TaskContext.get().partitionId()
-        store = load_provider(StateStoreId(self.state_root, self.operator_id, partition),
-                              self.key_schema, self.value_schema, self.conf).get_store(self.version)
+        store = self.store(partition, self.key_schema, self.value_schema)
         started = time.monotonic()
         table = _table(list(batches))
         if self.event_time_stats_index is not None and table.num_rows:
@@ -95,9 +95,9 @@ class GroupStateTask:
                 yield from self._call(store, key, None, True, counts)
         updates_ms = (time.monotonic() - started) * 1000
         store.commit()
-        end_task(self.metrics, task_metrics(partition, store.metrics(), numRowsUpdated=counts["updated"],
-                                      numRowsRemoved=counts["removed"], numRowsDroppedByWatermark=late,
-                                      allUpdatesTimeMs=int(updates_ms)))
+        self.finish(partition, store.metrics(), numRowsUpdated=counts["updated"],
+                    numRowsRemoved=counts["removed"], numRowsDroppedByWatermark=late,
+                    allUpdatesTimeMs=int(updates_ms))
 
     def _groups(self, table: pa.Table):
         """(stored key, the positions of the key's rows) in ascending key order, nulls first."""
@@ -291,3 +291,70 @@ def _stored(spark_type: Any, value: Any) -> Any:
 def _storage_value(value: Any) -> Any:
     """A value as the store keeps it (numpy scalars as Python values)."""
     return value.item() if hasattr(value, "item") and not isinstance(value, (bytes, str)) else value
+
+
+# -- the step --------------------------------------------------------------------------------
+def keyed_state_shape(node: Any, df: DataFrame) -> dict:
+    """What the batches of an applyInPandasWithState (or of a transformWithState, ``node``)
+    share, made once per run."""
+    schema = df.schema
+    names = [n.lower() for n in schema.fieldNames()]
+    event_time = node.watermarked_input()
+    conf = df.sparkSession.conf
+    state_fields = [store_field(f) for f in getattr(node, "state_schema", StructType()).fields]
+    return {
+        "key_indexes": tuple(names.index(k.lower()) for k in node.keys),
+        # the columns the function gets: without keys added for grouping expressions
+        "input_names": schema.fieldNames()[:node.data_columns],
+        "key_types": tuple(schema.fields[names.index(k.lower())].dataType for k in node.keys),
+        "key_schema": pa.schema([store_field(schema.fields[names.index(k.lower())]) for k in node.keys]),
+        "value_schema": pa.schema([pa.field("groupState", pa.struct(state_fields)),
+                                   pa.field(TIMEOUT_FIELD, pa.int64())]),
+        "pandas": PandasConversion.of(node.output_schema, pa.schema(
+            [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in node.output_schema.fields]), conf,
+            byte_limit=getattr(node, "rows_api", True) is False),   # transformWithStateInPandas
+        # Spark widens a stateful operator's output to nullable
+        "output": StructType([StructField(f.name, f.dataType, True) for f in node.output_schema.fields]),
+        "event_time": names.index(event_time.lower()) if event_time and event_time.lower() in names else None,
+        "has_watermark": event_time is not None,
+        "encoding": conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow").lower(),
+        "output_event_time": node.output_schema.names.index(node.event_time_column)
+        if getattr(node, "event_time_column", None) else None,
+        "partition": [F.col(quoted(k)) for k in node.keys],
+    }
+
+
+class GroupStateStep(StatefulStep):
+    """Rows hash-partitioned by the grouping keys, then the task that calls the user's
+    function per key and per timed-out key."""
+
+    name = "applyInPandasWithState"
+
+    def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
+        node, df = self.node, inputs[0]
+        shape = self.cached("shape", lambda: keyed_state_shape(node, df))
+        event_time, has_watermark = shape["event_time"], shape["has_watermark"]
+        stats_index = None
+        below = batch.statistics_of.get(0)
+        if below is not None:
+            names = [n.lower() for n in shape["input_names"]]
+            if below.event_time.lower() in names:
+                stats_index = names.index(below.event_time.lower())
+                batch.reported[below] = ""
+        task = GroupStateTask(
+            self.state_root, self.operator_id, batch.batch_id, batch.store_conf, batch.metrics,
+            func=node.func, key_indexes=shape["key_indexes"], key_types=shape["key_types"],
+            input_names=tuple(shape["input_names"]), key_schema=shape["key_schema"],
+            value_schema=shape["value_schema"], state_type=node.state_schema,
+            pandas=shape["pandas"], timeout_conf=node.timeout,
+            batch_timestamp_ms=batch.batch_timestamp_ms,
+            watermark_ms=batch.eviction_ms if has_watermark else -1, watermark_present=has_watermark,
+            late_us=batch.late_ms * 1000 if node.timeout == "EventTimeTimeout" and event_time is not None else None,
+            event_time_index=event_time, event_time_stats_index=stats_index)
+        return self.bind([df], task, self.map_by_keys(shape["partition"], shape["output"]))
+
+    def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
+        by_lower = {f.name.lower(): f for f in input_schemas[0].fields}
+        key = StructType([by_lower[k.lower()] for k in self.node.keys])
+        return key, StructType([StructField("groupState", self.node.state_schema),
+                                StructField(TIMEOUT_FIELD, LongType(), False)])

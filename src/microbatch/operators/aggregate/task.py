@@ -1,6 +1,6 @@
-"""The state step of a streaming aggregation: one Spark task per state partition.
+"""The state task of a streaming aggregation: one Spark task per state partition.
 
-The task gets the batch's buffers per key (``plan.aggregation``, step 1), merges
+The task gets the batch's buffers per key (``spec``, step 1), merges
 each key's buffers into the store at version N, commits N+1 and emits what the
 output mode asks for (Spark's ``StateStoreSaveExec``):
 
@@ -28,10 +28,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.state.hll import estimate as hll_estimate
+from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
-from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, end_task, load_provider,
-                                    task_metrics)
+from microbatch.operators.base import StateTask
+from microbatch.operators.event_time_stats import EventTimeStats
 
 
 def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[pa.Array]:
@@ -127,25 +127,20 @@ def event_time_statistics(batches, partition: int, metrics):
 
 
 @dataclass(frozen=True)
-class AggregateTask:
+class AggregateTask(StateTask):
     """The per-partition function of a streaming aggregation (shipped by cloudpickle)."""
 
-    state_root: str
-    operator_id: int
-    version: int
-    key_fields: tuple[pa.Field, ...]         # the batch's key columns (Arrow types)
-    buffer_fields: tuple[pa.Field, ...]      # the batch's buffer columns
-    merges: tuple[tuple[str, int, int, tuple], ...]   # (kind, first buffer, count, options)
-    output_schema: pa.Schema                 # keys + merged buffers (an HLL buffer -> its estimate)
-    mode: str                                # append / update / complete
-    watermark_key: int | None                # the grouping key with event time
-    watermark_is_window: bool
-    late_us: int | None
-    evict_us: int | None
-    conf: StateStoreConf
-    metrics: Any                             # an Accumulator of DictSum
+    key_fields: tuple = ()                   # the batch's key columns (Arrow fields)
+    buffer_fields: tuple = ()                # the batch's buffer columns
+    merges: tuple = ()                       # (kind, first buffer, count, options) per call
+    output_schema: pa.Schema = None          # keys + merged buffers (an HLL buffer -> its estimate)
+    mode: str = "append"                     # append / update / complete
+    watermark_key: int | None = None         # the grouping key with event time
+    watermark_is_window: bool = False
+    late_us: int | None = None
+    evict_us: int | None = None
     #: whether each row ends with the event-time statistics of its group (max, min,
-    #: sum, count in ms; ``execution.stateful.EVENT_TIME_STATS``), to report and strip
+    #: sum, count in ms; ``event_time_stats.EVENT_TIME_STATS``), to report and strip
     event_time_stats: bool = False
 
     def _event_time(self, key: tuple):
@@ -162,11 +157,8 @@ class AggregateTask:
             batches = event_time_statistics(batches, partition, self.metrics)
         key_storage = [storage_type(f.type) for f in self.key_fields]
         value_storage = [storage_type(f.type) for f in self.buffer_fields]
-        store = load_provider(
-            StateStoreId(self.state_root, self.operator_id, partition),
-            pa.schema([pa.field(f.name, t) for f, t in zip(self.key_fields, key_storage)]),
-            pa.schema([pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)]),
-            self.conf).get_store(self.version)
+        store = self.store(partition, pa.schema([pa.field(f.name, t) for f, t in zip(self.key_fields, key_storage)]),
+                           pa.schema([pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)]))
         num_keys = len(self.key_fields)
         check_late = self.mode != "complete" and self.watermark_key is not None and self.late_us is not None
         emitted: list[tuple[tuple, tuple]] = []
@@ -218,10 +210,9 @@ class AggregateTask:
         m = store.metrics()
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
-        end_task(self.metrics, task_metrics(
-            partition, m, numRowsUpdated=updated, numRowsRemoved=removed,
-            allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
-            numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read))
+        self.finish(partition, m, numRowsUpdated=updated, numRowsRemoved=removed,
+                    allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+                    numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read)
 
     def _output(self, rows: list[tuple[tuple, tuple]], key_storage, value_storage) -> pa.RecordBatch:
         columns = []
@@ -238,7 +229,7 @@ def _session(value) -> tuple:
 
 
 @dataclass(frozen=True)
-class SessionAggregateTask:
+class SessionAggregateTask(StateTask):
     """The state step of a ``session_window`` aggregation (Spark's
     ``SessionWindowStateStoreSaveExec``), one task per state partition.
 
@@ -251,18 +242,13 @@ class SessionAggregateTask:
     the watermark; complete mode emits them all.
     """
 
-    state_root: str
-    operator_id: int
-    version: int
-    key_fields: tuple[pa.Field, ...]         # all grouping keys, the session among them
-    session_index: int                       # where the session is among the keys
-    buffer_fields: tuple[pa.Field, ...]
-    merges: tuple[tuple[str, int, int, tuple], ...]
-    output_schema: pa.Schema
-    mode: str                                # append / complete
-    evict_us: int | None
-    conf: StateStoreConf
-    metrics: Any
+    key_fields: tuple = ()                   # all grouping keys, the session among them
+    session_index: int = 0                   # where the session is among the keys
+    buffer_fields: tuple = ()
+    merges: tuple = ()
+    output_schema: pa.Schema = None
+    mode: str = "append"                     # append / complete
+    evict_us: int | None = None
 
     def __call__(self, batches):
         from pyspark import TaskContext
@@ -274,10 +260,8 @@ class SessionAggregateTask:
                         if i != self.session_index]
         session_struct = pa.struct([pa.field("start", pa.int64()), pa.field("end", pa.int64())]
                                    + [pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)])
-        store = load_provider(StateStoreId(self.state_root, self.operator_id, partition),
-                              pa.schema(group_fields),
-                              pa.schema([pa.field("sessions", pa.list_(session_struct))]),
-                              self.conf).get_store(self.version)
+        store = self.store(partition, pa.schema(group_fields),
+                           pa.schema([pa.field("sessions", pa.list_(session_struct))]))
         num_keys = len(self.key_fields)
         s = self.session_index
         incoming: dict[tuple, list[tuple]] = {}
@@ -326,11 +310,10 @@ class SessionAggregateTask:
         m = store.metrics()
         if emitted:
             yield self._output(emitted, key_storage, value_storage)
-        end_task(self.metrics, task_metrics(
-            partition, m, numRowsTotal=total, numRowsUpdated=updated, numRowsRemoved=removed,
-            allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
-            # Spark 4.3 reports no state store instances for this operator in complete mode.
-            numStateStoreInstances=0 if self.mode == "complete" else 1))
+        self.finish(partition, m, numRowsTotal=total, numRowsUpdated=updated, numRowsRemoved=removed,
+                    allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+                    # Spark 4.3 reports no state store instances for this operator in complete mode.
+                    numStateStoreInstances=0 if self.mode == "complete" else 1)
 
     def _normal(self, value, j: int):
         for kind, start, count, _ in self.merges:

@@ -34,10 +34,10 @@ from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.checkpoint.markers import unfinished_rollback
 from microbatch.errors import CheckpointError, UserFunctionError, raised_in_worker
 from microbatch.util import conf_bool
-from microbatch.execution.clock import Clock
-from microbatch.execution.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
+from microbatch.runtime.clock import Clock
+from microbatch.runtime.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
                                          QueryStartedEvent, QueryTerminatedEvent)
-from microbatch.execution.progress import ProgressReporter, format_timestamp
+from microbatch.runtime.progress import ProgressReporter, format_timestamp
 
 log = logging.getLogger(__name__)
 

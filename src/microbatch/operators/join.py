@@ -1,4 +1,4 @@
-"""The state step of a stream-stream join: one Spark task per state partition.
+"""A stream-stream join: its step, its task, its state, and the null filters Spark infers.
 
 Spark's ``StreamingSymmetricHashJoinExec`` (inner and left/right/full outer joins on
 equal keys, optionally with time comparisons between the sides; state format 2). Both
@@ -21,6 +21,7 @@ never matched coming out with nulls; and the four stores commit version N+1.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -28,9 +29,17 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.state.files import from_state_values, state_values
-from microbatch.state.store import (EventTimeStats, StateStoreConf, StateStoreId, StateStoreMetrics,
-                                    end_task, load_provider, task_metrics)
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import StructField, StructType, TimestampNTZType, TimestampType
+
+from microbatch import spark_internals
+from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted
+from microbatch.operators.event_time_stats import EventTimeStats
+from microbatch.plan.logical import NullFilter, PlanNode, StreamJoin, Watermark
+from microbatch.state.files import from_state_values, state_values, storage_type
+from microbatch.state.store import StateStoreMetrics
 
 SIDES = ("left", "right")
 #: The tags of each side's event-time statistics in the operator's metrics.
@@ -38,24 +47,19 @@ JOIN_SIDE_TAGS = ("Left", "Right")
 
 
 @dataclass(frozen=True)
-class JoinTask:
+class JoinTask(StateTask):
     """The per-partition function of a stream-stream join (shipped by cloudpickle). Its
     input columns: ``__side`` (0 left, 1 right), the keys ``__k0..``, the left row
     ``__l0..`` and the right row ``__r0..``; its output: ``__l0..`` then ``__r0..``."""
 
-    state_root: str
-    operator_id: int
-    version: int
-    key_schema: pa.Schema              # the join keys, storage types
-    row_schemas: tuple[pa.Schema, pa.Schema]    # each side's row, storage types
-    output_types: tuple[tuple[pa.DataType, ...], tuple[pa.DataType, ...]]   # Arrow types out
-    event_times: tuple[int | None, int | None]  # per side: its watermarked column in the row
-    watermark_key: int | None          # the join key that is a watermarked event time
-    how: str                           # inner, left, right or full (outer), semi
-    late_us: int | None                # rows at or before this are late
-    evict_us: int | None               # state at or before this is evicted
-    conf: StateStoreConf
-    metrics: Any                       # an Accumulator of DictSum
+    key_schema: pa.Schema = None       # the join keys, storage types
+    row_schemas: tuple = ()            # each side's row (pa.Schema), storage types
+    output_types: tuple = ()           # per side, the Arrow types out
+    event_times: tuple = (None, None)  # per side: its watermarked column in the row
+    watermark_key: int | None = None   # the join key that is a watermarked event time
+    how: str = "inner"                 # inner, left, right or full (outer), semi
+    late_us: int | None = None         # rows at or before this are late
+    evict_us: int | None = None        # state at or before this is evicted
     #: the condition's time comparisons: (op, (side, column, offset µs), (side, column, offset µs))
     comparisons: tuple = ()
     #: per side: rows whose watermarked column is at or before this are evicted (the
@@ -73,8 +77,7 @@ class JoinTask:
             values = pa.schema(list(rows) + [pa.field("matched", pa.bool_())])
             for name, key, value in ((f"{side}-keyToNumValues", self.key_schema, counts),
                                      (f"{side}-keyWithIndexToValue", indexed, values)):
-                store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
-                stores[name] = load_provider(store_id, key, value, self.conf).get_store(self.version)
+                stores[name] = self.store(partition, key, value, name)
         return stores
 
     def _side_rows(self, table: pa.Table, side: int, partition: int) -> tuple[list, list, int]:
@@ -158,10 +161,9 @@ class JoinTask:
                 custom[key] = custom.get(key, 0) + value
         combined = StateStoreMetrics(num_keys=total, memory_used_bytes=memory, commit_time_ms=commit_ms,
                                      custom=custom)
-        end_task(self.metrics, task_metrics(
-            partition, combined, numRowsUpdated=updated, numRowsRemoved=removed,
-            allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
-            numRowsDroppedByWatermark=late, numStateStoreInstances=len(stores)))
+        self.finish(partition, combined, numRowsUpdated=updated, numRowsRemoved=removed,
+                    allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+                    numRowsDroppedByWatermark=late, numStateStoreInstances=len(stores))
 
     def _store_and_join(self, stores, side: int, keys: list, rows: list, output: list) -> int:
         """Join a side's rows with the other side's state and add them to their own."""
@@ -267,3 +269,169 @@ def _time_us(value: Any) -> int | None:
     if isinstance(value, dict):
         return value.get("end")
     return value
+
+
+# -- the step --------------------------------------------------------------------------------
+def with_null_filters(join: StreamJoin) -> StreamJoin:
+    """The join as a batch reads it (a rewrite the planner makes once per run): Spark infers
+    "not null" for the columns of the condition on a side whose rows only come out matched
+    (both sides of an inner join, the other side of an outer one), one filter per column
+    (Spark splits the conjunction), so the planner can push each that does not use the
+    event time below the side's watermark; those rows then move no watermark."""
+    outer = {"left": (0,), "right": (1,), "full": (0, 1)}.get(join.how, ())
+    sides: list[PlanNode] = [join.left, join.right]
+    for side in (0, 1):
+        if side in outer:
+            continue
+        plan = sides[side]
+        event_time = (join.side_event_time(side) or "").lower()
+        names = list((join.keys, join.right_keys)[side])
+        columns = join.side_columns[side]
+        for op, a, b in join.comparisons:
+            for t in (a, b):
+                if t.side == side and columns[t.index] not in names:
+                    names.append(columns[t.index])
+        for timed in (False, True):   # the event time's filter outermost
+            for k in names:
+                if (k.lower() == event_time) == timed:
+                    condition = F.col(quoted(k)).isNotNull()
+                    plan = NullFilter(plan, "where", (condition,), column=k)
+        sides[side] = plan
+    return dataclasses.replace(join, left=sides[0], right=sides[1])
+
+
+def join_statistics_column(node: Watermark, schema: StructType) -> int | None:
+    """The index of a join side's watermarked timestamp column in the side's row, whose
+    event-time statistics the task can report for the watermark; None (a window's end:
+    left to an ``Observation``)."""
+    names = [n.lower() for n in schema.fieldNames()]
+    if node.event_time.lower() not in names:
+        return None
+    index = names.index(node.event_time.lower())
+    return index if isinstance(schema.fields[index].dataType, (TimestampType, TimestampNTZType)) else None
+
+
+class JoinStep(StatefulStep):
+    """Both sides' rows, tagged by side and hash-partitioned by the join keys into the
+    state partitions (as Spark distributes each side of its join), then the join's task
+    per partition, then the join's columns by name. The columns and schemas are made once
+    per run (``_shape``); a batch binds its rows and watermarks."""
+
+    name = "symmetricHashJoin"
+
+    def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
+        node = self.node
+        left, right = inputs
+        shape = self.cached("shape", lambda: _join_shape(node, left, right))
+        times = shape["times"]
+        watermarked = any(t is not None for t in times)
+        reports = []
+        for side in (0, 1):
+            # the side's rows all reach the task, which reports their event-time statistics
+            index, below = shape["stats_columns"][side], batch.statistics_of.get(side)
+            if below is not None and index is not None:
+                batch.reported[below] = JOIN_SIDE_TAGS[side]
+                reports.append(index)
+            else:
+                reports.append(None)
+        value_watermarks = tuple(None if times[side] is None or node.watermark_key() is not None
+                                 else node.value_watermark_ms(side, batch.eviction_ms)
+                                 for side in (0, 1))
+        task = JoinTask(
+            self.state_root, self.operator_id, batch.batch_id, batch.store_conf, batch.metrics,
+            key_schema=shape["key_schema"], row_schemas=shape["row_schemas"],
+            output_types=shape["output_types"], event_times=times,
+            watermark_key=node.watermark_key(), how=node.how, comparisons=shape["comparisons"],
+            value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
+            late_us=batch.late_ms * 1000 if watermarked else None,
+            evict_us=batch.eviction_ms * 1000 if watermarked else None,
+            event_time_stats=tuple(reports))
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: JoinTask):
+            both = inputs[0].select(*shape["tagged"][0]).union(inputs[1].select(*shape["tagged"][1]))
+            mapped = both.repartition(partitions, *shape["partition"]).mapInArrow(task, shape["out"])
+            return mapped.select(*shape["result"]), spark_internals.map_in_arrow_function(mapped, shape["out"])
+
+        return self.bind([left, right], task, build)
+
+    def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
+        left, right = input_schemas
+        by_name = {f.name.lower(): f for f in left.fields}
+        key = StructType([by_name[k.lower()] for k in self.node.keys])
+        return key, StructType([StructField("left", left), StructField("right", right)])
+
+    def _document_extras(self) -> dict:
+        return {"joinType": self.node.how}
+
+    def _meaning_difference(self, doc: dict) -> list[str]:
+        if doc.get("joinType", "inner") != self.node.how:
+            return [f"the join was {doc.get('joinType', 'inner')} and is now {self.node.how}"]
+        return []
+
+
+def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
+    """What a stream-stream join's batches share: each side's tagging columns (``__side``,
+    the keys ``__k..``, the left row ``__l..``, the right row ``__r..``), the task's schemas,
+    the partitioning columns and the output columns (Spark's USING or condition output)."""
+    from pyspark.sql.types import StructField
+    schemas = (left.schema, right.schema)
+    keys = list(node.keys)
+    side_keys = (list(node.keys), list(node.right_keys))
+    tagged = []
+    for side in (0, 1):
+        columns = [F.lit(side).alias("__side")] + [F.col(quoted(k)).alias(f"__k{i}")
+                                                   for i, k in enumerate(side_keys[side])]
+        for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
+            columns += [(F.col(quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
+                        for j, f in enumerate(schema.fields)]
+        tagged.append(columns)
+    both = left.select(*tagged[0]).union(right.select(*tagged[1]))   # the keys' common types
+    key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
+    arrow = [[to_arrow_type(f.dataType, timezone="UTC") for f in schema.fields] for schema in schemas]
+
+    def event_time(side: int, schema: StructType) -> int | None:
+        column = node.side_event_time(side)
+        names = [n.lower() for n in schema.fieldNames()]
+        return names.index(column.lower()) if column and column.lower() in names else None
+
+    left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
+    if not node.using:   # a condition: every column of the left, then of the right
+        result = [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names)]
+        if node.how != "semi":
+            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names)]
+    else:
+        # Spark's USING join output: the keys (the left's; the right's in a right outer join;
+        # the one that is there in a full outer join), then the other columns of each side
+        lowered = [k.lower() for k in keys]
+        left_key = {n.lower(): j for j, n in enumerate(left_names)}
+        right_key = {n.lower(): j for j, n in enumerate(right_names)}
+
+        def key_column(k: str):
+            if node.how == "right":
+                return F.col(f"__r{right_key[k.lower()]}")
+            if node.how == "full":
+                return F.coalesce(F.col(f"__l{left_key[k.lower()]}"), F.col(f"__r{right_key[k.lower()]}"))
+            return F.col(f"__l{left_key[k.lower()]}")
+        result = [key_column(k).alias(k) for k in keys]
+        result += [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names) if n.lower() not in lowered]
+        if node.how != "semi":   # a left semi join gives the left side's columns only
+            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
+    return {
+        "tagged": tagged,
+        "stats_columns": tuple(None if (watermark := node.side_watermark(side)) is None
+                               else join_statistics_column(watermark, schemas[side]) for side in (0, 1)),
+        "key_schema": pa.schema([pa.field(f.name, storage_type(to_arrow_type(f.dataType, timezone="UTC")))
+                                 for f in key_fields]),
+        "row_schemas": tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
+                             for schema, types in zip(schemas, arrow)),
+        "output_types": tuple(tuple(types) for types in arrow),
+        "times": (event_time(0, schemas[0]), event_time(1, schemas[1])),
+        "comparisons": tuple((op, (a.side, a.index, a.offset_us), (b.side, b.index, b.offset_us))
+                             for op, a, b in node.comparisons),
+        "out": StructType([StructField(f"{prefix}{j}", f.dataType, True)
+                           for prefix, schema in (("__l", schemas[0]), ("__r", schemas[1]))
+                           for j, f in enumerate(schema.fields)]),
+        "partition": [F.col(f"__k{i}") for i in range(len(keys))],
+        "result": result,
+    }

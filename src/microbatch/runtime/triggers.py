@@ -17,7 +17,7 @@ from pyspark.errors import PySparkValueError
 
 from microbatch import spark_internals
 from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
-from microbatch.execution.clock import Clock
+from microbatch.runtime.clock import Clock
 from microbatch.util import interval_to_ms
 
 log = logging.getLogger(__name__)

@@ -5,23 +5,33 @@ IncrementalExecution, which Spark re-creates every batch; here the analysis is d
 once and a batch binds its inputs, its batch timestamp and its watermarks):
 
 - **Rewrites, once.** In append mode a limit above a stateful operator becomes the
-  streaming limit (whose count is state). A deterministic filter right above ``withWatermark`` that does not
-  use the event time is moved below it, as Spark's optimizer pushes it, so the watermark
-  sees only the rows that pass (decided on the template, the query over empty inputs).
-  Whether the query reads the current time (``current_timestamp()`` and friends, then
-  replaced by the batch timestamp recorded in ``offsets/N``) is decided once too.
+  streaming limit (whose count is state). A stream-stream join's sides get the "not
+  null" filters Spark infers for its condition (``operators.join.with_null_filters``). A
+  deterministic filter right above ``withWatermark`` that does not use the event time is
+  moved below it, as Spark's optimizer pushes it, so the watermark sees only the rows that
+  pass (decided on the template, the query over empty inputs). Whether the query reads
+  the current time (``current_timestamp()`` and friends, then replaced by the batch
+  timestamp recorded in ``offsets/N``) is decided once too.
 - **Stateful operators.** Each gets Spark's operator id (top down, in plan order), its
-  state location ``<checkpoint>/state/<id>`` and its number of state stores (the
-  checkpoint's shuffle partitions; one for a global aggregation and for a limit).
-- **Prepared plans.** Each largest run of stateless steps is a ``PreparedSegment`` and
-  each stateful step a ``PreparedStep``: analysed once, bound to each batch's inputs (and
-  a stateful step to the batch's task, which carries its state version and watermarks).
+  state location ``<checkpoint>/state/<id>``, its number of state stores (the checkpoint's
+  shuffle partitions; one for a global aggregation and for a limit), its accumulator of
+  metrics, and its step (``operators/``), which keeps what its batches share.
+- **Prepared plans.** Each largest run of stateless steps is a ``PreparedSegment``
+  (``runtime.segments``) and each stateful step prepares its Spark steps
+  (``operators.base.PreparedStep``): analysed once, bound to each batch's inputs (and a
+  stateful step to the batch's task, which carries its state version and watermarks).
 - **Watermarks per operator** (Spark 3.4+'s watermark propagation): a watermark node
   gives the query's watermark; a stateful operator gives what it may still emit (a
   stream-stream join: the smallest of its input watermark and each side's state
-  watermark; the others: their input watermark); an operator's input is the smallest of
-  its children's. Rows are late against the propagation of the previous batch's
-  watermark, state is evicted against that of this batch's.
+  watermark; a transformWithState in processing time: none; the others: their input
+  watermark); an operator's input is the smallest of its children's. Rows are late
+  against the propagation of the previous batch's watermark, state is evicted against
+  that of this batch's.
+- **A batch** (``batch``): the planner walks the plan over the batch's inputs: a prepared
+  segment binds its holes, a watermark's rows go to the ``WatermarkTracker`` (which
+  observes their event time, or leaves it to the operator above), an ``observe`` gets its
+  ``Observation``, and a stateful operator's step builds its part. It returns the batch's
+  DataFrame with what to collect once the sink ran (``PlannedBatch``).
 - **shouldRunAnotherBatch**, per operator, with Spark's rule for each: a watermark below
   it that would move its eviction watermark, and something that evicts (an aggregation
   in append or update mode, a deduplication, a join with a watermarked key or a state
@@ -34,31 +44,30 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 
 from microbatch import spark_internals
-from microbatch.plan.logical import (Aggregate, Apply, Deduplicate, FlatMapGroupsWithState, PlanNode,
-                                     StatefulNode, StaticJoin, StreamingLimit, StreamingRelation,
-                                     StreamJoin, Transform, TransformWithState, Union, Watermark)
+from microbatch.operators.aggregate.step import AggregateStep
+from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions
+from microbatch.operators.dedup import DedupStep
+from microbatch.operators.group_state import GroupStateStep
+from microbatch.operators.join import JoinStep, with_null_filters
+from microbatch.operators.limit import LimitStep
+from microbatch.operators.transform_with_state.step import TransformWithStateStep
+from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, Observe, PlanNode,
+                                     StatefulNode, StreamingLimit, StreamingRelation, StreamJoin, Transform,
+                                     TransformWithState, Watermark)
+from microbatch.runtime.segments import PreparedSegment, children_replaced, segments_prepared
+from microbatch.runtime.watermarks import WatermarkTracker
+from microbatch.state.store import StateStoreConf
 
 log = logging.getLogger(__name__)
 
-
-def operator_name(node: StatefulNode) -> str:
-    """The operator's name in progress and in its state schema file, as Spark names it."""
-    if isinstance(node, Deduplicate):
-        return "dedupeWithinWatermark" if node.within_watermark else "dedupe"
-    if isinstance(node, Aggregate):
-        return "stateStoreSave" if node.session_index is None else "sessionWindowStateStoreSaveExec"
-    if isinstance(node, StreamingLimit):
-        return "globalLimit"
-    if isinstance(node, StreamJoin):
-        return "symmetricHashJoin"
-    if isinstance(node, FlatMapGroupsWithState):
-        return "applyInPandasWithState"
-    if isinstance(node, TransformWithState):
-        return "transformWithStateInPySparkExec" if node.rows_api else "transformWithStateInPandasExec"
-    return type(node).__name__
+#: Each stateful node's step (its operator's home in ``operators/``).
+STEPS: dict[type, type[StatefulStep]] = {
+    Aggregate: AggregateStep, Deduplicate: DedupStep, StreamJoin: JoinStep, StreamingLimit: LimitStep,
+    FlatMapGroupsWithState: GroupStateStep, TransformWithState: TransformWithStateStep,
+}
 
 
 def state_partitions(node: StatefulNode, shuffle_partitions: int) -> int:
@@ -80,6 +89,8 @@ class StatefulOperator:
     name: str
     state_location: str
     num_state_stores: int
+    step: StatefulStep
+    metrics: Any                       # the run's accumulator of the operator's metrics (DictSum)
 
     def evicts_with(self, output_mode: str) -> bool:
         """Whether the operator evicts state when its watermark moves (Spark's
@@ -105,161 +116,38 @@ class OperatorWatermarks:
     eviction_ms: int
 
 
-def _children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
-    if list(node.children) == children:
-        return node
-    if len(children) == 2:
-        changes = {"left": children[0], "right": children[1]}
-        if isinstance(node, StreamJoin):
-            changes["_inputs"] = {}
-        return dataclasses.replace(node, **changes)
-    return dataclasses.replace(node, child=children[0])
+@dataclass
+class PlannedBatch:
+    """A batch as the planner made it: the DataFrame to hand the sink, and what to collect
+    after the sink ran it."""
+
+    batch_id: int
+    df: DataFrame = None
+    #: watermark -> the Observation of its event-time statistics
+    watermark_observations: dict = field(default_factory=dict)
+    #: watermark -> (operator id, tag) of the statistics an operator's tasks report
+    reported_statistics: dict = field(default_factory=dict)
+    #: operator id -> its OperatorBatch (its late-row Observation, if any)
+    operators: dict = field(default_factory=dict)
+    #: ``observe(name, ...)`` -> its Observation
+    user_observations: dict = field(default_factory=dict)
 
 
 def _limits_over_appends(plan: PlanNode) -> PlanNode:
     """In append mode a stateful operator's output is appends too, so a ``limit(n)`` above
     one (written as a plain limit, which is what it is in complete mode) is Spark's
     streaming limit, with its count in state."""
-    plan = _children_replaced(plan, [_limits_over_appends(c) for c in plan.children])
+    plan = children_replaced(plan, [_limits_over_appends(c) for c in plan.children])
     if isinstance(plan, Transform) and plan.method == "limit" \
             and any(isinstance(n, StatefulNode) for n in plan.child.nodes()):
         return StreamingLimit(plan.child, plan.args[0] if plan.args else plan.kwargs["num"])
     return plan
 
 
-#: The steps a prepared segment is made of: stateless, and the same in every batch.
-_SEGMENT_STEPS = (Transform, Apply, Union, StaticJoin)
-
-
-@dataclass(eq=False)
-class Placeholder(PlanNode):
-    """A leaf standing for a segment's input while the segment is analysed."""
-
-    df: DataFrame
-
-    def build(self, inputs, ctx=None):
-        return self.df
-
-    def describe(self) -> str:
-        return "Placeholder"
-
-
-@dataclass(eq=False)
-class PreparedSegment(PlanNode):
-    """Stateless steps of the user's query (``template``), analysed by Spark once per run
-    and bound to each batch's inputs (Spark's binding of a batch into the analysed query).
-
-    Its children (``holes``) are what the segment reads, in the template's order: sources,
-    watermarks, observations and stateful operators, each built per batch. The segment is
-    analysed over one empty placeholder per hole the first time it is built, and again
-    only if a hole's columns change; every build after that replaces the placeholders in
-    the analysed plan by the batch's plans (``spark_internals.BindablePlan``)
-    instead of replaying the steps through PySpark, each of which Spark analyses."""
-
-    template: PlanNode
-    holes: tuple[PlanNode, ...]
-    _prepared: dict = field(default_factory=dict, repr=False)
-    _columns_keys: spark_internals.ColumnsKeys = field(default_factory=spark_internals.ColumnsKeys,
-                                                       repr=False)
-    analyses: int = 0          # how often the steps were analysed (one per run, normally)
-
-    @property
-    def children(self):
-        return self.holes
-
-    def nodes(self):
-        yield self
-        yield from self.template.nodes()
-
-    def build(self, inputs, ctx=None):
-        built = [spark_internals.BatchInput(hole.build(inputs, ctx)) for hole in self.holes]
-        key = self._columns_keys.key(built)
-        if key not in self._prepared:
-            self._prepared[key] = self._prepare([given.df for given in built])
-        return self._prepared[key].bind(built)
-
-    def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
-        """The steps analysed over empty placeholders with the columns of ``built``."""
-        empties = [spark_internals.empty_dataframe(df.sparkSession, df.schema) for df in built]
-        remaining = iter(empties)
-
-        def over_placeholders(node: PlanNode) -> PlanNode:
-            if isinstance(node, _SEGMENT_STEPS):
-                return _children_replaced(node, [over_placeholders(c) for c in node.children])
-            return Placeholder(next(remaining))
-
-        self.analyses += 1
-        analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
-        return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
-
-    def describe(self) -> str:
-        return self.template.describe()
-
-    def under_null_filters(self, column: str) -> PlanNode:
-        """The hole right under the template's null filters on ``column``, if the template
-        is only those; else the segment itself."""
-        inner = self.template.under_null_filters(column)
-        return inner if inner is not self.template and any(inner is hole for hole in self.holes) else self
-
-    def tree_string(self, indent: int = 0, annotate=None) -> str:
-        return self.template.tree_string(indent, annotate)
-
-
-class PreparedStep:
-    """A stateful step of the query (its Spark steps around the Python task that runs the
-    step on the state store), analysed by Spark once per run and bound to each batch's
-    inputs and task (Spark's IncrementalExecution giving each batch's stateful operators
-    their state version and watermarks in an otherwise unchanged plan).
-
-    ``build(inputs, task)`` makes the step's DataFrame over ``inputs`` and returns it with
-    the reference of the task's Python function in it (``spark_internals.PythonFunctionRef``).
-    It is called once, over an empty placeholder per input; a batch then binds its inputs
-    and its own task (``bind``): one DataFrame a batch instead of one per Spark step."""
-
-    def __init__(self, inputs: list[DataFrame], task: Any, build):
-        empties = [spark_internals.empty_dataframe(df.sparkSession, df.schema) for df in inputs]
-        step, function = build(empties, task)
-        self.plan = spark_internals.BindablePlan(spark_internals.analyzed_plan(step),
-                                                 [spark_internals.analyzed_plan(df) for df in empties],
-                                                 {"task": function})
-
-    def bind(self, inputs: list[spark_internals.BatchInput], task: Any) -> DataFrame:
-        return self.plan.bind(inputs, {"task": task})
-
-
-def _segments_prepared(node: PlanNode) -> PlanNode:
-    """``node`` with each largest run of stateless steps (at least one) made a
-    ``PreparedSegment``."""
-    if not isinstance(node, _SEGMENT_STEPS):
-        if isinstance(node, StreamJoin):   # it builds its sides as it reads them
-            sides = {side: _segments_prepared(node.side_input(side)) for side in (0, 1)}
-            return dataclasses.replace(node, _inputs=sides)
-        return _children_replaced(node, [_segments_prepared(c) for c in node.children])
-    holes: list[PlanNode] = []
-
-    def over_holes(step: PlanNode) -> PlanNode:
-        if isinstance(step, _SEGMENT_STEPS):
-            return _children_replaced(step, [over_holes(c) for c in step.children])
-        hole = _segments_prepared(step)
-        holes.append(hole)
-        return hole
-
-    template = over_holes(node)
-    return PreparedSegment(template, tuple(holes))
-
-
-def _built_children(node: PlanNode) -> tuple[PlanNode, ...]:
-    """A node's children as a batch builds them: a stream-stream join reads its sides
-    through their null filters (``StreamJoin.side_input``)."""
-    if isinstance(node, StreamJoin):
-        return node.side_input(0), node.side_input(1)
-    return node.children
-
-
-def _built_nodes(node: PlanNode):
-    yield node
-    for child in _built_children(node):
-        yield from _built_nodes(child)
+def _joins_null_filtered(plan: PlanNode) -> PlanNode:
+    """Every stream-stream join with the not-null filters Spark infers on its sides."""
+    plan = children_replaced(plan, [_joins_null_filtered(c) for c in plan.children])
+    return with_null_filters(plan) if isinstance(plan, StreamJoin) else plan
 
 
 class IncrementalExecution:
@@ -267,18 +155,27 @@ class IncrementalExecution:
 
     def __init__(self, spark: SparkSession, plan: PlanNode, *, checkpoint_root: str,
                  shuffle_partitions: int, output_mode: str,
-                 empty_inputs: Mapping[StreamingRelation, DataFrame]):
+                 empty_inputs: Mapping[StreamingRelation, DataFrame],
+                 store_conf: StateStoreConf | None = None):
         self.spark = spark
         self.output_mode = output_mode
+        self.shuffle_partitions = shuffle_partitions
+        self.store_conf = store_conf or StateStoreConf()
         if output_mode == "append":
             plan = _limits_over_appends(plan)
-        self.plan = _segments_prepared(self._push_filters_below_watermarks(plan, empty_inputs))
+        plan = self._push_filters_below_watermarks(_joins_null_filtered(plan), empty_inputs)
+        self.plan = segments_prepared(plan)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
-        nodes = list(_built_nodes(self.plan))
+        nodes = list(self.plan.nodes())
         stateful = [n for n in nodes if isinstance(n, StatefulNode)]
-        self.operators = [StatefulOperator(i, node, operator_name(node), f"{checkpoint_root}/state/{i}",
-                                           state_partitions(node, shuffle_partitions))
-                          for i, node in enumerate(stateful)]
+        state_root = f"{checkpoint_root}/state"
+        accumulate = spark.sparkContext.accumulator
+        self.operators = []
+        for i, node in enumerate(stateful):
+            step = STEPS[type(node)](node, i, state_root, shuffle_partitions)
+            self.operators.append(StatefulOperator(i, node, step.name, f"{state_root}/{i}",
+                                                   state_partitions(node, shuffle_partitions), step,
+                                                   accumulate({}, DictSum())))
         self.operator = {op.node: op for op in self.operators}
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
         self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
@@ -293,11 +190,7 @@ class IncrementalExecution:
         are. (Spark also pushes through renames and computed columns by substituting them;
         such a filter stays above here.)"""
         children = [self._push_filters_below_watermarks(c, empty_inputs) for c in plan.children]
-        plan = _children_replaced(plan, children)
-        if isinstance(plan, StreamJoin):   # its sides as it reads them, with their null filters
-            plan = dataclasses.replace(plan, _inputs={})
-            plan._inputs = {side: self._push_filters_below_watermarks(plan.side_input(side), empty_inputs)
-                            for side in (0, 1)}
+        plan = children_replaced(plan, children)
         if isinstance(plan, Transform) and plan.method in ("filter", "where"):
             return self._sink_filter(plan, empty_inputs) or plan
         return plan
@@ -341,6 +234,65 @@ class IncrementalExecution:
         return split
 
     # -- per batch -------------------------------------------------------------
+    def batch(self, inputs: Mapping[StreamingRelation, DataFrame], batch_id: int, batch_timestamp_ms: int,
+              watermarks: WatermarkTracker, batch_watermark_ms: int) -> PlannedBatch:
+        """Batch ``batch_id`` over its inputs (a DataFrame per relation): its DataFrame and
+        what to collect after the sink ran it. ``batch_watermark_ms``: the watermark the
+        batch runs with (``watermarks.previous_ms``: the one the batch before ran with)."""
+        planned = PlannedBatch(batch_id)
+        operator_watermarks = self.operator_watermarks(watermarks.previous_ms, batch_watermark_ms)
+        for op in self.operators:
+            op.metrics.value = {}
+
+        def build(node: PlanNode) -> DataFrame:
+            if isinstance(node, StreamingRelation):
+                return inputs[node]
+            if isinstance(node, PreparedSegment):
+                return node.bind([build(hole) for hole in node.holes])
+            if isinstance(node, Watermark):
+                return watermarks.observe(node, build(node.child), batch_id, planned.watermark_observations)
+            if isinstance(node, Observe):
+                observation = Observation(node.name)
+                planned.user_observations[node.name] = observation
+                return build(node.child).observe(observation, *node.exprs)
+            if isinstance(node, StatefulNode):
+                op = self.operator[node]
+                built = [build(child) for child in node.children]
+                marks = operator_watermarks[node]
+                given = OperatorBatch(batch_id, batch_timestamp_ms, marks.late_ms, marks.eviction_ms,
+                                      self.output_mode, self.store_conf, op.metrics,
+                                      statistics_of=watermarks.statistics_of(node, planned.watermark_observations))
+                df = op.step.build(built, given)
+                planned.operators[op.id] = given
+                planned.reported_statistics.update((w, (op.id, tag)) for w, tag in given.reported.items())
+                return df
+            return node.build(inputs)   # (every other step is in a prepared segment)
+
+        df = build(self.plan)
+        if self.needs_batch_time:
+            log.info("Current batch timestamp = %d", batch_timestamp_ms)
+            df = spark_internals.with_batch_timestamp(self.spark, df, batch_timestamp_ms)
+        planned.df = df
+        return planned
+
+    def operator_metrics(self, op: StatefulOperator, late_rows: dict | None = None) -> dict:
+        """An operator's metrics from its tasks, plus rows dropped in Spark before it
+        (``late_rows``: what its late-row Observation counted)."""
+        metrics = dict(op.metrics.value)
+        if late_rows:
+            metrics["numRowsDroppedByWatermark"] = metrics.get("numRowsDroppedByWatermark", 0) \
+                + int(late_rows.get("late") or 0)
+        return metrics
+
+    def every_partition_committed(self) -> bool:
+        """Whether every operator's every state partition committed this batch's version."""
+        return all(committed_partitions(op.metrics.value) == set(range(op.num_state_stores))
+                   for op in self.operators)
+
+    def reset_metrics(self) -> None:
+        for op in self.operators:
+            op.metrics.value = {}
+
     def operator_watermarks(self, late_ms: int, eviction_ms: int) -> dict[StatefulNode, OperatorWatermarks]:
         """Each operator's watermarks, given the query's watermark of the previous batch
         (``late_ms``) and of this batch (``eviction_ms``)."""
@@ -354,7 +306,7 @@ class IncrementalExecution:
         found: dict[StatefulNode, int | None] = {}
 
         def output(node: PlanNode) -> int | None:
-            below = [w for w in (output(c) for c in _built_children(node)) if w is not None]
+            below = [w for w in (output(c) for c in node.children) if w is not None]
             given = min(below) if below else None
             if isinstance(node, Watermark):
                 return watermark_ms
@@ -379,16 +331,6 @@ class IncrementalExecution:
             return True   # Spark's rule: timeouts in processing time may fire in any batch
         return any(now.get(op.node) is not None and then[op.node] > now[op.node]
                    and op.evicts_with(self.output_mode) for op in self.operators)
-
-    def batch_dataframe(self, inputs: Mapping[StreamingRelation, DataFrame],
-                        batch_timestamp_ms: int, ctx: Any = None) -> DataFrame:
-        """The batch's DataFrame; ``ctx`` (an ``execution.stateful.BatchContext``) runs
-        the stateful steps and event-time observation."""
-        df = self.plan.build(inputs, ctx)
-        if self.needs_batch_time:
-            log.info("Current batch timestamp = %d", batch_timestamp_ms)
-            df = spark_internals.with_batch_timestamp(self.spark, df, batch_timestamp_ms)
-        return df
 
     def explain_string(self, run_id: str, batch_id: int) -> str:
         """The plan, each stateful operator with its state info as Spark prints it."""

@@ -1,0 +1,2 @@
+"""Streaming aggregation: its planning from Spark's analysis (``spec``), its state task
+(``task``) and Spark's HyperLogLog++ (``hll``)."""

@@ -1,0 +1,125 @@
+"""The step of a streaming aggregation in a batch: buffers per key in Spark, merged with
+the state per partition (``task``), then finalised (``spec``)."""
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import ArrayType, StructField, StructType
+
+from microbatch import spark_internals
+from microbatch.operators.aggregate.spec import final_columns, finalize, grouped_partial, partial_columns
+from microbatch.operators.aggregate.task import AggregateTask, SessionAggregateTask
+from microbatch.operators.base import OperatorBatch, StatefulStep, ms_column, quoted, us_column
+from microbatch.operators.event_time_stats import EVENT_TIME_STATS
+
+#: A row's session end, for the late-row filter of a session window aggregation.
+SESSION_END_COLUMN = "__microbatch_session_end"
+
+
+def event_time_statistics_columns(event_time: str) -> tuple:
+    """Max, min, sum and count of the event time in ms, as partial aggregate columns (the
+    aggregate task reports them for the watermark below and strips them)."""
+    ms = ms_column(event_time)
+    columns = (F.max(ms), F.min(ms), F.sum(ms.cast("double")), F.count(ms))
+    return tuple(c.alias(f"__microbatch_event_time_{n}") for c, n in zip(columns, EVENT_TIME_STATS))
+
+
+class AggregateStep(StatefulStep):
+    """``groupBy(keys).agg(...)`` (Spark's StateStoreSaveExec, or
+    SessionWindowStateStoreSaveExec for a session window)."""
+
+    @property
+    def name(self) -> str:
+        return "stateStoreSave" if self.node.session_index is None else "sessionWindowStateStoreSaveExec"
+
+    def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
+        node, df = self.node, inputs[0]
+        spec = node.spec
+        op = self.operator_id
+        if node.session_index is not None and node.event_time_key is not None:
+            # A row's session is late when it ends (event time + the row's gap) at or before
+            # the previous batch's watermark: such rows are dropped before the batch's
+            # sessions form. Spark's session_window rule drops rows whose gap is not positive.
+            end = self.cached("session end", lambda: (
+                node.keys[node.session_index].getField("end").alias(SESSION_END_COLUMN)))
+            late = us_column(SESSION_END_COLUMN) <= F.lit(batch.late_ms * 1000)
+            observation = Observation(f"microbatch_late_rows_{op}_{batch.batch_id}")
+            batch.late_rows = observation
+            df = (df.select("*", end).observe(observation, F.count(F.when(late, 1)).alias("late"))
+                  .filter(~late | late.isNull()).drop(SESSION_END_COLUMN))
+        watermark = batch.statistics_of.get(0)
+        extra = ()
+        if watermark is not None:
+            extra = self.cached("event time statistics",
+                                lambda: event_time_statistics_columns(watermark.event_time))
+            batch.reported[watermark] = ""
+        buffers, results = self.cached("aggregate", lambda: (
+            partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
+        partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
+        partition_columns = self.cached("partition", lambda: [F.col(quoted(k)) for k in partition_keys])
+        arrow = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+                 for f in spec.partial_schema.fields]
+        num_keys = len(spec.key_names)
+        merges, start = [], 0
+        for call, names in zip(spec.calls, spec.buffer_names):
+            merges.append((call.merge, start, len(names), call.options))
+            start += len(names)
+        has_watermark = node.event_time_key is not None
+        output_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+                                   for f in spec.merged_schema.fields])
+        common = (self.state_root, op, batch.batch_id, batch.store_conf, batch.metrics)
+        if node.session_index is not None:
+            task = SessionAggregateTask(
+                *common, key_fields=tuple(arrow[:num_keys]), session_index=node.session_index,
+                buffer_fields=tuple(arrow[num_keys:]), merges=tuple(merges), output_schema=output_schema,
+                mode=batch.output_mode, evict_us=batch.eviction_ms * 1000 if has_watermark else None)
+        else:
+            task = AggregateTask(
+                *common, key_fields=tuple(arrow[:num_keys]), buffer_fields=tuple(arrow[num_keys:]),
+                merges=tuple(merges), output_schema=output_schema,
+                mode=batch.output_mode, watermark_key=node.event_time_key,
+                watermark_is_window=node.event_time_is_window,
+                late_us=batch.late_ms * 1000 if has_watermark else None,
+                evict_us=batch.eviction_ms * 1000 if has_watermark else None,
+                event_time_stats=watermark is not None)
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: AggregateTask | SessionAggregateTask):
+            partial = grouped_partial(inputs[0], node.keys, spec.calls, spec.buffer_names, extra, buffers,
+                                      **({} if node.grouping is None else {"grouping": node.grouping}))
+            if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
+                partial = partial.repartition(partitions, *partition_columns)
+            elif node.session_index is not None:
+                partial = partial.repartition(1)
+            mapped = partial.mapInArrow(task, spec.merged_schema)
+            return (finalize(mapped, spec, results),
+                    spark_internals.map_in_arrow_function(mapped, spec.merged_schema))
+
+        return self.bind([df], task, build)
+
+    def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
+        node = self.node
+        fields = node.spec.partial_schema.fields
+        count = len(node.spec.key_names)
+        if node.session_index is None:
+            return StructType(fields[:count]), StructType(fields[count:])
+        # per key without the session: the list of its sessions, each with its buffers
+        session = fields[node.session_index].dataType
+        keys = [f for i, f in enumerate(fields[:count]) if i != node.session_index]
+        sessions = StructType(list(session.fields) + list(fields[count:]))
+        return StructType(keys), StructType([StructField("sessions", ArrayType(sessions))])
+
+    def _document_extras(self) -> dict:
+        # what the buffers mean: count(1) and sum(x) share a type
+        return {"aggregates": [call.sql for call in self.node.spec.calls]}
+
+    def _meaning_difference(self, doc: dict) -> list[str]:
+        if "aggregates" not in doc:   # (older checkpoints lack it)
+            return []
+        now = [call.sql for call in self.node.spec.calls]
+        if doc["aggregates"] != now:
+            return [f"the aggregates were {', '.join(doc['aggregates'])} and are now "
+                    f"{', '.join(now)}: the state holds the old ones' buffers"]
+        return []

@@ -1,0 +1,274 @@
+"""What every stateful operator's home builds on: the planning step, the state task, and
+what a batch hands the one to the other.
+
+An operator is three things, kept together in its own module:
+
+- its **step** (a ``StatefulStep``), made once per query run by the planner
+  (``runtime.incremental``): it builds the operator's part of each batch's DataFrame,
+  the Spark steps around the Python task that runs on the state store (partial
+  aggregation, repartition by key, ``mapInArrow``, final columns). The Spark steps are
+  analysed once per run and each batch binds its input and its own task
+  (``PreparedStep``), as Spark's IncrementalExecution gives each batch's stateful operators
+  their state version and watermarks in an unchanged plan;
+- its **task** (a ``StateTask``), the function each Spark task runs per state partition:
+  it opens the partition's store at version N (the batch id), changes it, commits version
+  N+1 and adds its metrics to the operator's accumulator. A task run twice (the sink read
+  the batch twice, a retried task) steps the store back to version N and commits the same
+  N+1 again;
+- its **state schema**, the key and value of its store (``StatefulStep.state_schema``),
+  kept in ``state/<op>/_metadata/schema`` and checked at a restart.
+
+Two watermarks apply in batch N, as in Spark: rows at or before the *previous* batch's
+watermark are late (dropped, counted as ``numRowsDroppedByWatermark``), and state at or
+before *this* batch's watermark is evicted (``OperatorBatch.late_ms``, ``eviction_ms``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pyarrow as pa
+from pyspark import AccumulatorParam
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import StructType
+
+from microbatch import spark_internals
+from microbatch.state.files import storage_type
+from microbatch.state.store import (StateStore, StateStoreConf, StateStoreId, StateStoreMetrics, end_task,
+                                    load_provider, task_metrics)
+
+log = logging.getLogger(__name__)
+
+#: Names of the progress fields of a state operator, in Spark's order.
+STATE_OPERATOR_FIELDS = ("numRowsTotal", "numRowsUpdated", "allUpdatesTimeMs", "numRowsRemoved",
+                         "allRemovalsTimeMs", "commitTimeMs", "memoryUsedBytes",
+                         "numRowsDroppedByWatermark")
+
+
+class DictSum(AccumulatorParam):
+    """Adds dicts of numbers key by key: one accumulator carries all of an operator's metrics."""
+
+    def zero(self, value):
+        return {}
+
+    def addInPlace(self, a, b):
+        for k, v in b.items():
+            a[k] = v if k.startswith("set:") else a.get(k, 0) + v   # set: a re-run replaces
+        return a
+
+
+def state_operator_progress(name: str, metrics: dict, num_partitions: int) -> dict:
+    """One ``stateOperators`` entry with Spark's fields and order."""
+    entry: dict[str, Any] = {"operatorName": name}
+    for key in STATE_OPERATOR_FIELDS:
+        entry[key] = int(metrics.get(key, 0))
+    entry["numShufflePartitions"] = num_partitions
+    entry["numStateStoreInstances"] = int(metrics.get("numStateStoreInstances", 0))
+    known = set(STATE_OPERATOR_FIELDS) | {"numStateStoreInstances"}
+    entry["customMetrics"] = {k: int(v) for k, v in sorted(metrics.items())
+                              if k not in known and not k.startswith(("partition_", "set:"))}
+    return entry
+
+
+def committed_partitions(metrics: dict) -> set[int]:
+    """The state partitions whose task committed, from an operator's metrics."""
+    return {int(k[len("partition_"):]) for k in metrics if k.startswith("partition_")}
+
+
+# -- the task --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StateTask:
+    """What every state task carries (shipped to Spark's Python workers by cloudpickle):
+    where its operator's state is, the version it reads (the batch id), the store confs
+    and the operator's accumulator. It opens its partition's stores and ends with
+    ``finish`` (the metrics to the accumulator, the worker's heap settled)."""
+
+    state_root: str                    # <checkpoint>/state
+    operator_id: int
+    version: int                       # the batch id: read version N, commit N+1
+    conf: StateStoreConf
+    metrics: Any                       # an Accumulator of DictSum
+
+    def store(self, partition: int, key_schema: pa.Schema, value_schema: pa.Schema,
+              name: str = "default") -> StateStore:
+        """The partition's store ``name`` at this batch's version."""
+        store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
+        return load_provider(store_id, key_schema, value_schema, self.conf).get_store(self.version)
+
+    def finish(self, partition: int, store_metrics: StateStoreMetrics, **counts) -> None:
+        """The task's metrics to the operator's accumulator (Spark's progress fields, the
+        provider's custom metrics, the partition that committed), then the worker's heap."""
+        end_task(self.metrics, task_metrics(partition, store_metrics, **counts))
+
+
+# -- the step ---------------------------------------------------------------------------------
+@dataclass
+class OperatorBatch:
+    """What a stateful step gets for one batch, and what it leaves for the runtime to
+    collect after the sink ran."""
+
+    batch_id: int
+    batch_timestamp_ms: int
+    late_ms: int                       # rows at or before this are late
+    eviction_ms: int                   # state at or before this is evicted
+    output_mode: str
+    store_conf: StateStoreConf
+    metrics: Any                       # the operator's accumulator
+    #: the watermark right below each input (by input index) whose event-time statistics
+    #: this step may compute in its task, where the WatermarkTracker chose to leave them to it
+    statistics_of: dict = field(default_factory=dict)
+    # -- collected after the batch --------------------------------------------------------
+    #: watermark -> the tag under which the task reports its statistics (``event_time_stats``)
+    reported: dict = field(default_factory=dict)
+    #: rows dropped as late before the task, counted by an Observation (session windows)
+    late_rows: Any = None
+
+
+class PreparedStep:
+    """A stateful step's Spark steps, analysed by Spark once per run and bound to each
+    batch's inputs and task.
+
+    ``build(inputs, task)`` makes the step's DataFrame over ``inputs`` and returns it with
+    the reference of the task's Python function in it (``spark_internals.PythonFunctionRef``).
+    It is called once, over an empty placeholder per input; a batch then binds its inputs
+    and its own task (``bind``): one DataFrame a batch instead of one per Spark step."""
+
+    def __init__(self, inputs: list[DataFrame], task: Any, build):
+        empties = [spark_internals.empty_dataframe(df.sparkSession, df.schema) for df in inputs]
+        step, function = build(empties, task)
+        self.plan = spark_internals.BindablePlan(spark_internals.analyzed_plan(step),
+                                                 [spark_internals.analyzed_plan(df) for df in empties],
+                                                 {"task": function})
+
+    def bind(self, inputs: list[spark_internals.BatchInput], task: Any) -> DataFrame:
+        return self.plan.bind(inputs, {"task": task})
+
+
+class StatefulStep:
+    """The planning step of one stateful operator for a query run (made by the planner).
+
+    ``build(inputs, batch)`` gives the operator's DataFrame over its inputs' DataFrames for
+    one batch; ``state_schema(input_schemas)`` the key and value schema of its state."""
+
+    #: Spark's name of the operator, in progress and in its state schema file
+    name = ""
+
+    def __init__(self, node: Any, operator_id: int, state_root: str, num_partitions: int):
+        self.node = node
+        self.operator_id = operator_id
+        self.state_root = state_root            # <checkpoint>/state
+        self.num_partitions = num_partitions    # the run's shuffle partitions
+        #: what does not change from batch to batch, made once: Column objects (building
+        #: one costs a py4j round trip or more) and the steps analysed once (``bind``)
+        self._cache: dict = {}
+        self._columns_keys = spark_internals.ColumnsKeys()
+
+    def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
+        raise NotImplementedError
+
+    def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
+        raise NotImplementedError
+
+    def schema_document(self, key: StructType, value: StructType, history: list | None = None) -> str:
+        """``state/<op>/_metadata/schema``: JSON text naming the operator and its schemas."""
+        doc = {"version": 1, "operatorName": self.name, "keySchema": key.jsonValue(),
+               "valueSchema": value.jsonValue(), **self._document_extras()}
+        if history:
+            doc["valueSchemaHistory"] = history
+        return json.dumps(doc, sort_keys=True)
+
+    def _document_extras(self) -> dict:
+        """What the schema file records besides the schemas (what the state means)."""
+        return {}
+
+    def schema_difference(self, doc: dict, key: StructType, value: StructType) -> str | None:
+        """What differs between a stored schema document and the operator's schemas."""
+        found = []
+        if doc.get("operatorName") != self.name:
+            found.append(f"the operator was {doc.get('operatorName')} and is now {self.name}")
+        else:
+            found += self._meaning_difference(doc)
+        for what, now in (("key", key), ("value", value)):
+            before = StructType.fromJson(doc[f"{what}Schema"])
+            if [(f.name, f.dataType) for f in before.fields] != [(f.name, f.dataType) for f in now.fields]:
+                found.append(f"the {what} schema was {before.simpleString()} and is now {now.simpleString()}")
+        return "; ".join(found) or None
+
+    def _meaning_difference(self, doc: dict) -> list[str]:
+        """Differences of what the state means (the join type, the aggregates)."""
+        return []
+
+    def cached(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()`` once per run."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def bind(self, inputs: list[DataFrame], task: Any, build) -> DataFrame:
+        """The Spark steps ``build`` over this batch's ``inputs``, running this batch's
+        ``task``: analysed once per run (again only if an input's columns change) and bound
+        to each batch's inputs and task. A step that cannot be prepared is built step by
+        step every batch."""
+        given = [spark_internals.BatchInput(df) for df in inputs]
+        prepared_key = ("prepared", self._columns_keys.key(given))
+        prepared = self._cache.get(prepared_key)
+        if prepared is None:
+            try:
+                prepared = PreparedStep(inputs, task, build)
+            except Exception:  # noqa: BLE001 - e.g. a Spark whose plans differ: build it per batch
+                log.warning("Cannot prepare the stateful step %s once per run; building it every "
+                            "batch", self.name, exc_info=True)
+                prepared = False
+            self._cache[prepared_key] = prepared
+        if prepared is False:
+            return build(inputs, task)[0]
+        return prepared.bind(given, task)
+
+    def map_by_keys(self, partition_columns: list, output: StructType):
+        """A ``build`` for ``bind``: rows hash-partitioned by ``partition_columns`` into the
+        state partitions, then the task."""
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: Any):
+            mapped = inputs[0].repartition(partitions, *partition_columns).mapInArrow(task, output)
+            return mapped, spark_internals.map_in_arrow_function(mapped, output)
+        return build
+
+
+# -- helpers of the steps --------------------------------------------------------------------
+def store_field(field_: Any) -> pa.Field:
+    """The Arrow field a Spark column is stored as (``state.files.storage_type``)."""
+    return pa.field(field_.name, storage_type(to_arrow_type(field_.dataType, timezone="UTC")))
+
+
+def quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def us_column(name: str):
+    """A timestamp column as µs since the epoch."""
+    return F.expr(f"unix_micros(CAST({quoted(name)} AS TIMESTAMP))")
+
+
+def ms_column(name: str):
+    """A timestamp column as ms since the epoch."""
+    return F.expr(f"unix_micros(CAST({quoted(name)} AS TIMESTAMP)) div 1000")
+
+
+#: The column a row-filtering UDF answers in, dropped right after the filter.
+KEEP_COLUMN = "__microbatch_keep"
+
+
+def row_filter_udf(task):
+    """``task`` (Iterator[tuple of Arrow arrays] -> Iterator[boolean array]) as a
+    nondeterministic scalar-iterator Arrow UDF: Spark evaluates it once per row, in
+    the partition's task, and does not move filters across it."""
+    import warnings
+    from pyspark.sql.functions import ArrowUDFType, arrow_udf
+    with warnings.catch_warnings():   # the UDF type is given, not inferred from type hints
+        warnings.simplefilter("ignore", UserWarning)
+        return arrow_udf(task, "boolean", ArrowUDFType.SCALAR_ITER).asNondeterministic()

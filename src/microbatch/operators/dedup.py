@@ -1,0 +1,170 @@
+"""Deduplication: its step, its task, its state.
+
+``dropDuplicates`` and ``dropDuplicatesWithinWatermark`` (Spark's
+``StreamingDeduplicateExec`` and ``StreamingDeduplicateWithinWatermarkExec``). The step
+hash-partitions the rows by key into the state partitions; the task is a scalar-iterator Arrow UDF over the key columns (and the event-time
+column): only those columns travel to Python, the rows stay in the JVM, and the
+UDF answers one boolean per row, true for a row to keep. It opens the store of its
+partition at version N (the batch id), keeps each row whose key it has not seen,
+evicts, commits N+1 and adds its metrics to the operator's accumulator. Keys are
+tuples of plain values; timestamps are int64 microseconds.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+from microbatch import spark_internals
+from microbatch.operators.base import (KEEP_COLUMN, OperatorBatch, StatefulStep, StateTask, quoted,
+                                       row_filter_udf, store_field)
+from microbatch.operators.event_time_stats import EventTimeStats
+
+
+@dataclass(frozen=True)
+class DedupTask(StateTask):
+    """The per-partition function of a ``Deduplicate`` (shipped to tasks by cloudpickle).
+
+    Its input columns are the key columns, in key order, then the event-time column
+    when it is not a key. Spark's rules (``StreamingDeduplicateExec``,
+    ``...WithinWatermarkExec``): a row whose event time is at or before the previous
+    batch's watermark is late and dropped; a row whose key is in the store is a
+    duplicate; otherwise its key is stored. After the rows, keys are evicted: by the
+    event-time key (plain, when it is a key) or by the stored expiry, event time +
+    delay (within watermark), at or before this batch's watermark.
+    """
+
+    key_schema: pa.Schema = None
+    value_schema: pa.Schema = None
+    event_time_index: int | None = None  # index among the input columns of the event time
+    watermark_key: int | None = None     # index in the key of the event-time column
+    expiry_delay_us: int | None = None   # within watermark: the delay
+    late_us: int | None = None           # rows at or before this are late
+    evict_us: int | None = None          # state at or before this is evicted
+    event_time_stats: bool = False       # report the event-time statistics of the watermark below
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[pa.Array]:
+        """The whole partition at once, through the store's batch calls: a row is kept
+        when ``insert_new`` finds its key new; then ``remove_at_or_below`` evicts."""
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        store = self.store(partition, self.key_schema, self.value_schema)
+        started = time.monotonic()
+        lengths, chunks = [], []
+        for columns in batches:   # the UDF may read ahead: it answers as many rows in the end
+            columns = columns if isinstance(columns, (tuple, list)) else (columns,)
+            lengths.append(len(columns[0]))
+            chunks.append(columns)
+        total = sum(lengths)
+        width = len(chunks[0]) if chunks else len(self.key_schema)
+        arrays = [pa.chunked_array([c[i] for c in chunks], type=chunks[0][i].type) if chunks
+                  else pa.chunked_array([], self.key_schema[i].type) for i in range(width)]
+        on_time = None
+        late = 0
+        times = None
+        if chunks and self.event_time_index is not None:
+            times = arrays[self.event_time_index].cast(pa.int64())
+            if self.event_time_stats:
+                stats = EventTimeStats()
+                for chunk in times.chunks:
+                    stats.add_micros(chunk)
+                stats.report(self.metrics, partition)
+            if self.late_us is not None:
+                on_time = pc.invert(pc.fill_null(pc.less_equal(times, self.late_us), False))
+                late = total - (pc.sum(on_time).as_py() or 0)
+                if not late:
+                    on_time = None
+        keys = pa.table([arrays[i] for i in range(len(self.key_schema))], names=self.key_schema.names)
+        values = None
+        if self.expiry_delay_us is not None:
+            values = pa.table([pc.add(times, self.expiry_delay_us) if times is not None
+                               else pa.chunked_array([], pa.int64())], names=["expiry"])
+        rows = np.arange(total, dtype=np.int64)
+        if on_time is not None:
+            keys, rows = keys.filter(on_time), rows[on_time.to_numpy(zero_copy_only=False)]
+            values = values.filter(on_time) if values is not None else None
+        new = store.insert_new(keys, values)
+        keep = np.zeros(total, bool)
+        keep[rows[new]] = True
+        offset = 0
+        for length in lengths:
+            yield pa.array(keep[offset:offset + length], type=pa.bool_())
+            offset += length
+        inserted = int(np.count_nonzero(new))
+        updates_ms = (time.monotonic() - started) * 1000
+        started = time.monotonic()
+        removed = read = 0
+        if self.evict_us is not None and (self.expiry_delay_us is not None or self.watermark_key is not None):
+            read = store.num_keys()   # every key is read, as in Spark
+            if self.expiry_delay_us is not None:
+                removed = store.remove_at_or_below(self.evict_us, value_field=0)
+            else:
+                removed = store.remove_at_or_below(self.evict_us, key_field=self.watermark_key)
+        removals_ms = (time.monotonic() - started) * 1000
+        store.commit()
+        self.finish(partition, store.metrics(), numRowsUpdated=inserted, numRowsRemoved=removed,
+                    allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+                    numRowsDroppedByWatermark=late, numDroppedDuplicateRows=keys.num_rows - inserted,
+                    numRowsReadDuringEviction=read)
+
+
+class DedupStep(StatefulStep):
+    """Rows hash-partitioned by key; an Arrow UDF over the key columns answers, per row,
+    whether to keep it (only the keys travel to Python)."""
+
+    @property
+    def name(self) -> str:
+        return "dedupeWithinWatermark" if self.node.within_watermark else "dedupe"
+
+    def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
+        node, df = self.node, inputs[0]
+        schema: StructType = df.schema
+        names = schema.fieldNames()
+        indexes = tuple(names.index(k) for k in node.keys)
+        fields = [store_field(schema.fields[i]) for i in indexes]
+        event_time = node.event_time()
+        late_column = event_time[0] if event_time and event_time[0] in names else None
+        watermark = node.watermark_column()
+        columns = list(node.keys)
+        if late_column is not None and late_column not in columns:
+            columns.append(late_column)
+        below = batch.statistics_of.get(0)
+        reports_event_time = below is not None and late_column is not None
+        if reports_event_time:
+            batch.reported[below] = ""
+        task = DedupTask(
+            self.state_root, self.operator_id, batch.batch_id, batch.store_conf, batch.metrics,
+            key_schema=pa.schema(fields),
+            value_schema=pa.schema([pa.field("expiresAtMicros", pa.int64())] if node.within_watermark else []),
+            event_time_index=columns.index(late_column) if late_column else None,
+            watermark_key=node.keys.index(watermark) if watermark else None,
+            expiry_delay_us=event_time[1] * 1000 if node.within_watermark else None,
+            late_us=batch.late_ms * 1000 if late_column else None,
+            evict_us=batch.eviction_ms * 1000 if event_time else None,
+            event_time_stats=reports_event_time)
+        keys, arguments = self.cached("columns", lambda: (
+            [F.col(quoted(k)) for k in node.keys], [F.col(quoted(c)) for c in columns]))
+        partitions = self.num_partitions
+
+        def build(inputs: list[DataFrame], task: DedupTask):
+            keyed = inputs[0].repartition(partitions, *keys).withColumn(
+                KEEP_COLUMN, row_filter_udf(task)(*arguments))
+            function = spark_internals.projected_function(keyed, BooleanType())
+            return keyed.filter(F.col(KEEP_COLUMN)).drop(KEEP_COLUMN), function
+
+        return self.bind([df], task, build)
+
+    def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
+        by_name = {f.name: f for f in input_schemas[0].fields}
+        key = StructType([by_name[k] for k in self.node.keys])
+        within = self.node.within_watermark
+        return key, StructType([StructField("expiresAtMicros", LongType(), False)] if within else [])

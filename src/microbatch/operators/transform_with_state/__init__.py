@@ -1,0 +1,1 @@
+"""transformWithState and transformWithStateInPandas."""

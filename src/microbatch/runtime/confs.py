@@ -1,0 +1,92 @@
+"""The confs a checkpoint fixes (Spark's OffsetSeqMetadata confs): recorded in every
+``offsets/N`` when the batch is planned and restored from the checkpoint at a restart, so a
+query keeps, for example, its number of state partitions and its state store provider."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.errors import CheckpointError
+from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SAME_FILES_PROVIDERS,
+                                    SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER, provider_class, provider_name)
+
+log = logging.getLogger(__name__)
+
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+#: The confs a checkpoint fixes, with the values Spark 4.3 records for a new query.
+#: They are written to every ``offsets/N`` and restored from it on restart.
+CHECKPOINTED_CONFS = {
+    "spark.sql.streaming.stateStore.providerClass":
+        "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "spark.sql.dropDuplicates.deterministicKeyOrder.enabled": "true",
+    "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion": "2",
+    "spark.sql.streaming.stateStore.rocksdb.formatVersion": "5",
+    "spark.sql.streaming.queryEvolution.enableSourceEvolution": "false",
+    "spark.sql.streaming.stateStore.encodingFormat": "unsaferow",
+    "spark.sql.streaming.statefulOperator.useStrictDistribution": "true",
+    "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion": "2",
+    "spark.sql.streaming.multipleWatermarkPolicy": "min",
+    "spark.sql.streaming.stateStore.rowChecksum.enabled": "false",
+    "spark.sql.streaming.statefulOperator.alwaysNullableOutput.enabled": "true",
+    "spark.sql.streaming.aggregation.stateFormatVersion": "2",
+    "spark.sql.function.protobufExtensions.enabled": "false",
+    "spark.sql.shuffle.partitions": "200",
+    "spark.sql.streaming.join.stateFormatVersion": "2",
+    "spark.sql.streaming.stateStore.compression.codec": "lz4",
+    "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "false",
+}
+
+
+def state_provider(fs: CheckpointFileSystem, checkpoint_root: str, written: str | None,
+                   asked: str | None) -> str:
+    """The state store provider of this run: the one the checkpoint's state was written
+    with, or for a checkpoint without state the one the session asks for (by default
+    microbatch's). microbatch's map and RocksDB providers read each other's files, so a
+    run may move from one to the other; any other change of provider is refused,
+    naming both."""
+    has_state = written is not None and fs.exists(f"{checkpoint_root}/state")
+    if has_state and written in (SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER):
+        raise CheckpointError(
+            f"The state in checkpoint '{checkpoint_root}' was written by the state "
+            f"store provider {written} (Spark's own engine), whose files microbatch "
+            "cannot read. Start this stateful query with a new checkpoint location.")
+    if has_state:
+        if asked is not None and {provider_name(asked), written} <= SAME_FILES_PROVIDERS:
+            return provider_name(asked)     # microbatch's two providers write the same files
+        if asked is not None and provider_name(asked) != written:
+            raise CheckpointError(
+                f"The state in checkpoint '{checkpoint_root}' was written by the state "
+                f"store provider {written}, but {PROVIDER_CLASS_CONF} is {asked}: one provider "
+                f"does not read another's state. Unset the conf (or set it to {written}), or "
+                "start the query with a new checkpoint location.")
+        provider_class(written)   # importable here, or a clear error before any batch
+        return written
+    chosen = provider_name(asked or DEFAULT_PROVIDER)
+    provider_class(chosen)
+    return chosen
+
+
+def pin_confs(conf: Any, recorded: dict[str, str] | None, stateful: bool, fs: CheckpointFileSystem,
+              checkpoint_root: str) -> dict[str, str]:
+    """Apply the confs recorded in the checkpoint (``recorded``; None for a new one) to the
+    batch session's ``conf``; return the confs the checkpoint fixes, as recorded in
+    ``offsets/N``."""
+    fixed = {}
+    for key, default in CHECKPOINTED_CONFS.items():
+        session_value = conf.get(key, default)
+        if key == PROVIDER_CLASS_CONF and stateful:
+            chosen = state_provider(fs, checkpoint_root, (recorded or {}).get(key), conf.get(key, None))
+            conf.set(key, chosen)
+            fixed[key] = chosen
+            continue
+        if recorded is not None and key in recorded:
+            value = recorded[key]
+            if value != session_value:
+                log.warning("Updating the value of conf '%s' in current session from '%s' "
+                            "to '%s'.", key, session_value, value)
+                conf.set(key, value)
+        else:
+            value = session_value
+        fixed[key] = value
+    return fixed

@@ -1,0 +1,124 @@
+"""Prepared segments: the stateless steps of a query, analysed by Spark once per run and
+bound to each batch's inputs (Spark's binding of a batch into its analysed query).
+
+Each largest run of stateless steps (select, filter, withColumn, unions, static joins,
+mapInPandas, ...) becomes a ``PreparedSegment``. Its children (``holes``) are what the
+segment reads, in the template's order: sources, watermarks, observations and stateful
+operators, each built per batch. The segment is analysed over one empty placeholder per
+hole the first time it is bound, and again only if a hole's columns change; every batch
+after that replaces the placeholders in the analysed plan by the batch's plans
+(``spark_internals.BindablePlan``) instead of replaying the steps through PySpark, each of
+which Spark analyses: a batch makes as many DataFrames for a query of 40 steps as for one
+of 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame
+
+from microbatch import spark_internals
+from microbatch.plan.logical import Apply, PlanNode, StaticJoin, Transform, Union
+
+
+def children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
+    """``node`` with other children (the same node when they are its own)."""
+    if list(node.children) == children:
+        return node
+    if len(children) == 2:
+        return dataclasses.replace(node, left=children[0], right=children[1])
+    return dataclasses.replace(node, child=children[0])
+
+
+#: The steps a prepared segment is made of: stateless, and the same in every batch.
+SEGMENT_STEPS = (Transform, Apply, Union, StaticJoin)
+
+
+@dataclass(eq=False)
+class Placeholder(PlanNode):
+    """A leaf standing for a segment's input while the segment is analysed."""
+
+    df: DataFrame
+
+    def build(self, inputs):
+        return self.df
+
+    def describe(self) -> str:
+        return "Placeholder"
+
+
+@dataclass(eq=False)
+class PreparedSegment(PlanNode):
+    """Stateless steps of the user's query (``template``) over ``holes``, analysed once per
+    run and bound to each batch's inputs."""
+
+    template: PlanNode
+    holes: tuple[PlanNode, ...]
+    _prepared: dict = field(default_factory=dict, repr=False)
+    _columns_keys: spark_internals.ColumnsKeys = field(default_factory=spark_internals.ColumnsKeys,
+                                                       repr=False)
+    analyses: int = 0          # how often the steps were analysed (one per run, normally)
+
+    @property
+    def children(self):
+        return self.holes
+
+    def nodes(self):
+        yield self
+        yield from self.template.nodes()
+
+    def build(self, inputs):
+        return self.bind([hole.build(inputs) for hole in self.holes])
+
+    def bind(self, built: list[DataFrame]) -> DataFrame:
+        """The segment over its holes' DataFrames of a batch."""
+        given = [spark_internals.BatchInput(df) for df in built]
+        key = self._columns_keys.key(given)
+        if key not in self._prepared:
+            self._prepared[key] = self._prepare([g.df for g in given])
+        return self._prepared[key].bind(given)
+
+    def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
+        """The steps analysed over empty placeholders with the columns of ``built``."""
+        empties = [spark_internals.empty_dataframe(df.sparkSession, df.schema) for df in built]
+        remaining = iter(empties)
+
+        def over_placeholders(node: PlanNode) -> PlanNode:
+            if isinstance(node, SEGMENT_STEPS):
+                return children_replaced(node, [over_placeholders(c) for c in node.children])
+            return Placeholder(next(remaining))
+
+        self.analyses += 1
+        analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
+        return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
+
+    def describe(self) -> str:
+        return self.template.describe()
+
+    def under_null_filters(self, column: str) -> PlanNode:
+        """The hole right under the template's null filters on ``column``, if the template
+        is only those; else the segment itself."""
+        inner = self.template.under_null_filters(column)
+        return inner if inner is not self.template and any(inner is hole for hole in self.holes) else self
+
+    def tree_string(self, indent: int = 0, annotate=None) -> str:
+        return self.template.tree_string(indent, annotate)
+
+
+def segments_prepared(node: PlanNode) -> PlanNode:
+    """``node`` with each largest run of stateless steps (at least one) made a
+    ``PreparedSegment``."""
+    if not isinstance(node, SEGMENT_STEPS):
+        return children_replaced(node, [segments_prepared(c) for c in node.children])
+    holes: list[PlanNode] = []
+
+    def over_holes(step: PlanNode) -> PlanNode:
+        if isinstance(step, SEGMENT_STEPS):
+            return children_replaced(step, [over_holes(c) for c in step.children])
+        hole = segments_prepared(step)
+        holes.append(hole)
+        return hole
+
+    template = over_holes(node)
+    return PreparedSegment(template, tuple(holes))

@@ -1,0 +1,198 @@
+"""WatermarkTracker: the query's event-time watermark (Spark's WatermarkTracker).
+
+Each ``withWatermark`` node gives a watermark: the largest event time it has seen, minus
+its delay. After each batch the tracker takes each watermark's event-time statistics of
+the batch, keeps each watermark's largest value, and moves the query's watermark to the
+smallest of them (``spark.sql.streaming.multipleWatermarkPolicy=min``; ``max`` takes the
+largest). It never moves back. Batch N runs with the watermark the batches before it
+reached (recorded in ``offsets/N``); rows at or before the watermark batch N-1 ran with
+are late in batch N (``previous_ms``), state at or before batch N's is evicted
+(``runtime.incremental`` propagates both to each operator).
+
+Where a watermark's statistics come from (max for the watermark; max, min, avg for the
+progress ``eventTime``):
+
+- from the stateful operator right above it (``statistics_of``), when every row the
+  watermark sees reaches that operator with its event time: an aggregation's partial
+  aggregation, a deduplication's row filter or an applyInPandasWithState's task, through
+  steps that only project (``withColumn``, ``select``, renames, drops: Spark's analysed plan
+  of the steps, checked once per run, must be projections down to the watermark's rows
+  with the event-time column passed through unchanged), or a stream-stream join's task
+  for each side (through the join's own null filter on the event time). The tasks report
+  them under their operator's metrics (``operators.event_time_stats``);
+- otherwise from an ``Observation`` at the watermark (``observe``), a node that stops
+  Spark's whole-stage code generation (150-200 ms a 1M-row batch). A filter between the
+  watermark and the operator keeps the ``Observation``; the planner first moves below the
+  watermark the filters that do not use the event time, as Spark's optimizer does.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+
+from microbatch import spark_internals
+from microbatch.operators.base import ms_column
+from microbatch.operators.event_time_stats import reported_statistics
+from microbatch.operators.join import join_statistics_column
+from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, PlanNode, StatefulNode,
+                                     StreamJoin, Transform, Watermark)
+from microbatch.runtime.progress import format_timestamp
+from microbatch.runtime.segments import PreparedSegment
+
+log = logging.getLogger(__name__)
+
+#: DataFrame methods that may only project a watermark's rows; whether they do, Spark's
+#: analysed plan of the steps says (``spark_internals.projections_keep_column``)
+PROJECTING_METHODS = frozenset({"select", "selectExpr", "withColumn", "withColumns", "withColumnRenamed",
+                                "withColumnsRenamed", "drop", "toDF", "alias", "withMetadata"})
+
+
+def watermark_below(node: PlanNode) -> tuple[Watermark, tuple[Transform, ...]] | None:
+    """The watermark under ``node`` (a stateful operator's input) when only steps that may
+    project lie between, with those steps (top-down); else None."""
+    steps: list[Transform] = []
+    while True:
+        if isinstance(node, Watermark):
+            return node, tuple(steps)
+        if isinstance(node, PreparedSegment):
+            node = node.template
+        elif type(node) is Transform and node.method in PROJECTING_METHODS:
+            steps.append(node)
+            node = node.child
+        else:
+            return None
+
+
+def statistics_candidates(stateful: list[StatefulNode]) -> dict[Watermark, tuple[Transform, ...]]:
+    """Watermarks whose event-time statistics the stateful operator above can compute, with
+    the steps between them: right below one side of a stream-stream join (not a self-join
+    of one watermark), or below an aggregation (not a session window, which drops late
+    rows before aggregating, nor grouping sets, which count a row once per set), a
+    deduplication or an applyInPandasWithState through steps that may only project (the
+    tracker checks, once per run, that they do and keep its column). Every row of the
+    watermark reaches the operator's partial aggregation or its task."""
+    found: dict[Watermark, tuple[Transform, ...]] = {}
+    for n in stateful:
+        if isinstance(n, StreamJoin):
+            sides = [n.side_watermark(0), n.side_watermark(1)]
+            if sides[0] is not sides[1]:
+                found.update((side, ()) for side in sides if side is not None)
+        elif isinstance(n, (Deduplicate, FlatMapGroupsWithState)) or (
+                isinstance(n, Aggregate) and n.session_index is None
+                and (n.grouping is None or not n.grouping.has_sets)):
+            below = watermark_below(n.child)
+            if below is not None:
+                found[below[0]] = below[1]
+    return found
+
+
+class WatermarkTracker:
+    """The query's watermark, each ``withWatermark``'s, and where their statistics come from."""
+
+    def __init__(self, policy: str = "min"):
+        self.policy = policy.lower()
+        self.watermark_ms = 0      # the query's watermark: what the next batch runs with
+        self.previous_ms = 0       # what the batch before the running one ran with (late rows)
+        self.nodes: list[Watermark] = []
+        self.ids: dict[Watermark, int] = {}
+        self._values: dict[int, int] = {}              # each watermark's value, by id
+        self._candidates: dict[Watermark, tuple] = {}
+        self._stateful: list[StatefulNode] = []
+        self._reportable: dict[int, bool] = {}         # per watermark: may the operator report
+
+    def plan(self, nodes: list[Watermark], stateful: list[StatefulNode]) -> None:
+        """The run's watermarks (in plan order: their ids) and stateful operators."""
+        self.nodes = list(nodes)
+        self.ids = {node: i for i, node in enumerate(self.nodes)}
+        self._stateful = list(stateful)
+        self._candidates = statistics_candidates(self._stateful)
+        self._reportable = {}
+
+    # -- per batch, while it is planned ---------------------------------------------------
+    def observe(self, node: Watermark, df: DataFrame, batch_id: int, observations: dict) -> DataFrame:
+        """``df`` (the watermark's rows), with an ``Observation`` of its event-time
+        statistics (added to ``observations``) unless the operator above computes them."""
+        if node in self._candidates and self._operator_reports(node, df):
+            return df
+        observation = Observation(f"microbatch_event_time_{self.ids[node]}_{batch_id}")
+        observations[node] = observation
+        ms = ms_column(node.event_time)
+        return df.observe(observation, F.max(ms).alias("max"), F.min(ms).alias("min"),
+                          F.avg(ms).alias("avg"), F.count(ms).alias("count"))
+
+    def statistics_of(self, node: StatefulNode, observations: dict) -> dict[int, Watermark]:
+        """For a stateful operator being planned: the watermark right below each of its
+        inputs (by index) whose statistics its task may compute this batch (one the
+        tracker did not observe)."""
+        if isinstance(node, StreamJoin):
+            sides = {side: node.side_watermark(side) for side in (0, 1)}
+            return {side: w for side, w in sides.items()
+                    if w is not None and w in self._candidates and w not in observations}
+        below = watermark_below(node.child)
+        if below is None or below[0] not in self._candidates or below[0] in observations:
+            return {}
+        return {0: below[0]}
+
+    def _operator_reports(self, node: Watermark, df: DataFrame) -> bool:
+        """Whether the operator above can compute ``node``'s statistics from its rows
+        (``df``: the watermark's), decided once per run: the steps between, replayed over
+        ``df``, only project its rows and keep its event-time column as it is; an
+        aggregation, dedup or applyInPandasWithState computes them from any event time; a
+        join's task from a timestamp column (a window's end it leaves to an Observation)."""
+        key = self.ids[node]
+        if key not in self._reportable:
+            self._reportable[key] = self._reports(node, df, self._candidates[node])
+        return self._reportable[key]
+
+    def _reports(self, node: Watermark, df: DataFrame, steps: tuple) -> bool:
+        if steps:
+            projected = df
+            for step in reversed(steps):
+                projected = getattr(projected, step.method)(*step.args, **step.kwargs)
+            if not spark_internals.projections_keep_column(projected, df, node.event_time):
+                return False
+        if not any(isinstance(op, StreamJoin) and node in (op.side_watermark(0), op.side_watermark(1))
+                   for op in self._stateful):
+            return True
+        return join_statistics_column(node, df.schema) is not None
+
+    # -- after the batch ----------------------------------------------------------------------
+    def advance(self, batch_watermark_ms: int, observations: dict, reported: dict,
+                observed: Callable[[Observation], dict | None],
+                metrics_of: Callable[[int], dict]) -> dict | None:
+        """Move the watermark by the batch's event-time statistics; return the progress
+        ``eventTime`` (None without a watermark). ``batch_watermark_ms``: the watermark the
+        batch ran with; ``observations``: watermark -> its Observation; ``reported``:
+        watermark -> (operator id, tag) of the statistics an operator's tasks reported;
+        ``observed`` reads an Observation, ``metrics_of`` an operator's metrics."""
+        statistics: list[tuple[Watermark, Any]] = [(node, observed(o)) for node, o in observations.items()]
+        statistics += [(node, reported_statistics(metrics_of(op), tag)) for node, (op, tag) in reported.items()]
+        merged: dict[str, Any] = {}   # the first watermark (plan order) that saw rows
+        for node, stats in sorted(statistics, key=lambda item: self.ids[item[0]]):
+            if not stats or not stats.get("count"):
+                continue
+            index = self.ids[node]
+            candidate = int(stats["max"]) - node.delay_ms
+            self._values[index] = max(self._values.get(index, candidate), candidate)
+            if not merged:   # progress shows the first watermark's statistics, as Spark's does
+                merged = {"max": int(stats["max"]), "min": int(stats["min"]),
+                          "avg": float(stats["avg"]), "count": int(stats["count"])}
+        if self._values:
+            values = self._values.values()
+            chosen = max(values) if self.policy == "max" else min(values)
+            if chosen > self.watermark_ms:
+                log.info("Updating event-time watermark from %d to %d ms", self.watermark_ms, chosen)
+                self.watermark_ms = chosen
+            else:
+                log.debug("Event time didn't move: %d <= %d", chosen, self.watermark_ms)
+        self.previous_ms = batch_watermark_ms
+        if not self.nodes:
+            return None
+        event_time = {"watermark": format_timestamp(batch_watermark_ms)}
+        if merged:
+            event_time.update(avg=format_timestamp(int(merged["avg"])), max=format_timestamp(merged["max"]),
+                              min=format_timestamp(merged["min"]))
+        return dict(sorted(event_time.items()))
