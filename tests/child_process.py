@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+from helpers import wait_for
 from microbatch import StreamingQueryListener
 
 
@@ -71,12 +72,7 @@ class Child:
 
 
 def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.002)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_for(condition, timeout, what, every=0.002)
 
 
 class PrintProgress(StreamingQueryListener):

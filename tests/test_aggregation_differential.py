@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks, write_event_files
+from helpers import collect_batches, json_stream
 
 # (key, event time, value) per file; the watermark delay is 5 seconds.
 EVENTS = [
@@ -47,14 +48,8 @@ def _plain(value):
 
 
 def run(session, events, ckpt, transform, mode):
-    batches = []
-    frame = session.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(events)
-    query = (transform(frame).writeStream.outputMode(mode)
-             .foreachBatch(lambda df, i: batches.append((i, sorted((_plain(r) for r in df.collect()), key=repr))))
-             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-    return batches, query.recentProgress
+    return collect_batches(transform(json_stream(session, events, SCHEMA)), ckpt, mode,
+                           rows=lambda df: sorted((_plain(r) for r in df.collect()), key=repr))
 
 
 def sliding_count(frame):

@@ -7,6 +7,7 @@ import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
+from helpers import collect_batches, json_stream
 from stream_events import comparable, watermarks, write_event_files
 from test_dedup_differential import EVENTS
 
@@ -29,23 +30,16 @@ def events(tmp_path):
 
 def run(session, events, ckpt, case, fail_after_batch=None):
     mode, transform = CASES[case]
-    batches = []
 
-    def sink(df, batch_id):
-        rows = sorted(map(tuple, df.collect()), key=repr)
+    def fail(df, batch_id, batches):
         if batch_id == fail_after_batch and not any(b == batch_id for b, _ in batches):
+            df.collect()   # the sink reads the batch, then fails
             batches.append((batch_id, None))
             raise RuntimeError(f"the sink fails after reading batch {batch_id}")
-        batches.append((batch_id, rows))
 
-    frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
-    query = (transform(frame).writeStream.outputMode(mode).foreachBatch(sink)
-             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    try:
-        query.awaitTermination(300)
-    except Exception:   # noqa: BLE001 - the injected sink failure ends the first run
-        assert fail_after_batch is not None
-    return [(b, rows) for b, rows in batches if rows is not None], query.recentProgress
+    batches, progress = collect_batches(transform(json_stream(session, events, "id INT, ts TIMESTAMP")), ckpt, mode,
+                                        on_batch=fail, fail_on_error=fail_after_batch is None)
+    return [(b, rows) for b, rows in batches if rows is not None], progress
 
 
 def same_as_spark(spark, ss, events, tmp_path, case, transform=None):

@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -20,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
+from helpers import wait_for as poll
 from microbatch import StreamingSession
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -53,13 +53,8 @@ def get_json(url: str):
 
 
 def wait_for(check, timeout=90, what="the page"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    """The page (or the query) polled every 0.2 s, for at most 90 s by default."""
+    return poll(check, timeout, what, every=0.2)
 
 
 def windowed_counts(session, checkpoint, name):

@@ -8,6 +8,7 @@ import pytest
 
 from pyspark.errors import AnalysisException
 from stream_events import comparable, write_event_files
+from helpers import collect_batches, json_stream
 
 DEDUP = ("numDroppedDuplicateRows",)
 
@@ -27,15 +28,7 @@ def events(tmp_path):
 
 
 def run(reader_session, events, ckpt, transform):
-    batches = []
-    frame = (reader_session.readStream.schema("id INT, ts TIMESTAMP")
-             .option("maxFilesPerTrigger", 1).json(events))
-    query = (transform(frame).writeStream
-             .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
-             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    query.awaitTermination(300)
-    assert query.exception() is None
-    return batches, query.recentProgress
+    return collect_batches(transform(json_stream(reader_session, events, "id INT, ts TIMESTAMP")), ckpt)
 
 
 TRANSFORMS = {

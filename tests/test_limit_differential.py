@@ -7,6 +7,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from stream_events import comparable, write_event_files
+from helpers import collect_batches, json_stream
 
 # One file per batch: the limit of 5 is reached in the middle of the second file.
 EVENTS = [
@@ -23,14 +24,8 @@ def events(tmp_path):
 
 
 def run(session, events, ckpt, transform, mode="append", files=None):
-    batches = []
-    frame = session.readStream.schema("id INT, k STRING").option("maxFilesPerTrigger", 1).json(events)
-    query = (transform(frame).writeStream.outputMode(mode)
-             .foreachBatch(lambda df, i: batches.append((i, [tuple(r) for r in df.collect()])))
-             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-    return batches, query.recentProgress
+    return collect_batches(transform(json_stream(session, events, "id INT, k STRING")), ckpt, mode,
+                           rows=lambda df: [tuple(r) for r in df.collect()])
 
 
 def test_a_limit_of_appends_keeps_its_count_as_state(spark, ss, events, tmp_path):

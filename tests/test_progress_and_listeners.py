@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from microbatch import MemoryStream, StreamingQueryListener
+from helpers import EventRecorder
+from microbatch import MemoryStream
 from microbatch.cli.main import main as cli_main
 
 PROGRESS_FIELDS = ["id", "runId", "name", "timestamp", "batchId", "batchDuration", "numInputRows",
@@ -14,25 +15,8 @@ PHASES = {"latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", 
           "triggerExecution"}
 
 
-class Recorder(StreamingQueryListener):
-    def __init__(self):
-        self.events = []
-
-    def onQueryStarted(self, event):
-        self.events.append(("started", event))
-
-    def onQueryProgress(self, event):
-        self.events.append(("progress", event))
-
-    def onQueryIdle(self, event):
-        self.events.append(("idle", event))
-
-    def onQueryTerminated(self, event):
-        self.events.append(("terminated", event))
-
-
 def test_progress_has_sparks_fields_and_listener_gets_every_event(ss, tmp_path):
-    recorder = Recorder()
+    recorder = EventRecorder()
     ss.streams.addListener(recorder)
     try:
         ms = MemoryStream(ss, "v INT")
@@ -71,7 +55,7 @@ def test_progress_has_sparks_fields_and_listener_gets_every_event(ss, tmp_path):
 
 
 def test_idle_event_when_no_data(ss, tmp_path):
-    recorder = Recorder()
+    recorder = EventRecorder()
     ss.streams.addListener(recorder)
     try:
         ms = MemoryStream(ss, "v INT")

@@ -20,6 +20,7 @@ from pyspark.sql.streaming.listener import (QueryIdleEvent, QueryProgressEvent, 
 from pyspark.sql.types import LongType
 
 from file_inputs import write_json_files
+from helpers import wait_for
 
 SCHEMA = "id INT, name STRING"
 
@@ -139,13 +140,6 @@ class IdleRecorder(Recorder):
     def onQueryIdle(self, event):
         with self.lock:
             self.events.append(event)
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_listener_events_are_pysparks_with_sparks_fields(engines, spark, tmp_path):

@@ -16,6 +16,7 @@ from microbatch.state import rocksdb_provider
 from microbatch.state.rocksdb_provider import RocksDBStateStoreProvider, TupleCodec
 from microbatch.state.store import ROCKSDB_PROVIDER, StateStoreConf, StateStoreId
 from stream_events import comparable, write_event_files
+from helpers import collect_batches, json_stream
 
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -47,15 +48,8 @@ def events(tmp_path):
 def run(session, events, ckpt, case, provider):
     mode, transform = QUERIES[case]
     session.conf.set(PROVIDER_CONF, provider)
-    batches = []
     try:
-        frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
-        query = (transform(frame).writeStream.outputMode(mode)
-                 .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
-                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-        query.awaitTermination(300)
-        assert query.exception() is None
-        return batches, query.recentProgress
+        return collect_batches(transform(json_stream(session, events, "id INT, ts TIMESTAMP")), ckpt, mode)
     finally:
         session.conf.unset(PROVIDER_CONF)
 

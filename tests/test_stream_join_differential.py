@@ -9,6 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks
+from helpers import collect_batches, json_stream, sorted_rows
 
 T = "2026-01-01 00:"
 # One file per batch on each side: matches within a batch and across batches, a key
@@ -47,17 +48,11 @@ def sides(tmp_path):
 def run(session, sides, ckpt, transform, queries=None):
     """The batches and progress of ``transform`` of the two sides; the query is added to
     ``queries`` when given."""
-    left = session.readStream.schema("id INT, ts TIMESTAMP, a STRING").option("maxFilesPerTrigger", 1).json(sides[0])
-    right = session.readStream.schema("id INT, ts TIMESTAMP, b INT").option("maxFilesPerTrigger", 1).json(sides[1])
-    batches = []
-    query = (transform(left, right).writeStream
-             .foreachBatch(lambda df, i: batches.append((i, df.columns, sorted(map(tuple, df.collect()), key=repr))))
-             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-    if queries is not None:
-        queries.append(query)
-    return batches, query.recentProgress
+    left = json_stream(session, sides[0], "id INT, ts TIMESTAMP, a STRING")
+    right = json_stream(session, sides[1], "id INT, ts TIMESTAMP, b INT")
+    batches, progress = collect_batches(transform(left, right), ckpt, queries=queries,
+                                        rows=lambda df: (df.columns, sorted_rows(df)))
+    return [(i, columns, rows) for i, (columns, rows) in batches], progress
 
 
 def ranged(left, right, how, condition="id = rid AND lts >= rts AND lts <= rts + interval 20 seconds",

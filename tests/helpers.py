@@ -1,0 +1,101 @@
+"""What the tests share: running a query to the end and collecting its batches, recording
+listener events, and waiting for a condition with a deadline."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+
+def sorted_rows(df) -> list[tuple]:
+    """A batch's rows as tuples, in a fixed order (engines emit them in any order)."""
+    return sorted(map(tuple, df.collect()), key=repr)
+
+
+def json_stream(session, path, schema: str, files_per_trigger: int | None = 1):
+    """A JSON file stream of ``session`` (a SparkSession: Spark's engine; a
+    StreamingSession: microbatch), ``files_per_trigger`` files a batch."""
+    reader = session.readStream.schema(schema)
+    if files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", files_per_trigger)
+    return reader.json(str(path))
+
+
+def collect_batches(frame, ckpt, mode: str | None = None, rows: Callable = sorted_rows,
+                    timeout: float = 300, on_batch: Callable | None = None,
+                    fail_on_error: bool = True, queries: list | None = None) -> tuple[list, list]:
+    """Runs ``frame`` into a ``foreachBatch`` sink with ``availableNow`` to the end; the
+    batches ``(batch id, rows(df))`` and the progress. ``on_batch(df, batch_id, batches)``
+    runs first for each batch (and may raise, to fail the query); the query is added to
+    ``queries`` when given."""
+    batches: list = []
+
+    def sink(df, batch_id):
+        if on_batch is not None:
+            on_batch(df, batch_id, batches)
+        batches.append((batch_id, rows(df)))
+
+    writer = frame.writeStream
+    if mode is not None:
+        writer = writer.outputMode(mode)
+    query = (writer.foreachBatch(sink).option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start())
+    if queries is not None:
+        queries.append(query)
+    if fail_on_error:
+        query.awaitTermination(timeout)
+        assert query.exception() is None, query.exception()
+    else:
+        try:
+            query.awaitTermination(timeout)
+        except Exception:   # noqa: BLE001 - the caller expects the query may fail
+            pass
+    return batches, query.recentProgress
+
+
+class EventRecorder(StreamingQueryListener):
+    """Every listener event, as (kind, event), kind one of started, progress, idle, terminated."""
+
+    def __init__(self):
+        self.events: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def _add(self, kind: str, event) -> None:
+        with self._lock:
+            self.events.append((kind, event))
+
+    def onQueryStarted(self, event):
+        self._add("started", event)
+
+    def onQueryProgress(self, event):
+        self._add("progress", event)
+
+    def onQueryIdle(self, event):
+        self._add("idle", event)
+
+    def onQueryTerminated(self, event):
+        self._add("terminated", event)
+
+    def of(self, query) -> list[tuple[str, Any]]:
+        """The events of ``query`` (by its id)."""
+        wanted = uuid.UUID(query.id)
+        with self._lock:
+            return [(kind, e) for kind, e in self.events
+                    if getattr(e, "id", None) == wanted or getattr(getattr(e, "progress", None), "id", None) == wanted]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "the condition",
+             every: float = 0.05) -> Any:
+    """``condition()``'s first true value, polled every ``every`` seconds; an
+    AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
