@@ -430,7 +430,7 @@ class StreamFrame:
 
     @property
     def writeStream(self) -> "DataStreamWriter":
-        return DataStreamWriter(self)
+        return DataStreamWriter(self, self._session, self._plan)
 
 
 class GroupedStream:
@@ -626,7 +626,7 @@ class GroupedStream:
                 raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE", messageParameters={
                     "arg_name": "initialState", "expected_type": "GroupedData",
                     "arg_type": type(initial_state).__name__})
-            initial_df = initial_state._df
+            initial_df = spark_internals.grouped_dataframe(initial_state)
             if initial_df.isStreaming:
                 raise not_yet(f"{api} with a streaming initialState")
             initial_keys = tuple(spark_internals.grouping_column_names(initial_state))

@@ -20,7 +20,8 @@ class StreamingQueryManager:
         self._spark = spark
         self._lock = threading.Condition()
         self._active: dict[str, StreamingQuery] = {}          # by query id
-        self._last_terminated: StreamingQuery | None = None
+        self._executions: dict[str, MicroBatchExecution] = {}  # the active queries' runs, by query id
+        self._last_terminated: MicroBatchExecution | None = None
         self._bus = ListenerBus()
 
     @property
@@ -42,8 +43,8 @@ class StreamingQueryManager:
         with self._lock:
             self._lock.wait_for(lambda: self._last_terminated is not None, timeout)
             terminated = self._last_terminated
-        if terminated is not None and terminated._execution.failed:
-            raise terminated._execution.stream_death_cause
+        if terminated is not None and terminated.failed:
+            raise terminated.stream_death_cause
         if timeout is not None:
             return terminated is not None
         return None
@@ -64,8 +65,10 @@ class StreamingQueryManager:
         """Block until every event posted so far has reached the listeners."""
         return self._bus.wait_until_empty(timeout)
 
-    # -- used by DataStreamWriter.start ---------------------------------------
-    def _start_query(self, *, name: str | None, checkpoint_root: str, **kwargs: Any) -> StreamingQuery:
+    def start_query(self, *, name: str | None, checkpoint_root: str, **kwargs: Any) -> StreamingQuery:
+        """Start a run of a query (what ``DataStreamWriter.start`` calls): refused while a
+        query of that name, that id or that checkpoint is active here, or while another
+        process runs the checkpoint (its run lease)."""
         with self._lock:
             if name is not None and any(q.name == name for q in self._active.values()):
                 raise IllegalArgumentException(
@@ -83,16 +86,18 @@ class StreamingQueryManager:
                 if other.checkpointLocation == checkpoint_root:
                     raise IllegalArgumentException(
                         f"Cannot start a query on checkpoint '{checkpoint_root}': the active "
-                        f"query {other._execution.pretty_id} uses it.")
+                        f"query {self._executions[other.id].pretty_id} uses it.")
             execution.lease.acquire()   # another process's run of this checkpoint: refused here
             query = StreamingQuery(execution)
             self._active[execution.id] = query
+            self._executions[execution.id] = execution
         execution.start()
         return query
 
     def _on_terminated(self, execution: StreamExecution) -> None:
         with self._lock:
             query = self._active.pop(execution.id, None)
+            self._executions.pop(execution.id, None)
             if query is not None:
-                self._last_terminated = query
+                self._last_terminated = execution
             self._lock.notify_all()

@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.api.frame import StreamFrame
+from microbatch.api.tables import stream_of_table
 from microbatch.checkpoint.offsets import SOURCE_EVOLUTION_CONF
 from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
 from microbatch.plan.logical import StreamingRelation
@@ -155,8 +156,7 @@ class DataStreamReader:
         view = self._session._stream_view(tableName)
         if view is not None:
             return view
-        from microbatch.api.tables import stream_of_table
-        return stream_of_table(self, tableName)
+        return stream_of_table(self._session.spark, tableName, self._options, self._relation_frame)
 
     def changes(self, tableName: str) -> "StreamFrame":
         if not isinstance(tableName, str):

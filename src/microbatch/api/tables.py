@@ -15,7 +15,8 @@ As Spark does for tables whose data it keeps in files (``USING parquet``, ``json
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from microbatch import spark_internals
 from microbatch.checkpoint.file_stream_log import FILE_FORMATS
@@ -30,8 +31,10 @@ def _check_file_table(table: spark_internals.CatalogTableInfo, doing: str, inste
             f"data Spark keeps in files ({', '.join(FILE_FORMATS)}). {instead}")
 
 
-def stream_of_table(reader: Any, name: str) -> Any:
-    spark = reader._session.spark
+def stream_of_table(spark: Any, name: str, options: dict[str, str],
+                    make_frame: Callable[[str, dict, Any], Any]) -> Any:
+    """The stream of the file table ``name``: ``make_frame(format, options, schema)`` over
+    the table's location, with the table's storage options under the reader's ``options``."""
     batch = spark.table(name)   # Spark's own TABLE_OR_VIEW_NOT_FOUND when there is none
     temp_view = spark_internals.temp_view_exists(spark, name)
     table = None if temp_view else spark_internals.catalog_table(spark, name)
@@ -40,22 +43,35 @@ def stream_of_table(reader: Any, name: str) -> Any:
                                           quoted=name)
     _check_file_table(table, "streams", "Read it with spark.table(...) in a foreachBatch, or "
                                         "stream the files it is loaded from.")
-    options = dict(table.storage_properties)
-    options.update(reader._options)
-    options["path"] = table.location
-    return reader._relation_frame(table.provider, options, batch.schema)
+    merged = dict(table.storage_properties)
+    merged.update(options)
+    merged["path"] = table.location
+    return make_frame(table.provider, merged, batch.schema)
 
 
-def write_to_table(writer: Any, name: str) -> Any:
-    session = writer._frame._session
-    spark = session.spark
-    if session._stream_view(name) is not None or spark_internals.temp_view_exists(spark, name):
+@dataclass(frozen=True)
+class TableWrite:
+    """What ``toTable`` needs of its writer."""
+
+    spark: Any                         # the SparkSession
+    schema: Any                        # the stream's StructType
+    format: str | None                 # the writer's format(...), if any
+    partition_by: list[str] | None
+    cluster_by: list[str] | None
+    is_stream_view: Callable[[str], bool]
+
+
+def table_location(write: TableWrite, name: str) -> tuple[str, str]:
+    """The (provider, location) a stream written to table ``name`` goes to: the table,
+    created first when it does not exist."""
+    spark = write.spark
+    if write.is_stream_view(name) or spark_internals.temp_view_exists(spark, name):
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1190",
                                           viewName=name)
-    source = writer._format or spark.conf.get("spark.sql.sources.default", "parquet")
+    source = write.format or spark.conf.get("spark.sql.sources.default", "parquet")
     table = spark_internals.catalog_table(spark, name)
     if table is None:
-        _create_table(writer, name, source)
+        _create_table(write, name, source)
         table = spark_internals.catalog_table(spark, name)
     if table.table_type == "VIEW":
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1190",
@@ -64,27 +80,27 @@ def write_to_table(writer: Any, name: str) -> Any:
     if source.lower() != table.provider.lower():
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1192",
                                           source=source, tableName=name, provider=table.provider)
-    return writer.format(table.provider).option("path", table.location).start()
+    return table.provider, table.location
 
 
-def _create_table(writer: Any, name: str, provider: str) -> None:
+def _create_table(write: TableWrite, name: str, provider: str) -> None:
     """``CREATE TABLE`` with the stream's schema, as Spark's ``toTable`` does (its errors,
     e.g. both ``partitionBy`` and ``clusterBy``)."""
-    spark = writer._frame._session.spark
-    if writer._partition_by and writer._cluster_by:
+    spark = write.spark
+    if write.partition_by and write.cluster_by:
         raise spark_internals.spark_error("AnalysisException",
                                           "SPECIFY_CLUSTER_BY_WITH_PARTITIONED_BY_IS_NOT_ALLOWED")
-    columns = spark_internals.schema_ddl(spark, writer._frame.schema)
+    columns = spark_internals.schema_ddl(spark, write.schema)
 
     def quoted(names: list[str]) -> str:
         return ", ".join("`" + c.replace("`", "``") + "`" for c in names)
 
     ddl = f"CREATE TABLE {name} ({columns}) USING {provider}"
-    if writer._partition_by:
-        ddl += f" PARTITIONED BY ({quoted(writer._partition_by)})"
-    if writer._cluster_by:
+    if write.partition_by:
+        ddl += f" PARTITIONED BY ({quoted(write.partition_by)})"
+    if write.cluster_by:
         # as Spark's toTable: the clustering and the writer's clustering option
-        ddl += f" CLUSTER BY ({quoted(writer._cluster_by)})"
-        option = json.dumps(writer._cluster_by, separators=(",", ":")).replace("'", "\\'")
+        ddl += f" CLUSTER BY ({quoted(write.cluster_by)})"
+        option = json.dumps(write.cluster_by, separators=(",", ":")).replace("'", "\\'")
         ddl += f" TBLPROPERTIES ('__clustering_columns' = '{option}')"
     spark.sql(ddl)

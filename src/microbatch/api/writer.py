@@ -15,6 +15,7 @@ from typing import Any, Callable
 from pyspark.errors import PySparkTypeError, PySparkValueError
 
 from microbatch import spark_internals
+from microbatch.api.tables import TableWrite, table_location
 from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, is_local, storage_for
 from microbatch.errors import IllegalArgumentException
 from microbatch.runtime.clock import Clock, SystemClock
@@ -30,8 +31,10 @@ log = logging.getLogger(__name__)
 
 
 class DataStreamWriter:
-    def __init__(self, frame: Any):   # the StreamFrame written
-        self._frame = frame
+    def __init__(self, frame: Any, session: Any, plan: Any):
+        self._frame = frame          # the StreamFrame written
+        self._session = session      # its StreamingSession
+        self._plan = plan            # its logical plan
         self._format: str | None = None
         self._options: dict[str, str] = {}
         self._output_mode = "append"
@@ -149,8 +152,10 @@ class DataStreamWriter:
             raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE",
                                    messageParameters={"arg_name": "tableName", "expected_type": "str",
                                                       "arg_type": type(tableName).__name__})
-        from microbatch.api.tables import write_to_table
-        return write_to_table(self, tableName)
+        provider, location = table_location(TableWrite(
+            self._session.spark, self._frame.schema, self._format, self._partition_by or None,
+            self._cluster_by or None, lambda name: self._session._stream_view(name) is not None), tableName)
+        return self.format(provider).option("path", location).start()
 
     def start(self, path: str | None = None, format: str | None = None,
               outputMode: str | None = None, partitionBy: Any = None,
@@ -162,10 +167,10 @@ class DataStreamWriter:
                                        messageParameters={"arg_name": "path", "expected_type": "str",
                                                           "arg_type": type(path).__name__})
             self._options["path"] = path
-        session = self._frame._session
+        session = self._session
         spark = session.spark
-        check_source_names(self._frame._plan)
-        check_output_mode(self._frame._plan, self._output_mode,
+        check_source_names(self._plan)
+        check_output_mode(self._plan, self._output_mode,
                           spark.conf.get(CHECK_CORRECTNESS_CONF, "true").lower() == "true")
         opts = CaseInsensitiveOptions(self._options)
         if self._sink is not None:
@@ -184,16 +189,16 @@ class DataStreamWriter:
                 if isinstance(e, IllegalArgumentException):
                     raise
                 raise IllegalArgumentException(f"{e} (sink '{name}')") from e
-        return session.streams._start_query(
+        return session.streams.start_query(
             name=self._query_name, checkpoint_root=checkpoint, delete_checkpoint_on_stop=temporary,
-            plan=self._frame._plan, sink=sink, trigger=self._trigger,
+            plan=self._plan, sink=sink, trigger=self._trigger,
             output_mode=self._output_mode, clock=self._clock or SystemClock(),
             fs=self._checkpoint_fs)
 
     def _spark_settings(self) -> dict[str, str]:
         """The Spark settings a store may take its endpoint and credentials from: the
         context's (``--conf spark.hadoop...``) overridden by the session's."""
-        spark = self._frame._session.spark
+        spark = self._session.spark
         return {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
 
     def _check_object_store(self, location: str) -> None:
@@ -203,7 +208,7 @@ class DataStreamWriter:
     def _checkpoint_location(self, opts: CaseInsensitiveOptions,
                              allows_temporary: bool) -> tuple[str, bool]:
         """The checkpoint location, resolved on the store it lives on (``_checkpoint_fs``)."""
-        spark = self._frame._session.spark
+        spark = self._session.spark
         location = None
         if "checkpointLocation" in opts:
             location = opts["checkpointLocation"]

@@ -16,7 +16,7 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 from microbatch.spark_internals.analysis import (
     AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, analyzed_plan, column_sql,
     conjuncts_without_column, filter_can_skip_column, filter_passes_filter,
-    filter_passes_projection, grouping_column_names, grouping_columns, hyperloglog_tables,
+    filter_passes_projection, grouped_dataframe, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, parse_schema_ddl, processing_time_ms, projections_keep_column, schema_string,
     schema_tree, uses_current_time,
 )
@@ -52,7 +52,7 @@ __all__ = [
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
     "cloned_session", "column_sql", "conjuncts_without_column", "empty_batch", "empty_dataframe",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
-    "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection",
+    "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
     "foreach_batch_user_error", "grouping_column_names", "grouping_columns", "hyperloglog_tables",
     "is_foreach_user_error", "job_tags", "join_condition", "jvm_class", "jvm_started",
     "jvm_throwable", "map_in_arrow_function", "observation_row", "parse_schema_ddl",

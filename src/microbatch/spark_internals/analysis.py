@@ -347,3 +347,8 @@ def schema_tree(df: Any, level: int | None = None) -> str:
     """``df``'s schema as ``printSchema`` prints it."""
     schema = df._jdf.schema()
     return schema.treeString(level) if level else schema.treeString()
+
+
+def grouped_dataframe(grouped: Any) -> Any:
+    """The DataFrame a PySpark ``GroupedData`` groups."""
+    return grouped._df
