@@ -125,8 +125,19 @@ class ProcessQueries(StreamingQueryListener):
             self._executions.pop(finished[0], None)
 
     def histories(self) -> list[QueryHistory]:
+        """The queries' histories, a query that has ended marked so even before its
+        ``onQueryTerminated`` reaches this listener: the listener bus is asynchronous, while
+        the manager forgets a query before ``stop()`` returns (as Spark removes a query's
+        metrics source in the query thread before ``stop()`` returns)."""
+        active = {str(query.runId) for query in self._manager.active}
         with self._lock:
-            return list(self._histories.values())
+            histories = list(self._histories.values())
+            for history in histories:
+                execution = self._executions.get(history.key)
+                if (history.status == RUNNING and execution is not None
+                        and history.key not in active and not execution.is_active):
+                    history.status = FAILED if execution.failed else FINISHED
+            return histories
 
     def plan(self, history: QueryHistory) -> str | None:
         execution = self._executions.get(history.key)
