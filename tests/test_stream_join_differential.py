@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -241,6 +242,25 @@ def test_the_max_watermark_policy_matches_spark(spark, ss, sides, tmp_path):
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
     min_policy = run(ss, sides, tmp_path / "min", transform)[1]
     assert [p["eventTime"]["watermark"] for p in our_progress] != [p["eventTime"]["watermark"] for p in min_policy]
+    # the policy is one of the checkpoint's confs: a restart keeps it whatever the session says
+    def in_two_runs(name, second_policy):
+        partial = [tmp_path / name / "input" / side for side in ("left", "right")]
+        for source, target in zip(sides, partial):
+            target.mkdir(parents=True)
+            for file in sorted(os.listdir(source))[:2]:
+                shutil.copy2(os.path.join(source, file), target / file)
+        for policy, files in (("max", slice(None, 2)), (second_policy, slice(2, None))):
+            for source, target in zip(sides, partial):
+                for file in sorted(os.listdir(source))[files]:
+                    shutil.copy2(os.path.join(source, file), target / file)
+            spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", policy)
+            try:
+                run(ss, partial, tmp_path / name / "checkpoint", transform)
+            finally:
+                spark.conf.unset("spark.sql.streaming.multipleWatermarkPolicy")
+        return watermarks(tmp_path / name / "checkpoint")
+
+    assert in_two_runs("restarted-with-min", "min") == in_two_runs("restarted-with-max", "max")
 
 
 def test_a_restart_with_another_join_type_or_keys_is_refused(ss, sides, tmp_path):

@@ -137,7 +137,6 @@ class MicroBatchExecution(StreamExecution):
         self.no_data_batches_enabled = spark.conf.get(
             "spark.sql.streaming.noDataMicroBatches.enabled", "true").lower() == "true"
         self._source_evolution = conf_bool(spark, SOURCE_EVOLUTION_CONF, False)
-        self.watermarks.policy = spark.conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min").lower()
         self._metrics = BatchMetrics(spark, self.sink)
         for relation, source_id in zip(self.relations, self.source_ids):
             context = SourceContext(self._batch_session,
@@ -318,6 +317,8 @@ class MicroBatchExecution(StreamExecution):
             shuffle_partitions=int(conf.get(SHUFFLE_PARTITIONS)), output_mode=self.output_mode,
             empty_inputs=empty_inputs, store_conf=store_conf)
         self.stateful = [op.node for op in planner.operators]
+        # (the policy is one of the checkpoint's confs: read once they are pinned)
+        self.watermarks.policy = conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min").lower()
         self.watermarks.plan(planner.watermark_nodes, self.stateful)
         check_state_operators(self.fs, self.checkpoint_root, [op.name for op in planner.operators],
                               self.current_batch_id)
