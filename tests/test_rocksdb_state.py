@@ -12,9 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from microbatch.state import rocksdb_provider
-from microbatch.state.rocksdb_provider import RocksDBStateStoreProvider, TupleCodec
-from microbatch.state.store import ROCKSDB_PROVIDER, StateStoreConf, StateStoreId
+from microbatch.state.rocksdb import RocksDBStateStoreProvider, TupleCodec, database
+from microbatch.state.store import EARLIER_ROCKSDB_PROVIDER, ROCKSDB_PROVIDER, StateStoreConf, StateStoreId
 from stream_events import comparable, write_event_files
 from helpers import collect_batches, json_stream
 
@@ -68,17 +67,19 @@ def test_sparks_rocksdb_conf_runs_microbatchs_rocksdb_provider_with_sparks_answe
     assert our_progress[0]["stateOperators"][0]["memoryUsedBytes"] > 0
 
 
-def test_a_checkpoint_moves_between_the_map_and_rocksdb_providers(ss, events, tmp_path):
-    """Both providers write the same files: a run on the map provider, a restart on
-    RocksDB and one back on the map give the answers of one uninterrupted run."""
-    whole, _ = run(ss, events, tmp_path / "whole", "count per id", MAP)
-    live, ckpt, outputs = tmp_path / "live", tmp_path / "moving", []
+def counts_in_steps(ss, events, ckpt, steps, before_each=lambda provider: None):
+    """Count per id over ``events`` in runs (AvailableNow), each with its provider conf
+    (None: unset) and its next files; every batch's output rows, and the last progress
+    of each run."""
+    live, outputs, progress = ckpt.parent / f"{ckpt.name}-input", [], []
     live.mkdir()
     names = sorted(os.listdir(events))
-    for provider, files in ((MAP, names[:2]), (SPARK_ROCKSDB, names[2:3]), (MAP, names[3:])):
-        for name in files:      # the next files arrive (a rename keeps their modification times)
+    for provider, files in steps:
+        for name in names[files]:      # the next files arrive (a rename keeps their modification times)
             os.rename(os.path.join(events, name), live / name)
-        ss.conf.set(PROVIDER_CONF, provider)
+        before_each(provider)
+        if provider is not None:
+            ss.conf.set(PROVIDER_CONF, provider)
         try:
             frame = ss.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(str(live))
             query = (frame.groupBy("id").count().writeStream.outputMode("update")
@@ -86,12 +87,44 @@ def test_a_checkpoint_moves_between_the_map_and_rocksdb_providers(ss, events, tm
                      .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
             query.awaitTermination(120)
             assert query.exception() is None
+            progress.append(query.lastProgress)
         finally:
             ss.conf.unset(PROVIDER_CONF)
+    return outputs, progress
+
+
+def recorded_providers(ckpt) -> list[str]:
+    return [json.loads((ckpt / "offsets" / b).read_text().split("\n")[1])["conf"][PROVIDER_CONF]
+            for b in sorted(os.listdir(ckpt / "offsets"), key=int)]
+
+
+def test_a_checkpoint_moves_between_the_map_and_rocksdb_providers(ss, events, tmp_path):
+    """Both providers write the same files: a run on the map provider, a restart on
+    RocksDB and one back on the map give the answers of one uninterrupted run."""
+    whole, _ = run(ss, events, tmp_path / "whole", "count per id", MAP)
+    outputs, _ = counts_in_steps(ss, events, tmp_path / "moving", (
+        (MAP, slice(None, 2)), (SPARK_ROCKSDB, slice(2, 3)), (MAP, slice(3, None))))
     assert outputs == whole
-    recorded = [json.loads((ckpt / "offsets" / b).read_text().split("\n")[1])["conf"][PROVIDER_CONF]
-                for b in sorted(os.listdir(ckpt / "offsets"), key=int)]
+    recorded = recorded_providers(tmp_path / "moving")
     assert ROCKSDB_PROVIDER in recorded and recorded[-1] == MAP
+
+
+def test_a_checkpoint_recording_the_earlier_path_of_the_provider_resumes_on_rocksdb(ss, events, tmp_path):
+    """Checkpoints written before the provider became a package (``state/rocksdb/``)
+    record ``microbatch.state.rocksdb_provider.RocksDBStateStoreProvider``: they resume on
+    the RocksDB provider, and may still move to the map provider."""
+    whole, _ = run(ss, events, tmp_path / "whole", "count per id", MAP)
+    ckpt = tmp_path / "earlier"
+
+    def as_written_before(provider):
+        for entry in (ckpt / "offsets").iterdir() if provider is None else ():
+            entry.write_text(entry.read_text().replace(ROCKSDB_PROVIDER, EARLIER_ROCKSDB_PROVIDER))
+    outputs, progress = counts_in_steps(ss, events, ckpt, (
+        (ROCKSDB_PROVIDER, slice(None, 2)), (None, slice(2, 3)), (MAP, slice(3, None))), as_written_before)
+    assert outputs == whole
+    assert "rocksdbPutCount" in progress[1].stateOperators[0].customMetrics
+    recorded = recorded_providers(ckpt)
+    assert EARLIER_ROCKSDB_PROVIDER in recorded and recorded[2] == ROCKSDB_PROVIDER and recorded[-1] == MAP
 
 
 def test_equal_keys_are_equal_bytes_and_every_type_round_trips():
@@ -118,8 +151,8 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
     records of a provider are not trusted after another wrote. A provider that cannot
     get the database (another task of the partition holds it) works on a private copy."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'local'},{tmp_path / 'other'}")
-    monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
-    monkeypatch.setattr(rocksdb_provider, "_RELEASE_WAIT_S", 0.3)
+    monkeypatch.setattr(database, "SHARED", {})
+    monkeypatch.setattr(database, "RELEASE_WAIT_S", 0.3)
     key, value = pa.schema([("k", pa.int64())]), pa.schema([("v", pa.int64())])
     conf = StateStoreConf(min_deltas_for_snapshot=1, run_id="run")
     store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
@@ -221,7 +254,7 @@ def test_a_snapshot_of_versions_that_only_added_keys_is_the_files_one_after_the_
     import pyarrow.ipc as ipc
     from microbatch.state.files import StateFiles
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "local"))
-    monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
+    monkeypatch.setattr(database, "SHARED", {})
     merged = []
     real_concatenated = StateFiles.write_concatenated
 
@@ -258,7 +291,7 @@ def test_a_snapshot_of_versions_that_only_added_keys_is_the_files_one_after_the_
     assert snapshot(8) == expected and expected[7] == -1
     provider.close()
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "elsewhere"))   # a new database, from the files
-    monkeypatch.setattr(rocksdb_provider, "_SHARED", {})
+    monkeypatch.setattr(database, "SHARED", {})
     fresh = RocksDBStateStoreProvider(store_id, key, value, conf)
     store = fresh.get_store(8)
     assert store.num_keys() == len(expected) == 800

@@ -11,7 +11,7 @@ import pytest
 
 from microbatch.errors import CheckpointError
 from microbatch.state.map_provider import MapStateStoreProvider
-from microbatch.state.rocksdb_provider import RocksDBStateStoreProvider
+from microbatch.state.rocksdb import RocksDBStateStoreProvider
 from microbatch.state.store import StateStoreConf, StateStoreId, load_provider, unload_all
 
 KEY = pa.schema([pa.field("word", pa.string())])

@@ -282,7 +282,7 @@ def test_state_ttl_and_processing_time_timers_as_spark_does(spark, ss, events, t
     finally:
         spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
     recorded = json.loads((tmp_path / "microbatch" / "offsets" / "0").read_text().split("\n")[1])["conf"]
-    assert recorded["spark.sql.streaming.stateStore.providerClass"].endswith("rocksdb_provider.RocksDBStateStoreProvider")
+    assert recorded["spark.sql.streaming.stateStore.providerClass"] == "microbatch.state.rocksdb.RocksDBStateStoreProvider"
     assert ours == theirs and (1, False, 2, 0, 0, False) in ours[1][1]
     assert (2, False, -1, -1, -1, True) in ours[1][1]   # batch 0's timer fired in batch 1
     assert comparable(our_progress, TTL_METRICS) == comparable(their_progress, TTL_METRICS)

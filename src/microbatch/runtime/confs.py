@@ -52,6 +52,7 @@ def state_provider(fs: CheckpointFileSystem, checkpoint_root: str, written: str 
             f"store provider {written} (Spark's own engine), whose files microbatch "
             "cannot read. Start this stateful query with a new checkpoint location.")
     if has_state:
+        written = provider_name(written)    # (an earlier path of microbatch's RocksDB provider)
         if asked is not None and {provider_name(asked), written} <= SAME_FILES_PROVIDERS:
             return provider_name(asked)     # microbatch's two providers write the same files
         if asked is not None and provider_name(asked) != written:

@@ -52,7 +52,9 @@ DEFAULT_PROVIDER = "microbatch.state.map_provider.MapStateStoreProvider"
 SPARK_HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 SPARK_ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 #: microbatch's provider for state beyond memory: RocksDB on the executor's local disk.
-ROCKSDB_PROVIDER = "microbatch.state.rocksdb_provider.RocksDBStateStoreProvider"
+ROCKSDB_PROVIDER = "microbatch.state.rocksdb.RocksDBStateStoreProvider"
+#: Where checkpoints written before ``state/rocksdb/`` became a package record it.
+EARLIER_ROCKSDB_PROVIDER = "microbatch.state.rocksdb_provider.RocksDBStateStoreProvider"
 #: Providers that write and read the same files (``state.files``): a checkpoint may change between them.
 SAME_FILES_PROVIDERS = {DEFAULT_PROVIDER, ROCKSDB_PROVIDER}
 
@@ -258,9 +260,11 @@ class StateStoreProvider(ABC):
 # -- choosing a provider, and the executor-side cache ----------------------------------------
 def provider_name(conf_value: str) -> str:
     """The provider a ``providerClass`` setting means: Spark's names mean microbatch's
-    counterparts (its default, its RocksDB provider)."""
+    counterparts (its default, its RocksDB provider), and the path an earlier microbatch
+    recorded for its RocksDB provider means the provider's path now."""
     name = (conf_value or DEFAULT_PROVIDER).strip()
-    return {SPARK_HDFS_PROVIDER: DEFAULT_PROVIDER, SPARK_ROCKSDB_PROVIDER: ROCKSDB_PROVIDER}.get(name, name)
+    return {SPARK_HDFS_PROVIDER: DEFAULT_PROVIDER, SPARK_ROCKSDB_PROVIDER: ROCKSDB_PROVIDER,
+            EARLIER_ROCKSDB_PROVIDER: ROCKSDB_PROVIDER}.get(name, name)
 
 
 def provider_class(name: str) -> type:
