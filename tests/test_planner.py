@@ -37,6 +37,9 @@ def test_operators_get_spark_ids_top_down_with_their_state_and_stores(spark, eve
     total = planner(spark, events().groupBy().count(), mode="complete")
     assert [(op.name, op.num_state_stores) for op in total.operators] == [("stateStoreSave", 1)]
     assert "opId = 2, ver = 7, numPartitions = 4]" in plan.explain_string("run", 7).splitlines()[-3]
+    # printed once per run, each batch with its own version (and another run with its id)
+    assert plan.explain_string("run", 8) == plan.explain_string("run", 7).replace("ver = 7", "ver = 8")
+    assert "runId = other, opId = 2, ver = 0," in plan.explain_string("other", -1)
 
 
 def test_each_operator_gets_its_own_watermarks(spark, events):

@@ -150,6 +150,10 @@ def _joins_null_filtered(plan: PlanNode) -> PlanNode:
     return with_null_filters(plan) if isinstance(plan, StreamJoin) else plan
 
 
+#: Where a batch's version goes in the printed plan.
+_VERSION = "\x00version\x00"
+
+
 class IncrementalExecution:
     """Plans the batches of one query run; made once per run, used for every batch."""
 
@@ -179,6 +183,7 @@ class IncrementalExecution:
         self.operator = {op.node: op for op in self.operators}
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
         self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
+        self._explained: tuple[str, str] | None = None    # (run id, the plan's tree)
 
     # -- rewrites, once per run ------------------------------------------------
     def _push_filters_below_watermarks(self, plan: PlanNode,
@@ -333,12 +338,16 @@ class IncrementalExecution:
                    and op.evicts_with(self.output_mode) for op in self.operators)
 
     def explain_string(self, run_id: str, batch_id: int) -> str:
-        """The plan, each stateful operator with its state info as Spark prints it."""
-        def state_info(node: PlanNode) -> str:
-            op = self.operator.get(node)
-            if op is None:
-                return ""
-            return (f", state info [ checkpoint = {op.state_location.rsplit('/', 1)[0]}, "
-                    f"runId = {run_id}, opId = {op.id}, ver = {max(batch_id, 0)}, "
-                    f"numPartitions = {op.num_state_stores}]")
-        return self.plan.tree_string(annotate=state_info)
+        """The plan, each stateful operator with its state info as Spark prints it. The
+        tree is printed once per run (a step's Columns print through py4j, and the progress
+        log writes the plan with every batch); a batch puts in its version."""
+        if self._explained is None or self._explained[0] != run_id:
+            def state_info(node: PlanNode) -> str:
+                op = self.operator.get(node)
+                if op is None:
+                    return ""
+                return (f", state info [ checkpoint = {op.state_location.rsplit('/', 1)[0]}, "
+                        f"runId = {run_id}, opId = {op.id}, ver = {_VERSION}, "
+                        f"numPartitions = {op.num_state_stores}]")
+            self._explained = (run_id, self.plan.tree_string(annotate=state_info))
+        return self._explained[1].replace(_VERSION, str(max(batch_id, 0)))
