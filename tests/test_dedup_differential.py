@@ -125,9 +125,12 @@ def test_state_provider_recorded_and_foreign_or_missing_state_refused(spark, ss,
     run(ss, events, stateless, lambda frame: frame)
     with pytest.raises(Exception, match=r"stateful operators \[0 \(dedupe\)\] do not match .* operators none"):
         run(ss, events, stateless, transform)
-    # State Spark wrote cannot be read by microbatch: a clear error, nothing overwritten.
+    # State Spark wrote is adopted (tests/test_spark_state_adoption.py): Spark's files stay
+    # as they were, microbatch's snapshot of the version the next batch reads beside them
     run(spark, events, tmp_path / "spark", transform)
-    before = sorted(os.listdir(tmp_path / "spark" / "state" / "0" / "0"))
-    with pytest.raises(Exception, match="written by the state store provider .*HDFSBackedStateStoreProvider"):
-        run(ss, events, tmp_path / "spark", transform)
-    assert sorted(os.listdir(tmp_path / "spark" / "state" / "0" / "0")) == before
+    store = tmp_path / "spark" / "state" / "0" / "0"
+    before = {name: (store / name).read_bytes() for name in os.listdir(store) if (store / name).is_file()}
+    run(ss, events, tmp_path / "spark", transform)
+    after = sorted(os.listdir(store))
+    assert all((store / name).read_bytes() == data for name, data in before.items())
+    assert set(after) - set(before) - {"_metadata"} == {f"{len(EVENTS)}.snapshot.arrow"}

@@ -97,7 +97,7 @@ class StateSchemas:
         self._evolved: dict[str, str] = {}  # schema file -> the evolved schema document
         self.written = False
 
-    def _schemas(self) -> list[tuple[str, Any, Any, Any]]:
+    def schemas(self) -> list[tuple[str, Any, Any, Any]]:
         """(schema file, operator, key schema, value schema) of every stateful operator."""
         found = []
         for op in self.operators:
@@ -112,7 +112,7 @@ class StateSchemas:
         file and the difference (Spark's errors for a transformWithState). ``conf``: the
         batch session's, with the checkpoint's confs."""
         encoding = conf.get(ENCODING_FORMAT_CONF, "unsaferow").lower()
-        for path, op, key, value in self._schemas():
+        for path, op, key, value in self.schemas():
             if isinstance(op.node, TransformWithState):
                 check_nullable_state(op.node.variables, encoding)
             if not self.fs.exists(path):
@@ -135,7 +135,7 @@ class StateSchemas:
 
     def write(self) -> None:
         """Each operator's schema file: a new one, or the evolved one of a transformWithState."""
-        for path, op, key, value in self._schemas():
+        for path, op, key, value in self.schemas():
             if path in self._evolved:
                 self.fs.write(path, self._evolved.pop(path))
             elif not self.fs.exists(path):

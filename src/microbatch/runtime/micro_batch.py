@@ -44,6 +44,7 @@ from microbatch.runtime.batch_metrics import BatchMetrics
 from microbatch.runtime.checkpoint_checks import (StateSchemas, check_commits_have_offsets, check_source_count,
                                                   check_state_operators, torn_last_entry)
 from microbatch.runtime.confs import SHUFFLE_PARTITIONS, pin_confs
+from microbatch.runtime.spark_state import adopt_spark_state, written_by_spark
 from microbatch.runtime.incremental import IncrementalExecution, PlannedBatch
 from microbatch.runtime.stream_execution import StreamExecution, conf_ms
 from microbatch.runtime.triggers import (AvailableNow, MultiBatchExecutor, Once, ProcessingTime,
@@ -51,7 +52,7 @@ from microbatch.runtime.triggers import (AvailableNow, MultiBatchExecutor, Once,
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.sinks.base import Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
-from microbatch.state.store import StateStoreConf
+from microbatch.state.store import PROVIDER_CLASS_CONF, StateStoreConf
 from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class MicroBatchExecution(StreamExecution):
         self.watermarks = WatermarkTracker()
         self._metrics: BatchMetrics | None = None
         self._state_schemas: StateSchemas | None = None
+        self._recorded_conf: dict[str, str] = {}     # the confs of the checkpoint's last batch
         self._last_batch_stats: dict | None = None
         self.last_batch_df: DataFrame | None = None
         self._described_batch: int | None = None
@@ -304,6 +306,7 @@ class MicroBatchExecution(StreamExecution):
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
 
     def _pin_confs(self, recorded: dict[str, str] | None) -> dict[str, str]:
+        self._recorded_conf = dict(recorded or {})
         return pin_confs(self._batch_session.conf, recorded, bool(self.stateful), self.fs, self.checkpoint_root)
 
     def _plan_run(self) -> None:
@@ -323,6 +326,10 @@ class MicroBatchExecution(StreamExecution):
         check_state_operators(self.fs, self.checkpoint_root, [op.name for op in planner.operators],
                               self.current_batch_id)
         self._state_schemas = StateSchemas(self.fs, self.checkpoint_root, planner.operators, empty_inputs)
+        if planner.operators and written_by_spark(self._recorded_conf.get(PROVIDER_CLASS_CONF), self.fs,
+                                                  self.checkpoint_root):
+            adopt_spark_state(self.fs, self.checkpoint_root, self._state_schemas.schemas(),
+                              self.current_batch_id, self._recorded_conf, store_conf)
         self._state_schemas.check(conf)
 
     def explain_string(self) -> str:

@@ -1,0 +1,120 @@
+"""State Spark's engine wrote, adopted at a restart: a query Spark's engine ran moves to
+microbatch with its state (docs/porting.md).
+
+When the checkpoint's state was written by Spark's ``HDFSBackedStateStoreProvider`` (the
+provider its offset log records), the run's planning step reads each store's version the
+next batch starts from out of Spark's files (``state.spark_format``: UnsafeRow records in
+lz4 or zstd), and writes it as microbatch's snapshot of that version
+(``<v>.snapshot.arrow``, beside Spark's files, which are never changed). The batch then
+runs on microbatch's provider, which records itself in the offset log. The conversion is
+eager, at the start of the first run: a store already converted (a run that failed part
+way) is not converted again.
+
+Adopted so far: aggregations (not session windows) and deduplications, whose state
+microbatch keeps as Spark's does (the grouping key and the aggregation buffer; the
+deduplication key, and its expiry within a watermark). Any other stateful operator, a
+schema that differs from the query's, or Spark's RocksDB provider is refused before
+anything is written.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.errors import CheckpointError
+from microbatch.operators.base import store_field
+from microbatch.plan.logical import Aggregate, Deduplicate
+from microbatch.state.files import StateFiles
+from microbatch.state.spark_format import SparkStateStoreFiles, read_state_schema
+from microbatch.state.store import SPARK_HDFS_PROVIDER, StateStoreConf, StateStoreId
+
+log = logging.getLogger(__name__)
+
+AGGREGATION_FORMAT_CONF = "spark.sql.streaming.aggregation.stateFormatVersion"
+
+
+def written_by_spark(recorded_provider: str | None, fs: CheckpointFileSystem, checkpoint_root: str) -> bool:
+    """Whether the checkpoint holds state Spark's HDFS-backed provider wrote."""
+    return recorded_provider == SPARK_HDFS_PROVIDER and fs.exists(f"{checkpoint_root}/state")
+
+
+def _refusal(checkpoint_root: str, problem: str) -> CheckpointError:
+    return CheckpointError(
+        f"The state in checkpoint '{checkpoint_root}' was written by Spark's engine "
+        f"({SPARK_HDFS_PROVIDER}), and microbatch cannot adopt it: {problem}. Nothing was "
+        "written. Keep running this query on Spark's engine, or start it on microbatch with "
+        "a new checkpoint location.")
+
+
+def _shape(t: pa.DataType):
+    """A type as its values are laid out, without field names or nullability (Spark's
+    schema file and the query may name or null a nested field differently)."""
+    if pa.types.is_struct(t):
+        return ("struct", tuple(_shape(f.type) for f in t))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return ("list", _shape(t.value_type))
+    if pa.types.is_map(t):
+        return ("map", _shape(t.key_type), _shape(t.item_type))
+    return str(t)
+
+
+def _same_types(spark: pa.Schema, ours: pa.Schema) -> bool:
+    return [_shape(f.type) for f in spark] == [_shape(f.type) for f in ours]
+
+
+def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: list[tuple[str, Any, Any, Any]],
+                      version: int, recorded_conf: dict[str, str], store_conf: StateStoreConf) -> None:
+    """Convert every store of every operator (``schemas``: ``StateSchemas.schemas()``) at
+    ``version`` from Spark's files to microbatch's; refuse before writing anything if
+    one cannot be."""
+    plans = []
+    for _, op, key, value in schemas:
+        node = op.node
+        if not (isinstance(node, Deduplicate) or (isinstance(node, Aggregate) and node.session_index is None)):
+            raise _refusal(checkpoint_root, f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
+                                            "not among those adopted so far (aggregations without session "
+                                            "windows, deduplications)")
+        if isinstance(node, Aggregate) and recorded_conf.get(AGGREGATION_FORMAT_CONF, "2") != "2":
+            raise _refusal(checkpoint_root, f"its aggregation state has format version "
+                                            f"{recorded_conf[AGGREGATION_FORMAT_CONF]} ({AGGREGATION_FORMAT_CONF}); "
+                                            "only version 2 (Spark 2.3 and later) is read")
+        try:
+            spark_schema = read_state_schema(checkpoint_root, op.id, fs=fs)[0]
+            spark_key, spark_value = spark_schema.key_arrow(), spark_schema.value_arrow()
+        except Exception as e:  # noqa: BLE001 - a missing or unreadable schema file, said as such
+            raise _refusal(checkpoint_root, f"the state schema of operator {op.id} cannot be read ({e})") from e
+        our_key = pa.schema([store_field(f) for f in key.fields])
+        our_value = pa.schema([store_field(f) for f in value.fields])
+        # (Spark's deduplication keeps a value of one null column, "__dummy__"; microbatch none)
+        kept = [i for i, f in enumerate(spark_value) if not pa.types.is_null(f.type)]
+        if not (_same_types(spark_key, our_key)
+                and _same_types(pa.schema([spark_value.field(i) for i in kept]), our_value)):
+            raise _refusal(checkpoint_root, f"the state of operator {op.id} ({op.name}) has key "
+                                            f"{spark_key.types} and value {spark_value.types} in Spark's "
+                                            f"schema file, and the query's is key {our_key.types}, value "
+                                            f"{our_value.types}")
+        plans.append((op, spark_key, spark_value, kept, our_key, our_value))
+    options = {"codec": recorded_conf.get("spark.sql.streaming.stateStore.compression.codec", "lz4"),
+               "row_checksum": recorded_conf.get("spark.sql.streaming.stateStore.rowChecksum.enabled",
+                                                 "false").lower() == "true"}
+    for op, spark_key, spark_value, kept, our_key, our_value in plans:
+        started, rows = time.monotonic(), 0
+        for partition in range(op.num_state_stores):
+            ours = StateFiles(StateStoreId(f"{checkpoint_root}/state", op.id, partition), our_key, our_value,
+                              store_conf)
+            if version <= 0 or ours.exists(version, "snapshot"):
+                continue
+            theirs = SparkStateStoreFiles.for_store(checkpoint_root, op.id, partition, spark_key, spark_value,
+                                                    fs=fs, **options)
+            state = theirs.load(version) if theirs.versions() else {}
+            fs.mkdirs(ours.id.path)
+            values = list(state.values()) if len(kept) == len(spark_value) else \
+                [tuple(value[i] for i in kept) for value in state.values()]
+            ours.write_rows(version, "snapshot", list(state.keys()), values)
+            rows += len(state)
+        log.info("Adopted version %d of the state of operator %d (%s) from Spark's files: %d rows in %d ms",
+                 version, op.id, op.name, rows, (time.monotonic() - started) * 1000)

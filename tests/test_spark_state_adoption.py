@@ -1,0 +1,116 @@
+"""A query Spark's engine ran moves to microbatch with its state (runtime/spark_state.py):
+some batches run on Spark's engine; the checkpoint is copied; the copy continues on
+Spark's engine and the original on microbatch, over the same new files. Every later
+batch's rows, progress (watermark, state rows) and the logs' watermarks are equal."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from pyspark.sql import functions as F
+
+from helpers import collect_batches, json_stream
+from stream_events import comparable, watermarks, write_event_files
+
+SCHEMA = "id INT, ts TIMESTAMP, v DOUBLE"
+EVENTS = [
+    [(1, "00:00:10", 1.0), (2, "00:00:20", 2.0), (1, "00:00:10", 3.0), (None, "00:00:12", 4.0)],
+    [(1, "00:00:11", 5.0), (3, "00:00:40", 6.0), (None, "00:00:12", None)],
+    [(2, "00:00:20", 7.0), (4, "00:00:05", 8.0), (5, "00:00:41", 9.0), (3, "00:00:45", 1.5)],
+    [(6, "00:01:40", 2.5), (3, "00:00:40", 3.5), (7, "00:01:20", 4.5)],
+    [(8, "00:02:10", 5.5), (6, "00:01:41", 6.5), (1, "00:00:10", 7.5)],
+    [(9, "00:03:00", 8.5), (8, "00:02:15", 9.5)],
+]
+#: batches run on Spark's engine before the move
+BEFORE = 3
+
+CASES = {
+    "a window count in append mode": (
+        lambda f: f.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds")).count(), "append"),
+    "sums, averages and maxima per key in update mode": (
+        lambda f: f.groupBy("id").agg(F.count("*").alias("n"), F.sum("v").alias("total"), F.avg("v").alias("mean"),
+                                      F.max("ts").alias("last")), "update"),
+    "dropDuplicates with a watermark": (
+        lambda f: f.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"]), "append"),
+    "dropDuplicatesWithinWatermark": (
+        lambda f: f.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["id"]), "append"),
+}
+
+
+@pytest.fixture
+def events(tmp_path):
+    return write_event_files(tmp_path / "events", EVENTS,
+                             lambda k, t, v: {"id": k, "ts": f"2026-01-01 {t}", "v": v})
+
+
+def arrive(events, live, names) -> None:
+    """The next event files appear in ``live`` (a rename keeps their modification times)."""
+    for name in names:
+        os.rename(os.path.join(events, name), live / name)
+
+
+def recorded_provider(ckpt) -> str:
+    last = max(int(b) for b in os.listdir(ckpt / "offsets") if b.isdigit())
+    return json.loads((ckpt / "offsets" / str(last)).read_text().split("\n")[1])["conf"][
+        "spark.sql.streaming.stateStore.providerClass"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_microbatch_continues_a_checkpoint_spark_wrote_as_spark_would(spark, ss, events, tmp_path, case):
+    transform, mode = CASES[case]
+    live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    arrive(events, live, names[:BEFORE])
+    first, _ = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
+    assert len(first) >= BEFORE and recorded_provider(moved).endswith("HDFSBackedStateStoreProvider")
+    spark_files = {p: p.read_bytes() for p in (moved / "state").rglob("*") if p.is_file()}
+    shutil.copytree(moved, stayed)
+    arrive(events, live, names[BEFORE:])
+    theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), stayed, mode)
+    ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
+    assert ours == theirs and any(rows for _, rows in ours)
+    assert comparable([json.loads(p.json) for p in our_progress]) == \
+        comparable([json.loads(p.json) for p in their_progress])
+    assert watermarks(moved) == watermarks(stayed)
+    # Spark's files are read, never changed; microbatch's provider takes over from here
+    assert all(path.read_bytes() == data for path, data in spark_files.items())
+    assert recorded_provider(moved) == "microbatch.state.map_provider.MapStateStoreProvider"
+
+
+def checkpoint_files(ckpt) -> dict:
+    """The state and the logs (a run's lease is written at its start, before any check)."""
+    return {str(p): p.read_bytes() for d in ("state", "offsets", "commits", "sources")
+            for p in (ckpt / d).rglob("*") if p.is_file()}
+
+
+def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spark, ss, events, tmp_path):
+    live = tmp_path / "live"
+    live.mkdir()
+    arrive(events, live, sorted(os.listdir(events))[:2])
+
+    def sessions(f):
+        return f.withWatermark("ts", "10 seconds").groupBy(F.session_window("ts", "5 seconds"), "id").count()
+    collect_batches(sessions(json_stream(spark, live, SCHEMA)), tmp_path / "sessions", "append")
+    before = checkpoint_files(tmp_path / "sessions")
+    batches, _ = collect_batches(sessions(json_stream(ss, live, SCHEMA)), tmp_path / "sessions", "append",
+                                 fail_on_error=False, queries=(queries := []))
+    error = str(queries[0].exception())
+    assert "was written by Spark's engine" in error and "session" in error.lower() and "Nothing was written" in error
+    assert batches == [] and checkpoint_files(tmp_path / "sessions") == before
+    # Spark's RocksDB provider: not read yet, said so
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    try:
+        collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), tmp_path / "rocksdb", "update")
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    before = checkpoint_files(tmp_path / "rocksdb")
+    queries = []
+    collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), tmp_path / "rocksdb", "update",
+                    fail_on_error=False, queries=queries)
+    assert "RocksDBStateStoreProvider (Spark's own engine), whose files microbatch cannot read yet" in \
+        str(queries[0].exception())
+    assert checkpoint_files(tmp_path / "rocksdb") == before
