@@ -29,7 +29,7 @@ from microbatch.errors import CheckpointError
 from microbatch.operators.base import store_field
 from microbatch.plan.logical import Aggregate, Deduplicate
 from microbatch.state.files import StateFiles
-from microbatch.state.spark_format import SparkStateStoreFiles, read_state_schema
+from microbatch.state.spark_format import SparkStateStoreFiles, read_state_schema, store_options_from_conf
 from microbatch.state.store import SPARK_HDFS_PROVIDER, StateStoreConf, StateStoreId
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,7 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
                                             f"schema file, and the query's is key {our_key.types}, value "
                                             f"{our_value.types}")
         plans.append((op, spark_key, spark_value, kept, our_key, our_value))
-    options = {"codec": recorded_conf.get("spark.sql.streaming.stateStore.compression.codec", "lz4"),
-               "row_checksum": recorded_conf.get("spark.sql.streaming.stateStore.rowChecksum.enabled",
-                                                 "false").lower() == "true"}
+    options = store_options_from_conf(recorded_conf)    # the codec and row checksums Spark wrote with
     for op, spark_key, spark_value, kept, our_key, our_value in plans:
         started, rows = time.monotonic(), 0
         for partition in range(op.num_state_stores):
