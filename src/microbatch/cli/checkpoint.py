@@ -121,6 +121,34 @@ def repartition_state(path: str, partitions: int, settings: dict[str, str] | Non
     return 0
 
 
+def convert_checkpoint(path: str, settings: dict[str, str] | None = None) -> int:
+    """``checkpoint convert CKPT --to spark``: starts an embedded local Spark (the stores
+    are converted in its tasks)."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    from microbatch.api.session import embedded_spark
+    from microbatch.ops.spark_conversion import convert_to_spark
+    if _reader(path, settings or {}) is None:
+        return 2
+    started_here = SparkSession.getActiveSession() is None
+    spark = embedded_spark(app_name="microbatch checkpoint convert", conf=settings or {})
+    try:
+        result = convert_to_spark(spark, path, settings or {})
+    except (PySparkException, CheckpointError) as e:
+        print(f"error: {e}")
+        return 1
+    finally:
+        if started_here:
+            spark.stop()
+    if result.done_before:
+        print(f"the state is Spark's already (batch {result.batch} records Spark's provider): nothing to do")
+    else:
+        print(f"converted {result.stores} state stores ({result.rows} rows) in batch {result.batch}: "
+              f"Spark's engine resumes this checkpoint at batch {result.batch + 1}")
+    return 0
+
+
 def watch_checkpoints(paths: list[str], settings: dict[str, str], interval: float = 1.0,
                       count: int | None = None) -> int:
     """A live line per checkpoint's query (rich) in a terminal; a plain line per new batch

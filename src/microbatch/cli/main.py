@@ -10,10 +10,11 @@
     microbatch checkpoint rollback CKPT --to-batch N make batch N the last committed one
     microbatch checkpoint state repartition CKPT --partitions N
                                                      rewrite the state into N partitions
+    microbatch checkpoint convert CKPT --to spark    make the checkpoint one Spark's engine resumes
 
 Checkpoints may be local paths or ``s3://``/``s3a://`` locations; ``--conf key=value``
 gives Spark's settings for them (``spark.hadoop.fs.s3a.endpoint``, keys, ...), as a job
-would. Commands that write (``rollback``, ``state repartition``) refuse a checkpoint whose
+would. Commands that write (``rollback``, ``state repartition``, ``convert``) refuse a checkpoint whose
 query runs, and take its run lease while they work.
 """
 from __future__ import annotations
@@ -84,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     repartition.add_argument("--skip-uncommitted-batch", action="store_true",
                              help="repartition the last committed batch's state even if a later "
                                   "batch failed (its output may then be written twice)")
-    for sub in (show, verify, explain, diff, rollback, repartition):
+    convert = checkpoint_commands.add_parser(
+        "convert", help="make the checkpoint one Spark's engine resumes, with its state (docs/porting.md)")
+    convert.add_argument("path")
+    convert.add_argument("--to", choices=["spark"], required=True,
+                         help="the engine to resume on: spark (Spark's own engine)")
+    for sub in (show, verify, explain, diff, rollback, repartition, convert):
         _conf_option(sub)
     args = parser.parse_args(argv)
 
@@ -115,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return tools.diff_checkpoints(args.a, args.b, settings)
     if args.checkpoint_command == "rollback":
         return tools.rollback_checkpoint(args.path, args.to_batch, settings, args.output)
+    if args.checkpoint_command == "convert":
+        return tools.convert_checkpoint(args.path, settings)
     return tools.repartition_state(args.path, args.partitions, settings, not args.skip_uncommitted_batch)
 
 

@@ -104,7 +104,9 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
         for partition in range(op.num_state_stores):
             ours = StateFiles(StateStoreId(f"{checkpoint_root}/state", op.id, partition), our_key, our_value,
                               store_conf)
-            if version <= 0 or ours.exists(version, "snapshot"):
+            # (converted already, or microbatch's own files hold the version: a conversion to
+            # Spark's engine that was cut short after it planned its batch)
+            if version <= 0 or ours.exists(version, "snapshot") or ours.exists(version, "delta"):
                 continue
             theirs = SparkStateStoreFiles.for_store(checkpoint_root, op.id, partition, spark_key, spark_value,
                                                     fs=fs, **options)

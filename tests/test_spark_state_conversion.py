@@ -1,0 +1,173 @@
+"""A query microbatch ran moves to Spark's engine with its state
+(``microbatch checkpoint convert CKPT --to spark``, ops/spark_conversion.py): some batches
+run on microbatch; the checkpoint is copied; the copy continues on microbatch and the
+original, converted, on Spark's engine, over the same new files. Every later batch's rows,
+progress (watermark, state rows) and the logs' watermarks are equal; Spark's own
+``statestore`` and ``state-metadata`` readers read the converted checkpoint and agree with
+microbatch's reader."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import collect_batches, json_stream
+from stream_events import comparable, watermarks
+from test_spark_state_adoption import BEFORE, CASES, SCHEMA, arrive, recorded_provider
+
+from microbatch.errors import CheckpointError
+from microbatch.ops.spark_conversion import convert_to_spark
+
+SPARK_HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+@pytest.fixture
+def events(tmp_path):
+    from test_spark_state_adoption import EVENTS
+    from stream_events import write_event_files
+    return write_event_files(tmp_path / "events", EVENTS,
+                             lambda k, t, v: {"id": k, "ts": f"2026-01-01 {t}", "v": v})
+
+
+def state_files(ckpt) -> dict:
+    return {str(p): p.read_bytes() for p in (ckpt / "state").rglob("*") if p.is_file()}
+
+
+def shifted(progress: list, by: int) -> list:
+    """``comparable`` progress with batch ids moved by ``by`` (the conversion adds a batch)."""
+    return [(batch + by, *rest) for batch, *rest in progress]
+
+
+def spark_reader_rows(spark, ckpt, **options) -> list:
+    """Spark's statestore reader: (key, value, partition) as plain tuples."""
+    reader = spark.read.format("statestore")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return sorted(((tuple(r.key), tuple(r.value), r.partition_id) for r in reader.load(str(ckpt)).collect()),
+                  key=repr)
+
+
+def our_reader_rows(ss, ckpt) -> list:
+    return sorted(((tuple(r.key), tuple(r.value), r.partition_id)
+                   for r in ss.read.format("statestore").load(str(ckpt)).collect()), key=repr)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_spark_continues_a_checkpoint_microbatch_wrote_after_the_conversion(spark, ss, events, tmp_path, case):
+    transform, mode = CASES[case]
+    live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    arrive(events, live, names[:BEFORE])
+    first, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
+    assert len(first) >= BEFORE and recorded_provider(moved).startswith("microbatch.")
+    shutil.copytree(moved, stayed)
+    ours_before = state_files(moved)
+
+    result = convert_to_spark(spark, str(moved))
+    last = first[-1][0]
+    assert (result.batch, result.done_before) == (last + 1, False) and result.stores > 0
+    assert recorded_provider(moved) == SPARK_HDFS
+    # files are added, none rewritten
+    assert all(state_files(moved)[path] == data for path, data in ours_before.items())
+    # Spark's readers read the converted checkpoint as microbatch's reader reads it
+    theirs_state = spark_reader_rows(spark, moved)
+    ours_state = our_reader_rows(ss, stayed)
+    if case.startswith("dropDuplicates with"):     # Spark's value of a deduplication: one null column
+        ours_state = [(k, (None,), p) for k, _, p in ours_state]
+    assert theirs_state == ours_state and theirs_state
+    metadata = spark.read.format("state-metadata").load(str(moved)).collect()
+    assert [(m.operatorId, m.stateStoreName, m.numPartitions) for m in metadata] == [(0, "default", 2)]
+    assert metadata[0].operatorName == json.loads((moved / "state/0/_metadata/schema").read_text())["operatorName"]
+    # a second conversion finds Spark's state and writes nothing
+    again = state_files(moved)
+    assert convert_to_spark(spark, str(moved)).done_before and state_files(moved) == again
+
+    arrive(events, live, names[BEFORE:])
+    theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
+    ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), stayed, mode)
+    assert [rows for _, rows in theirs] == [rows for _, rows in ours] and any(rows for _, rows in ours)
+    assert [b for b, _ in theirs] == [b + 1 for b, _ in ours]
+    assert comparable([json.loads(p.json) for p in their_progress]) == \
+        shifted(comparable([json.loads(p.json) for p in our_progress]), 1)
+    # the logs' watermarks: the conversion batch repeats the last batch's
+    theirs_marks = [(log, int(b), mark) for log, b, mark in watermarks(moved)]
+    ours_marks = [(log, int(b), mark) for log, b, mark in watermarks(stayed)]
+    assert [m for m in theirs_marks if m[1] != last + 1] == \
+        [(log, b if b <= last else b + 1, mark) for log, b, mark in ours_marks]
+
+
+def test_a_checkpoint_that_moved_from_spark_to_microbatch_and_back_continues_on_spark(spark, ss, events, tmp_path):
+    transform, mode = CASES["sums, averages and maxima per key in update mode"]
+    live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    arrive(events, live, names[:2])
+    collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
+    arrive(events, live, names[2:4])
+    collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)     # adopted, then microbatch's
+    shutil.copytree(moved, stayed)
+    assert subprocess.run([sys.executable, "-m", "microbatch.cli.main", "checkpoint", "convert", str(moved),
+                           "--to", "spark"], capture_output=True, text=True, env={
+                               **os.environ, "PYSPARK_PYTHON": sys.executable}).returncode == 0
+    arrive(events, live, names[4:])
+    theirs, _ = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
+    ours, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), stayed, mode)
+    assert [rows for _, rows in theirs] == [rows for _, rows in ours] and theirs
+
+
+def checkpoint_files(ckpt) -> dict:
+    return {str(p): p.read_bytes() for d in ("state", "offsets", "commits", "sources")
+            for p in (ckpt / d).rglob("*") if p.is_file()}
+
+
+def test_a_conversion_is_refused_before_anything_is_written_and_finished_when_cut_short(spark, ss, events,
+                                                                                        tmp_path):
+    from pyspark.sql import functions as F
+    live = tmp_path / "live"
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    arrive(events, live, names[:2])
+
+    def sessions(f):
+        return f.withWatermark("ts", "10 seconds").groupBy(F.session_window("ts", "5 seconds"), "id").count()
+    collect_batches(sessions(json_stream(ss, live, SCHEMA)), tmp_path / "sessions", "append")
+    before = checkpoint_files(tmp_path / "sessions")
+    with pytest.raises(CheckpointError, match="sessionWindowStateStoreSaveExec.*Nothing was written"):
+        convert_to_spark(spark, str(tmp_path / "sessions"))
+    assert checkpoint_files(tmp_path / "sessions") == before
+
+    # a batch planned and not committed: refused, with the fix named
+    ckpt = tmp_path / "counts"
+    transform, mode = CASES["sums, averages and maxima per key in update mode"]
+    collect_batches(transform(json_stream(ss, live, SCHEMA)), ckpt, mode)
+    last = max(int(n) for n in os.listdir(ckpt / "commits") if n.isdigit())
+    shutil.copy(ckpt / "offsets" / str(last), ckpt / "offsets" / str(last + 1))
+    before = checkpoint_files(ckpt)
+    with pytest.raises(CheckpointError, match=f"batch {last + 1} was planned and not committed.*rollback"):
+        convert_to_spark(spark, str(ckpt))
+    assert checkpoint_files(ckpt) == before
+    os.remove(ckpt / "offsets" / str(last + 1))
+
+    # cut short after the conversion batch was planned: a second run finishes it
+    shutil.copytree(ckpt, tmp_path / "plain")
+    done = convert_to_spark(spark, str(ckpt))
+    os.remove(ckpt / "commits" / str(done.batch))
+    for path in (ckpt / "state").rglob(f"{done.batch + 1}.snapshot*"):     # both engines' files
+        path.unlink()
+    half = tmp_path / "half"
+    shutil.copytree(ckpt, half)
+    again = convert_to_spark(spark, str(ckpt))
+    assert (again.batch, again.stores, again.done_before) == (done.batch, done.stores, False)
+    state = spark_reader_rows(spark, ckpt)
+    assert state and state == our_reader_rows(ss, ckpt)
+    # microbatch, started on a conversion cut short, runs the planned batch on its own state
+    # and goes on as on the checkpoint never converted
+    arrive(events, live, names[2:])
+    batches, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), half, mode)
+    plain, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), tmp_path / "plain", mode)
+    assert batches[0] == (done.batch, []) and batches[1:] == [(b + 1, rows) for b, rows in plain] and plain
