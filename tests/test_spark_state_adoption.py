@@ -36,6 +36,8 @@ CASES = {
         lambda f: f.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"]), "append"),
     "dropDuplicatesWithinWatermark": (
         lambda f: f.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["id"]), "append"),
+    # 11 rows before the move: the limit lets 2 more through, then none
+    "a limit": (lambda f: f.limit(13), "append"),
 }
 
 

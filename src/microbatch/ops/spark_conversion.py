@@ -7,8 +7,9 @@ with the query stopped (it holds the run lease meanwhile):
 
 1. The last batch ``L`` must be committed (a batch planned and not committed is refused:
    run the query until it commits, or ``checkpoint rollback``). Every stateful operator
-   must be one whose state Spark's engine keeps in the same rows (aggregations without
-   session windows, deduplications); anything else is refused before a file is written.
+   must be one whose state Spark's engine keeps in the same rows
+   (``operators/spark_stores.py``: aggregations without session windows, deduplications,
+   stream-stream joins, limits); anything else is refused before a file is written.
 2. The conversion batch ``B = L + 1`` is planned in the offset log: L's offsets and
    watermark, with ``spark.sql.streaming.stateStore.providerClass`` set to Spark's
    ``HDFSBackedStateStoreProvider``. It reads no input (like Spark's own offline state
@@ -44,6 +45,7 @@ from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError
 from microbatch.operators.base import store_field
+from microbatch.operators.spark_stores import MOVABLE, SparkStore, spark_stores
 from microbatch.ops.checkpoint_reader import CheckpointReader
 from microbatch.state.files import StateFiles
 from microbatch.state.spark_format import (
@@ -55,18 +57,6 @@ from microbatch.state.store import (
 )
 
 log = logging.getLogger(__name__)
-
-#: microbatch's operators whose state Spark's engine keeps in the same rows (schema file name)
-CONVERTIBLE = {"stateStoreSave": "an aggregation", "dedupe": "dropDuplicates",
-               "dedupeWithinWatermark": "dropDuplicatesWithinWatermark"}
-#: Spark's value of a deduplication: one null column
-SPARK_DEDUP_VALUE = {"type": "struct", "fields": [
-    {"name": "__dummy__", "type": "void", "nullable": True, "metadata": {}}]}
-#: The names Spark gives an aggregate function's buffers (what its state reader shows)
-SPARK_BUFFER_NAMES = {"count": ["count"], "sum": ["sum"], "avg": ["sum", "count"], "mean": ["sum", "count"],
-                      "max": ["max"], "min": ["min"], "first": ["first", "valueSet"],
-                      "last": ["last", "valueSet"]}
-
 
 @dataclass(frozen=True)
 class ConversionResult:
@@ -140,9 +130,9 @@ def _run(spark: SparkSession, ckpt: CheckpointReader) -> ConversionResult:
             raise CheckpointError(f"Batch {batch} of checkpoint '{root}' was planned meanwhile by another "
                                   "process; nothing more was written.")
     options = store_options_from_conf({k: v for k, v in recorded.items() if k != PROVIDER_CLASS_CONF})
-    tasks = [_StoreTask(ckpt.fs.spec(), root, op.id, partition, op.key_json, op.value_json, op.spark_value_json,
-                        source + 1, batch + 1, provider, options["codec"], options["row_checksum"])
-             for op in operators for partition in op.partitions]
+    tasks = [_StoreTask(ckpt.fs.spec(), root, op.id, partition, store, source + 1, batch + 1, provider,
+                        options["codec"], options["row_checksum"])
+             for op in operators for partition in op.partitions for store in op.stores]
     stores, rows = _write_stores(spark, tasks)
     for op in operators:
         _write_spark_metadata(ckpt, op)
@@ -157,9 +147,7 @@ def _run(spark: SparkSession, ckpt: CheckpointReader) -> ConversionResult:
 class _Operator:
     id: int
     name: str
-    key_json: str              # Spark's JSON of the key and value schemas, as microbatch keeps them
-    value_json: str
-    spark_value_json: str      # the value as Spark keeps it
+    stores: list[SparkStore]
     partitions: list[int]
     num_partitions: int
 
@@ -174,21 +162,15 @@ def _operators(ckpt: CheckpointReader, shuffle_partitions: str | None) -> list[_
                                       "(it has no state/<op>/_metadata/schema)",
                            "Only checkpoints microbatch wrote are converted.")
         name = doc.get("operatorName")
-        if name not in CONVERTIBLE:
+        stores = spark_stores(name, StructType.fromJson(doc["keySchema"]), StructType.fromJson(doc["valueSchema"]),
+                              doc.get("aggregates", []))
+        if stores is None:
             raise _refusal(ckpt.root, f"stateful operator {operator} is {name}, whose state is not converted "
-                                      f"yet (converted: {', '.join(CONVERTIBLE.values())})",
+                                      f"yet (converted: {', '.join(MOVABLE.values())})",
                            "Keep the query on microbatch, or start it on Spark's engine with a new "
                            "checkpoint location.")
-        value = doc["valueSchema"]
-        if name == "dedupe":
-            spark_value = SPARK_DEDUP_VALUE
-        elif name == "stateStoreSave":
-            spark_value = _spark_buffer_names(value, doc.get("aggregates", []))
-        else:
-            spark_value = value
         partitions = ckpt.partitions(operator)
-        found.append(_Operator(operator, name, json.dumps(doc["keySchema"]), json.dumps(value),
-                               json.dumps(_nullable(spark_value)), partitions,
+        found.append(_Operator(operator, name, stores, partitions,
                                int(shuffle_partitions) if shuffle_partitions else max(partitions, default=0) + 1))
     return found
 
@@ -198,34 +180,13 @@ def _nullable(data_type):
     nullable field for the query's field either way."""
     if isinstance(data_type, dict):
         out = {k: _nullable(v) for k, v in data_type.items()}
-        if "nullable" in out:
-            out["nullable"] = True
-        if "containsNull" in out:
-            out["containsNull"] = True
-        if "valueContainsNull" in out:
-            out["valueContainsNull"] = True
+        for flag in ("nullable", "containsNull", "valueContainsNull"):
+            if flag in out:
+                out[flag] = True
         return out
     if isinstance(data_type, list):
         return [_nullable(v) for v in data_type]
     return data_type
-
-
-def _spark_buffer_names(value: dict, aggregates: list[str]) -> dict:
-    """microbatch's buffer columns (``__microbatch_buffer_<aggregate>_<buffer>``) under the
-    names Spark gives them, where the function is one whose buffers Spark names alike."""
-    fields = [dict(f) for f in value.get("fields", [])]
-    per_call: dict[int, list[int]] = {}
-    for i, f in enumerate(fields):
-        parts = f["name"].rsplit("_", 2)
-        if f["name"].startswith("__microbatch_buffer_") and parts[-2].isdigit():
-            per_call.setdefault(int(parts[-2]), []).append(i)
-    for call, indexes in per_call.items():
-        function = aggregates[call].split("(", 1)[0].strip().lower() if call < len(aggregates) else ""
-        names = SPARK_BUFFER_NAMES.get(function)
-        if names is not None and len(names) == len(indexes):
-            for i, name in zip(indexes, names):
-                fields[i]["name"] = name
-    return {**value, "fields": fields}
 
 
 @dataclass(frozen=True)
@@ -237,9 +198,7 @@ class _StoreTask:
     root: str
     operator: int
     partition: int
-    key_json: str
-    value_json: str
-    spark_value_json: str
+    store: SparkStore
     read_version: int
     write_version: int
     provider: str
@@ -248,24 +207,24 @@ class _StoreTask:
 
     def run(self) -> int:
         conf = StateStoreConf(storage=self.storage, provider_class=self.provider, compression=self.codec)
-        fs = conf.fs
-        key = pa.schema([store_field(f) for f in StructType.fromJson(json.loads(self.key_json)).fields])
-        value = pa.schema([store_field(f) for f in StructType.fromJson(json.loads(self.value_json)).fields])
-        store_id = StateStoreId(f"{self.root}/state", self.operator, self.partition)
+        store = self.store
+        key, value = _arrow(store.key), _arrow(store.value)
+        store_id = StateStoreId(f"{self.root}/state", self.operator, self.partition, store.name)
         provider = provider_class(self.provider)(store_id, key, value, conf)
         try:
             rows = list(provider.get_store(self.read_version).iterator())
         finally:
             provider.close()
-        spark_value = pa.schema([store_field(f) for f in
-                                 StructType.fromJson(json.loads(self.spark_value_json)).fields])
-        values = [v for _, v in rows] if len(spark_value) == len(value) else [(None,)] * len(rows)
-        SparkStateStoreFiles(store_id.path, key, spark_value, codec=self.codec, fs=fs,
-                             row_checksum=self.row_checksum).write_snapshot(
-            self.write_version, zip([k for k, _ in rows], values))
-        StateFiles(store_id, key, value, conf).write_rows(self.write_version, "snapshot",
-                                                         [k for k, _ in rows], [v for _, v in rows])
+        keys, values = [k for k, _ in rows], [v for _, v in rows]
+        SparkStateStoreFiles(store_id.path, _arrow(store.spark_key), _arrow(store.spark_value), codec=self.codec,
+                             fs=conf.fs, row_checksum=self.row_checksum).write_snapshot(
+            self.write_version, zip(keys, map(store.to_spark, values)))
+        StateFiles(store_id, key, value, conf).write_rows(self.write_version, "snapshot", keys, values)
         return len(rows)
+
+
+def _arrow(struct: StructType) -> pa.Schema:
+    return pa.schema([store_field(f) for f in struct.fields])
 
 
 def _write_stores(spark: SparkSession, tasks: list[_StoreTask]) -> tuple[int, int]:
@@ -283,14 +242,15 @@ def _write_stores(spark: SparkSession, tasks: list[_StoreTask]) -> tuple[int, in
 
 
 def _write_spark_metadata(ckpt: CheckpointReader, op: _Operator) -> None:
-    """Spark's schema file and operator metadata of an operator, where missing."""
-    schema = state_schema_path(ckpt.root, op.id)
-    if not ckpt.fs.exists(schema):
-        ckpt.fs.write_bytes(schema, state_schema_v2(json.dumps(_nullable(json.loads(op.key_json))),
-                                                    op.spark_value_json))
+    """Spark's schema files and operator metadata of an operator, where missing."""
+    for store in op.stores:
+        schema = state_schema_path(ckpt.root, op.id, store.name)
+        if not ckpt.fs.exists(schema):
+            ckpt.fs.write_bytes(schema, state_schema_v2(json.dumps(_nullable(store.spark_key.jsonValue())),
+                                                        json.dumps(_nullable(store.spark_value.jsonValue()))))
     metadata = f"{ckpt.root}/state/{op.id}/_metadata/metadata"
     if not ckpt.fs.exists(metadata):
         info = {"operatorInfo": {"operatorId": op.id, "operatorName": op.name},
-                "stateStoreInfo": [{"storeName": "default", "numColsPrefixKey": 0,
-                                    "numPartitions": op.num_partitions}]}
+                "stateStoreInfo": [{"storeName": store.name, "numColsPrefixKey": 0, "numPartitions": op.num_partitions}
+                                   for store in op.stores]}
         ckpt.fs.write_bytes(metadata, b"v1\n" + json.dumps(info, separators=(",", ":")).encode())

@@ -10,11 +10,10 @@ runs on microbatch's provider, which records itself in the offset log. The conve
 eager, at the start of the first run: a store already converted (a run that failed part
 way) is not converted again.
 
-Adopted so far: aggregations (not session windows) and deduplications, whose state
-microbatch keeps as Spark's does (the grouping key and the aggregation buffer; the
-deduplication key, and its expiry within a watermark). Any other stateful operator, a
-schema that differs from the query's, or Spark's RocksDB provider is refused before
-anything is written.
+Adopted so far: the operators whose stores microbatch keeps as Spark does
+(``operators/spark_stores.py``: aggregations without session windows, deduplications,
+stream-stream joins, limits). Any other stateful operator, a schema that differs from the
+query's, or Spark's RocksDB provider is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -27,7 +26,8 @@ import pyarrow as pa
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.errors import CheckpointError
 from microbatch.operators.base import store_field
-from microbatch.plan.logical import Aggregate, Deduplicate
+from microbatch.operators.spark_stores import MOVABLE, spark_stores
+from microbatch.plan.logical import Aggregate, StreamJoin
 from microbatch.state.files import StateFiles
 from microbatch.state.spark_format import SparkStateStoreFiles, read_state_schema, store_options_from_conf
 from microbatch.state.store import SPARK_HDFS_PROVIDER, StateStoreConf, StateStoreId
@@ -35,6 +35,7 @@ from microbatch.state.store import SPARK_HDFS_PROVIDER, StateStoreConf, StateSto
 log = logging.getLogger(__name__)
 
 AGGREGATION_FORMAT_CONF = "spark.sql.streaming.aggregation.stateFormatVersion"
+JOIN_FORMAT_CONF = "spark.sql.streaming.join.stateFormatVersion"
 
 
 def written_by_spark(recorded_provider: str | None, fs: CheckpointFileSystem, checkpoint_root: str) -> bool:
@@ -74,47 +75,50 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
     plans = []
     for _, op, key, value in schemas:
         node = op.node
-        if not (isinstance(node, Deduplicate) or (isinstance(node, Aggregate) and node.session_index is None)):
+        stores = spark_stores(op.name, key, value)
+        if stores is None:
             raise _refusal(checkpoint_root, f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
-                                            "not among those adopted so far (aggregations without session "
-                                            "windows, deduplications)")
+                                            "not among those adopted so far (" + ", ".join(MOVABLE.values()) + ")")
         if isinstance(node, Aggregate) and recorded_conf.get(AGGREGATION_FORMAT_CONF, "2") != "2":
             raise _refusal(checkpoint_root, f"its aggregation state has format version "
                                             f"{recorded_conf[AGGREGATION_FORMAT_CONF]} ({AGGREGATION_FORMAT_CONF}); "
                                             "only version 2 (Spark 2.3 and later) is read")
-        try:
-            spark_schema = read_state_schema(checkpoint_root, op.id, fs=fs)[0]
-            spark_key, spark_value = spark_schema.key_arrow(), spark_schema.value_arrow()
-        except Exception as e:  # noqa: BLE001 - a missing or unreadable schema file, said as such
-            raise _refusal(checkpoint_root, f"the state schema of operator {op.id} cannot be read ({e})") from e
-        our_key = pa.schema([store_field(f) for f in key.fields])
-        our_value = pa.schema([store_field(f) for f in value.fields])
-        # (Spark's deduplication keeps a value of one null column, "__dummy__"; microbatch none)
-        kept = [i for i, f in enumerate(spark_value) if not pa.types.is_null(f.type)]
-        if not (_same_types(spark_key, our_key)
-                and _same_types(pa.schema([spark_value.field(i) for i in kept]), our_value)):
-            raise _refusal(checkpoint_root, f"the state of operator {op.id} ({op.name}) has key "
-                                            f"{spark_key.types} and value {spark_value.types} in Spark's "
-                                            f"schema file, and the query's is key {our_key.types}, value "
-                                            f"{our_value.types}")
-        plans.append((op, spark_key, spark_value, kept, our_key, our_value))
+        if isinstance(node, StreamJoin) and recorded_conf.get(JOIN_FORMAT_CONF, "2") != "2":
+            raise _refusal(checkpoint_root, f"its join state has format version {recorded_conf[JOIN_FORMAT_CONF]} "
+                                            f"({JOIN_FORMAT_CONF}); only version 2 is read")
+        for store in stores:
+            where = f"operator {op.id}" + ("" if store.name == "default" else f", store {store.name}")
+            try:
+                spark_schema = read_state_schema(checkpoint_root, op.id, fs=fs, store_name=store.name)[0]
+                spark_key, spark_value = spark_schema.key_arrow(), spark_schema.value_arrow()
+            except Exception as e:  # noqa: BLE001 - a missing or unreadable schema file, said as such
+                raise _refusal(checkpoint_root, f"the state schema of {where} cannot be read ({e})") from e
+            expected_key, expected_value = _arrow(store.spark_key), _arrow(store.spark_value)
+            if not (_same_types(spark_key, expected_key) and _same_types(spark_value, expected_value)):
+                raise _refusal(checkpoint_root, f"the state of {where} ({op.name}) has key {spark_key.types} "
+                                                f"and value {spark_value.types} in Spark's schema file, and the "
+                                                f"query's is key {expected_key.types}, value {expected_value.types}")
+            plans.append((op, store, spark_key, spark_value))
     options = store_options_from_conf(recorded_conf)    # the codec and row checksums Spark wrote with
-    for op, spark_key, spark_value, kept, our_key, our_value in plans:
+    for op, store, spark_key, spark_value in plans:
         started, rows = time.monotonic(), 0
+        our_key, our_value = _arrow(store.key), _arrow(store.value)
         for partition in range(op.num_state_stores):
-            ours = StateFiles(StateStoreId(f"{checkpoint_root}/state", op.id, partition), our_key, our_value,
-                              store_conf)
+            ours = StateFiles(StateStoreId(f"{checkpoint_root}/state", op.id, partition, store.name), our_key,
+                              our_value, store_conf)
             # (converted already, or microbatch's own files hold the version: a conversion to
             # Spark's engine that was cut short after it planned its batch)
             if version <= 0 or ours.exists(version, "snapshot") or ours.exists(version, "delta"):
                 continue
             theirs = SparkStateStoreFiles.for_store(checkpoint_root, op.id, partition, spark_key, spark_value,
-                                                    fs=fs, **options)
+                                                    store_name=store.name, fs=fs, **options)
             state = theirs.load(version) if theirs.versions() else {}
             fs.mkdirs(ours.id.path)
-            values = list(state.values()) if len(kept) == len(spark_value) else \
-                [tuple(value[i] for i in kept) for value in state.values()]
-            ours.write_rows(version, "snapshot", list(state.keys()), values)
+            ours.write_rows(version, "snapshot", list(state.keys()), list(map(store.from_spark, state.values())))
             rows += len(state)
-        log.info("Adopted version %d of the state of operator %d (%s) from Spark's files: %d rows in %d ms",
-                 version, op.id, op.name, rows, (time.monotonic() - started) * 1000)
+        log.info("Adopted version %d of the state of operator %d (%s, store %s) from Spark's files: %d rows "
+                 "in %d ms", version, op.id, op.name, store.name, rows, (time.monotonic() - started) * 1000)
+
+
+def _arrow(struct) -> pa.Schema:
+    return pa.schema([store_field(f) for f in struct.fields])

@@ -1,0 +1,74 @@
+"""Stream-stream joins move between the engines with their four stores: two batches run on
+one engine; the checkpoint is copied; the copy continues on the same engine and the
+original on the other (after ``checkpoint convert --to spark`` when it goes to Spark's
+engine), over the same new files. Every later batch's rows and progress are equal."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from helpers import collect_batches, json_stream, sorted_rows
+from stream_events import comparable
+from test_stream_join_differential import CASES, LEFT, RIGHT, write
+
+from microbatch.ops.spark_conversion import convert_to_spark
+
+MOVED = {name: CASES[name] for name in (
+    "time range, left outer", "full outer", "a deduplicated side", "on id and a time window, inner")}
+BEFORE = 2
+
+
+def run(session, live, ckpt, transform):
+    left = json_stream(session, live[0], "id INT, ts TIMESTAMP, a STRING")
+    right = json_stream(session, live[1], "id INT, ts TIMESTAMP, b INT")
+    batches, progress = collect_batches(transform(left, right), ckpt, rows=lambda df: (df.columns, sorted_rows(df)))
+    return batches, [json.loads(p.json) for p in progress]
+
+
+def arrive(sources, live, files) -> None:
+    for source, target in zip(sources, live):
+        for name in files:
+            os.rename(os.path.join(source, name), os.path.join(target, name))
+
+
+@pytest.mark.parametrize("direction", ["spark to microbatch", "microbatch to spark"])
+@pytest.mark.parametrize("case", list(MOVED))
+def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, case, direction):
+    transform = MOVED[case]
+    sources = write(tmp_path / "left", LEFT, "a"), write(tmp_path / "right", RIGHT, "b")
+    live = [tmp_path / "live-left", tmp_path / "live-right"]
+    for d in live:
+        d.mkdir()
+    names = sorted(os.listdir(sources[0]))
+    first_engine, second_engine = (spark, ss) if direction == "spark to microbatch" else (ss, spark)
+    moved, stayed = tmp_path / "moved", tmp_path / "stayed"
+    arrive(sources, live, names[:BEFORE])
+    first, _ = run(first_engine, live, moved, transform)
+    assert len(first) >= BEFORE     # (and a batch without data when the watermark moved)
+    shutil.copytree(moved, stayed)
+    shift = 0
+    if second_engine is spark:
+        result = convert_to_spark(spark, str(moved))
+        assert result.stores > 0 and result.rows > 0
+        shift = 1
+        stores = {m.stateStoreName for m in spark.read.format("state-metadata").load(str(moved)).collect()
+                  if m.operatorId == 0}   # (the join is operator 0)
+        assert stores == {"left-keyToNumValues", "left-keyWithIndexToValue", "right-keyToNumValues",
+                          "right-keyWithIndexToValue"}
+        for side in ("left", "right"):
+            theirs = sorted(((tuple(r.key), tuple(r.value)) for r in
+                             spark.read.format("statestore").option("joinSide", side).load(str(moved)).collect()),
+                            key=repr)
+            ours = sorted(((tuple(r.key), tuple(r.value)) for r in
+                           ss.read.format("statestore").option("joinSide", side).load(str(stayed)).collect()),
+                          key=repr)
+            assert theirs == ours
+    arrive(sources, live, names[BEFORE:])
+    theirs, their_progress = run(first_engine, live, stayed, transform)
+    ours, our_progress = run(second_engine, live, moved, transform)
+    assert [rows for _, rows in ours] == [rows for _, rows in theirs] and any(rows[1] for _, rows in ours)
+    assert [(b, *rest) for b, *rest in comparable(our_progress)] == \
+        [(b + shift, *rest) for b, *rest in comparable(their_progress)]
