@@ -11,8 +11,11 @@ import shutil
 import pytest
 from pyspark.sql import functions as F
 
+from pyspark.sql.streaming.state import GroupStateTimeout
+
 from helpers import collect_batches, json_stream
 from stream_events import comparable, watermarks, write_event_files
+from test_group_state_differential import OUTPUT as GROUP_STATE_OUTPUT, count_until_quiet, first_rows
 
 SCHEMA = "id INT, ts TIMESTAMP, v DOUBLE"
 EVENTS = [
@@ -38,6 +41,20 @@ CASES = {
         lambda f: f.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["id"]), "append"),
     # 11 rows before the move: the limit lets 2 more through, then none
     "a limit": (lambda f: f.limit(13), "append"),
+    # a row per session on Spark's engine, a row per key with its sessions on microbatch
+    "session windows in append mode": (
+        lambda f: f.withWatermark("ts", "10 seconds").groupBy(F.session_window("ts", "5 seconds"), "id")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("total")), "append"),
+    "session windows after the key": (
+        lambda f: f.withWatermark("ts", "10 seconds").groupBy("id", F.session_window("ts", "5 seconds")).count(),
+        "append"),
+    "applyInPandasWithState with an event-time timeout": (
+        lambda f: f.withWatermark("ts", "10 seconds").groupBy("id").applyInPandasWithState(
+            count_until_quiet, GROUP_STATE_OUTPUT, "n LONG", "update", GroupStateTimeout.EventTimeTimeout), "update"),
+    # (Spark keeps no timeout timestamp without a timeout)
+    "applyInPandasWithState without a timeout": (
+        lambda f: f.groupBy("id").applyInPandasWithState(
+            first_rows, GROUP_STATE_OUTPUT, "n LONG", "append", GroupStateTimeout.NoTimeout), "append"),
 }
 
 
@@ -93,15 +110,18 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     live.mkdir()
     arrive(events, live, sorted(os.listdir(events))[:2])
 
-    def sessions(f):
-        return f.withWatermark("ts", "10 seconds").groupBy(F.session_window("ts", "5 seconds"), "id").count()
-    collect_batches(sessions(json_stream(spark, live, SCHEMA)), tmp_path / "sessions", "append")
-    before = checkpoint_files(tmp_path / "sessions")
-    batches, _ = collect_batches(sessions(json_stream(ss, live, SCHEMA)), tmp_path / "sessions", "append",
+    # an aggregation state format before Spark 2.3's
+    spark.conf.set("spark.sql.streaming.aggregation.stateFormatVersion", "1")
+    try:
+        collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), tmp_path / "v1", "update")
+    finally:
+        spark.conf.unset("spark.sql.streaming.aggregation.stateFormatVersion")
+    before = checkpoint_files(tmp_path / "v1")
+    batches, _ = collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), tmp_path / "v1", "update",
                                  fail_on_error=False, queries=(queries := []))
     error = str(queries[0].exception())
-    assert "was written by Spark's engine" in error and "session" in error.lower() and "Nothing was written" in error
-    assert batches == [] and checkpoint_files(tmp_path / "sessions") == before
+    assert "was written by Spark's engine" in error and "format version 1" in error and "Nothing was written" in error
+    assert batches == [] and checkpoint_files(tmp_path / "v1") == before
     # Spark's RocksDB provider: not read yet, said so
     spark.conf.set("spark.sql.streaming.stateStore.providerClass",
                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")

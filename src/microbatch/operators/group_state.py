@@ -353,6 +353,10 @@ class GroupStateStep(StatefulStep):
             event_time_index=event_time, event_time_stats_index=stats_index)
         return self.bind([df], task, self.map_by_keys(shape["partition"], shape["output"]))
 
+    def _document_extras(self) -> dict:
+        # (Spark keeps no timeoutTimestamp without a timeout: spark_stores.py)
+        return {"timeout": self.node.timeout}
+
     def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
         by_lower = {f.name.lower(): f for f in input_schemas[0].fields}
         key = StructType([by_lower[k.lower()] for k in self.node.keys])

@@ -13,19 +13,33 @@ and a deduplication's value differ:
   ``<side>-keyToNumValues`` (join key -> count) and ``<side>-keyWithIndexToValue``
   ((join key, index) -> the side's row and ``matched``); Spark names the join key's
   columns ``field0..``;
-- a streaming limit (``globalLimit``): a null key -> the rows emitted so far.
+- a streaming limit (``globalLimit``): a null key -> the rows emitted so far;
+- an aggregation over session windows (``sessionWindowStateStoreSaveExec``): microbatch
+  keeps a key's sessions in one row (key -> the list of (start, end, buffers)); Spark a row
+  per session (key and session start -> the grouping columns with the session window,
+  and the buffers), scanned by the key as a prefix;
+- ``applyInPandasWithState``: the key -> ``groupState`` and ``timeoutTimestamp``; Spark
+  keeps no ``timeoutTimestamp`` when the query has no timeout.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
+from itertools import groupby
+from typing import Callable, Iterable
 
-from pyspark.sql.types import BooleanType, LongType, NullType, StructField, StructType
+import pyarrow as pa
+from pyspark.sql.types import BooleanType, LongType, NullType, StructField, StructType, TimestampType
+
+from microbatch.operators.aggregate.task import sessions_schema
+from microbatch.operators.base import store_field
 
 #: The operators whose state moves, by the name in their schema file, as users know them
-MOVABLE = {"stateStoreSave": "aggregations without session windows", "dedupe": "dropDuplicates",
-           "dedupeWithinWatermark": "dropDuplicatesWithinWatermark",
-           "symmetricHashJoin": "stream-stream joins", "globalLimit": "limits"}
+MOVABLE = {"stateStoreSave": "aggregations", "sessionWindowStateStoreSaveExec": "session windows",
+           "dedupe": "dropDuplicates", "dedupeWithinWatermark": "dropDuplicatesWithinWatermark",
+           "symmetricHashJoin": "stream-stream joins", "globalLimit": "limits",
+           "applyInPandasWithState": "applyInPandasWithState"}
+Rows = Iterable[tuple[tuple, tuple]]
 #: The names Spark gives an aggregate function's buffers
 SPARK_BUFFER_NAMES = {"count": ["count"], "sum": ["sum"], "avg": ["sum", "count"], "mean": ["sum", "count"],
                       "max": ["max"], "min": ["min"], "first": ["first", "valueSet"],
@@ -33,23 +47,44 @@ SPARK_BUFFER_NAMES = {"count": ["count"], "sum": ["sum"], "avg": ["sum", "count"
 _DUMMY = StructType([StructField("__dummy__", NullType(), True)])
 
 
-def _same(value: tuple) -> tuple:
-    return value
+def _same(rows: Rows) -> Rows:
+    return rows
 
 
 @dataclass(frozen=True)
 class SparkStore:
     """One store of an operator in both engines: its name (its directory in a partition,
-    ``default`` for none), microbatch's key and value schemas, Spark's, and the value
-    from one engine's rows to the other's (keys are the same rows)."""
+    ``default`` for none), microbatch's key and value schemas, Spark's, the number of key
+    columns Spark scans as a prefix, and a store's (key, value) rows from one engine's
+    form to the other's."""
 
     name: str
     key: StructType
     value: StructType
     spark_key: StructType
     spark_value: StructType
-    to_spark: Callable[[tuple], tuple] = _same
-    from_spark: Callable[[tuple], tuple] = _same
+    to_spark: Callable[[Rows], Rows] = _same
+    from_spark: Callable[[Rows], Rows] = _same
+    prefix_key_columns: int = 0
+    #: microbatch's value as its task stores it, where the value schema's Arrow form is not
+    #: it (nested nullability, a list's item name)
+    value_storage: pa.Schema | None = None
+
+    def storage(self) -> tuple[pa.Schema, pa.Schema]:
+        """microbatch's key and value schemas as its files hold them (storage types)."""
+        return _arrow(self.key), self.value_storage or _arrow(self.value)
+
+    def spark_storage(self) -> tuple[pa.Schema, pa.Schema]:
+        """Spark's key and value schemas as storage types (what ``state.spark_format`` reads)."""
+        return _arrow(self.spark_key), _arrow(self.spark_value)
+
+
+def _arrow(struct: StructType) -> pa.Schema:
+    return pa.schema([store_field(f) for f in struct.fields])
+
+
+def _values(function: Callable[[tuple], tuple], rows: Rows) -> Rows:
+    return ((key, function(value)) for key, value in rows)
 
 
 def _renamed(struct: StructType, names: list[str]) -> StructType:
@@ -82,14 +117,71 @@ def _no_value(_: tuple) -> tuple:
     return ()
 
 
+def _fields(value) -> list:
+    return list(value.values()) if isinstance(value, dict) else list(value)
+
+
+def _sessions_to_spark(index: int, rows: Rows) -> Rows:
+    """key -> [(start, end, buffers...)] as (key, start) -> (grouping columns with the
+    session window at ``index``, buffers...), a row per session."""
+    for key, (sessions,) in rows:
+        for session in sessions or ():
+            start, end, *buffers = _fields(session)
+            grouping = list(key)
+            grouping.insert(index, {"start": start, "end": end})
+            yield key + (start,), tuple(grouping) + tuple(buffers)
+
+
+def _sessions_from_spark(index: int, key_count: int, rows: Rows) -> Rows:
+    """Spark's rows of sessions back to a row per key, its sessions in start order."""
+    for key, group in groupby(sorted(rows, key=lambda kv: (repr(kv[0][:-1]), kv[0][-1])), key=lambda kv: kv[0][:-1]):
+        sessions = []
+        for _, value in group:
+            start, end = _fields(value[index])
+            sessions.append((start, end, *value[key_count + 1:]))
+        yield key, (sessions,)
+
+
+def _with_timeout(value: tuple) -> tuple:
+    return (value[0], -1)
+
+
 def spark_stores(operator_name: str, key: StructType, value: StructType,
-                 aggregates: list[str] | None = None) -> list[SparkStore] | None:
-    """The stores of an operator with this schema file name and state schema
-    (``StatefulStep.state_schema``), or None when its state does not move."""
+                 extras: dict | None = None) -> list[SparkStore] | None:
+    """The stores of an operator with this schema file name, state schema
+    (``StatefulStep.state_schema``) and what its schema file records besides
+    (``StatefulStep._document_extras``: the aggregates, the session column, the timeout),
+    or None when its state does not move."""
+    extras = extras or {}
     if operator_name == "stateStoreSave":
-        return [SparkStore("default", key, value, key, _buffer_names(value, aggregates or []))]
+        return [SparkStore("default", key, value, key, _buffer_names(value, extras.get("aggregates", [])))]
+    if operator_name == "sessionWindowStateStoreSaveExec":
+        index = extras.get("sessionIndex")
+        if index is None:      # (recorded since this version)
+            return None
+        element = value["sessions"].dataType.elementType
+        window = StructType(element.fields[:2])
+        grouping = list(key.fields)
+        grouping.insert(index, StructField(extras.get("sessionColumn", "session_window"), window))
+        buffers = _buffer_names(StructType(element.fields[2:]), extras.get("aggregates", []))
+        return [SparkStore("default", key, value,
+                           StructType(list(key.fields) + [StructField("sessionStartTime", TimestampType())]),
+                           StructType(grouping + list(buffers.fields)),
+                           partial(_sessions_to_spark, index), partial(_sessions_from_spark, index, len(key.fields)),
+                           prefix_key_columns=len(key.fields),
+                           value_storage=sessions_schema([store_field(f) for f in element.fields[2:]]))]
+    if operator_name == "applyInPandasWithState":
+        timeout = extras.get("timeout")
+        if timeout is None:    # (recorded since this version)
+            return None
+        if timeout != "NoTimeout":
+            return [SparkStore("default", key, value, key, value)]
+        spark_value = StructType(value.fields[:1])
+        return [SparkStore("default", key, value, key, spark_value, partial(_values, _first),
+                           partial(_values, _with_timeout))]
     if operator_name == "dedupe":
-        return [SparkStore("default", key, value, key, _DUMMY, _null_value, _no_value)]
+        return [SparkStore("default", key, value, key, _DUMMY, partial(_values, _null_value),
+                           partial(_values, _no_value))]
     if operator_name in ("dedupeWithinWatermark", "globalLimit"):
         return [SparkStore("default", key, value, key, value)]
     if operator_name == "symmetricHashJoin":
@@ -106,3 +198,7 @@ def spark_stores(operator_name: str, key: StructType, value: StructType,
                                   with_matched, StructType(list(theirs.fields) + [index]), with_matched)]
         return stores
     return None
+
+
+def _first(value: tuple) -> tuple:
+    return value[:1]

@@ -8,8 +8,8 @@ with the query stopped (it holds the run lease meanwhile):
 1. The last batch ``L`` must be committed (a batch planned and not committed is refused:
    run the query until it commits, or ``checkpoint rollback``). Every stateful operator
    must be one whose state Spark's engine keeps in the same rows
-   (``operators/spark_stores.py``: aggregations without session windows, deduplications,
-   stream-stream joins, limits); anything else is refused before a file is written.
+   (``operators/spark_stores.py``: aggregations with or without session windows,
+   deduplications, stream-stream joins, limits, applyInPandasWithState); anything else is refused before a file is written.
 2. The conversion batch ``B = L + 1`` is planned in the offset log: L's offsets and
    watermark, with ``spark.sql.streaming.stateStore.providerClass`` set to Spark's
    ``HDFSBackedStateStoreProvider``. It reads no input (like Spark's own offline state
@@ -44,7 +44,6 @@ from pyspark.sql.types import StructType
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError
-from microbatch.operators.base import store_field
 from microbatch.operators.spark_stores import MOVABLE, SparkStore, spark_stores
 from microbatch.ops.checkpoint_reader import CheckpointReader
 from microbatch.state.files import StateFiles
@@ -163,7 +162,13 @@ def _operators(ckpt: CheckpointReader, shuffle_partitions: str | None) -> list[_
                            "Only checkpoints microbatch wrote are converted.")
         name = doc.get("operatorName")
         stores = spark_stores(name, StructType.fromJson(doc["keySchema"]), StructType.fromJson(doc["valueSchema"]),
-                              doc.get("aggregates", []))
+                              doc)
+        if stores is None and name in MOVABLE:
+            raise _refusal(ckpt.root, f"the schema file of stateful operator {operator} ({name}) was written "
+                                      "by an earlier microbatch, which did not record what Spark's rows need "
+                                      "(the session window's place among the grouping columns, or the timeout)",
+                           "Keep the query on microbatch, or start it on Spark's engine with a new "
+                           "checkpoint location.")
         if stores is None:
             raise _refusal(ckpt.root, f"stateful operator {operator} is {name}, whose state is not converted "
                                       f"yet (converted: {', '.join(MOVABLE.values())})",
@@ -208,23 +213,19 @@ class _StoreTask:
     def run(self) -> int:
         conf = StateStoreConf(storage=self.storage, provider_class=self.provider, compression=self.codec)
         store = self.store
-        key, value = _arrow(store.key), _arrow(store.value)
+        key, value = store.storage()
         store_id = StateStoreId(f"{self.root}/state", self.operator, self.partition, store.name)
         provider = provider_class(self.provider)(store_id, key, value, conf)
         try:
             rows = list(provider.get_store(self.read_version).iterator())
         finally:
             provider.close()
-        keys, values = [k for k, _ in rows], [v for _, v in rows]
-        SparkStateStoreFiles(store_id.path, _arrow(store.spark_key), _arrow(store.spark_value), codec=self.codec,
+        SparkStateStoreFiles(store_id.path, *store.spark_storage(), codec=self.codec,
                              fs=conf.fs, row_checksum=self.row_checksum).write_snapshot(
-            self.write_version, zip(keys, map(store.to_spark, values)))
-        StateFiles(store_id, key, value, conf).write_rows(self.write_version, "snapshot", keys, values)
+            self.write_version, store.to_spark(rows))
+        StateFiles(store_id, key, value, conf).write_rows(self.write_version, "snapshot", [k for k, _ in rows],
+                                                         [v for _, v in rows])
         return len(rows)
-
-
-def _arrow(struct: StructType) -> pa.Schema:
-    return pa.schema([store_field(f) for f in struct.fields])
 
 
 def _write_stores(spark: SparkSession, tasks: list[_StoreTask]) -> tuple[int, int]:
@@ -251,6 +252,7 @@ def _write_spark_metadata(ckpt: CheckpointReader, op: _Operator) -> None:
     metadata = f"{ckpt.root}/state/{op.id}/_metadata/metadata"
     if not ckpt.fs.exists(metadata):
         info = {"operatorInfo": {"operatorId": op.id, "operatorName": op.name},
-                "stateStoreInfo": [{"storeName": store.name, "numColsPrefixKey": 0, "numPartitions": op.num_partitions}
+                "stateStoreInfo": [{"storeName": store.name, "numColsPrefixKey": store.prefix_key_columns,
+                                    "numPartitions": op.num_partitions}
                                    for store in op.stores]}
         ckpt.fs.write_bytes(metadata, b"v1\n" + json.dumps(info, separators=(",", ":")).encode())

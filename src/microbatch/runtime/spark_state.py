@@ -11,12 +11,13 @@ eager, at the start of the first run: a store already converted (a run that fail
 way) is not converted again.
 
 Adopted so far: the operators whose stores microbatch keeps as Spark does
-(``operators/spark_stores.py``: aggregations without session windows, deduplications,
-stream-stream joins, limits). Any other stateful operator, a schema that differs from the
+(``operators/spark_stores.py``: aggregations, session windows included, deduplications,
+stream-stream joins, limits, applyInPandasWithState). Any other stateful operator, a schema that differs from the
 query's, or Spark's RocksDB provider is refused before anything is written.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -25,7 +26,6 @@ import pyarrow as pa
 
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.errors import CheckpointError
-from microbatch.operators.base import store_field
 from microbatch.operators.spark_stores import MOVABLE, spark_stores
 from microbatch.plan.logical import Aggregate, StreamJoin
 from microbatch.state.files import StateFiles
@@ -75,7 +75,7 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
     plans = []
     for _, op, key, value in schemas:
         node = op.node
-        stores = spark_stores(op.name, key, value)
+        stores = spark_stores(op.name, key, value, json.loads(op.step.schema_document(key, value)))
         if stores is None:
             raise _refusal(checkpoint_root, f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
                                             "not among those adopted so far (" + ", ".join(MOVABLE.values()) + ")")
@@ -93,7 +93,7 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
                 spark_key, spark_value = spark_schema.key_arrow(), spark_schema.value_arrow()
             except Exception as e:  # noqa: BLE001 - a missing or unreadable schema file, said as such
                 raise _refusal(checkpoint_root, f"the state schema of {where} cannot be read ({e})") from e
-            expected_key, expected_value = _arrow(store.spark_key), _arrow(store.spark_value)
+            expected_key, expected_value = store.spark_storage()
             if not (_same_types(spark_key, expected_key) and _same_types(spark_value, expected_value)):
                 raise _refusal(checkpoint_root, f"the state of {where} ({op.name}) has key {spark_key.types} "
                                                 f"and value {spark_value.types} in Spark's schema file, and the "
@@ -102,7 +102,7 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
     options = store_options_from_conf(recorded_conf)    # the codec and row checksums Spark wrote with
     for op, store, spark_key, spark_value in plans:
         started, rows = time.monotonic(), 0
-        our_key, our_value = _arrow(store.key), _arrow(store.value)
+        our_key, our_value = store.storage()
         for partition in range(op.num_state_stores):
             ours = StateFiles(StateStoreId(f"{checkpoint_root}/state", op.id, partition, store.name), our_key,
                               our_value, store_conf)
@@ -114,11 +114,9 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
                                                     store_name=store.name, fs=fs, **options)
             state = theirs.load(version) if theirs.versions() else {}
             fs.mkdirs(ours.id.path)
-            ours.write_rows(version, "snapshot", list(state.keys()), list(map(store.from_spark, state.values())))
+            converted = list(store.from_spark(state.items()))
+            ours.write_rows(version, "snapshot", [k for k, _ in converted], [v for _, v in converted])
             rows += len(state)
         log.info("Adopted version %d of the state of operator %d (%s, store %s) from Spark's files: %d rows "
                  "in %d ms", version, op.id, op.name, store.name, rows, (time.monotonic() - started) * 1000)
 
-
-def _arrow(struct) -> pa.Schema:
-    return pa.schema([store_field(f) for f in struct.fields])

@@ -112,8 +112,13 @@ class AggregateStep(StatefulStep):
         return StructType(keys), StructType([StructField("sessions", ArrayType(sessions))])
 
     def _document_extras(self) -> dict:
-        # what the buffers mean: count(1) and sum(x) share a type
-        return {"aggregates": [call.sql for call in self.node.spec.calls]}
+        # what the buffers mean: count(1) and sum(x) share a type; where the session window
+        # is among the grouping columns (what Spark's rows of sessions hold, spark_stores.py)
+        extras = {"aggregates": [call.sql for call in self.node.spec.calls]}
+        if self.node.session_index is not None:
+            extras["sessionIndex"] = self.node.session_index
+            extras["sessionColumn"] = self.node.spec.partial_schema.fields[self.node.session_index].name
+        return extras
 
     def _meaning_difference(self, doc: dict) -> list[str]:
         if "aggregates" not in doc:   # (older checkpoints lack it)

@@ -228,6 +228,14 @@ def _session(value) -> tuple:
     return tuple(value.values()) if isinstance(value, dict) else tuple(value)
 
 
+def sessions_schema(buffer_fields: list[pa.Field]) -> pa.Schema:
+    """The value of a session window aggregation's store: the key's sessions, each its
+    start, end (µs) and buffers (storage types)."""
+    session = pa.struct([pa.field("start", pa.int64()), pa.field("end", pa.int64())]
+                        + [pa.field(f.name, f.type) for f in buffer_fields])
+    return pa.schema([pa.field("sessions", pa.list_(session))])
+
+
 @dataclass(frozen=True)
 class SessionAggregateTask(StateTask):
     """The state step of a ``session_window`` aggregation (Spark's
@@ -258,10 +266,8 @@ class SessionAggregateTask(StateTask):
         value_storage = [storage_type(f.type) for f in self.buffer_fields]
         group_fields = [pa.field(f.name, t) for i, (f, t) in enumerate(zip(self.key_fields, key_storage))
                         if i != self.session_index]
-        session_struct = pa.struct([pa.field("start", pa.int64()), pa.field("end", pa.int64())]
-                                   + [pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)])
-        store = self.store(partition, pa.schema(group_fields),
-                           pa.schema([pa.field("sessions", pa.list_(session_struct))]))
+        store = self.store(partition, pa.schema(group_fields), sessions_schema(
+            [pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)]))
         num_keys = len(self.key_fields)
         s = self.session_index
         incoming: dict[tuple, list[tuple]] = {}

@@ -1,12 +1,16 @@
 """Spark's own state files (``HDFSBackedStateStoreProvider``, Spark 4.3), read and written
 without Spark: so a checkpoint Spark's engine wrote can be resumed by microbatch, and one
-microbatch wrote by Spark.
+microbatch wrote by Spark; and those of Spark's ``RocksDBStateStoreProvider``, read.
 
 - ``unsafe_row``: Spark's UnsafeRow bytes <-> microbatch's state tuples, for a schema
   given as pyarrow storage types.
 - ``compression``: Spark's lz4 (lz4-java block framing) and zstd file compression.
 - ``hdfs_files``: the ``<v>.delta`` / ``<v>.snapshot`` files of one store: list, read,
   load a version, write.
+- ``rocksdb_files``: the ``<v>.zip`` snapshots (with the SST files they list in ``SSTs/``,
+  read with ``rocksdict``) and ``<v>.changelog`` files of one RocksDB-provider store, with
+  changelog checkpointing on or off: list, load a version. Stores with column families
+  (transformWithState) and checkpoint format version 2 are refused.
 - ``schema_file``: Spark's ``state/<op>/0/_metadata/schema`` files and Spark's JSON types as
   pyarrow storage types.
 - ``checksums``: xxHash32 and CRC-32C in Python.
@@ -17,6 +21,9 @@ from microbatch.state.spark_format.compression import codec_name, compress, deco
 from microbatch.state.spark_format.hdfs_files import (
     SparkStateStoreFiles, hadoop_checksum_file, offset_log_conf, store_options_from_conf, store_path,
 )
+from microbatch.state.spark_format.rocksdb_files import (
+    SparkRocksDBStoreFiles, rocksdb_store_options_from_conf,
+)
 from microbatch.state.spark_format.schema_file import (
     StateSchema, arrow_schema, arrow_type, parse_state_schema, read_state_schema, state_schema_path,
     state_schema_v2,
@@ -26,8 +33,9 @@ from microbatch.state.spark_format.unsafe_row import (
 )
 
 __all__ = [
-    "SparkStateFormatError", "SparkStateStoreFiles", "StateSchema", "arrow_schema", "arrow_type",
-    "codec_name", "compress", "decode_row", "decompress", "encode_row", "encode_rows", "fixed_size",
-    "hadoop_checksum_file", "offset_log_conf", "parse_state_schema", "read_state_schema", "row_decoder",
-    "row_encoder", "state_schema_path", "state_schema_v2", "store_options_from_conf", "store_path",
+    "SparkRocksDBStoreFiles", "SparkStateFormatError", "SparkStateStoreFiles", "StateSchema",
+    "arrow_schema", "arrow_type", "codec_name", "compress", "decode_row", "decompress", "encode_row",
+    "encode_rows", "fixed_size", "hadoop_checksum_file", "offset_log_conf", "parse_state_schema",
+    "read_state_schema", "rocksdb_store_options_from_conf", "row_decoder", "row_encoder",
+    "state_schema_path", "state_schema_v2", "store_options_from_conf", "store_path",
 ]
