@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test test-pyspark chaos
+.PHONY: setup demo test test-pyspark test-porting chaos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ demo: setup
 	$(VENV)/bin/microbatch demo
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not porting"
+
+# State moving between Spark's engine and microbatch, both ways, every operator (docs/porting.md)
+test-porting: setup
+	$(PY) -m pytest -q -m porting
 
 # PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
 test-pyspark: setup

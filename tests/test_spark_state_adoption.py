@@ -17,6 +17,9 @@ from helpers import collect_batches, json_stream
 from stream_events import comparable, watermarks, write_event_files
 from test_group_state_differential import OUTPUT as GROUP_STATE_OUTPUT, count_until_quiet, first_rows
 
+#: a separate bounded step (make test-porting): moving state between the engines
+pytestmark = pytest.mark.porting
+
 SCHEMA = "id INT, ts TIMESTAMP, v DOUBLE"
 EVENTS = [
     [(1, "00:00:10", 1.0), (2, "00:00:20", 2.0), (1, "00:00:10", 3.0), (None, "00:00:12", 4.0)],

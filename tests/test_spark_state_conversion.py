@@ -23,6 +23,9 @@ from test_spark_state_adoption import BEFORE, CASES, SCHEMA, arrive, recorded_pr
 from microbatch.errors import CheckpointError
 from microbatch.ops.spark_conversion import convert_to_spark
 
+#: a separate bounded step (make test-porting): moving state between the engines
+pytestmark = pytest.mark.porting
+
 SPARK_HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
 

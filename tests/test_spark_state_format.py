@@ -25,6 +25,9 @@ from microbatch.state.spark_format import (
 from microbatch.state.spark_format.checksums import crc32c, xxh32
 from microbatch.state.spark_format.compression import compress, decompress, lz4_block_compress
 
+#: a separate bounded step (make test-porting): moving state between the engines
+pytestmark = pytest.mark.porting
+
 D = decimal.Decimal
 
 # -- a schema with every supported type -----------------------------------------------------

@@ -16,6 +16,9 @@ from test_stream_join_differential import CASES, LEFT, RIGHT, write
 
 from microbatch.ops.spark_conversion import convert_to_spark
 
+#: a separate bounded step (make test-porting): moving state between the engines
+pytestmark = pytest.mark.porting
+
 MOVED = {name: CASES[name] for name in (
     "time range, left outer", "full outer", "a deduplicated side", "on id and a time window, inner")}
 BEFORE = 2

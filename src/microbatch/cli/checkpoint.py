@@ -142,7 +142,8 @@ def convert_checkpoint(path: str, settings: dict[str, str] | None = None) -> int
         if started_here:
             spark.stop()
     if result.done_before:
-        print(f"the state is Spark's already (batch {result.batch} records Spark's provider): nothing to do")
+        print(f"nothing to do: the checkpoint holds no state, or Spark's provider holds it already (batch "
+              f"{result.batch}); Spark's engine resumes it as it is")
     else:
         print(f"converted {result.stores} state stores ({result.rows} rows) in batch {result.batch}: "
               f"Spark's engine resumes this checkpoint at batch {result.batch + 1}")

@@ -27,7 +27,7 @@ with the query stopped (it holds the run lease meanwhile):
 
 No file is rewritten: the conversion adds a batch and files. Interrupted, it is run
 again: a last batch that is an unfinished conversion is finished. A checkpoint whose
-state Spark's provider already holds is left as it is.
+state Spark's provider already holds, or that holds no state, is left as it is.
 """
 from __future__ import annotations
 
@@ -108,6 +108,8 @@ def _run(spark: SparkSession, ckpt: CheckpointReader) -> ConversionResult:
     last, last_committed = planned[-1], committed[-1]
     if last == last_committed and _provider_of(ckpt.offsets.get(last)) == SPARK_HDFS_PROVIDER:
         return ConversionResult(last, 0, 0, done_before=True)
+    if last == last_committed and not ckpt.operators():
+        return ConversionResult(last, 0, 0, done_before=True)     # no state: Spark's engine resumes it as it is
     finishing = last != last_committed and last == last_committed + 1 and is_conversion_batch(ckpt, last)
     if last != last_committed and not finishing:
         raise _refusal(root, f"its last batch {last} was planned and not committed (the last committed "
@@ -175,8 +177,12 @@ def _operators(ckpt: CheckpointReader, shuffle_partitions: str | None) -> list[_
                            "Keep the query on microbatch, or start it on Spark's engine with a new "
                            "checkpoint location.")
         partitions = ckpt.partitions(operator)
-        found.append(_Operator(operator, name, stores, partitions,
-                               int(shuffle_partitions) if shuffle_partitions else max(partitions, default=0) + 1))
+        count = int(shuffle_partitions) if shuffle_partitions else max(partitions, default=0) + 1
+        if stores[0].key.fields and name != "globalLimit":
+            # Spark's engine loads every partition's store of a keyed operator: one microbatch
+            # never wrote (no row ever hashed to it) gets an empty snapshot
+            partitions = sorted(set(partitions) | set(range(count)))
+        found.append(_Operator(operator, name, stores, partitions, count))
     return found
 
 
@@ -215,11 +221,13 @@ class _StoreTask:
         store = self.store
         key, value = store.storage()
         store_id = StateStoreId(f"{self.root}/state", self.operator, self.partition, store.name)
-        provider = provider_class(self.provider)(store_id, key, value, conf)
-        try:
-            rows = list(provider.get_store(self.read_version).iterator())
-        finally:
-            provider.close()
+        rows: list = []
+        if StateFiles(store_id, key, value, conf).list():     # (a store never written holds nothing)
+            provider = provider_class(self.provider)(store_id, key, value, conf)
+            try:
+                rows = list(provider.get_store(self.read_version).iterator())
+            finally:
+                provider.close()
         SparkStateStoreFiles(store_id.path, *store.spark_storage(), codec=self.codec,
                              fs=conf.fs, row_checksum=self.row_checksum).write_snapshot(
             self.write_version, store.to_spark(rows))

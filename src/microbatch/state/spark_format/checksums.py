@@ -16,6 +16,11 @@ from typing import Sequence
 
 import numpy as np
 
+try:
+    import xxhash as _xxhash
+except ImportError:   # (a dependency; the numpy form below is the fallback)
+    _xxhash = None
+
 _P1, _P2, _P3, _P4, _P5 = 2654435761, 2246822519, 3266489917, 668265263, 374761393
 _M = 0xFFFFFFFF
 
@@ -50,8 +55,15 @@ def _np_rotl(x: np.ndarray, r: int) -> np.ndarray:
 
 
 def xxh32_many(blocks: Sequence[bytes], seed: int = 0) -> list[int]:
-    """xxHash32 of each of ``blocks``; blocks of one length are hashed together."""
+    """xxHash32 of each of ``blocks``: the xxhash package's C code; without it, numpy (blocks
+    of one length hashed together)."""
     seed &= _M
+    if _xxhash is not None:
+        return [_xxhash.xxh32_intdigest(bytes(b), seed) for b in blocks]
+    return _xxh32_many_numpy(blocks, seed)
+
+
+def _xxh32_many_numpy(blocks: Sequence[bytes], seed: int) -> list[int]:
     out: list[int | None] = [None] * len(blocks)
     by_length: dict[int, list[int]] = {}
     for i, b in enumerate(blocks):

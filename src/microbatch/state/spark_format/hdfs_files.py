@@ -47,6 +47,7 @@ import zlib
 from typing import Iterable, Iterator, Mapping
 
 import numpy as np
+import pyarrow as pa
 
 from microbatch.state.spark_format import compression
 from microbatch.state.spark_format.checksums import crc32c_many
@@ -255,6 +256,13 @@ class SparkStateStoreFiles:
     def write_snapshot(self, version: int, state: Mapping | Iterable[tuple[tuple, tuple]]) -> str:
         """Write ``<version>.snapshot``: every key and value of the version."""
         items = state.items() if isinstance(state, Mapping) else state
+        if not self.row_checksum and _plain_fixed(self.key_schema) and _plain_fixed(self.value_schema):
+            items = list(items)
+            body = _fixed_records([k for k, _ in items], [v for _, v in items], self.key_schema, self.value_schema)
+            raw = compression.compress(body + _END, self.codec, self.lz4_block_size)
+            path = self.file_path(version, "snapshot")
+            self._write_file(path, raw)
+            return path
         encode_key, encode_value = row_encoder(self.key_schema), row_encoder(self.value_schema)
         return self.write_records(version, "snapshot", [
             (encode_key(tuple(k)), encode_value(tuple(v))) for k, v in items])
@@ -380,11 +388,13 @@ class SparkStateStoreFiles:
             values = decode_columns(value_columns, self.value_schema, count)
         except (ValueError, OverflowError) as e:
             raise self._schema_error(path, e) from e
+        # rows with a null to decode one by one (a null-type column, as a deduplication's
+        # ``__dummy__``, is null in every row and decodes as None in the columns already)
         with_nulls = np.zeros(count, dtype=bool)
         if "k_nulls" in records.dtype.names:
-            with_nulls |= records["k_nulls"] != 0
+            with_nulls |= (records["k_nulls"] & ~_null_type_bits(self.key_schema)) != 0
         if "v_nulls" in records.dtype.names:
-            with_nulls |= records["v_nulls"] != 0
+            with_nulls |= (records["v_nulls"] & ~_null_type_bits(self.value_schema)) != 0
         for i in np.flatnonzero(with_nulls).tolist():
             at = i * stride
             keys[i] = self._key_decoder(data, at + 4)
@@ -394,6 +404,84 @@ class SparkStateStoreFiles:
 
 def _signed(x: int) -> int:
     return x - (1 << 32) if x >= 1 << 31 else x
+
+
+_PLAIN = {"int8": "<i1", "int16": "<i2", "int32": "<i4", "int64": "<i8", "float32": "<f4", "float64": "<f8",
+          "bool": "?"}
+
+
+def _plain_fixed(schema) -> bool:
+    """Whether every field of a row is a number, a boolean or null (and at most 64 of them):
+    rows numpy lays out whole (``_fixed_records``)."""
+    fields = list(schema)
+    return len(fields) <= 64 and all(pa.types.is_null(f.type) or _PLAIN.get(_field_kind(f.type)) for f in fields)
+
+
+def _field_kind(t: pa.DataType) -> str:
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_signed_integer(t):
+        return f"int{t.bit_width}"
+    if pa.types.is_float32(t):
+        return "float32"
+    if pa.types.is_float64(t):
+        return "float64"
+    if pa.types.is_timestamp(t) and t.unit == "us":
+        return "int64"
+    return ""
+
+
+def _fixed_row_columns(rows: list[tuple], schema, count: int) -> tuple[np.ndarray, list[tuple[str, np.ndarray]]]:
+    """A fixed-width row's null bitset word and its fields' numpy columns (nulls as 0)."""
+    nulls = np.zeros(count, dtype=np.uint64)
+    columns = []
+    transposed = list(zip(*rows)) if rows else [()] * len(schema)
+    for i, (f, values) in enumerate(zip(schema, transposed)):
+        if pa.types.is_null(f.type):
+            nulls |= np.uint64(1 << i)
+            continue
+        fmt = _PLAIN[_field_kind(f.type)]
+        if None in values:
+            missing = np.fromiter((v is None for v in values), dtype=bool, count=count)
+            nulls |= missing.astype(np.uint64) << np.uint64(i)
+            values = [0 if v is None else v for v in values]
+        columns.append((f"f{i}", np.array(values, dtype=fmt)))
+    return nulls, columns
+
+
+def _fixed_records(keys: list[tuple], values: list[tuple], key_schema, value_schema) -> bytes:
+    """The records of rows whose fields are all numbers, booleans or nulls, laid out by
+    numpy: ``[key size][key row][value size][value row]`` each, as ``write_records``
+    writes them one by one."""
+    count = len(keys)
+    ks, vs = fixed_size(key_schema), fixed_size(value_schema)
+    names, formats, offsets = ["ks", "vs"], [">i4", ">i4"], [0, 4 + ks]
+    key_nulls, key_columns = _fixed_row_columns(keys, key_schema, count)
+    value_nulls, value_columns = _fixed_row_columns(values, value_schema, count)
+    for prefix, base, nulls, columns, size in (("k", 4, key_nulls, key_columns, ks),
+                                               ("v", 8 + ks, value_nulls, value_columns, vs)):
+        if size:
+            names.append(f"{prefix}_nulls")
+            formats.append("<u8")
+            offsets.append(base)
+        for name, column in columns:
+            names.append(f"{prefix}_{name}")
+            formats.append(column.dtype.str)
+            offsets.append(base + 8 + 8 * int(name[1:]))
+    dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": 8 + ks + vs})
+    records = np.zeros(count, dtype=dtype)
+    records["ks"], records["vs"] = ks, vs
+    for prefix, nulls, columns, size in (("k", key_nulls, key_columns, ks), ("v", value_nulls, value_columns, vs)):
+        if size:
+            records[f"{prefix}_nulls"] = nulls
+        for name, column in columns:
+            records[f"{prefix}_{name}"] = column
+    return records.tobytes()
+
+
+def _null_type_bits(schema) -> np.uint64:
+    """The null-bitset bits of a fixed-width row's null-type fields."""
+    return np.uint64(sum(1 << i for i, f in enumerate(schema) if pa.types.is_null(f.type)))
 
 
 def offset_log_conf(checkpoint: str, fs=None, batch_id: int | None = None) -> dict[str, str]:
