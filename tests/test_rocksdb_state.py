@@ -298,3 +298,22 @@ def test_a_snapshot_of_versions_that_only_added_keys_is_the_files_one_after_the_
     assert store.get((7,)) == (-1,) and store.get((450,)) == (4,) and store.get((799,)) == (7,)
     store.abort()
     fresh.close()
+
+
+def test_a_version_whose_snapshot_is_empty_loads_and_commits(tmp_path):
+    """An empty snapshot (a partition no key ever reached, adopted from Spark's files or
+    written by maintenance) is a version like any other: the next commit goes on top of it."""
+    from microbatch.state.files import StateFiles
+    key, value = pa.schema([("id", pa.int64())]), pa.schema([("n", pa.int64())])
+    store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
+    os.makedirs(store_id.path)
+    StateFiles(store_id, key, value, StateStoreConf()).write_rows(3, "snapshot", [], [])
+    provider = RocksDBStateStoreProvider(store_id, key, value, StateStoreConf())
+    store = provider.get_store(3)
+    assert list(store.iterator()) == []
+    store.put((1,), (10,))
+    assert store.commit() == 4
+    provider.close()
+    fresh = RocksDBStateStoreProvider(store_id, key, value, StateStoreConf())
+    assert dict(fresh.get_store(4).iterator()) == {(1,): (10,)}
+    fresh.close()

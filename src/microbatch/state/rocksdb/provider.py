@@ -220,6 +220,8 @@ class RocksDBStateStoreProvider(StateStoreProvider):
                 encode_key, encode_value = self.keys.encode, self.values.encode
                 self._snapshot_rows += len(rows)
                 self._write({encode_key(k): encode_value(v) for k, v in rows}, start, self.num_keys + len(rows))
+            if self.loaded_version != start:     # an empty snapshot: the database holds its version all the same
+                self._write({}, start, 0)
         for v in range(start + 1, version + 1):
             self._apply_rows(v, self.files.read_delta(v, version, start),
                              keep_undo=v > version - self.conf.max_versions_in_memory)
