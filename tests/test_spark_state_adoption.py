@@ -1,9 +1,11 @@
-"""A query Spark's engine ran moves to microbatch with its state (runtime/spark_state.py):
+"""A query Spark's engine ran moves to microbatch with its state (runtime/spark_state.py),
+from either of Spark's providers (HDFS-backed; RocksDB, with and without changelogs):
 some batches run on Spark's engine; the checkpoint is copied; the copy continues on
 Spark's engine and the original on microbatch, over the same new files. Every later
 batch's rows, progress (watermark, state rows) and the logs' watermarks are equal."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +31,8 @@ EVENTS = [
     [(8, "00:02:10", 5.5), (6, "00:01:41", 6.5), (1, "00:00:10", 7.5)],
     [(9, "00:03:00", 8.5), (8, "00:02:15", 9.5)],
 ]
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+SPARK_HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 #: batches run on Spark's engine before the move
 BEFORE = 3
 
@@ -79,19 +83,45 @@ def recorded_provider(ckpt) -> str:
         "spark.sql.streaming.stateStore.providerClass"]
 
 
+SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: Spark's two providers, by the confs a Spark job runs them with
+PROVIDERS = {
+    "hdfs": {},
+    "rocksdb": {"spark.sql.streaming.stateStore.providerClass": SPARK_ROCKSDB},
+    "rocksdb, changelogs": {"spark.sql.streaming.stateStore.providerClass": SPARK_ROCKSDB,
+                            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+                            "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2"},
+}
+
+
+@contextlib.contextmanager
+def spark_confs(spark, confs: dict):
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in confs:
+            spark.conf.unset(key)
+
+
+@pytest.mark.parametrize("provider", list(PROVIDERS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_microbatch_continues_a_checkpoint_spark_wrote_as_spark_would(spark, ss, events, tmp_path, case):
+def test_microbatch_continues_a_checkpoint_spark_wrote_as_spark_would(spark, ss, events, tmp_path, case, provider):
     transform, mode = CASES[case]
     live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
     live.mkdir()
     names = sorted(os.listdir(events))
     arrive(events, live, names[:BEFORE])
-    first, _ = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
-    assert len(first) >= BEFORE and recorded_provider(moved).endswith("HDFSBackedStateStoreProvider")
+    with spark_confs(spark, PROVIDERS[provider]):
+        first, _ = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
+    assert len(first) >= BEFORE and \
+        recorded_provider(moved) == PROVIDERS[provider].get(PROVIDER_CONF, SPARK_HDFS)
     spark_files = {p: p.read_bytes() for p in (moved / "state").rglob("*") if p.is_file()}
     shutil.copytree(moved, stayed)
     arrive(events, live, names[BEFORE:])
-    theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), stayed, mode)
+    with spark_confs(spark, PROVIDERS[provider]):
+        theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), stayed, mode)
     ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
     assert ours == theirs and any(rows for _, rows in ours)
     assert comparable([json.loads(p.json) for p in our_progress]) == \
@@ -99,7 +129,8 @@ def test_microbatch_continues_a_checkpoint_spark_wrote_as_spark_would(spark, ss,
     assert watermarks(moved) == watermarks(stayed)
     # Spark's files are read, never changed; microbatch's provider takes over from here
     assert all(path.read_bytes() == data for path, data in spark_files.items())
-    assert recorded_provider(moved) == "microbatch.state.map_provider.MapStateStoreProvider"
+    assert recorded_provider(moved) == ("microbatch.state.map_provider.MapStateStoreProvider" if provider == "hdfs"
+                                        else "microbatch.state.rocksdb.RocksDBStateStoreProvider")
 
 
 def checkpoint_files(ckpt) -> dict:
@@ -125,17 +156,18 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     error = str(queries[0].exception())
     assert "was written by Spark's engine" in error and "format version 1" in error and "Nothing was written" in error
     assert batches == [] and checkpoint_files(tmp_path / "v1") == before
-    # Spark's RocksDB provider: not read yet, said so
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
-                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-    try:
-        collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), tmp_path / "rocksdb", "update")
-    finally:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    before = checkpoint_files(tmp_path / "rocksdb")
+    # transformWithState (on Spark's RocksDB provider, its state in column families)
+    from test_transform_with_state_differential import RunningCount, known_ids
+
+    def counts(f):
+        return known_ids(f).groupBy("id").transformWithStateInPandas(RunningCount(), "id INT, n LONG", "update",
+                                                                     "None")
+    with spark_confs(spark, PROVIDERS["rocksdb"]):
+        collect_batches(counts(json_stream(spark, live, SCHEMA)), tmp_path / "tws", "update")
+    before = checkpoint_files(tmp_path / "tws")
     queries = []
-    collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), tmp_path / "rocksdb", "update",
+    collect_batches(counts(json_stream(ss, live, SCHEMA)), tmp_path / "tws", "update",
                     fail_on_error=False, queries=queries)
-    assert "RocksDBStateStoreProvider (Spark's own engine), whose files microbatch cannot read yet" in \
-        str(queries[0].exception())
-    assert checkpoint_files(tmp_path / "rocksdb") == before
+    error = str(queries[0].exception())
+    assert "RocksDBStateStoreProvider), and microbatch cannot adopt it" in error and "transformWithState" in error
+    assert checkpoint_files(tmp_path / "tws") == before

@@ -1,5 +1,5 @@
-"""Stream-stream joins move between the engines with their four stores: two batches run on
-one engine; the checkpoint is copied; the copy continues on the same engine and the
+"""Stream-stream joins move between the engines with their four stores (from Spark's
+HDFS-backed and RocksDB providers): two batches run on one engine; the checkpoint is copied; the copy continues on the same engine and the
 original on the other (after ``checkpoint convert --to spark`` when it goes to Spark's
 engine), over the same new files. Every later batch's rows and progress are equal."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 
 from helpers import collect_batches, json_stream, sorted_rows
 from stream_events import comparable
+from test_spark_state_adoption import PROVIDERS, spark_confs
 from test_stream_join_differential import CASES, LEFT, RIGHT, write
 
 from microbatch.ops.spark_conversion import convert_to_spark
@@ -37,19 +38,21 @@ def arrive(sources, live, files) -> None:
             os.rename(os.path.join(source, name), os.path.join(target, name))
 
 
-@pytest.mark.parametrize("direction", ["spark to microbatch", "microbatch to spark"])
+@pytest.mark.parametrize("direction", ["spark to microbatch", "spark's rocksdb to microbatch", "microbatch to spark"])
 @pytest.mark.parametrize("case", list(MOVED))
 def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, case, direction):
     transform = MOVED[case]
+    confs = PROVIDERS["rocksdb, changelogs"] if "rocksdb" in direction else {}
     sources = write(tmp_path / "left", LEFT, "a"), write(tmp_path / "right", RIGHT, "b")
     live = [tmp_path / "live-left", tmp_path / "live-right"]
     for d in live:
         d.mkdir()
     names = sorted(os.listdir(sources[0]))
-    first_engine, second_engine = (spark, ss) if direction == "spark to microbatch" else (ss, spark)
+    first_engine, second_engine = (ss, spark) if direction == "microbatch to spark" else (spark, ss)
     moved, stayed = tmp_path / "moved", tmp_path / "stayed"
     arrive(sources, live, names[:BEFORE])
-    first, _ = run(first_engine, live, moved, transform)
+    with spark_confs(spark, confs):
+        first, _ = run(first_engine, live, moved, transform)
     assert len(first) >= BEFORE     # (and a batch without data when the watermark moved)
     shutil.copytree(moved, stayed)
     shift = 0
@@ -70,7 +73,8 @@ def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, ca
                           key=repr)
             assert theirs == ours
     arrive(sources, live, names[BEFORE:])
-    theirs, their_progress = run(first_engine, live, stayed, transform)
+    with spark_confs(spark, confs):
+        theirs, their_progress = run(first_engine, live, stayed, transform)
     ours, our_progress = run(second_engine, live, moved, transform)
     assert [rows for _, rows in ours] == [rows for _, rows in theirs] and any(rows[1] for _, rows in ours)
     assert [(b, *rest) for b, *rest in comparable(our_progress)] == \

@@ -43,20 +43,15 @@ def state_provider(fs: CheckpointFileSystem, checkpoint_root: str, written: str 
     """The state store provider of this run: the one the checkpoint's state was written
     with, or for a checkpoint without state the one the session asks for (by default
     microbatch's). microbatch's map and RocksDB providers read each other's files, so a
-    run may move from one to the other; state Spark's HDFS-backed provider wrote is
-    adopted into their files; any other change of provider is refused, naming both."""
+    run may move from one to the other; state Spark's providers wrote is adopted into
+    their files; any other change of provider is refused, naming both."""
     has_state = written is not None and fs.exists(f"{checkpoint_root}/state")
-    if has_state and written == SPARK_ROCKSDB_PROVIDER:
-        raise CheckpointError(
-            f"The state in checkpoint '{checkpoint_root}' was written by the state "
-            f"store provider {written} (Spark's own engine), whose files microbatch "
-            f"cannot read yet (it adopts {SPARK_HDFS_PROVIDER}'s). Start this stateful query "
-            "with a new checkpoint location, or keep running it on Spark's engine.")
-    if has_state and written == SPARK_HDFS_PROVIDER:
+    if has_state and written in (SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER):
         # Spark's engine wrote the state: the run adopts it (runtime/spark_state.py) into
-        # the files of microbatch's providers
-        asked_name = provider_name(asked) if asked is not None else DEFAULT_PROVIDER
-        return asked_name if asked_name in SAME_FILES_PROVIDERS else DEFAULT_PROVIDER
+        # the files of microbatch's providers; by default the counterpart of Spark's
+        # (its RocksDB provider for state Spark kept in RocksDB)
+        asked_name = provider_name(asked) if asked is not None else provider_name(written)
+        return asked_name if asked_name in SAME_FILES_PROVIDERS else provider_name(written)
     if has_state:
         written = provider_name(written)    # (an earlier path of microbatch's RocksDB provider)
         if asked is not None and {provider_name(asked), written} <= SAME_FILES_PROVIDERS:

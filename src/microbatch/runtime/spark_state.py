@@ -1,10 +1,11 @@
 """State Spark's engine wrote, adopted at a restart: a query Spark's engine ran moves to
 microbatch with its state (docs/porting.md).
 
-When the checkpoint's state was written by Spark's ``HDFSBackedStateStoreProvider`` (the
-provider its offset log records), the run's planning step reads each store's version the
-next batch starts from out of Spark's files (``state.spark_format``: UnsafeRow records in
-lz4 or zstd), and writes it as microbatch's snapshot of that version
+When the checkpoint's state was written by Spark's ``HDFSBackedStateStoreProvider`` or its
+``RocksDBStateStoreProvider`` (the provider its offset log records), the run's planning
+step reads each store's version the next batch starts from out of Spark's files
+(``state.spark_format``: UnsafeRow records in lz4 or zstd delta and snapshot files; RocksDB
+snapshots and changelogs), and writes it as microbatch's snapshot of that version
 (``<v>.snapshot.arrow``, beside Spark's files, which are never changed). The batch then
 runs on microbatch's provider, which records itself in the offset log. The conversion is
 eager, at the start of the first run: a store already converted (a run that failed part
@@ -13,7 +14,8 @@ way) is not converted again.
 Adopted so far: the operators whose stores microbatch keeps as Spark does
 (``operators/spark_stores.py``: aggregations, session windows included, deduplications,
 stream-stream joins, limits, applyInPandasWithState). Any other stateful operator, a schema that differs from the
-query's, or Spark's RocksDB provider is refused before anything is written.
+query's, or a RocksDB store with column families (transformWithState) is refused before
+anything is written.
 """
 from __future__ import annotations
 
@@ -29,8 +31,15 @@ from microbatch.errors import CheckpointError
 from microbatch.operators.spark_stores import MOVABLE, spark_stores
 from microbatch.plan.logical import Aggregate, StreamJoin
 from microbatch.state.files import StateFiles
-from microbatch.state.spark_format import SparkStateStoreFiles, read_state_schema, store_options_from_conf
-from microbatch.state.store import SPARK_HDFS_PROVIDER, StateStoreConf, StateStoreId
+from microbatch.state.spark_format import (
+    SparkRocksDBStoreFiles, SparkStateFormatError, SparkStateStoreFiles, read_state_schema,
+    rocksdb_store_options_from_conf, store_options_from_conf,
+)
+from microbatch.state.store import (
+    PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER, StateStoreConf, StateStoreId,
+)
+
+SPARK_PROVIDERS = (SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER)
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +48,23 @@ JOIN_FORMAT_CONF = "spark.sql.streaming.join.stateFormatVersion"
 
 
 def written_by_spark(recorded_provider: str | None, fs: CheckpointFileSystem, checkpoint_root: str) -> bool:
-    """Whether the checkpoint holds state Spark's HDFS-backed provider wrote."""
-    return recorded_provider == SPARK_HDFS_PROVIDER and fs.exists(f"{checkpoint_root}/state")
+    """Whether the checkpoint holds state one of Spark's providers wrote."""
+    return recorded_provider in SPARK_PROVIDERS and fs.exists(f"{checkpoint_root}/state")
 
 
-def _refusal(checkpoint_root: str, problem: str) -> CheckpointError:
+def _refused(checkpoint_root: str, problem: str, provider: str = SPARK_HDFS_PROVIDER) -> CheckpointError:
     return CheckpointError(
         f"The state in checkpoint '{checkpoint_root}' was written by Spark's engine "
-        f"({SPARK_HDFS_PROVIDER}), and microbatch cannot adopt it: {problem}. Nothing was "
+        f"({provider}), and microbatch cannot adopt it: {problem}. Nothing was "
         "written. Keep running this query on Spark's engine, or start it on microbatch with "
         "a new checkpoint location.")
+
+
+def _spark_files(provider: str, recorded_conf: dict[str, str]):
+    """The reader of the stores ``provider`` wrote, and its options from the recorded conf."""
+    if provider == SPARK_ROCKSDB_PROVIDER:
+        return SparkRocksDBStoreFiles, rocksdb_store_options_from_conf(recorded_conf)
+    return SparkStateStoreFiles, store_options_from_conf(recorded_conf)
 
 
 def _shape(t: pa.DataType):
@@ -70,8 +86,16 @@ def _same_types(spark: pa.Schema, ours: pa.Schema) -> bool:
 def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: list[tuple[str, Any, Any, Any]],
                       version: int, recorded_conf: dict[str, str], store_conf: StateStoreConf) -> None:
     """Convert every store of every operator (``schemas``: ``StateSchemas.schemas()``) at
-    ``version`` from Spark's files to microbatch's; refuse before writing anything if
-    one cannot be."""
+    ``version`` from Spark's files (its HDFS-backed or its RocksDB provider's, as
+    ``recorded_conf`` names) to microbatch's; refuse before writing anything if one cannot be."""
+    provider = recorded_conf.get(PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER)
+
+    def _refusal(root: str, problem: str) -> CheckpointError:
+        return _refused(root, problem, provider)
+    try:
+        files_class, options = _spark_files(provider, recorded_conf)
+    except SparkStateFormatError as e:
+        raise _refusal(checkpoint_root, str(e)) from e
     plans = []
     for _, op, key, value in schemas:
         node = op.node
@@ -99,7 +123,6 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
                                                 f"and value {spark_value.types} in Spark's schema file, and the "
                                                 f"query's is key {expected_key.types}, value {expected_value.types}")
             plans.append((op, store, spark_key, spark_value))
-    options = store_options_from_conf(recorded_conf)    # the codec and row checksums Spark wrote with
     for op, store, spark_key, spark_value in plans:
         started, rows = time.monotonic(), 0
         our_key, our_value = store.storage()
@@ -110,8 +133,8 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
             # Spark's engine that was cut short after it planned its batch)
             if version <= 0 or ours.exists(version, "snapshot") or ours.exists(version, "delta"):
                 continue
-            theirs = SparkStateStoreFiles.for_store(checkpoint_root, op.id, partition, spark_key, spark_value,
-                                                    store_name=store.name, fs=fs, **options)
+            theirs = files_class.for_store(checkpoint_root, op.id, partition, spark_key, spark_value,
+                                           store_name=store.name, fs=fs, **options)
             state = theirs.load(version) if theirs.versions() else {}
             fs.mkdirs(ours.id.path)
             converted = list(store.from_spark(state.items()))

@@ -32,9 +32,13 @@ maintenance (the maintenance thread uploads it, so a store can have changelogs o
 
 What a RocksDB key and value hold (``RocksDBStateEncoder``, ``UnsafeRowDataEncoder``,
 ``RocksDB.put``/``remove``), for the operators that keep no column families
-(aggregations, deduplication, stream-stream joins' four stores, session windows, ...):
+(aggregations, deduplication, session windows, stream-stream joins' four stores, ...):
 
 - key: one version byte (``STATE_ENCODING_VERSION``, 0) and the key's UnsafeRow bytes;
+  with a prefix of n key columns (``PrefixKeyScanStateEncoder``: the operator metadata's
+  ``numColsPrefixKey``, 1 for session windows, read by ``for_store``), the size of the
+  encoded prefix (a native, little-endian int), the prefix columns' row encoded so, and
+  the other columns' row encoded so;
 - value: one version byte (0) and the value's UnsafeRow bytes;
 - with row checksums (``spark.sql.streaming.stateStore.rowChecksum.enabled``, 4.1.0, off
   by default, recorded in the offset log's conf): the value is a 4-byte CRC-32C of the
@@ -44,8 +48,10 @@ What a RocksDB key and value hold (``RocksDBStateEncoder``, ``UnsafeRowDataEncod
   is a 4-byte CRC-32C of the key, then the key. Checked when ``verify``.
 
 ``spark.sql.streaming.stateStore.rocksdb.formatVersion`` (5 by default, recorded in the
-offset log) is RocksDB's own ``BlockBasedTableOptions.format_version`` of the SST files;
-rocksdict's RocksDB reads every version Spark's rocksdbjni (9.8) writes.
+offset log) is RocksDB's own ``BlockBasedTableOptions.format_version`` of the SST files,
+not a framing of the rows: rocksdict's RocksDB (9.x, as Spark's rocksdbjni 9.8) reads the
+SST files whatever it is. ``...rocksdb.mergeOperatorVersion`` matters only to merged
+values, which these stores do not have.
 
 Refused, with a ``SparkStateFormatError`` naming the file: a store with column families
 (``transformWithState``: a non-empty ``columnFamilyMapping``, changelogs v2 and v4, keys
@@ -60,6 +66,7 @@ from __future__ import annotations
 
 import io
 import json
+import operator
 import os
 import re
 import shutil
@@ -68,12 +75,15 @@ import tempfile
 import zipfile
 from typing import Mapping
 
+import numpy as np
+import pyarrow as pa
+
 from microbatch.state.spark_format import compression
 from microbatch.state.spark_format.checksums import crc32c_many
 from microbatch.state.spark_format.hdfs_files import store_path
 from microbatch.state.spark_format.schema_file import _decode_modified_utf8
 from microbatch.state.spark_format.unsafe_row import (
-    SparkStateFormatError, fixed_size, row_decoder,
+    SparkStateFormatError, decode_columns, fixed_size, fixed_width_dtype, row_decoder,
 )
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -124,11 +134,13 @@ class SparkRocksDBStoreFiles:
     checkpoint's storage layer (``checkpoint/fs.py``; local disk when None); every file is
     read through it. ``verify``: check LZ4 block checksums and row checksums.
     ``local_dir``: where a snapshot is restored while it is read (the system's temporary
-    directory when None).
+    directory when None). ``num_cols_prefix_key``: the store's key prefix columns (the
+    operator metadata's ``numColsPrefixKey``; ``for_store`` reads it).
     """
 
     def __init__(self, path: str, key_schema, value_schema, fs=None, codec: str = "lz4",
-                 row_checksum: bool = False, verify: bool = True, local_dir: str | None = None):
+                 row_checksum: bool = False, verify: bool = True, local_dir: str | None = None,
+                 num_cols_prefix_key: int = 0):
         if fs is None:
             from microbatch.checkpoint.fs import CheckpointFileSystem
             fs = CheckpointFileSystem()
@@ -143,11 +155,28 @@ class SparkRocksDBStoreFiles:
         self._key_decoder = row_decoder(key_schema, as_key=True)
         self._value_decoder = row_decoder(value_schema, as_key=False)
         self._key_min = 1 + fixed_size(key_schema)
+        fields = list(key_schema)
+        if not 0 <= num_cols_prefix_key < max(len(fields), 1):
+            raise SparkStateFormatError(
+                f"A prefix of {num_cols_prefix_key} key columns for the key schema {key_schema} of the "
+                f"state store {self.path}: it must be shorter than the key.")
+        self.num_cols_prefix_key = num_cols_prefix_key
+        if num_cols_prefix_key:
+            prefix, rest = pa.schema(fields[:num_cols_prefix_key]), pa.schema(fields[num_cols_prefix_key:])
+            self._prefix_decoder = row_decoder(prefix, as_key=True)
+            self._rest_decoder = row_decoder(rest, as_key=True)
+            self._prefix_min, self._rest_min = 1 + fixed_size(prefix), 1 + fixed_size(rest)
         self._value_min = 1 + fixed_size(value_schema) + (8 if row_checksum else 0)
 
     @classmethod
     def for_store(cls, checkpoint: str, operator_id: int, partition_id: int, key_schema, value_schema,
                   store_name: str = "default", **options) -> "SparkRocksDBStoreFiles":
+        """The store of a checkpoint's operator and partition; its key encoding (the number of
+        prefix columns, session windows' 1) from the operator's metadata file when it has
+        one and ``num_cols_prefix_key`` is not given."""
+        if "num_cols_prefix_key" not in options:
+            options["num_cols_prefix_key"] = operator_prefix_columns(
+                checkpoint, operator_id, store_name, options.get("fs"))
         return cls(store_path(checkpoint, operator_id, partition_id, store_name), key_schema,
                    value_schema, **options)
 
@@ -417,16 +446,18 @@ class SparkRocksDBStoreFiles:
 
     def load(self, version: int | None = None) -> dict[tuple, tuple]:
         """The state of ``version`` (the newest when None) as {key tuple: value tuple}."""
+        if version is None:
+            version = self.latest_version()
         records = self.load_records(version)
         where = f"version {version} of the state store {self.path}"
         keys = list(records)
         values = list(records.values())
         self._check_framing(keys, values, where)
-        decode_key, decode_value = self._key_decoder, self._value_decoder
-        start = 9 if self.row_checksum else 1
         try:
-            decoded_keys = [decode_key(k, 1) for k in keys]
-            decoded_values = [decode_value(x, start) for x in values]
+            decoded_keys = self._decode_prefixed_keys(keys, where) if self.num_cols_prefix_key else \
+                _decode_rows(keys, self.key_schema, self._key_decoder, 1)
+            decoded_values = _decode_rows(values, self.value_schema, self._value_decoder,
+                                          9 if self.row_checksum else 1)
         except (struct.error, UnicodeDecodeError, ValueError, OverflowError, IndexError) as e:
             raise self._schema_error(where, e) from e
         state = dict(zip(decoded_keys, decoded_values))
@@ -449,27 +480,49 @@ class SparkRocksDBStoreFiles:
     def _check_framing(self, keys: list[bytes], values: list[bytes], where: str) -> None:
         """Every key and value starts with the encoding's version byte, and is one UnsafeRow
         (whole 8-byte words after its framing) at least as long as its schema's fixed part."""
-        versions = {k[0] for k in keys if k}
-        value_version_at = 8 if self.row_checksum else 0
-        versions |= {x[value_version_at] for x in values if len(x) > value_version_at}
-        bad = versions - {ENCODING_VERSION}
-        if bad:
-            raise self._schema_error(where, ValueError(
-                f"rows with the encoding version byte {min(bad)}, where Spark 4.3 writes "
-                f"{ENCODING_VERSION} (an unknown encoding, or rows of another framing)"))
-        key_min, value_min = self._key_min, self._value_min
+        if not keys:
+            return
         value_extra = 1 + (8 if self.row_checksum else 0)
+        checks = [(values, value_extra, self._value_min, "value")]
+        if not self.num_cols_prefix_key:   # a prefixed key is checked as it is decoded
+            checks.append((keys, 1, self._key_min, "key"))
+        for blobs, extra, least, what in checks:
+            sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
+            bad = (sizes < least) | ((sizes - extra) & 7 != 0)
+            if bad.any():
+                size = int(sizes[np.flatnonzero(bad)[0]])
+                framing = "a checksum, a size, " if extra > 1 else ""
+                raise self._schema_error(where, ValueError(
+                    f"a {size}-byte {what}, where {framing}a version byte and an UnsafeRow of at "
+                    f"least {least - extra} bytes in whole 8-byte words are expected"))
+            versions = set(map(_BYTE_AT[extra - 1], blobs))
+            if versions != {ENCODING_VERSION}:
+                raise self._schema_error(where, ValueError(
+                    f"rows with the encoding version byte {max(versions - {ENCODING_VERSION})}, where "
+                    f"Spark 4.3 writes {ENCODING_VERSION} (an unknown encoding, or rows of another framing)"))
+
+    def _decode_prefixed_keys(self, keys: list[bytes], where: str) -> list[tuple]:
+        """Keys of ``PrefixKeyScanStateEncoder``: the encoded prefix's size (a native,
+        little-endian int), the encoded prefix columns' row, the encoded other columns' row,
+        each encoded with its version byte."""
+        prefix_min, rest_min = self._prefix_min, self._rest_min
+        decode_prefix, decode_rest = self._prefix_decoder, self._rest_decoder
+        unpack = _LE_INT.unpack_from
+        out = []
         for k in keys:
-            if len(k) < key_min or (len(k) - 1) & 7:
+            (size,) = unpack(k, 0) if len(k) >= 4 else (-1,)
+            rest = len(k) - 4 - size
+            if size < prefix_min or (size - 1) & 7 or rest < rest_min or (rest - 1) & 7:
                 raise self._schema_error(where, ValueError(
-                    f"a {len(k)}-byte key, where a version byte and an UnsafeRow of at least "
-                    f"{key_min - 1} bytes in whole 8-byte words are expected"))
-        for x in values:
-            if len(x) < value_min or (len(x) - value_extra) & 7:
+                    f"a {len(k)}-byte key whose prefix says {size} bytes, where the encoded rows of "
+                    f"the {self.num_cols_prefix_key} prefix columns and of the others (a version byte "
+                    "and an UnsafeRow each) are expected"))
+            if k[4] != ENCODING_VERSION or k[4 + size] != ENCODING_VERSION:
                 raise self._schema_error(where, ValueError(
-                    f"a {len(x)}-byte value, where {'a checksum, a size, ' if self.row_checksum else ''}"
-                    f"a version byte and an UnsafeRow of at least {value_min - value_extra} bytes in "
-                    "whole 8-byte words are expected"))
+                    f"a key with the encoding version bytes {k[4]} and {k[4 + size]}, where Spark 4.3 "
+                    f"writes {ENCODING_VERSION}"))
+            out.append(decode_prefix(k, 5) + decode_rest(k, 5 + size))
+        return out
 
     def _strip_removal_checksums(self, records, path: str) -> list[tuple[bytes, bytes | None]]:
         """A changelog's removals without their key checksums (verified when ``verify``)."""
@@ -515,6 +568,52 @@ class SparkRocksDBStoreFiles:
                 raise SparkStateFormatError(
                     f"Row checksum verification failed for a value in {where}: expected {want}, "
                     f"computed {_signed(got)}. The file is damaged.")
+
+
+_BYTE_AT = {0: operator.itemgetter(0), 8: operator.itemgetter(8)}
+
+
+def operator_prefix_columns(checkpoint: str, operator_id: int, store_name: str = "default", fs=None) -> int:
+    """``numColsPrefixKey`` of a store in the operator's metadata file
+    (``state/<op>/_metadata/metadata``, ``v1`` then JSON); 0 when there is none."""
+    if fs is None:
+        from microbatch.checkpoint.fs import CheckpointFileSystem
+        fs = CheckpointFileSystem()
+    path = f"{checkpoint.rstrip('/')}/state/{operator_id}/_metadata/metadata"
+    if not fs.exists(path):
+        return 0
+    first, _, rest = fs.read_bytes(path).decode("utf-8", "replace").partition("\n")
+    if first.strip() != "v1":
+        # v2 (transformWithState) keeps its stores' encoders in its schema files
+        raise SparkStateFormatError(
+            f"The operator metadata {path} has version {first.strip()!r}: an operator this reader "
+            "does not read (version v1 is the one of Spark's operators without column families).")
+    try:
+        stores = json.loads(rest).get("stateStoreInfo", [])
+    except ValueError as e:
+        raise SparkStateFormatError(f"The operator metadata {path} is not JSON ({e}); it is damaged.") from e
+    for store in stores:
+        if store.get("storeName", "default") == store_name:
+            return int(store.get("numColsPrefixKey", 0))
+    return 0
+
+
+def _decode_rows(blobs: list[bytes], schema, decoder, start: int) -> list[tuple]:
+    """The UnsafeRows at ``start`` of each of ``blobs``: all at once with numpy when the
+    schema is fixed-width (every row the same size), a row at a time otherwise (and for
+    the rows with nulls)."""
+    layout = fixed_width_dtype(schema, start)
+    size = start + fixed_size(schema)
+    if layout is None or len(blobs) < 64 or any(len(b) != size for b in blobs):
+        return [decoder(b, start) for b in blobs]
+    dtype = np.dtype({"names": [n for n, _, _ in layout], "formats": [f for _, f, _ in layout],
+                      "offsets": [o for _, _, o in layout], "itemsize": size})
+    rows = np.frombuffer(b"".join(blobs), dtype=dtype, count=len(blobs))
+    decoded = decode_columns({n: rows[n] for n, _, _ in layout if n != "nulls"}, schema, len(blobs))
+    if "nulls" in rows.dtype.names:
+        for i in np.flatnonzero(rows["nulls"] != 0).tolist():
+            decoded[i] = decoder(blobs[i], start)
+    return decoded
 
 
 def _signed(x: int) -> int:
