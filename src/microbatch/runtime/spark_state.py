@@ -13,9 +13,9 @@ way) is not converted again.
 
 Adopted so far: the operators whose stores microbatch keeps as Spark does
 (``operators/spark_stores.py``: aggregations, session windows included, deduplications,
-stream-stream joins, limits, applyInPandasWithState). Any other stateful operator, a schema that differs from the
-query's, or a RocksDB store with column families (transformWithState) is refused before
-anything is written.
+stream-stream joins, limits, applyInPandasWithState). Any other stateful operator, a
+schema that differs from the query's, or a RocksDB store with column families
+(transformWithState) is refused before anything is written.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def written_by_spark(recorded_provider: str | None, fs: CheckpointFileSystem, ch
     return recorded_provider in SPARK_PROVIDERS and fs.exists(f"{checkpoint_root}/state")
 
 
-def _refused(checkpoint_root: str, problem: str, provider: str = SPARK_HDFS_PROVIDER) -> CheckpointError:
+def _refusal(checkpoint_root: str, problem: str, provider: str = SPARK_HDFS_PROVIDER) -> CheckpointError:
     return CheckpointError(
         f"The state in checkpoint '{checkpoint_root}' was written by Spark's engine "
         f"({provider}), and microbatch cannot adopt it: {problem}. Nothing was "
@@ -90,38 +90,38 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
     ``recorded_conf`` names) to microbatch's; refuse before writing anything if one cannot be."""
     provider = recorded_conf.get(PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER)
 
-    def _refusal(root: str, problem: str) -> CheckpointError:
-        return _refused(root, problem, provider)
+    def refuse(problem: str) -> CheckpointError:
+        return _refusal(checkpoint_root, problem, provider)
     try:
         files_class, options = _spark_files(provider, recorded_conf)
     except SparkStateFormatError as e:
-        raise _refusal(checkpoint_root, str(e)) from e
+        raise refuse(str(e)) from e
     plans = []
     for _, op, key, value in schemas:
         node = op.node
         stores = spark_stores(op.name, key, value, json.loads(op.step.schema_document(key, value)))
         if stores is None:
-            raise _refusal(checkpoint_root, f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
-                                            "not among those adopted so far (" + ", ".join(MOVABLE.values()) + ")")
+            raise refuse(f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
+                         "not among those adopted so far (" + ", ".join(MOVABLE.values()) + ")")
         if isinstance(node, Aggregate) and recorded_conf.get(AGGREGATION_FORMAT_CONF, "2") != "2":
-            raise _refusal(checkpoint_root, f"its aggregation state has format version "
-                                            f"{recorded_conf[AGGREGATION_FORMAT_CONF]} ({AGGREGATION_FORMAT_CONF}); "
-                                            "only version 2 (Spark 2.3 and later) is read")
+            raise refuse(f"its aggregation state has format version "
+                         f"{recorded_conf[AGGREGATION_FORMAT_CONF]} ({AGGREGATION_FORMAT_CONF}); "
+                         "only version 2 (Spark 2.3 and later) is read")
         if isinstance(node, StreamJoin) and recorded_conf.get(JOIN_FORMAT_CONF, "2") != "2":
-            raise _refusal(checkpoint_root, f"its join state has format version {recorded_conf[JOIN_FORMAT_CONF]} "
-                                            f"({JOIN_FORMAT_CONF}); only version 2 is read")
+            raise refuse(f"its join state has format version {recorded_conf[JOIN_FORMAT_CONF]} "
+                         f"({JOIN_FORMAT_CONF}); only version 2 is read")
         for store in stores:
             where = f"operator {op.id}" + ("" if store.name == "default" else f", store {store.name}")
             try:
                 spark_schema = read_state_schema(checkpoint_root, op.id, fs=fs, store_name=store.name)[0]
                 spark_key, spark_value = spark_schema.key_arrow(), spark_schema.value_arrow()
             except Exception as e:  # noqa: BLE001 - a missing or unreadable schema file, said as such
-                raise _refusal(checkpoint_root, f"the state schema of {where} cannot be read ({e})") from e
+                raise refuse(f"the state schema of {where} cannot be read ({e})") from e
             expected_key, expected_value = store.spark_storage()
             if not (_same_types(spark_key, expected_key) and _same_types(spark_value, expected_value)):
-                raise _refusal(checkpoint_root, f"the state of {where} ({op.name}) has key {spark_key.types} "
-                                                f"and value {spark_value.types} in Spark's schema file, and the "
-                                                f"query's is key {expected_key.types}, value {expected_value.types}")
+                raise refuse(f"the state of {where} ({op.name}) has key {spark_key.types} "
+                             f"and value {spark_value.types} in Spark's schema file, and the "
+                             f"query's is key {expected_key.types}, value {expected_value.types}")
             plans.append((op, store, spark_key, spark_value))
     for op, store, spark_key, spark_value in plans:
         started, rows = time.monotonic(), 0
