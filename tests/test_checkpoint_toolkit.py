@@ -270,3 +270,28 @@ def test_rollback_deletes_only_inside_the_sinks_output(live, tmp_path, capsys):
     assert bystander.exists() and tree_digest(live) == before
     code, out = cli(capsys, "checkpoint", "verify", live / "ckpt")
     assert code == 1 and f"DAMAGE: {bystander}: the file sink's log lists it, but it is not inside" in out, out
+
+
+def test_a_store_holding_both_engines_files_loads_from_either(tmp_path):
+    """After a move between the engines (docs/porting.md) a store holds Spark's files beside
+    microbatch's: a version either engine's files load is not missing, and a rollback
+    takes both engines' later files."""
+    from microbatch.ops.checkpoint_reader import CheckpointReader
+    adopted = tmp_path / "state" / "0" / "0"            # Spark's versions 1-3, adopted at 3
+    converted = tmp_path / "state" / "0" / "1"          # microbatch's 1-3, converted as 4, Spark's 5-6
+    for directory, names in ((adopted, ["1.delta", "2.delta", "3.delta", "3.snapshot.arrow", "4.delta.arrow",
+                                        "5.delta.arrow"]),
+                             (converted, ["1.delta.arrow", "2.delta.arrow", "3.delta.arrow", "4.snapshot.arrow",
+                                          "4.snapshot", "5.delta", "6.delta"])):
+        directory.mkdir(parents=True)
+        for name in names:
+            (directory / name).write_bytes(b"")
+    (tmp_path / "metadata").write_text('{"id":"q"}')
+    first, second = CheckpointReader(str(tmp_path)).stores(0)
+    assert (first.engine, second.engine) == ("microbatch", "spark")     # the engine that ran last
+    assert first.missing_for(5) == [] and first.missing_for(6) == [f"{adopted}/6.delta.arrow"]
+    assert second.missing_for(6) == [] and second.missing_for(4) == []
+    assert second.missing_for(7) == [f"{converted}/7.delta"]
+    assert sorted(path for v, path in second.all_files() if v > 4) == [f"{converted}/5.delta", f"{converted}/6.delta"]
+    assert sorted(path for v, path in first.all_files() if v > 3) == [f"{adopted}/4.delta.arrow",
+                                                                      f"{adopted}/5.delta.arrow"]

@@ -171,3 +171,28 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     error = str(queries[0].exception())
     assert "RocksDBStateStoreProvider), and microbatch cannot adopt it" in error and "transformWithState" in error
     assert checkpoint_files(tmp_path / "tws") == before
+
+
+def test_a_state_file_of_a_newer_spark_is_refused_with_what_to_do(spark, ss, events, tmp_path):
+    """A snapshot whose format a newer Spark wrote (here: the RocksDB snapshot's metadata
+    version) is refused at the start; Spark's files stay as they were, no batch runs."""
+    import zipfile
+    live, ckpt = tmp_path / "live", tmp_path / "newer"
+    live.mkdir()
+    arrive(events, live, sorted(os.listdir(events))[:2])
+    with spark_confs(spark, PROVIDERS["rocksdb"]):
+        collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), ckpt, "update")
+    newest = max((ckpt / "state" / "0" / "0").glob("*.zip"), key=lambda p: int(p.stem))
+    with zipfile.ZipFile(newest) as z:
+        entries = {name: z.read(name) for name in z.namelist()}
+    entries["metadata"] = b"v9" + entries["metadata"][2:]
+    with zipfile.ZipFile(newest, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    before = {p: p.read_bytes() for p in (ckpt / "state").rglob("*") if p.is_file() and ".arrow" not in p.name}
+    batches, _ = collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), ckpt, "update",
+                                 fail_on_error=False, queries=(queries := []))
+    error = str(queries[0].exception())
+    assert "cannot adopt it" in error and "'v9'" in error and "newer Spark" in error
+    assert "Keep running this query on Spark's engine" in error and batches == []
+    assert all(path.read_bytes() == data for path, data in before.items())

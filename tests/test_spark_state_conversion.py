@@ -195,3 +195,15 @@ def test_a_conversion_is_refused_before_anything_is_written_and_finished_when_cu
     batches, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), half, mode)
     plain, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), tmp_path / "plain", mode)
     assert batches[0] == (done.batch, []) and batches[1:] == [(b + 1, rows) for b, rows in plain] and plain
+
+
+def test_the_offline_repartition_refuses_state_spark_wrote_last(spark, ss, events, tmp_path):
+    live, ckpt = tmp_path / "live", tmp_path / "ckpt"
+    live.mkdir()
+    arrive(events, live, sorted(os.listdir(events))[:2])
+    collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), ckpt, "update")
+    convert_to_spark(spark, str(ckpt))
+    before = checkpoint_files(ckpt)
+    with pytest.raises(CheckpointError, match="last written by Spark's engine.*Nothing was changed"):
+        ss._streamingCheckpointManager.repartition(str(ckpt), 3)
+    assert checkpoint_files(ckpt) == before

@@ -28,32 +28,55 @@ _FILE_SINK = re.compile(r"^FileSink\[(?:file:)?(.+)\]$")
 
 @dataclass
 class StateStoreFiles:
-    """The files of one state store (an operator's partition, or a named store in it)."""
+    """The files of one state store (an operator's partition, or a named store in it).
+
+    A store may hold both engines' files: Spark's beside microbatch's after a checkpoint
+    moved between them (docs/porting.md). ``files`` are microbatch's (``<v>.<kind>.arrow``),
+    ``spark_files`` Spark's (HDFS-backed ``<v>.delta``/``<v>.snapshot``, RocksDB
+    ``<v>.changelog``/``<v>.zip``); ``engine`` is the one whose files are the newest (the
+    one the query ran on last)."""
 
     operator: int
     partition: int
     store: str                      # "default", or the store's directory name
     path: str
-    files: dict[int, set[str]] = field(default_factory=dict)   # version -> kinds
-    engine: str = "microbatch"       # or "spark" (Spark's HDFS or RocksDB provider)
+    files: dict[int, set[str]] = field(default_factory=dict)         # microbatch's: version -> kinds
+    spark_files: dict[int, set[str]] = field(default_factory=dict)   # Spark's: version -> kinds
+    engine: str = "microbatch"       # or "spark" (only Spark's HDFS or RocksDB provider's files)
 
     def versions(self, kind: str) -> list[int]:
-        return sorted(v for v, kinds in self.files.items() if kind in kinds)
+        return sorted(v for v, kinds in self._own().items() if kind in kinds)
 
-    def file(self, version: int, kind: str) -> str:
-        suffix = ".arrow" if self.engine == "microbatch" else ""
+    def _own(self, engine: str | None = None) -> dict[int, set[str]]:
+        return self.spark_files if (engine or self.engine) == "spark" else self.files
+
+    def file(self, version: int, kind: str, engine: str | None = None) -> str:
+        suffix = ".arrow" if (engine or self.engine) == "microbatch" else ""
         return f"{self.path}/{version}.{kind}{suffix}"
+
+    def all_files(self) -> list[tuple[int, str]]:
+        """(version, path) of every state file of both engines."""
+        return [(v, self.file(v, kind, engine)) for engine in ("microbatch", "spark")
+                for v, kinds in self._own(engine).items() for kind in kinds]
+
+    def _missing(self, version: int, engine: str) -> list[str]:
+        files = self._own(engine)
+        delta = "changelog" if engine == "spark" and any("changelog" in k or "zip" in k
+                                                         for k in files.values()) else "delta"
+        snapshot = "zip" if delta == "changelog" else "snapshot"
+        snapshots = [v for v, kinds in files.items() if snapshot in kinds and v <= version]
+        start = max(snapshots) if snapshots else 0
+        return [self.file(v, delta, engine) for v in range(start + 1, version + 1)
+                if delta not in files.get(v, set())]
 
     def missing_for(self, version: int) -> list[str]:
         """The files that loading ``version`` needs and that are not there (microbatch's and
-        Spark's HDFS provider: the newest snapshot at or below it, then every delta after)."""
-        delta = "changelog" if self.engine == "spark" and any("changelog" in k or "zip" in k
-                                                              for k in self.files.values()) else "delta"
-        snapshot = "zip" if delta == "changelog" else "snapshot"
-        snapshots = [v for v in self.versions(snapshot) if v <= version]
-        start = max(snapshots) if snapshots else 0
-        return [self.file(v, delta) for v in range(start + 1, version + 1)
-                if delta not in self.files.get(v, set())]
+        Spark's HDFS provider: the newest snapshot at or below it, then every delta after;
+        Spark's RocksDB provider: zips and changelogs): none when either engine's files load
+        it (a moved checkpoint), else what the store's engine lacks."""
+        if self.files and self.spark_files and not all(self._missing(version, e) for e in ("microbatch", "spark")):
+            return []
+        return self._missing(version, self.engine)
 
 
 class CheckpointReader:
@@ -124,7 +147,7 @@ class CheckpointReader:
             names = self.fs.list(directory)
             default = StateStoreFiles(operator, partition, "default", directory)
             _collect(default, names)
-            if default.files or not any(_is_store_directory(n) for n in names):
+            if default.files or default.spark_files or not any(_is_store_directory(n) for n in names):
                 found.append(default)
             for name in sorted(n for n in names if _is_store_directory(n)):
                 store = StateStoreFiles(operator, partition, name, f"{directory}/{name}")
@@ -164,5 +187,7 @@ def _collect(store: StateStoreFiles, names: list[str]) -> None:
             continue
         match = _SPARK_STATE.match(name)
         if match:
-            store.engine = "spark"
-            store.files.setdefault(int(match.group(1)), set()).add(match.group(2))
+            store.spark_files.setdefault(int(match.group(1)), set()).add(match.group(2))
+    # the engine whose files are the newest (the one the query ran on last)
+    store.engine = "spark" if store.spark_files and (not store.files or max(store.spark_files) > max(store.files)) \
+        else "microbatch"

@@ -57,7 +57,7 @@ def explain_batch(ckpt: CheckpointReader, batch_id: int) -> list[str]:
     for operator in operators:
         doc = ckpt.schema_document(operator) or {}
         stores = ckpt.stores(operator)
-        at_version = sorted({s.partition for s in stores if not s.missing_for(version) and s.files})
+        at_version = sorted({s.partition for s in stores if not s.missing_for(version) and (s.files or s.spark_files)})
         lines.append(f"    operator {operator} ({doc.get('operatorName', 'written by Spark')}): "
                      f"{len({s.partition for s in stores})} partition(s); version {version} "
                      f"(the state after this batch) loadable in {len(at_version)}")

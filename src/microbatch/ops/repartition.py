@@ -41,10 +41,11 @@ from microbatch import spark_internals
 from microbatch.checkpoint.commits import CommitMetadata
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
 from microbatch.checkpoint.run_lease import RunLease
+from microbatch.errors import CheckpointError
 from microbatch.ops.checkpoint_reader import SHUFFLE_PARTITIONS, CheckpointReader
 from microbatch.state.files import StateFiles, from_struct_array, to_struct_array
-from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, StateStoreConf,
-                                    StateStoreId, provider_class)
+from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER,
+                                    SPARK_ROCKSDB_PROVIDER, StateStoreConf, StateStoreId, provider_class)
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,13 @@ def _run(spark: SparkSession, ckpt: CheckpointReader, location: str, num_partiti
     if not committed:
         raise _invalid(location, "NO_COMMITTED_BATCH")
     last, last_committed = planned[-1], committed[-1]
+    written = _provider(ckpt, last_committed)
+    if written in (SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER):
+        raise CheckpointError(
+            f"Cannot repartition the state of checkpoint '{location}': its state was last written by "
+            f"Spark's engine ({written}), in files this tool does not rewrite. Nothing was changed. Run "
+            "the query on microbatch once (it adopts Spark's state, docs/porting.md) and repartition "
+            "then, or use Spark's own offline repartition.")
     if last == last_committed:
         new_batch = _new_batch(ckpt, location, last, last_committed, num_partitions)
     elif is_repartition_batch(ckpt, last):

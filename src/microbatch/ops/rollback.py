@@ -88,7 +88,7 @@ def _state(plan: RollbackPlan, ckpt: CheckpointReader) -> None:
     doomed = []
     for operator in ckpt.operators():
         for store in ckpt.stores(operator):
-            if not store.files:
+            if not store.files and not store.spark_files:
                 continue
             missing = store.missing_for(version)
             if missing:
@@ -97,8 +97,7 @@ def _state(plan: RollbackPlan, ckpt: CheckpointReader) -> None:
                     f"after it (version {version}) of operator {operator}, partition {store.partition} "
                     f"is no longer there ({missing[0]} is gone: state older than "
                     "spark.sql.streaming.minBatchesToRetain batches is removed). Nothing was changed.")
-            doomed += [store.file(v, kind) for v, kinds in store.files.items() if v > version
-                       for kind in kinds]
+            doomed += [path for v, path in store.all_files() if v > version]   # (both engines' files)
     plan.delete(ckpt.fs, sorted(doomed), "state files of later versions")
 
 

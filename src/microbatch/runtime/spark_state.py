@@ -52,12 +52,12 @@ def written_by_spark(recorded_provider: str | None, fs: CheckpointFileSystem, ch
     return recorded_provider in SPARK_PROVIDERS and fs.exists(f"{checkpoint_root}/state")
 
 
-def _refusal(checkpoint_root: str, problem: str, provider: str = SPARK_HDFS_PROVIDER) -> CheckpointError:
+def _refusal(checkpoint_root: str, problem: str, provider: str = SPARK_HDFS_PROVIDER,
+             written: str = "Nothing was written.") -> CheckpointError:
     return CheckpointError(
         f"The state in checkpoint '{checkpoint_root}' was written by Spark's engine "
-        f"({provider}), and microbatch cannot adopt it: {problem}. Nothing was "
-        "written. Keep running this query on Spark's engine, or start it on microbatch with "
-        "a new checkpoint location.")
+        f"({provider}), and microbatch cannot adopt it: {problem}. {written} Keep running this "
+        "query on Spark's engine, or start it on microbatch with a new checkpoint location.")
 
 
 def _spark_files(provider: str, recorded_conf: dict[str, str]):
@@ -135,7 +135,15 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
                 continue
             theirs = files_class.for_store(checkpoint_root, op.id, partition, spark_key, spark_value,
                                            store_name=store.name, fs=fs, **options)
-            state = theirs.load(version) if theirs.versions() else {}
+            try:
+                state = theirs.load(version) if theirs.versions() else {}
+            except SparkStateFormatError as e:
+                # (stores converted before stay beside Spark's files, which Spark's engine
+                # does not read, and are not converted again)
+                raise _refusal(checkpoint_root, f"the state of operator {op.id}, partition {partition} "
+                                                f"cannot be read: {e}", provider,
+                               "The stores converted before it stay beside Spark's files (Spark's engine "
+                               "reads none of them); nothing else was written.") from e
             fs.mkdirs(ours.id.path)
             converted = list(store.from_spark(state.items()))
             ours.write_rows(version, "snapshot", [k for k, _ in converted], [v for _, v in converted])
