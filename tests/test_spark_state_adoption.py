@@ -156,20 +156,20 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     error = str(queries[0].exception())
     assert "was written by Spark's engine" in error and "format version 1" in error and "Nothing was written" in error
     assert batches == [] and checkpoint_files(tmp_path / "v1") == before
-    # transformWithState (on Spark's RocksDB provider, its state in column families)
+    # transformWithState's state in Spark's Avro encoding (only its UnsafeRow encoding is read)
     from test_transform_with_state_differential import RunningCount, known_ids
 
     def counts(f):
         return known_ids(f).groupBy("id").transformWithStateInPandas(RunningCount(), "id INT, n LONG", "update",
                                                                      "None")
-    with spark_confs(spark, PROVIDERS["rocksdb"]):
+    with spark_confs(spark, {**PROVIDERS["rocksdb"], "spark.sql.streaming.stateStore.encodingFormat": "avro"}):
         collect_batches(counts(json_stream(spark, live, SCHEMA)), tmp_path / "tws", "update")
     before = checkpoint_files(tmp_path / "tws")
     queries = []
     collect_batches(counts(json_stream(ss, live, SCHEMA)), tmp_path / "tws", "update",
                     fail_on_error=False, queries=queries)
     error = str(queries[0].exception())
-    assert "RocksDBStateStoreProvider), and microbatch cannot adopt it" in error and "transformWithState" in error
+    assert "RocksDBStateStoreProvider), and microbatch cannot adopt it" in error and "avro" in error
     assert checkpoint_files(tmp_path / "tws") == before
 
 
@@ -196,3 +196,45 @@ def test_a_state_file_of_a_newer_spark_is_refused_with_what_to_do(spark, ss, eve
     assert "cannot adopt it" in error and "'v9'" in error and "newer Spark" in error
     assert "Keep running this query on Spark's engine" in error and batches == []
     assert all(path.read_bytes() == data for path, data in before.items())
+
+
+def transform_with_state_cases() -> dict:
+    from test_transform_with_state_differential import OUTPUT, RowTracker, RunningCount, Tracker, known_ids
+    return {
+        "value, list and map state with event-time timers": (
+            lambda f: known_ids(f).withWatermark("ts", "10 seconds").groupBy("id")
+            .transformWithStateInPandas(Tracker(), OUTPUT, "append", "EventTime"), "append"),
+        "value and map state, the Row API": (
+            lambda f: known_ids(f).withWatermark("ts", "10 seconds").groupBy("id")
+            .transformWithState(RowTracker(), "id INT, n LONG, latest LONG, secs LONG, fired LONG", "append",
+                                "EventTime"), "append"),
+        "value and list state, no time mode": (
+            lambda f: known_ids(f).groupBy("id").transformWithStateInPandas(
+                RunningCount(), "id INT, n LONG", "update", "None"), "update"),
+    }
+
+
+@pytest.mark.parametrize("changelogs", [False, True])
+@pytest.mark.parametrize("case", ["value, list and map state with event-time timers", "value and map state, the Row API",
+                                  "value and list state, no time mode"])
+def test_microbatch_continues_a_transform_with_state_spark_ran(spark, ss, events, tmp_path, case, changelogs):
+    """transformWithState's column families (Spark runs it only on its RocksDB provider)
+    become microbatch's store per state variable and its timers'."""
+    transform, mode = transform_with_state_cases()[case]
+    confs = PROVIDERS["rocksdb, changelogs" if changelogs else "rocksdb"]
+    live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    arrive(events, live, names[:BEFORE])
+    with spark_confs(spark, confs):
+        first, _ = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
+    assert len(first) >= BEFORE
+    shutil.copytree(moved, stayed)
+    arrive(events, live, names[BEFORE:])
+    with spark_confs(spark, confs):
+        theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), stayed, mode)
+    ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
+    assert ours == theirs and any(rows for _, rows in ours)
+    assert comparable([json.loads(p.json) for p in our_progress]) == \
+        comparable([json.loads(p.json) for p in their_progress])
+    assert watermarks(moved) == watermarks(stayed)

@@ -202,3 +202,52 @@ def spark_stores(operator_name: str, key: StructType, value: StructType,
 
 def _first(value: tuple) -> tuple:
     return value[:1]
+
+
+# -- transformWithState: Spark's column families, microbatch's stores ----------------------
+#: Spark's families of a transformWithState's timers, by time mode: (grouping key, expiry) rows
+SPARK_TIMER_FAMILIES = ("$eventTimers_keyToTimestamp", "$procTimers_keyToTimestamp")
+
+
+def _flat(value: tuple, with_ttl: bool) -> tuple:
+    """Spark's value row (with a TTL: the value as a struct, then its expiry) as
+    microbatch's (the value's fields, then the expiry)."""
+    if with_ttl and len(value) == 2 and isinstance(value[0], (dict, tuple)):
+        fields = value[0].values() if isinstance(value[0], dict) else value[0]
+        return (*fields, value[1])
+    return tuple(value)
+
+
+def _struct(value) -> tuple:
+    return tuple(value.values()) if isinstance(value, dict) else tuple(value)
+
+
+def tws_rows_from_spark(variables: tuple, family: Callable[[str], dict]) -> dict[str, list[tuple[tuple, tuple]]]:
+    """A transformWithState's rows per microbatch store (``transform_with_state.schema.
+    state_store_schemas``: one per state variable, and ``$timers``) from Spark's column
+    families (``family(name)``: its rows as ``state.spark_format.SparkRocksDBFamilies``
+    loads them, {} for a family Spark does not hold)."""
+    from microbatch.operators.transform_with_state.variables import LIST, MAP, TIMERS_STORE, VALUE
+    stores: dict[str, list[tuple[tuple, tuple]]] = {}
+    for v in variables:
+        rows = family(v.name)
+        ttl = v.ttl_ms is not None
+        if v.kind == VALUE:
+            stores[v.name] = [(tuple(k), _flat(value, ttl)) for k, value in rows.items()]
+        elif v.kind == LIST:
+            stores[v.name] = [(tuple(k), ([_flat(e, ttl) for e in elements],)) for k, elements in rows.items()
+                              if elements]
+        elif v.kind == MAP:
+            entries: dict[tuple, list] = {}
+            for (key, user_key), value in rows.items():
+                flat = _flat(value, ttl)
+                count = len(v.schema.fields)
+                entry = (_struct(user_key), flat[:count]) + flat[count:]
+                entries.setdefault(tuple(key), []).append(entry)
+            stores[v.name] = [(k, (sorted(e, key=repr),)) for k, e in entries.items()]
+    timers: dict[tuple, list[int]] = {}
+    for name in SPARK_TIMER_FAMILIES:
+        for (key, expiry), _ in family(name).items():
+            timers.setdefault(tuple(key), []).append(expiry)
+    stores[TIMERS_STORE] = [(k, (sorted(t),)) for k, t in timers.items()]
+    return stores

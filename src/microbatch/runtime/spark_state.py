@@ -11,11 +11,12 @@ runs on microbatch's provider, which records itself in the offset log. The conve
 eager, at the start of the first run: a store already converted (a run that failed part
 way) is not converted again.
 
-Adopted so far: the operators whose stores microbatch keeps as Spark does
+Adopted: every stateful operator. Those whose stores microbatch keeps as Spark does
 (``operators/spark_stores.py``: aggregations, session windows included, deduplications,
-stream-stream joins, limits, applyInPandasWithState). Any other stateful operator, a
-schema that differs from the query's, or a RocksDB store with column families
-(transformWithState) is refused before anything is written.
+stream-stream joins, limits, applyInPandasWithState) store by store; a transformWithState
+from the column families of Spark's RocksDB (``tws_rows_from_spark``). A schema that
+differs from the query's, a format this reader does not know, or Spark's Avro encoding is
+refused before anything is written.
 """
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ import pyarrow as pa
 
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.errors import CheckpointError
-from microbatch.operators.spark_stores import MOVABLE, spark_stores
-from microbatch.plan.logical import Aggregate, StreamJoin
+from microbatch.operators.base import store_field
+from microbatch.operators.spark_stores import MOVABLE, spark_stores, tws_rows_from_spark
+from microbatch.operators.transform_with_state.schema import state_store_schemas
+from microbatch.plan.logical import Aggregate, StreamJoin, TransformWithState
 from microbatch.state.files import StateFiles
 from microbatch.state.spark_format import (
-    SparkRocksDBStoreFiles, SparkStateFormatError, SparkStateStoreFiles, read_state_schema,
+    SparkRocksDBFamilies, SparkRocksDBStoreFiles, SparkStateFormatError, SparkStateStoreFiles, read_state_schema,
     rocksdb_store_options_from_conf, store_options_from_conf,
 )
 from microbatch.state.store import (
@@ -96,9 +99,14 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
         files_class, options = _spark_files(provider, recorded_conf)
     except SparkStateFormatError as e:
         raise refuse(str(e)) from e
-    plans = []
+    plans, transforms = [], []
     for _, op, key, value in schemas:
         node = op.node
+        if isinstance(node, TransformWithState):    # (Spark runs it only on its RocksDB provider)
+            if provider != SPARK_ROCKSDB_PROVIDER:
+                raise refuse(f"stateful operator {op.id} ({op.name}) has no state in {provider}'s files")
+            transforms.append((op, key))
+            continue
         stores = spark_stores(op.name, key, value, json.loads(op.step.schema_document(key, value)))
         if stores is None:
             raise refuse(f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
@@ -150,4 +158,45 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
             rows += len(state)
         log.info("Adopted version %d of the state of operator %d (%s, store %s) from Spark's files: %d rows "
                  "in %d ms", version, op.id, op.name, store.name, rows, (time.monotonic() - started) * 1000)
+    for op, key in transforms:
+        _adopt_transform_with_state(fs, checkpoint_root, op, key, version, store_conf, refuse)
+
+
+def _adopt_transform_with_state(fs: CheckpointFileSystem, checkpoint_root: str, op: Any, key: Any, version: int,
+                                store_conf: StateStoreConf, refuse) -> None:
+    """A transformWithState's state: Spark's column families of each partition's RocksDB
+    (``SparkRocksDBFamilies``) as microbatch's store per state variable and its timers'."""
+    started, rows = time.monotonic(), 0
+    key_schema = pa.schema([store_field(f) for f in key.fields])
+    schemas = state_store_schemas(op.node.variables)
+    for partition in range(op.num_state_stores):
+        files = {name: StateFiles(StateStoreId(f"{checkpoint_root}/state", op.id, partition, name), key_schema,
+                                  schema, store_conf) for name, schema in schemas.items()}
+        if version <= 0 or all(f.exists(version, "snapshot") or f.exists(version, "delta") for f in files.values()):
+            continue
+        try:
+            theirs = SparkRocksDBFamilies.for_store(checkpoint_root, op.id, partition, fs=fs)
+            if theirs.versions():
+                records = theirs.load_records(version)
+                held = set(theirs.families(version))
+                missing = [v.name for v in op.node.variables if v.name not in held]
+                if missing and records:
+                    raise refuse(f"the processor's state variables {', '.join(missing)} (operator {op.id}) "
+                                 f"are not in Spark's state, which holds {', '.join(sorted(held))}")
+                converted = tws_rows_from_spark(op.node.variables, lambda name: theirs.load_family(
+                    version, name, records=records) if name in held else {})
+            else:
+                converted = {name: [] for name in schemas}
+            for name, store_files in files.items():
+                fs.mkdirs(store_files.id.path)
+                store_files.write_rows(version, "snapshot", [k for k, _ in converted[name]],
+                                       [v for _, v in converted[name]])
+                rows += len(converted[name])
+        except (SparkStateFormatError, pa.ArrowException, TypeError, ValueError) as e:
+            raise _refusal(checkpoint_root, f"the state of operator {op.id} ({op.name}), partition {partition} "
+                                            f"cannot be read as the processor's: {e}", SPARK_ROCKSDB_PROVIDER,
+                           "The stores converted before it stay beside Spark's files (Spark's engine reads "
+                           "none of them); nothing else was written.") from e
+    log.info("Adopted version %d of the state of operator %d (%s) from Spark's column families: %d rows in %d ms",
+             version, op.id, op.name, rows, (time.monotonic() - started) * 1000)
 

@@ -10,7 +10,10 @@ microbatch wrote by Spark; and those of Spark's ``RocksDBStateStoreProvider``, r
 - ``rocksdb_files``: the ``<v>.zip`` snapshots (with the SST files they list in ``SSTs/``,
   read with ``rocksdict``) and ``<v>.changelog`` files of one RocksDB-provider store, with
   changelog checkpointing on or off: list, load a version. Stores with column families
-  (transformWithState) and checkpoint format version 2 are refused.
+  (transformWithState: ``rocksdb_families``) and checkpoint format version 2 are refused.
+- ``rocksdb_families``: the column families of a transformWithState store (value, list and
+  map states, timers, TTL indexes; RocksDB's SST files read directly, for the merged list
+  values rocksdict cannot read), and the operator's v3 schema files and metadata v2.
 - ``schema_file``: Spark's ``state/<op>/0/_metadata/schema`` files and Spark's JSON types as
   pyarrow storage types.
 - ``checksums``: xxHash32 and CRC-32C in Python.
@@ -24,6 +27,10 @@ from microbatch.state.spark_format.hdfs_files import (
 from microbatch.state.spark_format.rocksdb_files import (
     SparkRocksDBStoreFiles, rocksdb_store_options_from_conf,
 )
+from microbatch.state.spark_format.rocksdb_families import (
+    SparkRocksDBFamilies, families_options_from_conf, parse_state_schema_v3, read_operator_metadata_v2,
+    read_state_schema_v3, read_state_schemas_v3,
+)
 from microbatch.state.spark_format.schema_file import (
     StateSchema, arrow_schema, arrow_type, parse_state_schema, read_state_schema, state_schema_path,
     state_schema_v2,
@@ -33,6 +40,8 @@ from microbatch.state.spark_format.unsafe_row import (
 )
 
 __all__ = [
+    "SparkRocksDBFamilies", "families_options_from_conf", "parse_state_schema_v3",
+    "read_operator_metadata_v2", "read_state_schema_v3", "read_state_schemas_v3",
     "SparkRocksDBStoreFiles", "SparkStateFormatError", "SparkStateStoreFiles", "StateSchema",
     "arrow_schema", "arrow_type", "codec_name", "compress", "decode_row", "decompress", "encode_row",
     "encode_rows", "fixed_size", "hadoop_checksum_file", "offset_log_conf", "parse_state_schema",

@@ -55,7 +55,8 @@ values, which these stores do not have.
 
 Refused, with a ``SparkStateFormatError`` naming the file: a store with column families
 (``transformWithState``: a non-empty ``columnFamilyMapping``, changelogs v2 and v4, keys
-prefixed with a 2-byte family id), checkpoint format version 2
+prefixed with a 2-byte family id; ``rocksdb_families`` reads them, with this class's
+``read_snapshot_files(families=True)`` and ``read_changelog``), checkpoint format version 2
 (``spark.sql.streaming.stateStore.checkpointFormatVersion``: files named
 ``<v>_<uniqueId>.zip``/``.changelog``, whose lineage is in the commit log), a metadata
 version other than ``v1``, a changelog version above 4, a key or value version byte other
@@ -94,6 +95,9 @@ METADATA_VERSION = "v1"
 SST_DIR = "SSTs"
 LOG_DIR = "logs"
 LOG_LOCAL_DIR = "archive"
+
+#: ``RecordType``'s bytes in changelogs v2 and v4.
+EOF_RECORD, PUT_RECORD, DELETE_RECORD, MERGE_RECORD = 0x00, 0x01, 0x10, 0x11
 
 _FILE = re.compile(r"^(\d+)\.(zip|changelog)$")
 _UNIQUE_ID_FILE = re.compile(r"^(\d+)_(.+)\.(zip|changelog)$")
@@ -228,7 +232,7 @@ class SparkRocksDBStoreFiles:
             raise SparkStateFormatError(f"The snapshot file {path} is not a zip file ({e}); it is damaged.") from e
 
     @staticmethod
-    def _parse_metadata(text: bytes, path: str) -> dict:
+    def _parse_metadata(text: bytes, path: str, families: bool = False) -> dict:
         try:
             first, _, rest = text.decode("utf-8").partition("\n")
         except UnicodeDecodeError:
@@ -244,45 +248,47 @@ class SparkRocksDBStoreFiles:
             raise SparkStateFormatError(f"The metadata of the snapshot {path} is not JSON ({e}); it is damaged.") from e
         if not isinstance(metadata, dict) or not isinstance(metadata.get("sstFiles", []), list):
             raise SparkStateFormatError(f"The metadata of the snapshot {path} has no list of SST files.")
-        if metadata.get("columnFamilyMapping"):
+        if metadata.get("columnFamilyMapping") and not families:
             raise SparkStateFormatError(
                 f"The snapshot {path} holds column families "
                 f"({', '.join(sorted(metadata['columnFamilyMapping']))}): a store of transformWithState "
                 "or another operator that uses RocksDB column families, which this reader does not read.")
         return metadata
 
-    def read_metadata(self, version: int) -> dict:
-        """The JSON of a snapshot's ``metadata`` (SST files, numKeys, ...)."""
+    def read_metadata(self, version: int, families: bool = False) -> dict:
+        """The JSON of a snapshot's ``metadata`` (SST files, numKeys, ...); ``families``: a
+        store with column families is read too (``rocksdb_families``), not refused."""
         archive, path = self._zip(version)
         try:
             text = archive.read("metadata")
         except KeyError:
             raise SparkStateFormatError(f"The snapshot file {path} has no metadata entry; it is damaged.") from None
-        return self._parse_metadata(text, path)
+        return self._parse_metadata(text, path, families)
 
-    def restore_snapshot(self, version: int, directory: str) -> dict:
-        """Write the RocksDB checkpoint of snapshot ``version`` into ``directory`` (the zip's
-        files, the SSTs under their local names, archived WALs under ``archive/``), as
-        ``RocksDBFileManager.loadCheckpointFromDfs``; its metadata."""
+    def read_snapshot_files(self, version: int, families: bool = False) -> tuple[dict, dict, list, list]:
+        """The files of snapshot ``version``: its metadata, the zip's other entries ({name:
+        bytes}), and its SST files and archived WALs ([(local name, bytes)]), each checked
+        against the size its metadata gives; ``families``: a store with column families is
+        read too, not refused."""
         archive, path = self._zip(version)
         names = archive.namelist()
         if "metadata" not in names:
             raise SparkStateFormatError(f"The snapshot file {path} has no metadata entry; it is damaged.")
-        metadata = self._parse_metadata(archive.read("metadata"), path)
+        metadata = self._parse_metadata(archive.read("metadata"), path, families)
         if "CURRENT" not in names:
             raise SparkStateFormatError(f"The snapshot file {path} has no RocksDB CURRENT file; it is damaged.")
-        os.makedirs(directory, exist_ok=True)
+        entries = {}
         for name in names:
             if name == "metadata" or name.endswith("/"):
                 continue
             if os.path.isabs(name) or ".." in name.split("/") or "/" in name:
                 raise SparkStateFormatError(f"The snapshot file {path} holds an entry named {name!r}, "
                                             "which a RocksDB checkpoint does not have; it is damaged.")
-            with open(os.path.join(directory, name), "wb") as out:
-                out.write(archive.read(name))
-        immutable = [(f, "dfsSstFileName", SST_DIR, "") for f in metadata.get("sstFiles") or []]
-        immutable += [(f, "dfsLogFileName", LOG_DIR, LOG_LOCAL_DIR) for f in metadata.get("logFiles") or []]
-        for entry, key, dfs_dir, local_sub in immutable:
+            entries[name] = archive.read(name)
+        immutable = {"sst": [], "log": []}
+        listed = [(f, "dfsSstFileName", SST_DIR, "sst") for f in metadata.get("sstFiles") or []]
+        listed += [(f, "dfsLogFileName", LOG_DIR, "log") for f in metadata.get("logFiles") or []]
+        for entry, key, dfs_dir, kind in listed:
             try:
                 local, remote, size = entry["localFileName"], entry[key], int(entry["sizeBytes"])
             except (KeyError, TypeError, ValueError):
@@ -302,10 +308,24 @@ class SparkRocksDBStoreFiles:
                 raise SparkStateFormatError(
                     f"The file {source} that the snapshot {path} needs has {len(data)} bytes; its "
                     f"metadata says {size}. It is damaged or was replaced.")
+            immutable[kind].append((local, data))
+        return metadata, entries, immutable["sst"], immutable["log"]
+
+    def restore_snapshot(self, version: int, directory: str) -> dict:
+        """Write the RocksDB checkpoint of snapshot ``version`` into ``directory`` (the zip's
+        files, the SSTs under their local names, archived WALs under ``archive/``), as
+        ``RocksDBFileManager.loadCheckpointFromDfs``; its metadata."""
+        metadata, entries, ssts, logs = self.read_snapshot_files(version)
+        os.makedirs(directory, exist_ok=True)
+        for name, data in entries.items():
+            with open(os.path.join(directory, name), "wb") as out:
+                out.write(data)
+        for local_sub, files in (("", ssts), (LOG_LOCAL_DIR, logs)):
             target_dir = os.path.join(directory, local_sub) if local_sub else directory
             os.makedirs(target_dir, exist_ok=True)
-            with open(os.path.join(target_dir, local), "wb") as out:
-                out.write(data)
+            for local, data in files:
+                with open(os.path.join(target_dir, local), "wb") as out:
+                    out.write(data)
         return metadata
 
     def read_snapshot_records(self, version: int) -> dict[bytes, bytes]:
@@ -356,9 +376,18 @@ class SparkRocksDBStoreFiles:
             return 1
         return number if -32768 <= number <= 32767 else 1
 
-    def read_changelog_records(self, version: int) -> list[tuple[bytes, bytes | None]]:
-        """(key, value or None for a removal) of changelog ``version``, in file order, as
-        stored (a removal's key with its checksum, with row checksums)."""
+    def read_changelog(self, version: int) -> tuple[int, list[tuple[int, bytes, bytes | None]]]:
+        """The format (1 to 4) of changelog ``version`` and its records in file order:
+        (type, key, value or None for a removal), the type Spark's ``RecordType`` byte
+        (``PUT``, ``DELETE``, ``MERGE``; v1 has puts and removals only), key and value as
+        stored. v2 and v4 (stores with column families): a type byte, then the key's size
+        and the key, then the value's size and the value (-1 and none for a removal); the
+        file ends with the type byte 0. v3 and v4 have the checkpoint ids' lineage
+        (``writeUTF`` of JSON) after the version."""
+        path, data, kind = self._changelog_data(version)
+        return kind, self._parse_changelog(data, kind, path)
+
+    def _changelog_data(self, version: int) -> tuple[str, bytes, int]:
         path = self.file_path(version, "changelog")
         try:
             raw = self.fs.read_bytes(path)
@@ -366,27 +395,38 @@ class SparkRocksDBStoreFiles:
             raise SparkStateFormatError(f"The changelog file {path} does not exist.") from None
         data = compression.decompress(raw, self.codec, self.verify, f" {path}")
         kind = self.changelog_version(data)
-        if kind in (2, 4):
-            raise SparkStateFormatError(
-                f"The changelog file {path} has format v{kind}: a store with column families "
-                "(transformWithState), which this reader does not read.")
-        if kind == 3:
-            raise SparkStateFormatError(
-                f"The changelog file {path} has format v3: a store with checkpoint ids "
-                "(spark.sql.streaming.stateStore.checkpointFormatVersion=2), which this reader does not read.")
-        if kind != 1:
+        if not 1 <= kind <= 4:
             raise SparkStateFormatError(
                 f"The changelog file {path} has format v{kind}; this reader knows v1 to v4 (Spark "
                 "4.3's). It was written by a newer Spark.")
-        records: list[tuple[bytes, bytes | None]] = []
+        return path, data, kind
+
+    @staticmethod
+    def _parse_changelog(data: bytes, kind: int, path: str) -> list[tuple[int, bytes, bytes | None]]:
+        records: list[tuple[int, bytes, bytes | None]] = []
         append = records.append
         unpack = _INT.unpack_from
         pos, end = 0, len(data)
         try:
+            if kind > 1:
+                pos = 2 + struct.unpack_from(">H", data, 0)[0]
+            if kind > 2:
+                pos += 2 + struct.unpack_from(">H", data, pos)[0]
             while True:
+                if kind in (2, 4):
+                    record = data[pos]
+                    pos += 1
+                    if record == EOF_RECORD:
+                        break
+                    if record not in (PUT_RECORD, DELETE_RECORD, MERGE_RECORD):
+                        raise SparkStateFormatError(
+                            f"The changelog file {path} has a record of type {record:#x}, which Spark 4.3 "
+                            "does not write (put 0x01, delete 0x10, merge 0x11); it is damaged.")
+                else:
+                    record = PUT_RECORD
                 (key_size,) = unpack(data, pos)
                 pos += 4
-                if key_size == -1:
+                if key_size == -1 and kind in (1, 3):
                     break
                 if key_size < 0:
                     raise SparkStateFormatError(f"The changelog file {path} has a record with key size {key_size}; it is damaged.")
@@ -395,17 +435,37 @@ class SparkRocksDBStoreFiles:
                 (value_size,) = unpack(data, pos)
                 pos += 4
                 if value_size < 0:
-                    append((key, None))
+                    if record == MERGE_RECORD or (record == PUT_RECORD and kind in (2, 4)):
+                        raise SparkStateFormatError(
+                            f"The changelog file {path} has a put or merge record without a value; it is damaged.")
+                    append((DELETE_RECORD, key, None))
                     continue
-                append((key, data[pos:pos + value_size]))
+                if record == DELETE_RECORD:
+                    raise SparkStateFormatError(f"The changelog file {path} has a removal with a value; it is damaged.")
+                append((record, key, data[pos:pos + value_size]))
                 pos += value_size
-        except struct.error:
+        except (struct.error, IndexError):
             raise SparkStateFormatError(f"The changelog file {path} ends before its end marker; it is truncated.") from None
         if pos > end:
             raise SparkStateFormatError(f"The changelog file {path} ends inside a record; it is truncated.")
         if pos != end:
             raise SparkStateFormatError(f"The changelog file {path} has {end - pos} bytes after its end marker.")
         return records
+
+    def read_changelog_records(self, version: int) -> list[tuple[bytes, bytes | None]]:
+        """(key, value or None for a removal) of changelog ``version``, in file order, as
+        stored (a removal's key with its checksum, with row checksums); a changelog of a
+        store with column families or checkpoint ids (v2 to v4) refused."""
+        path, data, kind = self._changelog_data(version)
+        if kind in (2, 4):
+            raise SparkStateFormatError(
+                f"The changelog file {path} has format v{kind}: a store with column families "
+                "(transformWithState), which this reader does not read (rocksdb_families does).")
+        if kind == 3:
+            raise SparkStateFormatError(
+                f"The changelog file {path} has format v3: a store with checkpoint ids "
+                "(spark.sql.streaming.stateStore.checkpointFormatVersion=2), which this reader does not read.")
+        return [(key, value) for _, key, value in self._parse_changelog(data, kind, path)]
 
     # -- loading ------------------------------------------------------------------------
     def load_records(self, version: int | None = None) -> dict[bytes, bytes]:

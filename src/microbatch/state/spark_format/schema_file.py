@@ -127,14 +127,19 @@ def parse_state_schema(data: bytes) -> list[StateSchema]:
             (count,) = struct.unpack_from(">i", data, pos)
             pos += 4
             families = []
-            for _ in range(count):
+            for _ in range(count):   # (StateSchemaV3File: each schema after its 2-byte id)
                 name, pos = _read_utf(data, pos)
+                pos += 2
                 key, pos = _read_chunked(data, pos)
+                pos += 2
                 value, pos = _read_chunked(data, pos)
                 spec, pos = _read_chunked(data, pos)
                 _user_key, pos = _read_chunked(data, pos)
                 families.append(StateSchema(_decode_modified_utf8(name), json.loads(key), json.loads(value),
                                             json.loads(spec)))
+            if pos != len(data):
+                raise SparkStateFormatError(f"The state schema file has {len(data) - pos} bytes after its last "
+                                            "column family.")
             return families
     except (struct.error, ValueError) as e:
         raise SparkStateFormatError(f"The state schema file does not parse: {e}") from e
