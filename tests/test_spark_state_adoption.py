@@ -156,6 +156,16 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     error = str(queries[0].exception())
     assert "was written by Spark's engine" in error and "format version 1" in error and "Nothing was written" in error
     assert batches == [] and checkpoint_files(tmp_path / "v1") == before
+    # a session asking for a provider of its own: microbatch's files are not its
+    collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), tmp_path / "custom", "update")
+    before = checkpoint_files(tmp_path / "custom")
+    with spark_confs(spark, {PROVIDER_CONF: "my_company.state.CustomProvider"}):
+        collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), tmp_path / "custom", "update",
+                        fail_on_error=False, queries=(queries := []))
+    error = str(queries[0].exception())
+    assert "adopts it into the files of its own providers" in error and "my_company.state.CustomProvider" in error
+    assert checkpoint_files(tmp_path / "custom") == before
+
     # transformWithState's state in Spark's Avro encoding (only its UnsafeRow encoding is read)
     from test_transform_with_state_differential import RunningCount, known_ids
 

@@ -51,7 +51,14 @@ def state_provider(fs: CheckpointFileSystem, checkpoint_root: str, written: str 
         # the files of microbatch's providers; by default the counterpart of Spark's
         # (its RocksDB provider for state Spark kept in RocksDB)
         asked_name = provider_name(asked) if asked is not None else provider_name(written)
-        return asked_name if asked_name in SAME_FILES_PROVIDERS else provider_name(written)
+        if asked_name not in SAME_FILES_PROVIDERS:
+            raise CheckpointError(
+                f"The state in checkpoint '{checkpoint_root}' was written by {written} (Spark's own "
+                f"engine); microbatch adopts it into the files of its own providers "
+                f"({', '.join(sorted(SAME_FILES_PROVIDERS))}), but {PROVIDER_CLASS_CONF} is {asked}, "
+                "which does not read them. Unset the conf (or set it to one of those), or start the "
+                "query with a new checkpoint location.")
+        return asked_name
     if has_state:
         written = provider_name(written)    # (an earlier path of microbatch's RocksDB provider)
         if asked is not None and {provider_name(asked), written} <= SAME_FILES_PROVIDERS:
