@@ -44,7 +44,7 @@ import json
 import re
 import struct
 import zlib
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -187,21 +187,13 @@ class SparkStateStoreFiles:
     def load(self, version: int | None = None) -> dict[tuple, tuple]:
         """The state of ``version`` (the newest when None) as {key tuple: value tuple}: the
         newest snapshot at or below it, then the deltas after it, as Spark loads it."""
-        files = self.list_files()
-        present = set(files)
-        if version is None:
-            version = max((v for v, _ in files), default=0)
-        if version < 0:
-            raise ValueError(f"Version {version} of a state store: versions start at 0.")
+        version, snapshot = version_plan(
+            self.list_files(), version, "snapshot", "delta", lambda version, v, snapshot: (
+                f"The delta file {self.file_path(v, 'delta')} of state store {self.path} does not "
+                f"exist, but version {version} needs it (the newest snapshot at or below it is "
+                f"{snapshot or 'none'})."))
         if version == 0:
             return {}
-        snapshot = max((v for v, kind in files if kind == "snapshot" and v <= version), default=0)
-        for v in range(snapshot + 1, version + 1):
-            if (v, "delta") not in present:
-                raise SparkStateFormatError(
-                    f"The delta file {self.file_path(v, 'delta')} of state store {self.path} does not "
-                    f"exist, but version {version} needs it (the newest snapshot at or below it is "
-                    f"{snapshot or 'none'}).")
         state: dict[tuple, tuple] = {}
         if snapshot:
             keys, values = self.read_rows(snapshot, "snapshot")
@@ -400,6 +392,26 @@ class SparkStateStoreFiles:
             keys[i] = self._key_decoder(data, at + 4)
             values[i] = self._value_decoder(data, at + 8 + ks)
         return keys, values
+
+
+def version_plan(files: list[tuple[int, str]], version: int | None, snapshot_kind: str, delta_kind: str,
+                 missing: Callable[[int, int, int], str]) -> tuple[int, int]:
+    """How a store's ``version`` (the newest when None) loads, as Spark loads it: (version,
+    the newest snapshot at or below it, 0 for none); the deltas after the snapshot must all
+    be in ``files`` ((version, kind) pairs), else SparkStateFormatError(``missing(version,
+    delta version, snapshot)``)."""
+    present = set(files)
+    if version is None:
+        version = max((v for v, _ in files), default=0)
+    if version < 0:
+        raise ValueError(f"Version {version} of a state store: versions start at 0.")
+    if version == 0:
+        return 0, 0
+    snapshot = max((v for v, kind in files if kind == snapshot_kind and v <= version), default=0)
+    for v in range(snapshot + 1, version + 1):
+        if (v, delta_kind) not in present:
+            raise SparkStateFormatError(missing(version, v, snapshot))
+    return version, snapshot
 
 
 def _signed(x: int) -> int:

@@ -77,7 +77,7 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from microbatch.state.spark_format.hdfs_files import store_path
+from microbatch.state.spark_format.hdfs_files import store_path, version_plan
 from microbatch.state.spark_format.rocksdb_files import (
     DELETE_RECORD, ENCODING_VERSION, MERGE_RECORD, SparkRocksDBStoreFiles, _signed,
     rocksdb_store_options_from_conf,
@@ -451,22 +451,14 @@ class SparkRocksDBFamilies:
         """Every RocksDB key and value of ``version`` (the newest when None), as stored: the
         newest snapshot at or below it, then the changelogs after it (merges appended with
         the merge operator's delimiter)."""
-        files = self.files.list_files()
-        present = set(files)
-        if version is None:
-            version = max((v for v, _ in files), default=0)
-        if version < 0:
-            raise ValueError(f"Version {version} of a state store: versions start at 0.")
+        version, snapshot = version_plan(
+            self.files.list_files(), version, "zip", "changelog", lambda version, v, snapshot: (
+                f"Version {version} of the state store {self.path} cannot be loaded: it has no "
+                f"{version}.zip, and the changelog {self.files.file_path(v, 'changelog')} it needs after "
+                f"the newest snapshot at or below it ({f'{snapshot}.zip' if snapshot else 'none'}) "
+                "does not exist."))
         if version == 0:
             return {}
-        snapshot = max((v for v, kind in files if kind == "zip" and v <= version), default=0)
-        for v in range(snapshot + 1, version + 1):
-            if (v, "changelog") not in present:
-                raise SparkStateFormatError(
-                    f"Version {version} of the state store {self.path} cannot be loaded: it has no "
-                    f"{version}.zip, and the changelog {self.files.file_path(v, 'changelog')} it needs after "
-                    f"the newest snapshot at or below it ({f'{snapshot}.zip' if snapshot else 'none'}) "
-                    "does not exist.")
         state = self.read_snapshot_records(snapshot)[0] if snapshot else {}
         for v in range(snapshot + 1, version + 1):
             path = self.files.file_path(v, "changelog")

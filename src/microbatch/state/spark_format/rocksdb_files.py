@@ -81,7 +81,7 @@ import pyarrow as pa
 
 from microbatch.state.spark_format import compression
 from microbatch.state.spark_format.checksums import crc32c_many
-from microbatch.state.spark_format.hdfs_files import store_path
+from microbatch.state.spark_format.hdfs_files import store_path, version_plan
 from microbatch.state.spark_format.schema_file import _decode_modified_utf8
 from microbatch.state.spark_format.unsafe_row import (
     SparkStateFormatError, decode_columns, fixed_size, fixed_width_dtype, row_decoder,
@@ -471,22 +471,14 @@ class SparkRocksDBStoreFiles:
     def load_records(self, version: int | None = None) -> dict[bytes, bytes]:
         """Every RocksDB key and value of ``version`` (the newest when None), as stored: the
         newest snapshot at or below it, then the changelogs after it."""
-        files = self.list_files()
-        present = set(files)
-        if version is None:
-            version = max((v for v, _ in files), default=0)
-        if version < 0:
-            raise ValueError(f"Version {version} of a state store: versions start at 0.")
+        version, snapshot = version_plan(
+            self.list_files(), version, "zip", "changelog", lambda version, v, snapshot: (
+                f"Version {version} of the state store {self.path} cannot be loaded: it has no "
+                f"{version}.zip, and the changelog {self.file_path(v, 'changelog')} it needs after "
+                f"the newest snapshot at or below it ({f'{snapshot}.zip' if snapshot else 'none'}) "
+                "does not exist."))
         if version == 0:
             return {}
-        snapshot = max((v for v, kind in files if kind == "zip" and v <= version), default=0)
-        for v in range(snapshot + 1, version + 1):
-            if (v, "changelog") not in present:
-                raise SparkStateFormatError(
-                    f"Version {version} of the state store {self.path} cannot be loaded: it has no "
-                    f"{version}.zip, and the changelog {self.file_path(v, 'changelog')} it needs after "
-                    f"the newest snapshot at or below it ({f'{snapshot}.zip' if snapshot else 'none'}) "
-                    "does not exist.")
         state = self.read_snapshot_records(snapshot) if snapshot else {}
         if self.row_checksum and self.verify and snapshot:
             self._verify_values(state, self.file_path(snapshot, "zip"))
