@@ -207,3 +207,99 @@ def test_the_offline_repartition_refuses_state_spark_wrote_last(spark, ss, event
     with pytest.raises(CheckpointError, match="last written by Spark's engine.*Nothing was changed"):
         ss._streamingCheckpointManager.repartition(str(ckpt), 3)
     assert checkpoint_files(ckpt) == before
+
+
+def transform_with_state_cases() -> dict:
+    from test_spark_state_adoption import transform_with_state_cases as adopted
+    from test_transform_with_state_differential import expiring_per_id
+    return {**adopted(), "TTLs on value, list and map state, processing-time timers": (expiring_per_id, "update")}
+
+
+def batch_per_file(session, transform, events, live, names, ckpt, mode) -> tuple[list, list]:
+    """A run per file (``once``): a query in processing time runs a batch at every trigger
+    (Spark's too), so ``availableNow`` would not end."""
+    batches, progress = [], []
+    for name in names:
+        arrive(events, live, [name])
+        query = (transform(json_stream(session, live, SCHEMA)).writeStream.outputMode(mode)
+                 .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
+                 .option("checkpointLocation", str(ckpt)).trigger(once=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        progress += query.recentProgress
+    return batches, progress
+
+
+def tws_readings(case: str) -> list[dict]:
+    """Spark's statestore reader's options for every state variable and the timers."""
+    names = {"value, list and map state with event-time timers": ("count", "times", "seen"),
+             "value and map state, the Row API": ("state", "seen"),
+             "value and list state, no time mode": ("count", "firsts"),
+             "TTLs on value, list and map state, processing-time timers": ("last", "kept", "hist", "seen")}[case]
+    readings = [{"stateVarName": name, "flattenCollectionTypes": flatten}
+                for name in names for flatten in ("true", "false")]
+    if "no time mode" not in case:
+        readings.append({"readRegisteredTimers": "true"})
+    return readings
+
+
+@pytest.mark.parametrize("case", list(transform_with_state_cases()))
+def test_spark_continues_a_transform_with_state_microbatch_ran(spark, ss, events, tmp_path, case):
+    """transformWithState's stores (one per state variable, and the timers') become Spark's
+    column families in RocksDB snapshots (Spark runs it on its RocksDB provider only)."""
+    from test_spark_state_adoption import SPARK_ROCKSDB, spark_confs
+    from test_transform_with_state_differential import unordered_maps
+    transform, mode = transform_with_state_cases()[case]
+    live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    processing_time = case.startswith("TTLs")
+    if processing_time:
+        first, _ = batch_per_file(ss, transform, events, live, names[:BEFORE], moved, mode)
+    else:
+        arrive(events, live, names[:BEFORE])
+        first, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
+    assert len(first) >= BEFORE
+    shutil.copytree(moved, stayed)
+    ours_before = state_files(moved)
+
+    with pytest.raises(CheckpointError, match="transformWithState.*RocksDB provider only.*Nothing was written"):
+        convert_to_spark(spark, str(moved), state_provider="hdfs")
+    assert state_files(moved) == ours_before
+    result = convert_to_spark(spark, str(moved))
+    assert (result.batch, result.provider, result.stores) == (first[-1][0] + 1, SPARK_ROCKSDB, 2)
+    assert recorded_provider(moved) == SPARK_ROCKSDB
+    assert all(state_files(moved)[path] == data for path, data in ours_before.items())
+    # Spark's readers read every state variable and the timers as microbatch's reader does
+    for options in tws_readings(case):
+        theirs = spark.read.format("statestore").options(**options).load(str(moved))
+        ours = ss.read.format("statestore").options(**options).load(str(stayed))
+        assert theirs.schema == ours.schema, options
+        assert sorted(map(unordered_maps, theirs.collect())) == sorted(map(unordered_maps, ours.collect())), options
+    metadata = spark.read.format("state-metadata").load(str(moved)).collect()
+    assert [(m.operatorId, m.stateStoreName, m.numPartitions) for m in metadata] == [(0, "default", 2)]
+
+    rocksdb = {"spark.sql.streaming.stateStore.providerClass": SPARK_ROCKSDB}
+    if processing_time:    # (the same files again for the second engine)
+        again = tmp_path / "again"
+        shutil.copytree(events, again)
+        with spark_confs(spark, rocksdb):
+            theirs, their_progress = batch_per_file(spark, transform, events, live, names[BEFORE:], moved, mode)
+        for name in names[BEFORE:]:
+            os.remove(live / name)
+        ours, our_progress = batch_per_file(ss, transform, again, live, names[BEFORE:], stayed, mode)
+        their_progress = [json.loads(p.json) for p in their_progress]
+        our_progress = [json.loads(p.json) for p in our_progress]
+        assert any(p["stateOperators"][0]["customMetrics"]["numValuesRemovedDueToTTLExpiry"]
+                   for p in their_progress)
+    else:
+        arrive(events, live, names[BEFORE:])
+        with spark_confs(spark, rocksdb):
+            theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
+        ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), stayed, mode)
+        their_progress = [json.loads(p.json) for p in their_progress]
+        our_progress = [json.loads(p.json) for p in our_progress]
+    assert [rows for _, rows in theirs] == [rows for _, rows in ours] and any(rows for _, rows in ours)
+    from test_transform_with_state_differential import TTL_METRICS
+    custom = TTL_METRICS if processing_time else ()
+    assert comparable(their_progress, custom) == shifted(comparable(our_progress, custom), 1)

@@ -211,27 +211,43 @@ class StateStoreReader:
                 f"'readRegisteredTimers', not {given}.")
         kind = variables[name]["kind"]
         stored = types[name]
+        # with a TTL, Spark's reader shows each value as Spark keeps it: the value and when
+        # it expires (expired values not yet evicted included)
+        ttl = bool(variables[name].get("ttl"))
+
+        def shown(value_type):
+            if not ttl:
+                return value_type
+            return StructType([StructField("value", value_type), StructField("ttlExpirationMs", LongType())])
+
+        def element_of(fields: tuple, width: int) -> tuple:
+            return (fields[:width], fields[width]) if ttl else fields[:width]
         if kind == "value":
             width = len(stored.fields)
-            schema = StructType([key_field, StructField("value", stored), partition])
-            return (lambda key, value: [(key, tuple(value[:width]))]), name, key_type, schema
+            schema = StructType([key_field, StructField("value", shown(stored)), partition])
+            return (lambda key, value: [(key, element_of(tuple(value), width))]), name, key_type, schema
         element = stored.elementType
         if kind == "list":
             width = len(element.fields)
             if flatten:
-                schema = StructType([key_field, StructField("list_element", element), partition])
-                return (lambda key, value: [(key, _fields(e)[:width]) for e in value[0] or []]), name, key_type, schema
-            schema = StructType([key_field, StructField("list_value", ArrayType(element)), partition])
-            return (lambda key, value: [(key, [_fields(e)[:width] for e in value[0] or []])]), name, key_type, schema
+                schema = StructType([key_field, StructField("list_element", shown(element)), partition])
+                return (lambda key, value: [(key, element_of(_fields(e), width)) for e in value[0] or []]), \
+                    name, key_type, schema
+            schema = StructType([key_field, StructField("list_value", ArrayType(shown(element))), partition])
+            return (lambda key, value: [(key, [element_of(_fields(e), width) for e in value[0] or []])]), \
+                name, key_type, schema
         user_key, user_value = element["key"].dataType, element["value"].dataType
+
+        def entry(e) -> tuple:
+            parts = _fields(e)
+            value = (_fields(parts[1]), parts[2]) if ttl else _fields(parts[1])
+            return _fields(parts[0]), value
         if flatten:
             schema = StructType([key_field, StructField("user_map_key", user_key),
-                                 StructField("user_map_value", user_value), partition])
-            return (lambda key, value: [(key, _fields(_fields(e)[0]), _fields(_fields(e)[1]))
-                                        for e in value[0] or []]), name, key_type, schema
-        schema = StructType([key_field, StructField("map_value", MapType(user_key, user_value)), partition])
-        return (lambda key, value: [(key, [(_fields(_fields(e)[0]), _fields(_fields(e)[1]))
-                                           for e in value[0] or []])]), name, key_type, schema
+                                 StructField("user_map_value", shown(user_value)), partition])
+            return (lambda key, value: [(key, *entry(e)) for e in value[0] or []]), name, key_type, schema
+        schema = StructType([key_field, StructField("map_value", MapType(user_key, shown(user_value))), partition])
+        return (lambda key, value: [(key, [entry(e) for e in value[0] or []])]), name, key_type, schema
 
 
 def _fields(value) -> tuple:

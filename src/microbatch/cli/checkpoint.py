@@ -121,7 +121,7 @@ def repartition_state(path: str, partitions: int, settings: dict[str, str] | Non
     return 0
 
 
-def convert_checkpoint(path: str, settings: dict[str, str] | None = None) -> int:
+def convert_checkpoint(path: str, settings: dict[str, str] | None = None, state_provider: str | None = None) -> int:
     """``checkpoint convert CKPT --to spark``: starts an embedded local Spark (the stores
     are converted in its tasks)."""
     from pyspark.errors import PySparkException
@@ -134,7 +134,7 @@ def convert_checkpoint(path: str, settings: dict[str, str] | None = None) -> int
     started_here = SparkSession.getActiveSession() is None
     spark = embedded_spark(app_name="microbatch checkpoint convert", conf=settings or {})
     try:
-        result = convert_to_spark(spark, path, settings or {})
+        result = convert_to_spark(spark, path, settings or {}, state_provider)
     except (PySparkException, CheckpointError) as e:
         print(f"error: {e}")
         return 1
@@ -145,8 +145,9 @@ def convert_checkpoint(path: str, settings: dict[str, str] | None = None) -> int
         print(f"nothing to do: the checkpoint holds no state, or Spark's provider holds it already (batch "
               f"{result.batch}); Spark's engine resumes it as it is")
     else:
-        print(f"converted {result.stores} state stores ({result.rows} rows) in batch {result.batch}: "
-              f"Spark's engine resumes this checkpoint at batch {result.batch + 1}")
+        print(f"converted {result.stores} state stores ({result.rows} rows) in batch {result.batch} for "
+              f"{result.provider.rsplit('.', 1)[-1]}: Spark's engine resumes this checkpoint at batch "
+              f"{result.batch + 1}")
     return 0
 
 

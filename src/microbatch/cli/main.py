@@ -10,7 +10,8 @@
     microbatch checkpoint rollback CKPT --to-batch N make batch N the last committed one
     microbatch checkpoint state repartition CKPT --partitions N
                                                      rewrite the state into N partitions
-    microbatch checkpoint convert CKPT --to spark    make the checkpoint one Spark's engine resumes
+    microbatch checkpoint convert CKPT --to spark [--state-provider hdfs|rocksdb]
+                                                     make the checkpoint one Spark's engine resumes
 
 Checkpoints may be local paths or ``s3://``/``s3a://`` locations; ``--conf key=value``
 gives Spark's settings for them (``spark.hadoop.fs.s3a.endpoint``, keys, ...), as a job
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     convert.add_argument("path")
     convert.add_argument("--to", choices=["spark"], required=True,
                          help="the engine to resume on: spark (Spark's own engine)")
+    convert.add_argument("--state-provider", choices=["hdfs", "rocksdb"], default=None,
+                         help="Spark's state store provider to write the state for (default: the one "
+                              "matching the checkpoint's; rocksdb for a transformWithState)")
     for sub in (show, verify, explain, diff, rollback, repartition, convert):
         _conf_option(sub)
     args = parser.parse_args(argv)
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint_command == "rollback":
         return tools.rollback_checkpoint(args.path, args.to_batch, settings, args.output)
     if args.checkpoint_command == "convert":
-        return tools.convert_checkpoint(args.path, settings)
+        return tools.convert_checkpoint(args.path, settings, args.state_provider)
     return tools.repartition_state(args.path, args.partitions, settings, not args.skip_uncommitted_batch)
 
 

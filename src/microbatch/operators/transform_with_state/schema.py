@@ -168,3 +168,21 @@ def state_value_type(variable: StateVariable) -> Any:
     if variable.kind == LIST:
         return ArrayType(variable.schema)
     return ArrayType(StructType([StructField("key", variable.key_schema), StructField("value", variable.schema)]))
+
+
+def variables_from_document(doc: dict) -> tuple[StateVariable, ...] | None:
+    """A transformWithState's state variables as its schema document records them (their
+    kinds, TTLs and, in the value schema, their schemas), or None for a document from
+    before the TTLs' durations were recorded."""
+    from pyspark.sql.types import StructType
+    value = StructType.fromJson(doc["valueSchema"])
+    found = []
+    for entry in doc.get("stateVariables", []):
+        if entry.get("ttl") and "ttlMs" not in entry:
+            return None
+        probe = StateVariable(entry["name"], entry["kind"], None)
+        schemas = _variable_schemas(value, probe)
+        if schemas is None:
+            return None
+        found.append(StateVariable(entry["name"], entry["kind"], schemas[0], schemas[1], entry.get("ttlMs")))
+    return tuple(found)

@@ -79,6 +79,9 @@ class TransformWithStateStep(StatefulStep):
                                + [StructField(TIMERS_STORE, ArrayType(LongType(), False))])
 
     def _document_extras(self) -> dict:
-        # what the state reader's stateVarName reads
-        return {"stateVariables": [{"name": v.name, "kind": v.kind, "ttl": v.ttl_ms is not None}
-                                   for v in self.node.variables]}
+        # what the state reader's stateVarName reads; the modes and TTLs what Spark's operator
+        # metadata records (a conversion to Spark's engine writes it)
+        return {"stateVariables": [{"name": v.name, "kind": v.kind, "ttl": v.ttl_ms is not None,
+                                    **({"ttlMs": int(v.ttl_ms)} if v.ttl_ms is not None else {})}
+                                   for v in self.node.variables],
+                "timeMode": self.node.time_mode, "outputMode": self.node.output_mode}
