@@ -78,22 +78,31 @@ def as_sparks(case: str, rows: list) -> list:
     return rows
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_spark_continues_a_checkpoint_microbatch_wrote_after_the_conversion(spark, ss, events, tmp_path, case):
+#: the cases also converted for Spark's RocksDB provider (a query microbatch ran on its own)
+ON_ROCKSDB = ("a window count in append mode", "dropDuplicates with a watermark", "session windows in append mode",
+              "applyInPandasWithState with an event-time timeout")
+
+
+@pytest.mark.parametrize("case, provider", [(case, "hdfs") for case in CASES] +
+                         [(case, "rocksdb") for case in ON_ROCKSDB])
+def test_spark_continues_a_checkpoint_microbatch_wrote_after_the_conversion(spark, ss, events, tmp_path, case,
+                                                                            provider):
+    from test_spark_state_adoption import PROVIDERS, SPARK_ROCKSDB, spark_confs
     transform, mode = CASES[case]
     live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
     live.mkdir()
     names = sorted(os.listdir(events))
     arrive(events, live, names[:BEFORE])
-    first, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
+    with spark_confs(spark, PROVIDERS[provider]):     # (microbatch's counterpart of Spark's provider)
+        first, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
     assert len(first) >= BEFORE and recorded_provider(moved).startswith("microbatch.")
     shutil.copytree(moved, stayed)
     ours_before = state_files(moved)
 
-    result = convert_to_spark(spark, str(moved))
+    result = convert_to_spark(spark, str(moved))   # (for Spark's provider matching microbatch's)
     last = first[-1][0]
     assert (result.batch, result.done_before) == (last + 1, False) and result.stores > 0
-    assert recorded_provider(moved) == SPARK_HDFS
+    assert recorded_provider(moved) == result.provider == {"hdfs": SPARK_HDFS, "rocksdb": SPARK_ROCKSDB}[provider]
     # files are added, none rewritten
     assert all(state_files(moved)[path] == data for path, data in ours_before.items())
     # Spark's readers read the converted checkpoint as microbatch's reader reads it
@@ -303,3 +312,36 @@ def test_spark_continues_a_transform_with_state_microbatch_ran(spark, ss, events
     from test_transform_with_state_differential import TTL_METRICS
     custom = TTL_METRICS if processing_time else ()
     assert comparable(their_progress, custom) == shifted(comparable(our_progress, custom), 1)
+
+
+def test_a_transform_with_state_conversion_cut_short_is_finished_and_microbatch_resumes_it(spark, ss, events,
+                                                                                          tmp_path):
+    from test_spark_state_adoption import SPARK_ROCKSDB
+    from test_transform_with_state_differential import unordered_maps
+    transform, mode = transform_with_state_cases()["value and list state, no time mode"]
+    live, ckpt, plain = tmp_path / "live", tmp_path / "ckpt", tmp_path / "plain"
+    live.mkdir()
+    names = sorted(os.listdir(events))
+    arrive(events, live, names[:BEFORE])
+    collect_batches(transform(json_stream(ss, live, SCHEMA)), ckpt, mode)
+    shutil.copytree(ckpt, plain)
+    done = convert_to_spark(spark, str(ckpt))
+    # cut short: the batch planned, some stores written, nothing committed
+    os.remove(ckpt / "commits" / str(done.batch))
+    for path in (ckpt / "state" / "0" / "1").rglob(f"{done.batch + 1}.*"):
+        path.unlink()
+    half = tmp_path / "half"
+    shutil.copytree(ckpt, half)
+    again = convert_to_spark(spark, str(ckpt))
+    assert (again.batch, again.stores, again.provider, again.done_before) == (done.batch, 2, SPARK_ROCKSDB, False)
+    for options in tws_readings("value and list state, no time mode"):
+        theirs = spark.read.format("statestore").options(**options).load(str(ckpt)).collect()
+        ours = ss.read.format("statestore").options(**options).load(str(plain)).collect()
+        assert sorted(map(unordered_maps, theirs)) == sorted(map(unordered_maps, ours)) and theirs, options
+    # microbatch, started on the conversion cut short, runs the planned batch on its own
+    # state and goes on as on the checkpoint never converted
+    arrive(events, live, names[BEFORE:])
+    batches, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), half, mode)
+    unconverted, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), plain, mode)
+    assert batches[0] == (done.batch, []) and batches[1:] == [(b + 1, rows) for b, rows in unconverted]
+    assert unconverted

@@ -38,7 +38,8 @@ def arrive(sources, live, files) -> None:
             os.rename(os.path.join(source, name), os.path.join(target, name))
 
 
-@pytest.mark.parametrize("direction", ["spark to microbatch", "spark's rocksdb to microbatch", "microbatch to spark"])
+@pytest.mark.parametrize("direction", ["spark to microbatch", "spark's rocksdb to microbatch", "microbatch to spark",
+                                       "microbatch's rocksdb to spark's rocksdb"])
 @pytest.mark.parametrize("case", list(MOVED))
 def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, case, direction):
     transform = MOVED[case]
@@ -48,7 +49,7 @@ def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, ca
     for d in live:
         d.mkdir()
     names = sorted(os.listdir(sources[0]))
-    first_engine, second_engine = (ss, spark) if direction == "microbatch to spark" else (spark, ss)
+    first_engine, second_engine = (ss, spark) if direction.startswith("microbatch") else (spark, ss)
     moved, stayed = tmp_path / "moved", tmp_path / "stayed"
     arrive(sources, live, names[:BEFORE])
     with spark_confs(spark, confs):
@@ -59,6 +60,8 @@ def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, ca
     if second_engine is spark:
         result = convert_to_spark(spark, str(moved))
         assert result.stores > 0 and result.rows > 0
+        assert result.provider.endswith("RocksDBStateStoreProvider" if "rocksdb" in direction
+                                        else "HDFSBackedStateStoreProvider")
         shift = 1
         stores = {m.stateStoreName for m in spark.read.format("state-metadata").load(str(moved)).collect()
                   if m.operatorId == 0}   # (the join is operator 0)
