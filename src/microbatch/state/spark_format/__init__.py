@@ -1,6 +1,7 @@
 """Spark's own state files (``HDFSBackedStateStoreProvider``, Spark 4.3), read and written
 without Spark: so a checkpoint Spark's engine wrote can be resumed by microbatch, and one
-microbatch wrote by Spark; and those of Spark's ``RocksDBStateStoreProvider``, read.
+microbatch wrote by Spark; and those of Spark's ``RocksDBStateStoreProvider``, read and
+written.
 
 - ``unsafe_row``: Spark's UnsafeRow bytes <-> microbatch's state tuples, for a schema
   given as pyarrow storage types.
@@ -14,6 +15,9 @@ microbatch wrote by Spark; and those of Spark's ``RocksDBStateStoreProvider``, r
 - ``rocksdb_families``: the column families of a transformWithState store (value, list and
   map states, timers, TTL indexes; RocksDB's SST files read directly, for the merged list
   values rocksdict cannot read), and the operator's v3 schema files and metadata v2.
+- ``rocksdb_writer``: a RocksDB-provider store's ``<v>.zip`` snapshot and its SST files,
+  written (with column families for a transformWithState), and a transformWithState's v3
+  schema file and operator metadata v2.
 - ``schema_file``: Spark's ``state/<op>/0/_metadata/schema`` files and Spark's JSON types as
   pyarrow storage types.
 - ``checksums``: xxHash32 and CRC-32C in Python.
