@@ -408,7 +408,7 @@ def _write_stores(spark: SparkSession, tasks: list[_Task]) -> tuple[int, int]:
     return len(rows), sum(r.rows for r in rows)
 
 
-def _qualified(ckpt: CheckpointReader, path: str) -> str:
+def _qualified(path: str) -> str:
     """A path as Spark's engine records it in operator metadata: a URI."""
     return path if "://" in path or path.startswith("file:") else f"file:{path}"
 
@@ -455,5 +455,5 @@ def _write_transform_with_state_metadata(ckpt: CheckpointReader, op: _Operator, 
                   "stateVariables": variables}
     ckpt.fs.mkdirs(directory)
     ckpt.fs.write_bytes(f"{directory}/{batch}", operator_metadata_v2(
-        op.id, op.name, op.num_partitions, _qualified(ckpt, schema_path), properties))
+        op.id, op.name, op.num_partitions, _qualified(schema_path), properties))
 
