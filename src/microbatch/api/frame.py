@@ -165,6 +165,31 @@ class StreamFrame:
     def replace(self, to_replace: Any, *args: Any, **kwargs: Any) -> "StreamFrame":
         return self._derive("replace", to_replace, *args, **kwargs)
 
+    @property
+    def na(self):
+        """PySpark's ``DataFrameNaFunctions`` over this stream (``fill``, ``drop``, ``replace``)."""
+        from pyspark.sql.classic.dataframe import DataFrameNaFunctions
+        return DataFrameNaFunctions(self)
+
+    def sample(self, withReplacement: Any = None, fraction: Any = None, seed: int | None = None) -> "StreamFrame":
+        """Refused, as Spark's engine refuses sampling a stream (PySpark's argument checks first)."""
+        self._template.sample(withReplacement, fraction, seed)
+        raise AnalysisException("Sampling is not supported on streaming DataFrames/Datasets;")
+
+    def unpivot(self, ids: Any, values: Any, variableColumnName: str, valueColumnName: str) -> "StreamFrame":
+        return self._derive("unpivot", ids, values, variableColumnName, valueColumnName)
+
+    def melt(self, ids: Any, values: Any, variableColumnName: str, valueColumnName: str) -> "StreamFrame":
+        return self._derive("melt", ids, values, variableColumnName, valueColumnName)
+
+    def to(self, schema: StructType) -> "StreamFrame":
+        """The rows in ``schema``'s columns (by name, cast), as ``DataFrame.to``."""
+        return self._derive("to", schema)
+
+    def colRegex(self, colName: str) -> Column:
+        """The columns whose names match a back-quoted regex (a Column of this stream)."""
+        return self._template.colRegex(colName)
+
     def transform(self, func: Callable[..., "StreamFrame"], *args: Any, **kwargs: Any) -> "StreamFrame":
         result = func(self, *args, **kwargs)
         if not isinstance(result, StreamFrame):
@@ -465,7 +490,7 @@ class GroupedStream:
             match = re.match(r"session_window\(\s*([^,]+?)\s*,", text)
             if match is None:
                 raise not_yet(f"A session_window key written as {text!r}")
-            return index, match.group(1).strip("`")
+            return index, match.group(1).strip("`'")   # (' starts an unresolved name, as SQL's)
         return None
 
     def _event_time_key(self, template: DataFrame, key_names: tuple,

@@ -108,6 +108,14 @@ class StreamingSession:
     def readStream(self) -> DataStreamReader:
         return DataStreamReader(self)
 
+    def sql(self, sqlQuery: str, args: Any = None, **kwargs: Any) -> Any:
+        """PySpark's ``SparkSession.sql``, over streams too: a query that reads a temporary
+        view of a stream (``StreamFrame.createOrReplaceTempView``) or ``STREAM t`` is a
+        stream (a StreamFrame: ``isStreaming``, ``writeStream``); any other is Spark's own
+        DataFrame (``api/sql.py``)."""
+        from microbatch.api.sql import streaming_sql
+        return streaming_sql(self, sqlQuery, args, **kwargs)
+
     @property
     def _streamingCheckpointManager(self):
         """PySpark's ``StreamingCheckpointManager`` for microbatch's checkpoints:

@@ -45,18 +45,19 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
 from microbatch import spark_internals
 from microbatch.operators.aggregate.step import AggregateStep
-from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions
+from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
 from microbatch.operators.dedup import DedupStep
 from microbatch.operators.group_state import GroupStateStep
 from microbatch.operators.join import JoinStep, with_null_filters
 from microbatch.operators.limit import LimitStep
 from microbatch.operators.transform_with_state.step import TransformWithStateStep
-from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, Observe, PlanNode,
-                                     StatefulNode, StreamingLimit, StreamingRelation, StreamJoin, Transform,
-                                     TransformWithState, Watermark)
+from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, NullFilter, Observe,
+                                     PlanNode, StatefulNode, StaticJoin, StreamingLimit, StreamingRelation,
+                                     StreamJoin, Transform, TransformWithState, Watermark)
 from microbatch.runtime.segments import PreparedSegment, children_replaced, segments_prepared
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.state.store import StateStoreConf
@@ -144,10 +145,27 @@ def _limits_over_appends(plan: PlanNode) -> PlanNode:
     return plan
 
 
-def _joins_null_filtered(plan: PlanNode) -> PlanNode:
-    """Every stream-stream join with the not-null filters Spark infers on its sides."""
-    plan = children_replaced(plan, [_joins_null_filtered(c) for c in plan.children])
-    return with_null_filters(plan) if isinstance(plan, StreamJoin) else plan
+def _joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
+    """Every join with the not-null filters Spark infers on its sides: a stream-stream
+    join's, and the stream side's of an inner or semi join with a static DataFrame (the
+    stream on the left; each column of the stream its equalities and comparisons use)."""
+    plan = children_replaced(plan, [_joins_null_filtered(c, empty_inputs) for c in plan.children])
+    if isinstance(plan, StreamJoin):
+        return with_null_filters(plan)
+    if isinstance(plan, StaticJoin) and plan.stream_side == "left" and \
+            plan.how.lower().replace("_", "") in ("inner", "semi", "leftsemi"):
+        try:
+            keys, comparisons = spark_internals.join_condition(plan.build(empty_inputs))
+        except ValueError:      # (a join on column names, or a condition of other parts: none inferred)
+            return plan
+        columns = plan.child.build(empty_inputs).columns
+        used = [i for i, _ in keys] + [t.index for _, a, b in comparisons for t in (a, b)
+                                       if t.side == 0 and t.index is not None]
+        child = plan.child
+        for index in dict.fromkeys(used):
+            child = NullFilter(child, "where", (F.col(quoted(columns[index])).isNotNull(),), column=columns[index])
+        return dataclasses.replace(plan, child=child)
+    return plan
 
 
 #: Where a batch's version goes in the printed plan.
@@ -167,7 +185,7 @@ class IncrementalExecution:
         self.store_conf = store_conf or StateStoreConf()
         if output_mode == "append":
             plan = _limits_over_appends(plan)
-        plan = self._push_filters_below_watermarks(_joins_null_filtered(plan), empty_inputs)
+        plan = self._push_filters_below_watermarks(_joins_null_filtered(plan, empty_inputs), empty_inputs)
         self.plan = segments_prepared(plan)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())
@@ -210,6 +228,13 @@ class IncrementalExecution:
                 log.debug("Filter %s runs below the watermark on %s", filtered.describe(), below.event_time)
                 return dataclasses.replace(below, child=moved)
             return self._split_filter(filtered, below, empty_inputs)
+        if isinstance(below, Transform) and below.method == "alias":
+            try:    # (a filter that names the alias's qualifier resolves only above it)
+                moved.build(empty_inputs)
+            except Exception:  # noqa: BLE001 - Spark's analysis error: it stays above
+                return None
+            sunk = self._sink_filter(moved, empty_inputs)
+            return None if sunk is None else dataclasses.replace(below, child=sunk)
         if isinstance(below, Transform) and below.method != "limit" and (
                 spark_internals.filter_passes_filter(filtered.build(empty_inputs))
                 if below.method in ("filter", "where")

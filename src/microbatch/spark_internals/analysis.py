@@ -309,12 +309,25 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list[AggregateOutput]]:
             return [jexpr]
         return [found for child in seq(jexpr.children()) for found in calls_in(child)]
 
-    def call(jagg) -> AggregateCall:
+    def unqualified(jexpr):
+        """The expression with its columns' qualifiers dropped (``e.id`` as ``id``): the
+        output is computed over the aggregation's result, where no relation's name is."""
+        if name(jexpr) == "AttributeReference":
+            return jexpr.withQualifier(to_seq([])) if jexpr.qualifier().nonEmpty() else jexpr
+        children = seq(jexpr.children())
+        if not children or not any(name(c) == "AttributeReference" and c.qualifier().nonEmpty()
+                                   for c in seq(jexpr.references().toSeq())):
+            return jexpr
+        return jexpr.withNewChildren(to_seq([unqualified(c) for c in children]))
+
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+
+    def call(jagg, plain) -> AggregateCall:
         function = jagg.aggregateFunction()
         kind = name(function)
         children = seq(function.children())
         return AggregateCall(
-            kind, function.prettyName(), jagg.sql(), bool(jagg.isDistinct()),
+            kind, function.prettyName(), plain.sql(), bool(jagg.isDistinct()),
             tuple(c.sql() for c in children),
             jagg.filter().get().sql() if jagg.filter().isDefined() else None,
             kind == "Average" and function.child().dataType().typeName().startswith("decimal"),
@@ -323,8 +336,9 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list[AggregateOutput]]:
 
     outputs = []
     for jexpr in seq(analyzed.aggregateExpressions()):
-        body = jexpr.child().sql() if name(jexpr) == "Alias" else jexpr.sql()
-        outputs.append(AggregateOutput(body, tuple(call(j) for j in calls_in(jexpr))))
+        plain = unqualified(jexpr)
+        body = plain.child().sql() if name(plain) == "Alias" else plain.sql()
+        outputs.append(AggregateOutput(body, tuple(call(j, p) for j, p in zip(calls_in(jexpr), calls_in(plain)))))
     return root, analyzed.groupingExpressions().size(), outputs
 
 

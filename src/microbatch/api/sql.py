@@ -1,0 +1,219 @@
+"""``StreamingSession.sql``: SQL over streams (temporary views of streams, ``STREAM t``).
+
+Spark's parser reads the text (``spark_internals.parse_sql``); the parsed plan is turned
+into the DataFrame calls it stands for, on the streams' StreamFrames and on Spark's static
+tables: ``SELECT ... FROM v WHERE ... GROUP BY ...`` is ``v.filter(...).groupBy(...).agg(...)``.
+So SQL and the DataFrame API are one front end: each call applies to the stream's
+template as it does from Python (Spark's analysis and errors, where the SQL is
+defined), and the stream's plan gets the same stateful operators. A query that reads no
+stream is Spark's own ``spark.sql``: a plain DataFrame.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from microbatch import spark_internals
+from microbatch.api.frame import StreamFrame
+from microbatch.errors import UnsupportedOperationError
+
+
+def not_yet(what: str, fix: str = "write that part with the DataFrame API") -> UnsupportedOperationError:
+    return UnsupportedOperationError(f"{what} is not supported by microbatch's SQL over streams yet: {fix}.")
+
+
+def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> Any:
+    """PySpark's ``SparkSession.sql(sqlQuery, args=None, **kwargs)`` where the query may read
+    streams: a StreamFrame when it does, Spark's DataFrame when it does not."""
+    spark = session.spark
+    if kwargs:
+        streams = {k: v for k, v in kwargs.items() if isinstance(v, StreamFrame)}
+        if streams:
+            raise not_yet("A StreamFrame given to sql() as a keyword argument ({" + next(iter(streams)) + "})",
+                          "register it with createOrReplaceTempView and name the view")
+        return spark.sql(query, args, **kwargs)
+    tree = spark_internals.parse_sql(spark, query)
+    if not any(_reads_stream(session, r) for r in tree.relations()):
+        return spark.sql(query, args)
+    if args:
+        raise not_yet("Parameter markers (args) in SQL over a stream", "write the values into the SQL text")
+    result = _Translation(session, tree.qualifiers()).frame(tree, {})
+    if not isinstance(result, StreamFrame):    # (a stream read only in a CTE no one uses)
+        return spark.sql(query)
+    return result
+
+
+def _name(relation) -> str:
+    return ".".join(relation.fields["name"])
+
+
+def _reads_stream(session: Any, relation) -> bool:
+    return relation.fields["streaming"] or session._stream_view(_name(relation)) is not None
+
+
+class _Translation:
+    """A parsed query as the DataFrame calls it stands for. A frame made by a
+    stream-stream join is one relation of both sides' columns (its qualifiers are gone):
+    the columns named above it drop theirs (``flat``)."""
+
+    def __init__(self, session: Any, qualifiers: set[str]):
+        self.session = session
+        self.qualifiers = qualifiers     # the relation names the query qualifies columns with
+        self.flat: set[int] = set()      # id() of the frames a stream-stream join made (and over them)
+
+    def frame(self, node, scope: dict) -> Any:
+        method = getattr(self, f"_{node.kind}", None)
+        if method is None or node.kind == "unsupported":
+            raise not_yet(f"SQL's {node.fields.get('name', node.kind)} over a stream")
+        return method(node, scope)
+
+    def _child(self, node, scope: dict) -> Any:
+        return self.frame(node.children[0], scope)
+
+    def _columns(self, below: Any, expressions: list) -> list:
+        strip = self.qualifiers if id(below) in self.flat else frozenset()
+        return [spark_internals.sql_column(e, strip) for e in expressions]
+
+    def _still_flat(self, below: Any, result: Any) -> Any:
+        if id(below) in self.flat:
+            self.flat.add(id(result))
+        return result
+
+    def _relation(self, node, scope: dict) -> Any:
+        name = _name(node)
+        if len(node.fields["name"]) == 1 and name.lower() in scope:
+            return self._qualified(scope[name.lower()], name)
+        view = self.session._stream_view(name)
+        if view is not None:
+            return self._qualified(view, node.fields["name"][-1])
+        if node.fields["streaming"]:
+            return self._qualified(self.session.readStream.table(name), node.fields["name"][-1])
+        return self.session.spark.table(name)   # Spark's TABLE_OR_VIEW_NOT_FOUND for an unknown one
+
+    def _qualified(self, frame: Any, qualifier: str) -> Any:
+        """Spark qualifies a relation's columns by its name: the frame aliased so, when the
+        query uses the name (an alias is a step of the stream's plan; a filter moves below
+        the watermark through it only when it resolves there)."""
+        return frame.alias(qualifier) if qualifier.lower() in self.qualifiers else frame
+
+    def _project(self, node, scope: dict) -> Any:
+        below = self._child(node, scope)
+        return below.select(*self._columns(below, node.fields["columns"]))
+
+    def _filter(self, node, scope: dict) -> Any:
+        below = self._child(node, scope)
+        return self._still_flat(below, below.filter(*self._columns(below, [node.fields["condition"]])))
+
+    _having = _filter
+
+    def _alias(self, node, scope: dict) -> Any:
+        return self._qualified(self._child(node, scope), node.fields["name"])
+
+    def _aggregate(self, node, scope: dict) -> Any:
+        """``GROUP BY g...`` with the select list ``e...``: ``groupBy(g...).agg(e...)`` (Spark's
+        analysis keeps the grouping expressions among ``e`` as SQL does), without the grouping
+        columns PySpark's ``agg`` puts first."""
+        frame = self._child(node, scope)
+
+        def converted(g: tuple) -> tuple:
+            if g[0] == "column":
+                return "column", self._columns(frame, [g[1]])[0]
+            if g[0] in ("cube", "rollup"):
+                return g[0], self._columns(frame, g[1])
+            return g[0], [self._columns(frame, part) for part in g[1]], self._columns(frame, g[2])
+        grouping = [converted(g) for g in node.fields["grouping"]]
+        columns = self._columns(frame, node.fields["columns"])
+        sets = [g for g in grouping if g[0] != "column"]
+        keys = [g[1] for g in grouping if g[0] == "column"]
+        if len(sets) > 1 or (sets and keys):
+            raise not_yet("A GROUP BY of several grouping sets clauses, or of grouping sets and columns",
+                          "write one GROUPING SETS clause with every column in it")
+        if sets:
+            return self._grouping_sets(frame, node.fields["grouping"][0], node.fields["columns"], sets[0])
+        return self._without_keys(frame.groupBy(*keys).agg(*columns), len(keys))
+
+    def _grouping_sets(self, frame: Any, parsed: tuple, select: list, converted: tuple) -> Any:
+        """ROLLUP, CUBE, GROUPING SETS: the aggregate expressions go to ``agg``; a select-list
+        item that is a grouping expression is the key column PySpark's ``agg`` puts first."""
+        kind, *rest = converted
+        grouping_exprs = parsed[1] if kind != "groupingSets" else parsed[2]
+        keys = rest[0] if kind != "groupingSets" else rest[1]
+        grouped = frame.groupingSets(rest[0], *keys) if kind == "groupingSets" else getattr(frame, kind)(*keys)
+        items, aggregates = [], []
+        for expression in select:
+            found = spark_internals.grouping_position(expression, grouping_exprs)
+            if found is None:
+                items.append((None, len(aggregates)))
+                aggregates.append(self._columns(frame, [expression])[0])
+            else:
+                items.append(found)
+        aggregated = grouped.agg(*aggregates)
+        names = aggregated.columns
+        placeholders = [f"__microbatch_sql_{i}" for i in range(len(names))]
+        out = []
+        for key, where in items:
+            if isinstance(key, int):   # (a key: its index, and the alias it is given)
+                out.append(F.col(placeholders[key]).alias(where or names[key]))
+            else:
+                out.append(F.col(placeholders[len(keys) + where]).alias(names[len(keys) + where]))
+        return aggregated.toDF(*placeholders).select(*out)
+
+    @staticmethod
+    def _without_keys(aggregated: Any, count: int) -> Any:
+        if count == 0:
+            return aggregated
+        names = aggregated.columns
+        placeholders = [f"__microbatch_sql_{i}" for i in range(len(names))]
+        return aggregated.toDF(*placeholders).select(
+            *[F.col(placeholders[i]).alias(names[i]) for i in range(count, len(names))])
+
+    def _join(self, node, scope: dict) -> Any:
+        left, right = self.frame(node.children[0], scope), self.frame(node.children[1], scope)
+        on = node.fields["using"] if node.fields["using"] is not None else (
+            None if node.fields["condition"] is None else spark_internals.sql_column(node.fields["condition"]))
+        if isinstance(left, DataFrame) and isinstance(right, StreamFrame):
+            raise not_yet("A join of a static table (left) with a stream (right) in SQL",
+                          "write the stream on the left")
+        joined = left.join(right, on, node.fields["how"])
+        if isinstance(left, StreamFrame) and isinstance(right, StreamFrame):
+            self.flat.add(id(joined))
+        return joined
+
+    def _union(self, node, scope: dict) -> Any:
+        frames = [self.frame(child, scope) for child in node.children]
+        result = frames[0]
+        for other in frames[1:]:
+            if node.fields["by_name"]:
+                result = result.unionByName(other, allowMissingColumns=node.fields["allow_missing"])
+            else:
+                result = result.union(other)
+        return result
+
+    def _distinct(self, node, scope: dict) -> Any:
+        """SQL's DISTINCT is an aggregation on Spark's engine (its optimizer makes it one: a
+        row is emitted in append mode when the watermark passes it), not a deduplication."""
+        frame = self._child(node, scope)
+        if isinstance(frame, DataFrame):
+            return frame.distinct()
+        counted = frame.groupBy(*[F.col(f"`{c}`") for c in frame.columns]).agg(
+            F.count(F.lit(1)).alias("__microbatch_sql_rows"))
+        return counted.select(*[F.col(f"`{c}`") for c in frame.columns])
+
+    def _limit(self, node, scope: dict) -> Any:
+        return self._child(node, scope).limit(node.fields["n"])
+
+    def _sort(self, node, scope: dict) -> Any:
+        below = self._child(node, scope)
+        return self._still_flat(below, below.orderBy(*self._columns(below, node.fields["columns"])))
+
+    def _with(self, node, scope: dict) -> Any:
+        inner = dict(scope)
+        for name, cte in node.fields["ctes"]:
+            inner[name.lower()] = self.frame(cte, inner)
+        return self._child(node, inner)
+
+    def _watermark(self, node, scope: dict) -> Any:
+        column = spark_internals.column_sql(spark_internals.sql_column(node.fields["column"])).lstrip("'").strip("`")
+        return self._child(node, scope).withWatermark(column, node.fields["delay"])

@@ -1,0 +1,187 @@
+"""SQL text parsed by Spark's own parser, handed back as a tree of plain Python nodes whose
+expressions are Spark's parsed expressions, opaque here; ``sql_column`` makes each a
+PySpark Column (unresolved: it means what it means in the SQL, and Spark's analysis
+resolves it where the engine applies it).
+
+``StreamingSession.sql`` (``api/sql.py``) turns the tree into the stream's DataFrame calls;
+nothing here knows streams. A node of the parsed plan this does not name is handed back
+as ``SqlNode("unsupported", ...)`` with Spark's name for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from microbatch.spark_internals.jvm import jvm_class
+
+
+@dataclass
+class SqlNode:
+    """One node of a parsed SQL query: ``kind`` (relation, project, filter, aggregate,
+    having, alias, join, union, distinct, limit, sort, with, watermark, unsupported), its
+    children, and what the kind needs (``fields``)."""
+
+    kind: str
+    children: list["SqlNode"] = field(default_factory=list)
+    fields: dict = field(default_factory=dict)
+
+    def qualifiers(self) -> set[str]:
+        """The (lower-case) relation names the query's columns are qualified with
+        (``e.id``, ``e.*``)."""
+        found = set(self.fields.get("qualifiers", ()))
+        for child in self.children:
+            found |= child.qualifiers()
+        for _, cte in self.fields.get("ctes", ()):
+            found |= cte.qualifiers()
+        return found
+
+    def relations(self) -> list["SqlNode"]:
+        """Every relation the query reads (CTEs' included)."""
+        found = [self] if self.kind == "relation" else []
+        for child in self.children:
+            found += child.relations()
+        for _, cte in self.fields.get("ctes", ()):
+            found += cte.relations()
+        return found
+
+
+def _seq(scala_seq: Any) -> list:
+    return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def _qualifiers(expression: Any, found: set) -> None:
+    kind = expression.getClass().getSimpleName()
+    if kind == "UnresolvedAttribute" and expression.nameParts().size() > 1:
+        found.add(str(expression.nameParts().apply(0)).lower())
+    elif kind == "UnresolvedStar" and expression.target().isDefined() and expression.target().get().size() > 0:
+        found.add(str(expression.target().get().apply(0)).lower())
+    for child in _seq(expression.children()):
+        _qualifiers(child, found)
+
+
+def parse_sql(spark: Any, text: str) -> SqlNode:
+    """``text`` parsed by the session's SQL parser (Spark's ``ParseException`` for bad SQL)."""
+    from pyspark.errors.exceptions.captured import convert_exception
+    from py4j.protocol import Py4JJavaError
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(text)
+    except Py4JJavaError as e:
+        raise convert_exception(e.java_exception) from None
+    return _node(plan)
+
+
+def _node(plan: Any) -> SqlNode:
+    node = _plain_node(plan)
+    found: set = set()
+    for expression in _seq(plan.expressions()):
+        _qualifiers(expression, found)
+    node.fields["qualifiers"] = found
+    return node
+
+
+def _plain_node(plan: Any) -> SqlNode:
+    name = plan.getClass().getSimpleName()
+    children = _seq(plan.children())
+    if name == "UnresolvedRelation":
+        return SqlNode("relation", fields={"name": list(_seq(plan.multipartIdentifier())),
+                                           "streaming": bool(plan.isStreaming())})
+    if name == "NamedStreamingRelation" and len(children) == 1:    # STREAM t / STREAM(t)
+        inner = _node(children[0])
+        if inner.kind == "relation":
+            inner.fields["streaming"] = True
+        return inner
+    if name == "Project":
+        return SqlNode("project", [_node(plan.child())], {"columns": [e for e in _seq(plan.projectList())]})
+    if name == "Filter":
+        return SqlNode("filter", [_node(plan.child())], {"condition": plan.condition()})
+    if name == "UnresolvedHaving":
+        return SqlNode("having", [_node(plan.child())], {"condition": plan.havingCondition()})
+    if name == "Aggregate":
+        grouping = []
+        for e in _seq(plan.groupingExpressions()):
+            kind = e.getClass().getSimpleName()
+            if kind in ("Cube", "Rollup"):
+                grouping.append((kind.lower(), [c for c in _seq(e.children())]))
+            elif kind == "GroupingSets":
+                sets = [[c for c in _seq(s)] for s in _seq(e.groupingSets())]
+                given = []
+                for c in _seq(e.userGivenGroupByExprs()) or _seq(e.children()):   # (every set's columns, once)
+                    if not any(c.equals(g) for g in given):
+                        given.append(c)
+                grouping.append(("groupingSets", sets, given))
+            else:
+                grouping.append(("column", e))
+        return SqlNode("aggregate", [_node(plan.child())],
+                       {"grouping": grouping, "columns": [e for e in _seq(plan.aggregateExpressions())]})
+    if name == "SubqueryAlias":
+        return SqlNode("alias", [_node(plan.child())], {"name": plan.alias()})
+    if name == "Join":
+        join_type = plan.joinType()
+        using = None
+        if join_type.getClass().getSimpleName() == "UsingJoin":
+            using = list(_seq(join_type.usingColumns()))
+            join_type = join_type.tpe()
+        condition = plan.condition()
+        return SqlNode("join", [_node(plan.left()), _node(plan.right())], {
+            "how": join_type.sql().lower().replace(" ", "_"), "using": using,
+            "condition": condition.get() if condition.isDefined() else None})
+    if name == "Union":
+        return SqlNode("union", [_node(c) for c in children],
+                       {"by_name": bool(plan.byName()), "allow_missing": bool(plan.allowMissingCol())})
+    if name == "Distinct":
+        return SqlNode("distinct", [_node(plan.child())])
+    if name == "GlobalLimit":
+        child = plan.child()
+        if child.getClass().getSimpleName() == "LocalLimit":
+            child = child.child()
+        return SqlNode("limit", [_node(child)], {"n": int(plan.limitExpr().eval(None))})
+    if name == "Sort":
+        return SqlNode("sort", [_node(plan.child())], {"columns": [e for e in _seq(plan.order())]})
+    if name == "UnresolvedWith":
+        ctes = [(pair._1(), _node(pair._2())) for pair in _seq(plan.cteRelations())]
+        return SqlNode("with", [_node(plan.child())], {"ctes": ctes})
+    if name == "UnresolvedEventTimeWatermark":
+        delay = plan.delay()
+        return SqlNode("watermark", [_node(plan.child())], {
+            "column": plan.eventTimeColExpr(),
+            "delay": delay.toString()})
+    return SqlNode("unsupported", [_node(c) for c in children], {"name": plan.nodeName()})
+
+
+def sql_column(expression: Any, strip: frozenset[str] | set[str] = frozenset()) -> Any:
+    """The PySpark Column of a parsed expression (a ``SqlNode``'s), with the columns it
+    names as ``q.name`` (``q`` in ``strip``, lower case) named ``name``: above a
+    stream-stream join, whose result is one relation of both sides' columns."""
+    from pyspark.sql.classic.column import Column
+    if strip:
+        expression = _unqualified(expression, {q.lower() for q in strip})
+    return Column(jvm_class("org.apache.spark.sql.classic.ExpressionUtils").column(expression))
+
+
+def _unqualified(expression: Any, qualifiers: set[str]) -> Any:
+    if expression.getClass().getSimpleName() == "UnresolvedAttribute":
+        parts = _seq(expression.nameParts())
+        if len(parts) > 1 and str(parts[0]).lower() in qualifiers:
+            return jvm_class("org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")(
+                jvm_class("org.apache.spark.api.python.PythonUtils").toSeq(parts[1:]))
+        return expression
+    children = _seq(expression.children())
+    if not children:
+        return expression
+    return expression.withNewChildren(
+        jvm_class("org.apache.spark.api.python.PythonUtils").toSeq([_unqualified(c, qualifiers) for c in children]))
+
+
+def grouping_position(expression: Any, grouping: list) -> tuple[int, str | None] | None:
+    """Where a select-list expression is one of the GROUP BY expressions (itself, or under
+    an alias): (its index in ``grouping``, the alias or None); None when it is not one."""
+    alias = None
+    kind = expression.getClass().getSimpleName()
+    if kind == "Alias":
+        alias, expression = expression.name(), expression.child()
+    elif kind == "UnresolvedAlias":
+        expression = expression.child()
+    for index, candidate in enumerate(grouping):
+        if expression.equals(candidate):
+            return index, alias
+    return None

@@ -1,0 +1,163 @@
+"""Streaming SQL (``StreamingSession.sql``) next to Spark's own engine running the same SQL
+over its own streaming views: one file a batch, late rows; every batch's rows, watermark
+and state counts equal; a restart in the middle."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame
+
+from helpers import collect_batches, json_stream, sorted_rows
+from stream_events import comparable, watermarks, write_event_files
+from test_stream_join_differential import LEFT, RIGHT, write
+
+from microbatch.api.frame import StreamFrame
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])   # (the UDF, on Spark's workers)
+
+SCHEMA = "id INT, ts TIMESTAMP, v DOUBLE"
+EVENTS = [
+    [(1, "00:00:10", 1.0), (2, "00:00:20", 2.0), (1, "00:00:12", 3.0), (None, "00:00:12", 4.0)],
+    [(1, "00:00:31", 5.0), (3, "00:00:40", 6.0), (2, "00:00:05", 0.5)],          # a late row
+    [(2, "00:00:44", 7.0), (4, "00:00:05", 8.0), (5, "00:01:10", 9.0), (3, "00:00:45", 1.5)],
+    [(6, "00:01:40", 2.5), (3, "00:00:41", 3.5), (7, "00:02:20", 4.5)],
+    [(8, "00:03:10", 5.5), (6, "00:01:41", 6.5)],
+]
+
+
+@pytest.fixture
+def events(tmp_path):
+    return write_event_files(tmp_path / "events", EVENTS,
+                             lambda k, t, v: {"id": k, "ts": f"2026-01-01 {t}", "v": v})
+
+
+@pytest.fixture
+def users(spark):
+    frame = spark.createDataFrame([(1, "ann", "eu"), (2, "bob", "us"), (3, "cy", "eu"), (5, "dee", "us")],
+                                  "uid INT, name STRING, region STRING")
+    frame.createOrReplaceTempView("users")
+    yield frame
+    spark.catalog.dropTempView("users")
+
+
+#: name -> (SQL over the watermarked view ``events``, output mode)
+CASES = {
+    "a windowed count": (
+        "SELECT window(ts, '20 seconds') AS w, count(*) AS n, sum(v) AS total FROM events "
+        "GROUP BY window(ts, '20 seconds')", "append"),
+    "a window and a key, in update mode": (
+        "SELECT id, window.start AS start, count(*) AS n FROM events WHERE id IS NOT NULL "
+        "GROUP BY window(ts, '30 seconds'), id", "update"),
+    "a session window": (
+        "SELECT session_window(ts, '15 seconds') AS s, id, count(*) AS n FROM events "
+        "GROUP BY session_window(ts, '15 seconds'), id", "append"),
+    "a stream-static join": (
+        "SELECT e.id, e.ts, u.name, e.v * 2 AS doubled FROM events e JOIN users u ON e.id = u.uid "
+        "WHERE u.region = 'eu'", "append"),
+    "a CTE with a UDF": (
+        "WITH scaled AS (SELECT id, ts, plus_one(v) AS w FROM events WHERE v > 1) "
+        "SELECT id, w, ts FROM scaled WHERE id IS NOT NULL", "append"),
+    "grouping sets": (
+        "SELECT id, window(ts, '30 seconds') AS w, count(*) AS n FROM events "
+        "GROUP BY GROUPING SETS ((id, window(ts, '30 seconds')), (window(ts, '30 seconds')))", "append"),
+    "a global count with HAVING": (
+        "SELECT id, count(*) AS n, max(v) AS top FROM events GROUP BY id HAVING n > 1", "update"),
+    "UNION ALL of two streams, and a LIMIT": (
+        "SELECT id, v FROM events WHERE v < 3 UNION ALL SELECT id, v FROM raw WHERE v > 8 LIMIT 5", "append"),
+    "DISTINCT with a watermark": (
+        "SELECT DISTINCT id, ts FROM events", "append"),
+}
+
+
+def register(session, events_dir) -> None:
+    frame = json_stream(session, events_dir, SCHEMA).withWatermark("ts", "10 seconds")
+    frame.createOrReplaceTempView("events")
+    json_stream(session, events_dir, SCHEMA).createOrReplaceTempView("raw")     # (no watermark)
+
+
+def plus_one(v):
+    return None if v is None else v + 1.0
+
+
+def run(session, events_dir, ckpt, text, mode, **kwargs):
+    register(session, events_dir)
+    frame = session.sql(text)
+    assert frame.isStreaming
+    return collect_batches(frame, ckpt, mode, rows=lambda df: (df.columns, sorted_rows(df)), **kwargs)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sql_over_a_stream_matches_spark(spark, ss, events, users, tmp_path, case):
+    text, mode = CASES[case]
+    spark.udf.register("plus_one", plus_one, "double")
+    theirs, their_progress = run(spark, events, tmp_path / "spark", text, mode)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", text, mode)
+    assert ours == theirs and any(rows for _, (_, rows) in ours)
+    assert comparable([json.loads(p.json) for p in our_progress]) == \
+        comparable([json.loads(p.json) for p in their_progress])
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+def test_a_stream_stream_join_with_a_time_range_in_sql(spark, ss, tmp_path):
+    sides = write(tmp_path / "left", LEFT, "a"), write(tmp_path / "right", RIGHT, "b")
+    text = ("SELECT l.id, l.lts, r.b FROM lefts l JOIN rights r ON l.id = r.rid "
+            "AND l.lts >= r.rts AND l.lts <= r.rts + INTERVAL 20 SECONDS")
+
+    def run_join(session, ckpt):
+        left = json_stream(session, sides[0], "id INT, ts TIMESTAMP, a STRING")
+        right = json_stream(session, sides[1], "id INT, ts TIMESTAMP, b INT")
+        left.withColumnRenamed("ts", "lts").withWatermark("lts", "10 seconds").createOrReplaceTempView("lefts")
+        right.selectExpr("id AS rid", "ts AS rts", "b").withWatermark("rts", "10 seconds") \
+            .createOrReplaceTempView("rights")
+        return collect_batches(session.sql(text), ckpt, rows=lambda df: (df.columns, sorted_rows(df)))
+
+    theirs, their_progress = run_join(spark, tmp_path / "spark")
+    ours, our_progress = run_join(ss, tmp_path / "microbatch")
+    assert ours == theirs and any(rows for _, (_, rows) in ours)
+    assert comparable([json.loads(p.json) for p in our_progress]) == \
+        comparable([json.loads(p.json) for p in their_progress])
+
+
+def test_a_restart_in_the_middle_gives_the_same_answer(spark, ss, events, tmp_path):
+    """Both engines stopped after two files and started again on the rest: the same batches."""
+    text, mode = CASES["a windowed count"]
+    names = sorted(os.listdir(events))
+    found = []
+    for session, name in ((spark, "spark"), (ss, "microbatch")):
+        live = tmp_path / f"live-{name}"
+        live.mkdir()
+        for file in names[:2]:
+            shutil.copy2(os.path.join(events, file), live / file)
+        first, _ = run(session, str(live), tmp_path / name, text, mode)
+        for file in names[2:]:
+            shutil.copy2(os.path.join(events, file), live / file)
+        second, _ = run(session, str(live), tmp_path / name, text, mode)
+        assert first and second
+        found.append(first + second)
+    assert found[0] == found[1]
+
+
+def test_sql_without_a_stream_is_sparks_own(ss, users):
+    frame = ss.sql("SELECT name FROM users WHERE region = 'eu' ORDER BY name")
+    assert isinstance(frame, DataFrame) and not frame.isStreaming
+    assert [r.name for r in frame.collect()] == ["ann", "cy"]
+    assert [r.n for r in ss.sql("SELECT count(*) AS n FROM users WHERE uid > :low", {"low": 1}).collect()] == [3]
+
+
+def test_bad_sql_over_a_stream_gets_sparks_errors(ss, events):
+    register(ss, events)
+    assert isinstance(ss.sql("SELECT id FROM events"), StreamFrame)
+    with pytest.raises(AnalysisException) as missing_view:
+        ss.sql("SELECT id FROM events JOIN no_such_view USING (id)")
+    assert missing_view.value.getCondition() == "TABLE_OR_VIEW_NOT_FOUND"
+    with pytest.raises(AnalysisException) as missing_column:
+        ss.sql("SELECT no_such_column FROM events")
+    assert missing_column.value.getCondition() == "UNRESOLVED_COLUMN.WITH_SUGGESTION"
+    with pytest.raises(AnalysisException, match="Sorting is not supported on streaming"):
+        ss.sql("SELECT id FROM events ORDER BY id")
