@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test test-pyspark test-porting chaos
+.PHONY: setup demo test test-pyspark test-porting test-faults chaos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ demo: setup
 	$(VENV)/bin/microbatch demo
 
 test: setup
-	$(PY) -m pytest -q -m "not porting"
+	$(PY) -m pytest -q -m "not porting and not faults"
+
+# Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka
+test-faults: setup
+	$(PY) -m pytest -q -m faults
 
 # State moving between Spark's engine and microbatch, both ways, every operator (docs/porting.md)
 test-porting: setup

@@ -11,7 +11,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from microbatch.testing.chaos import KINDS
+
+#: a separate bounded step (make test-faults): real processes killed with SIGKILL
+pytestmark = pytest.mark.faults
 
 
 def test_a_short_chaos_seed_is_exactly_once(tmp_path):

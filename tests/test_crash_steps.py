@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import pytest
+
 from microbatch.testing import chaos
 from microbatch.testing.chaos import BETWEEN_BATCHES, PLANNED, SINK_COMMITTED
+
+#: a separate bounded step (make test-faults): real processes killed with SIGKILL
+pytestmark = pytest.mark.faults
 
 ANY = {BETWEEN_BATCHES, PLANNED, SINK_COMMITTED}
 #: step -> where the checkpoint must show the kill landed

@@ -10,9 +10,14 @@ import os
 import random
 import time
 
+import pytest
+
 import kafka_child
 from file_inputs import write_json_files
 from child_process import Child, batch_ids, wait_until
+
+#: a separate bounded step (make test-faults): real processes killed with SIGKILL
+pytestmark = pytest.mark.faults
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kafka_child.py")
 

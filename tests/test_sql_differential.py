@@ -60,6 +60,8 @@ CASES = {
     "a stream-static join": (
         "SELECT e.id, e.ts, u.name, e.v * 2 AS doubled FROM events e JOIN users u ON e.id = u.uid "
         "WHERE u.region = 'eu'", "append"),
+    "a static table joined with a stream on its right": (
+        "SELECT u.name, e.v, e.ts FROM users u JOIN events e ON u.uid = e.id", "append"),
     "a CTE with a UDF": (
         "WITH scaled AS (SELECT id, ts, plus_one(v) AS w FROM events WHERE v > 1) "
         "SELECT id, w, ts FROM scaled WHERE id IS NOT NULL", "append"),
@@ -161,3 +163,28 @@ def test_bad_sql_over_a_stream_gets_sparks_errors(ss, events):
     assert missing_column.value.getCondition() == "UNRESOLVED_COLUMN.WITH_SUGGESTION"
     with pytest.raises(AnalysisException, match="Sorting is not supported on streaming"):
         ss.sql("SELECT id FROM events ORDER BY id")
+
+
+def test_named_parameter_markers_over_a_stream(spark, ss, events, tmp_path):
+    text = "SELECT id, v * :scale AS scaled FROM events WHERE v > :low AND id IS NOT NULL"
+    args = {"scale": 10, "low": 2.5}
+
+    def run_with(session, ckpt):
+        register(session, events)
+        return collect_batches(session.sql(text, args), ckpt, rows=lambda df: (df.columns, sorted_rows(df)))
+    theirs, _ = run_with(spark, tmp_path / "spark")
+    ours, _ = run_with(ss, tmp_path / "microbatch")
+    assert ours == theirs and any(rows for _, (_, rows) in ours)
+
+
+
+def test_a_global_temporary_view_of_a_stream(ss, events, tmp_path):
+    json_stream(ss, events, SCHEMA).createOrReplaceGlobalTempView("all_events")
+    frame = ss.sql("SELECT id, v FROM global_temp.all_events WHERE v > 5")
+    assert isinstance(frame, StreamFrame)
+    batches, _ = collect_batches(frame, tmp_path / "ckpt")
+    assert sorted(r for _, rows in batches for r in rows) == sorted(
+        (i, v) for batch in EVENTS for i, _, v in batch if v is not None and v > 5)
+    with pytest.raises(AnalysisException) as exists:
+        json_stream(ss, events, SCHEMA).createGlobalTempView("all_events")
+    assert exists.value.getCondition() == "TEMP_TABLE_OR_VIEW_ALREADY_EXISTS"

@@ -266,6 +266,22 @@ class StreamFrame:
         node = StaticJoin(self._plan, other, on, how or "inner", "left")
         return StreamFrame(self._session, node, template)
 
+    def _joined_by_static(self, static: DataFrame, on: Any = None, how: str | None = None) -> "StreamFrame":
+        """``static.join(stream, on, how)``: this stream on the right of a static DataFrame (SQL's
+        ``FROM t JOIN stream``, which PySpark's DataFrame cannot be asked for), with Spark's
+        rules for that side: inner and right outer joins."""
+        kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
+        if kind is None:
+            raise IllegalArgumentException(f"Unsupported join type '{how}'.")
+        refused = {"left": "LeftOuter", "full": "FullOuter", "semi": "LeftSemi", "anti": "LeftAnti"}
+        if kind in refused:
+            raise AnalysisException(
+                f"{refused[kind]} join with a streaming DataFrame/Dataset on the right and a static "
+                "DataFrame/Dataset on the left is not supported")
+        template = static.join(self._template, on, how or "inner")
+        node = StaticJoin(self._plan, static, on, how or "inner", "right")
+        return StreamFrame(self._session, node, template)
+
     def _stream_join(self, other: "StreamFrame", on: Any, how: str | None) -> "StreamFrame":
         """A stream-stream join on column names both sides have, or on equal columns and time
         comparisons: inner, left, right and full outer, left semi."""
@@ -452,6 +468,14 @@ class StreamFrame:
 
     def createTempView(self, name: str) -> None:
         self._session._register_stream_view(name, self, replace=False)
+
+    def createOrReplaceGlobalTempView(self, name: str) -> None:
+        """A global temporary view over this stream: ``global_temp.<name>`` in every session's
+        ``sql`` and ``readStream.table``."""
+        self._session._register_global_stream_view(name, self, replace=True)
+
+    def createGlobalTempView(self, name: str) -> None:
+        self._session._register_global_stream_view(name, self, replace=False)
 
     @property
     def writeStream(self) -> "DataStreamWriter":

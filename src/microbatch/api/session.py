@@ -50,6 +50,11 @@ def embedded_spark(master: str = "local[2]", app_name: str = "microbatch",
     return spark
 
 
+#: global temporary views over streams, by ``<global temp database>.<name>`` (lower case):
+#: Spark's global temporary views are every session's
+_GLOBAL_STREAM_VIEWS: dict[str, Any] = {}
+
+
 class StreamingSession:
     """``StreamingSession(spark)`` wraps a session; ``StreamingSession()`` starts a local one.
 
@@ -125,8 +130,26 @@ class StreamingSession:
         return StreamingCheckpointManager(self.spark)
 
     # -- temporary views over streams (StreamFrame.createOrReplaceTempView) ---------------
+    def _global_database(self) -> str:
+        return self.spark.conf.get("spark.sql.globalTempDatabase", "global_temp").lower()
+
     def _stream_view(self, name: str):
-        return self._stream_views.get(name.lower())
+        """The stream a temporary view names (``v``), or a global one (``global_temp.v``)."""
+        found = self._stream_views.get(name.lower())
+        if found is None and name.lower().startswith(self._global_database() + "."):
+            found = _GLOBAL_STREAM_VIEWS.get(name.lower())
+        return found
+
+    def _register_global_stream_view(self, name: str, frame: Any, replace: bool) -> None:
+        """A global temporary view over a stream (``global_temp.<name>``, every session's)."""
+        qualified = f"{self._global_database()}.{name.lower()}"
+        batch_view = spark_internals.temp_view_exists(self.spark, f"{self._global_database()}.{name}")
+        if not replace and (batch_view or qualified in _GLOBAL_STREAM_VIEWS):
+            raise spark_internals.spark_error("AnalysisException", "TEMP_TABLE_OR_VIEW_ALREADY_EXISTS",
+                                              relationName=f"`{self._global_database()}`.`{name}`")
+        if batch_view:
+            self.spark.catalog.dropGlobalTempView(name)
+        _GLOBAL_STREAM_VIEWS[qualified] = frame
 
     def _register_stream_view(self, name: str, frame: Any, replace: bool) -> None:
         batch_view = spark_internals.temp_view_exists(self.spark, name)

@@ -37,11 +37,12 @@ def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> 
     tree = spark_internals.parse_sql(spark, query)
     if not any(_reads_stream(session, r) for r in tree.relations()):
         return spark.sql(query, args)
-    if args:
-        raise not_yet("Parameter markers (args) in SQL over a stream", "write the values into the SQL text")
-    result = _Translation(session, tree.qualifiers()).frame(tree, {})
+    if args is not None and not isinstance(args, dict):
+        raise not_yet("Positional parameter markers (args as a list) in SQL over a stream",
+                      "name them (:name, with args as a dict)")
+    result = _Translation(session, tree.qualifiers(), spark_internals.sql_parameters(args or {})).frame(tree, {})
     if not isinstance(result, StreamFrame):    # (a stream read only in a CTE no one uses)
-        return spark.sql(query)
+        return spark.sql(query, args)
     return result
 
 
@@ -58,9 +59,10 @@ class _Translation:
     stream-stream join is one relation of both sides' columns (its qualifiers are gone):
     the columns named above it drop theirs (``flat``)."""
 
-    def __init__(self, session: Any, qualifiers: set[str]):
+    def __init__(self, session: Any, qualifiers: set[str], parameters: dict):
         self.session = session
         self.qualifiers = qualifiers     # the relation names the query qualifies columns with
+        self.parameters = parameters     # named parameter markers' literals (spark_internals.sql_parameters)
         self.flat: set[int] = set()      # id() of the frames a stream-stream join made (and over them)
 
     def frame(self, node, scope: dict) -> Any:
@@ -74,7 +76,7 @@ class _Translation:
 
     def _columns(self, below: Any, expressions: list) -> list:
         strip = self.qualifiers if id(below) in self.flat else frozenset()
-        return [spark_internals.sql_column(e, strip) for e in expressions]
+        return [spark_internals.sql_column(e, strip, self.parameters) for e in expressions]
 
     def _still_flat(self, below: Any, result: Any) -> Any:
         if id(below) in self.flat:
@@ -172,10 +174,10 @@ class _Translation:
     def _join(self, node, scope: dict) -> Any:
         left, right = self.frame(node.children[0], scope), self.frame(node.children[1], scope)
         on = node.fields["using"] if node.fields["using"] is not None else (
-            None if node.fields["condition"] is None else spark_internals.sql_column(node.fields["condition"]))
+            None if node.fields["condition"] is None
+            else spark_internals.sql_column(node.fields["condition"], parameters=self.parameters))
         if isinstance(left, DataFrame) and isinstance(right, StreamFrame):
-            raise not_yet("A join of a static table (left) with a stream (right) in SQL",
-                          "write the stream on the left")
+            return right._joined_by_static(left, on, node.fields["how"])
         joined = left.join(right, on, node.fields["how"])
         if isinstance(left, StreamFrame) and isinstance(right, StreamFrame):
             self.flat.add(id(joined))

@@ -147,20 +147,21 @@ def _limits_over_appends(plan: PlanNode) -> PlanNode:
 
 def _joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
     """Every join with the not-null filters Spark infers on its sides: a stream-stream
-    join's, and the stream side's of an inner or semi join with a static DataFrame (the
-    stream on the left; each column of the stream its equalities and comparisons use)."""
+    join's, and the stream side's of an inner (or, the stream on the left, semi) join with
+    a static DataFrame (each column of the stream its equalities and comparisons use)."""
     plan = children_replaced(plan, [_joins_null_filtered(c, empty_inputs) for c in plan.children])
     if isinstance(plan, StreamJoin):
         return with_null_filters(plan)
-    if isinstance(plan, StaticJoin) and plan.stream_side == "left" and \
-            plan.how.lower().replace("_", "") in ("inner", "semi", "leftsemi"):
+    inferred = {"left": ("inner", "semi", "leftsemi", "cross"), "right": ("inner", "cross")}
+    if isinstance(plan, StaticJoin) and plan.how.lower().replace("_", "") in inferred[plan.stream_side]:
         try:
             keys, comparisons = spark_internals.join_condition(plan.build(empty_inputs))
         except ValueError:      # (a join on column names, or a condition of other parts: none inferred)
             return plan
+        side = 0 if plan.stream_side == "left" else 1
         columns = plan.child.build(empty_inputs).columns
-        used = [i for i, _ in keys] + [t.index for _, a, b in comparisons for t in (a, b)
-                                       if t.side == 0 and t.index is not None]
+        used = [pair[side] for pair in keys] + [t.index for _, a, b in comparisons for t in (a, b)
+                                                if t.side == side and t.index is not None]
         child = plan.child
         for index in dict.fromkeys(used):
             child = NullFilter(child, "where", (F.col(quoted(columns[index])).isNotNull(),), column=columns[index])

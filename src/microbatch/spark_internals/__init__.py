@@ -45,10 +45,10 @@ from microbatch.spark_internals.relations import (
 from microbatch.spark_internals.session import (
     cloned_session, job_tags,
 )
-from microbatch.spark_internals.sql import SqlNode, grouping_position, parse_sql, sql_column
+from microbatch.spark_internals.sql import SqlNode, grouping_position, parse_sql, sql_column, sql_parameters
 
 __all__ = [
-    "SqlNode", "grouping_position", "parse_sql", "sql_column",
+    "SqlNode", "grouping_position", "parse_sql", "sql_column", "sql_parameters",
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",

@@ -70,6 +70,16 @@ def parse_sql(spark: Any, text: str) -> SqlNode:
     return _node(plan)
 
 
+def sql_parameters(args: Any) -> dict:
+    """PySpark's ``args`` of named parameter markers (``:name``), each value as PySpark's
+    ``sql`` takes it (a Python value or a Column), as Spark's literal expressions."""
+    from pyspark.sql import Column
+    from pyspark.sql import functions as F
+    utils = jvm_class("org.apache.spark.sql.classic.ExpressionUtils")
+    return {name: utils.expression((value if isinstance(value, Column) else F.lit(value))._jc)
+            for name, value in args.items()}
+
+
 def _node(plan: Any) -> SqlNode:
     node = _plain_node(plan)
     found: set = set()
@@ -148,28 +158,33 @@ def _plain_node(plan: Any) -> SqlNode:
     return SqlNode("unsupported", [_node(c) for c in children], {"name": plan.nodeName()})
 
 
-def sql_column(expression: Any, strip: frozenset[str] | set[str] = frozenset()) -> Any:
+def sql_column(expression: Any, strip: frozenset[str] | set[str] = frozenset(),
+               parameters: dict | None = None) -> Any:
     """The PySpark Column of a parsed expression (a ``SqlNode``'s), with the columns it
-    names as ``q.name`` (``q`` in ``strip``, lower case) named ``name``: above a
-    stream-stream join, whose result is one relation of both sides' columns."""
+    names as ``q.name`` (``q`` in ``strip``, lower case) named ``name`` (above a
+    stream-stream join, whose result is one relation of both sides' columns) and its
+    named parameter markers replaced by ``parameters``' literals (``sql_parameters``)."""
     from pyspark.sql.classic.column import Column
-    if strip:
-        expression = _unqualified(expression, {q.lower() for q in strip})
+    if strip or parameters:
+        expression = _rewritten(expression, {q.lower() for q in strip}, parameters or {})
     return Column(jvm_class("org.apache.spark.sql.classic.ExpressionUtils").column(expression))
 
 
-def _unqualified(expression: Any, qualifiers: set[str]) -> Any:
-    if expression.getClass().getSimpleName() == "UnresolvedAttribute":
+def _rewritten(expression: Any, qualifiers: set[str], parameters: dict) -> Any:
+    kind = expression.getClass().getSimpleName()
+    if kind == "UnresolvedAttribute":
         parts = _seq(expression.nameParts())
         if len(parts) > 1 and str(parts[0]).lower() in qualifiers:
             return jvm_class("org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")(
                 jvm_class("org.apache.spark.api.python.PythonUtils").toSeq(parts[1:]))
         return expression
+    if kind == "NamedParameter" and expression.name() in parameters:
+        return parameters[expression.name()]
     children = _seq(expression.children())
     if not children:
         return expression
-    return expression.withNewChildren(
-        jvm_class("org.apache.spark.api.python.PythonUtils").toSeq([_unqualified(c, qualifiers) for c in children]))
+    return expression.withNewChildren(jvm_class("org.apache.spark.api.python.PythonUtils").toSeq(
+        [_rewritten(c, qualifiers, parameters) for c in children]))
 
 
 def grouping_position(expression: Any, grouping: list) -> tuple[int, str | None] | None:
