@@ -130,6 +130,10 @@ class StreamingSession:
         return StreamingCheckpointManager(self.spark)
 
     # -- temporary views over streams (StreamFrame.createOrReplaceTempView) ---------------
+    @staticmethod
+    def _global_stream_views() -> list[str]:
+        return list(_GLOBAL_STREAM_VIEWS)
+
     def _global_database(self) -> str:
         return self.spark.conf.get("spark.sql.globalTempDatabase", "global_temp").lower()
 

@@ -34,6 +34,8 @@ def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> 
             raise not_yet("A StreamFrame given to sql() as a keyword argument ({" + next(iter(streams)) + "})",
                           "register it with createOrReplaceTempView and name the view")
         return spark.sql(query, args, **kwargs)
+    if not _may_read_stream(session, query):    # (no parse: most SQL on a session reads no stream)
+        return spark.sql(query, args)
     tree = spark_internals.parse_sql(spark, query)
     if not any(_reads_stream(session, r) for r in tree.relations()):
         return spark.sql(query, args)
@@ -44,6 +46,14 @@ def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> 
     if not isinstance(result, StreamFrame):    # (a stream read only in a CTE no one uses)
         return spark.sql(query, args)
     return result
+
+
+def _may_read_stream(session: Any, query: str) -> bool:
+    """Whether the text names a view of a stream, or says STREAM (parsing it and walking the
+    parsed plan costs py4j calls per node and expression)."""
+    text = query.lower()
+    names = list(session._stream_views) + [n.rsplit(".", 1)[-1] for n in session._global_stream_views()]
+    return "stream" in text or any(name in text for name in names)
 
 
 def _name(relation) -> str:
