@@ -101,7 +101,7 @@ def _plain_node(plan: Any) -> SqlNode:
             inner.fields["streaming"] = True
         return inner
     if name == "Project":
-        return SqlNode("project", [_node(plan.child())], {"columns": [e for e in _seq(plan.projectList())]})
+        return SqlNode("project", [_node(plan.child())], {"columns": _seq(plan.projectList())})
     if name == "Filter":
         return SqlNode("filter", [_node(plan.child())], {"condition": plan.condition()})
     if name == "UnresolvedHaving":
@@ -111,9 +111,9 @@ def _plain_node(plan: Any) -> SqlNode:
         for e in _seq(plan.groupingExpressions()):
             kind = e.getClass().getSimpleName()
             if kind in ("Cube", "Rollup"):
-                grouping.append((kind.lower(), [c for c in _seq(e.children())]))
+                grouping.append((kind.lower(), _seq(e.children())))
             elif kind == "GroupingSets":
-                sets = [[c for c in _seq(s)] for s in _seq(e.groupingSets())]
+                sets = [_seq(s) for s in _seq(e.groupingSets())]
                 given = []
                 for c in _seq(e.userGivenGroupByExprs()) or _seq(e.children()):   # (every set's columns, once)
                     if not any(c.equals(g) for g in given):
@@ -122,7 +122,7 @@ def _plain_node(plan: Any) -> SqlNode:
             else:
                 grouping.append(("column", e))
         return SqlNode("aggregate", [_node(plan.child())],
-                       {"grouping": grouping, "columns": [e for e in _seq(plan.aggregateExpressions())]})
+                       {"grouping": grouping, "columns": _seq(plan.aggregateExpressions())})
     if name == "SubqueryAlias":
         return SqlNode("alias", [_node(plan.child())], {"name": plan.alias()})
     if name == "Join":
@@ -146,7 +146,7 @@ def _plain_node(plan: Any) -> SqlNode:
             child = child.child()
         return SqlNode("limit", [_node(child)], {"n": int(plan.limitExpr().eval(None))})
     if name == "Sort":
-        return SqlNode("sort", [_node(plan.child())], {"columns": [e for e in _seq(plan.order())]})
+        return SqlNode("sort", [_node(plan.child())], {"columns": _seq(plan.order())})
     if name == "UnresolvedWith":
         ctes = [(pair._1(), _node(pair._2())) for pair in _seq(plan.cteRelations())]
         return SqlNode("with", [_node(plan.child())], {"ctes": ctes})
