@@ -68,6 +68,13 @@ def keyed(frame):
                                   F.lit("x").alias("constant"))
 
 
+def by_an_expression(frame):
+    """A key that is an expression, used again in the output (and inside an aggregate)."""
+    first = F.substring("k", 1, 1)
+    return frame.groupBy(first).agg(F.concat(first, F.lit("!")).alias("shout"), F.count("*").alias("n"),
+                                    F.max(F.concat(first, F.col("v").cast("string"))).alias("top"))
+
+
 def global_count(frame):
     return frame.agg(F.count("*").alias("rows"), F.sum("v"))
 
@@ -89,6 +96,7 @@ CASES = [
     ("tumbling window sum/min/max/avg", tumbling_stats, "update"),
     ("keyed aggregation", keyed, "update"),
     ("keyed aggregation", keyed, "complete"),
+    ("a key that is an expression", by_an_expression, "update"),
     ("global count", global_count, "complete"),
     ("global count", global_count, "update"),
     ("every aggregate function", every_function, "update"),

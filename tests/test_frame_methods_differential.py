@@ -1,6 +1,7 @@
 """The stateless DataFrame methods a stream allows, on microbatch next to Spark's own
 engine: every batch's rows equal (``na``, ``fillna``, ``dropna``, ``replace``, ``sample``,
-``unpivot``/``melt``, ``to``, ``colRegex``, ``hint``); ``sample`` refused as Spark refuses it."""
+``unpivot``/``melt``, ``to``, ``colRegex``, ``hint``, the file source's hidden ``_metadata``
+and ``metadataColumn``); ``sample`` refused as Spark refuses it."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +31,11 @@ CASES = {
                                               StructField("name", StringType())])),
     "colRegex": lambda f: f.select(f.colRegex("`(id|v)`")),
     "hint": lambda f: f.hint("broadcast").select("id", F.upper("name").alias("n")),
+    "_metadata": lambda f: f.select("id", "_metadata"),
+    "_metadata's fields": lambda f: f.where("id > 1").select("_metadata.file_path", "_metadata.file_name", "id"),
+    "metadataColumn": lambda f: f.select(f.metadataColumn("_metadata").getField("file_name"), "name"),
+    "_metadata after withColumn": lambda f: f.withColumn("t", F.timestamp_seconds("id")).select(
+        "t", F.col("_metadata.file_modification_time").alias("m")),
 }
 
 
@@ -53,3 +59,37 @@ def test_sampling_a_stream_is_refused_as_spark_refuses_it(spark, ss, events, tmp
         collect_batches(json_stream(spark, events, SCHEMA).sample(fraction=0.5, seed=7), tmp_path / "spark")
     with pytest.raises(AnalysisException, match="Sampling is not supported on streaming DataFrames/Datasets"):
         json_stream(ss, events, SCHEMA).sample(fraction=0.5, seed=7)
+
+
+def test_a_hidden_column_a_source_does_not_have_gets_sparks_error(spark, ss):
+    from pyspark.errors import AnalysisException
+    errors = []
+    for session in (spark, ss):
+        with pytest.raises(AnalysisException) as caught:
+            session.readStream.format("rate").load().metadataColumn("_metadata")
+        errors.append(caught.value.getCondition())
+    assert errors[0] == errors[1] and errors[0]
+
+
+def test_metadata_read_past_a_later_watermark_is_refused_naming_the_fix(ss, events, tmp_path):
+    """Spark runs it; microbatch exposes ``_metadata`` up to the source's own watermark only."""
+    from pyspark.errors import StreamingQueryException
+    frame = json_stream(ss, events, SCHEMA).withColumn("t", F.timestamp_seconds("id")) \
+        .withWatermark("t", "1 second").select("id", "_metadata.file_name")
+    query = frame.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c")).start()
+    with pytest.raises(StreamingQueryException, match=r"select\('\*', '_metadata'\)"):
+        query.awaitTermination(120)
+
+
+def test_a_window_function_on_a_stream_is_refused_as_spark_refuses_it(spark, ss, events, tmp_path):
+    from pyspark.sql import Window
+    said = []
+    for session, ckpt in ((spark, tmp_path / "spark"), (ss, tmp_path / "microbatch")):
+        try:
+            frame = json_stream(session, events, SCHEMA).withColumn(
+                "r", F.row_number().over(Window.partitionBy("name").orderBy("id")))
+            collect_batches(frame, ckpt)
+        except Exception as e:  # noqa: BLE001 - the refusal is what is compared
+            said.append(str(e))
+    assert len(said) == 2 and all("[NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING] Window function is not supported "
+                                  "in ROW_NUMBER() (as column `r`)" in s for s in said), said

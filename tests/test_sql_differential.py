@@ -12,6 +12,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from helpers import collect_batches, json_stream, sorted_rows
 from stream_events import comparable, watermarks, write_event_files
@@ -74,6 +75,17 @@ CASES = {
         "SELECT id, v FROM events WHERE v < 3 UNION ALL SELECT id, v FROM raw WHERE v > 8 LIMIT 5", "append"),
     "DISTINCT with a watermark": (
         "SELECT DISTINCT id, ts FROM events", "append"),
+    "LATERAL VIEW, and LATERAL VIEW OUTER": (
+        "SELECT id, x, y FROM events LATERAL VIEW explode(array(id, id * 10)) t AS x "
+        "LATERAL VIEW OUTER explode(filter(array(v), a -> a > 5)) AS y WHERE x > 1", "append"),
+    "subqueries over static data": (
+        "SELECT id, v FROM events WHERE id IN (SELECT uid FROM users WHERE region = 'eu') "
+        "AND v > (SELECT count(*) FROM users) - 3", "append"),
+    "the file source's _metadata.file_name": (
+        "SELECT id, _metadata.file_name AS file, _metadata.file_size AS size FROM files WHERE v > 2",
+        "append"),
+    "a count per file, by _metadata": (
+        "SELECT _metadata.file_name AS file, count(*) AS n FROM files GROUP BY _metadata.file_name", "update"),
 }
 
 
@@ -81,6 +93,8 @@ def register(session, events_dir) -> None:
     frame = json_stream(session, events_dir, SCHEMA).withWatermark("ts", "10 seconds")
     frame.createOrReplaceTempView("events")
     json_stream(session, events_dir, SCHEMA).createOrReplaceTempView("raw")     # (no watermark)
+    # (a view hides a relation's hidden columns, in Spark's SQL: the view selects _metadata)
+    json_stream(session, events_dir, SCHEMA).select("*", "_metadata").createOrReplaceTempView("files")
 
 
 def plus_one(v):
@@ -106,10 +120,25 @@ def test_sql_over_a_stream_matches_spark(spark, ss, events, users, tmp_path, cas
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
 
 
-def test_a_stream_stream_join_with_a_time_range_in_sql(spark, ss, tmp_path):
+#: name -> (SQL over two watermarked streams, output mode)
+JOINS = {
+    "a time range": (
+        "SELECT l.id, l.lts, r.b FROM lefts l JOIN rights r ON l.id = r.rid "
+        "AND l.lts >= r.rts AND l.lts <= r.rts + INTERVAL 20 SECONDS", "append"),
+    "both sides' columns of one name": (
+        "SELECT l.id AS left_id, r.id AS right_id, l.ts, r.ts AS rts, r.b FROM both_l l JOIN both_r r "
+        "ON l.id = r.id AND l.ts BETWEEN r.ts - INTERVAL 10 SECONDS AND r.ts + INTERVAL 10 SECONDS "
+        "WHERE r.b > 10", "append"),
+    "a count per key above the join": (
+        "SELECT l.id, count(*) AS n FROM both_l l JOIN both_r r ON l.id = r.id AND l.ts = r.ts "
+        "GROUP BY l.id", "update"),
+}
+
+
+@pytest.mark.parametrize("case", list(JOINS))
+def test_a_stream_stream_join_in_sql(spark, ss, tmp_path, case):
+    text, mode = JOINS[case]
     sides = write(tmp_path / "left", LEFT, "a"), write(tmp_path / "right", RIGHT, "b")
-    text = ("SELECT l.id, l.lts, r.b FROM lefts l JOIN rights r ON l.id = r.rid "
-            "AND l.lts >= r.rts AND l.lts <= r.rts + INTERVAL 20 SECONDS")
 
     def run_join(session, ckpt):
         left = json_stream(session, sides[0], "id INT, ts TIMESTAMP, a STRING")
@@ -117,7 +146,9 @@ def test_a_stream_stream_join_with_a_time_range_in_sql(spark, ss, tmp_path):
         left.withColumnRenamed("ts", "lts").withWatermark("lts", "10 seconds").createOrReplaceTempView("lefts")
         right.selectExpr("id AS rid", "ts AS rts", "b").withWatermark("rts", "10 seconds") \
             .createOrReplaceTempView("rights")
-        return collect_batches(session.sql(text), ckpt, rows=lambda df: (df.columns, sorted_rows(df)))
+        left.withWatermark("ts", "10 seconds").createOrReplaceTempView("both_l")
+        right.withWatermark("ts", "10 seconds").createOrReplaceTempView("both_r")
+        return collect_batches(session.sql(text), ckpt, mode, rows=lambda df: (df.columns, sorted_rows(df)))
 
     theirs, their_progress = run_join(spark, tmp_path / "spark")
     ours, our_progress = run_join(ss, tmp_path / "microbatch")
@@ -165,16 +196,81 @@ def test_bad_sql_over_a_stream_gets_sparks_errors(ss, events):
         ss.sql("SELECT id FROM events ORDER BY id")
 
 
-def test_named_parameter_markers_over_a_stream(spark, ss, events, tmp_path):
-    text = "SELECT id, v * :scale AS scaled FROM events WHERE v > :low AND id IS NOT NULL"
-    args = {"scale": 10, "low": 2.5}
+#: SQL that Spark's engine refuses on streams -> (the output mode, the words of Spark's refusal)
+REFUSED = {
+    "SELECT id FROM events ORDER BY id": (
+        "append", "Sorting is not supported on streaming DataFrames/Datasets"),
+    "SELECT id, row_number() OVER (PARTITION BY id ORDER BY ts) AS r FROM events": (
+        "append", "[NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING] Window function is not supported in ROW_NUMBER() "
+        "(as column `r`) on streaming DataFrames/Datasets"),
+    "SELECT id, count(DISTINCT v) AS n FROM events GROUP BY id": (
+        "update", "Distinct aggregations are not supported on streaming DataFrames/Datasets"),
+    "SELECT u.name, e.v FROM users u LEFT JOIN events e ON u.uid = e.id": (
+        "append", "LeftOuter join with a streaming DataFrame/Dataset on the right and a static "
+        "DataFrame/Dataset on the left"),
+    "SELECT DISTINCT id FROM raw": (   # (no watermark)
+        "append", "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: append. This "
+        "output mode is not supported for streaming aggregations without watermark"),
+}
+
+
+def refusal(session, events_dir, ckpt, text, mode) -> str:
+    """What the engine says of ``text``, where it says it: defining the query, or starting
+    it and running its first batch."""
+    register(session, events_dir)
+    try:
+        query = session.sql(text).writeStream.format("noop").outputMode(mode) \
+            .option("checkpointLocation", str(ckpt)).start()
+        query.processAllAvailable()
+        query.stop()
+    except Exception as e:   # noqa: BLE001 - the refusal is what is compared
+        return str(e)
+    return ""
+
+
+@pytest.mark.parametrize("text", list(REFUSED))
+def test_sql_spark_refuses_on_streams_is_refused_alike(spark, ss, events, users, tmp_path, text):
+    mode, words = REFUSED[text]
+    theirs = refusal(spark, events, tmp_path / "spark", text, mode)
+    ours = refusal(ss, events, tmp_path / "microbatch", text, mode)
+    assert words in theirs and words in ours, (theirs, ours)
+
+
+#: name -> (SQL, args, keyword arguments: a callable of the session giving them)
+PARAMETERS = {
+    "named markers": ("SELECT id, v * :scale AS scaled FROM events WHERE v > :low AND id IS NOT NULL",
+                      {"scale": 10, "low": 2.5}, None),
+    "positional markers": ("SELECT id, v * ? AS scaled FROM events WHERE v > ? AND id IS NOT NULL",
+                           [10, 2.5], None),
+    "a LIMIT given as a marker": ("SELECT id, v FROM raw WHERE v > :low LIMIT :n", {"low": 1, "n": 4}, None),
+    "a stream given as {frame}, a column as {col}": (
+        "SELECT {col}, v + :add AS w FROM {frame} WHERE {col} IS NOT NULL", {"add": 1},
+        lambda session, events: {"frame": json_stream(session, events, SCHEMA), "col": F.col("id")}),
+}
+
+
+@pytest.mark.parametrize("case", list(PARAMETERS))
+def test_parameters_and_formatting_as_pyspark_has_them(spark, ss, events, tmp_path, case):
+    text, args, keywords = PARAMETERS[case]
 
     def run_with(session, ckpt):
         register(session, events)
-        return collect_batches(session.sql(text, args), ckpt, rows=lambda df: (df.columns, sorted_rows(df)))
+        frame = session.sql(text, args, **(keywords(session, events) if keywords else {}))
+        return collect_batches(frame, ckpt, rows=lambda df: (df.columns, sorted_rows(df)))
     theirs, _ = run_with(spark, tmp_path / "spark")
     ours, _ = run_with(ss, tmp_path / "microbatch")
     assert ours == theirs and any(rows for _, (_, rows) in ours)
+    assert not [n for n in ss._stream_views if n.startswith("_pyspark_")]   # (the {frame} view is gone)
+
+
+def test_a_negative_limit_marker_gets_sparks_error(spark, ss, events):
+    errors = []
+    for session in (spark, ss):
+        register(session, events)
+        with pytest.raises(AnalysisException) as negative:
+            session.sql("SELECT id FROM raw LIMIT ?", [-1])
+        errors.append((negative.value.getCondition(), negative.value.getMessageParameters()))
+    assert errors[0] == errors[1] and errors[0][0] == "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE"
 
 
 

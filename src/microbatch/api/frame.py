@@ -38,6 +38,18 @@ _STATIC_JOIN_TYPES = {
 _UNSUPPORTED_STREAM_LEFT = {"full": "FullOuter", "right": "RightOuter"}
 
 
+#: the stateless steps that may add a window function (``OVER (...)``) to a stream
+_MAY_ADD_WINDOWS = ("select", "selectExpr", "withColumn", "withColumns", "filter", "where")
+
+
+def _may_be_window_function(args: tuple, kwargs: dict) -> bool:
+    """Whether a step's arguments may hold a window function (``row_number().over(w)``,
+    ``"... OVER (...)"``): a look at their text, so that a step without one costs no walk
+    of the analysed plan."""
+    texts = [str(a) for a in args] + [str(v) for v in kwargs.values()]
+    return any(" over " in t.lower() or "over(" in t.lower() or "windowspec" in t.lower() for t in texts)
+
+
 class StreamFrame:
     def __init__(self, session: Any, plan: PlanNode, template: DataFrame):
         self._session = session
@@ -46,8 +58,7 @@ class StreamFrame:
 
     @classmethod
     def from_relation(cls, session: Any, relation: StreamingRelation) -> "StreamFrame":
-        template = spark_internals.empty_batch(session.spark, relation.schema)
-        return cls(session, relation, template)
+        return cls(session, relation, relation.empty_batch(session.spark))
 
     # -- description --------------------------------------------------------
     @property
@@ -110,6 +121,10 @@ class StreamFrame:
             if isinstance(a, (StreamFrame, DataFrame)):
                 raise AnalysisException(f"{method}() does not take a DataFrame argument on a stream.")
         template = getattr(self._template, method)(*args, **kwargs)
+        if method in _MAY_ADD_WINDOWS and _may_be_window_function(args, kwargs):
+            refused = spark_internals.window_function_error(template, self._template)
+            if refused is not None:    # (as Spark's engine refuses it when the query starts)
+                raise refused
         return StreamFrame(self._session, Transform(self._plan, method, args, kwargs), template)
 
     def select(self, *cols: Any) -> "StreamFrame":
@@ -189,6 +204,12 @@ class StreamFrame:
     def colRegex(self, colName: str) -> Column:
         """The columns whose names match a back-quoted regex (a Column of this stream)."""
         return self._template.colRegex(colName)
+
+    def metadataColumn(self, colName: str) -> Column:
+        """The source's hidden column ``colName`` (the file source's ``_metadata``), as a
+        Column of this stream; Spark's error if the stream has no such column."""
+        self._template.metadataColumn(colName)
+        return spark_internals.metadata_column(colName)
 
     def transform(self, func: Callable[..., "StreamFrame"], *args: Any, **kwargs: Any) -> "StreamFrame":
         result = func(self, *args, **kwargs)
@@ -297,12 +318,13 @@ class StreamFrame:
         template = self._template.join(other._template, on, how or "inner")   # Spark's analysis
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))
+        qualifiers = (spark_internals.output_qualifiers(self._template),
+                      spark_internals.output_qualifiers(other._template))
         if names is not None and all(isinstance(n, str) for n in names):
             left = {c.lower(): c for c in self.columns}
             node = StreamJoin(self._plan, other._plan, tuple(left[n.lower()] for n in names), kind,
-                              side_columns=columns, side_times=times)
+                              side_columns=columns, side_times=times, side_qualifiers=qualifiers)
         else:
-            from microbatch import spark_internals
             try:
                 pairs, comparisons = spark_internals.join_condition(template)
             except ValueError as e:
@@ -315,7 +337,7 @@ class StreamFrame:
             node = StreamJoin(self._plan, other._plan, tuple(columns[0][i] for i, _ in pairs), kind,
                               right_keys=tuple(columns[1][j] for _, j in pairs),
                               comparisons=tuple(comparisons), condition=on, side_columns=columns,
-                              side_times=times)
+                              side_times=times, side_qualifiers=qualifiers)
         check_source_names(node)
         return StreamFrame(self._session, node, template)
 

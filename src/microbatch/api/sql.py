@@ -10,10 +10,12 @@ stream is Spark's own ``spark.sql``: a plain DataFrame.
 """
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.sql_formatter import SQLStringFormatter
 
 from microbatch import spark_internals
 from microbatch.api.frame import StreamFrame
@@ -28,24 +30,52 @@ def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> 
     """PySpark's ``SparkSession.sql(sqlQuery, args=None, **kwargs)`` where the query may read
     streams: a StreamFrame when it does, Spark's DataFrame when it does not."""
     spark = session.spark
-    if kwargs:
-        streams = {k: v for k, v in kwargs.items() if isinstance(v, StreamFrame)}
-        if streams:
-            raise not_yet("A StreamFrame given to sql() as a keyword argument ({" + next(iter(streams)) + "})",
-                          "register it with createOrReplaceTempView and name the view")
+    if kwargs and not any(isinstance(v, StreamFrame) for v in kwargs.values()):
         return spark.sql(query, args, **kwargs)
-    if not _may_read_stream(session, query):    # (no parse: most SQL on a session reads no stream)
-        return spark.sql(query, args)
-    tree = spark_internals.parse_sql(spark, query)
-    if not any(_reads_stream(session, r) for r in tree.relations()):
-        return spark.sql(query, args)
-    if args is not None and not isinstance(args, dict):
-        raise not_yet("Positional parameter markers (args as a list) in SQL over a stream",
-                      "name them (:name, with args as a dict)")
-    result = _Translation(session, tree.qualifiers(), spark_internals.sql_parameters(args or {})).frame(tree, {})
-    if not isinstance(result, StreamFrame):    # (a stream read only in a CTE no one uses)
-        return spark.sql(query, args)
-    return result
+    formatter = _StreamFormatter(session)
+    try:
+        if kwargs:    # (PySpark's formatting: {df} is a temporary view for the query's time)
+            query = formatter.format(query, **kwargs)
+        if not _may_read_stream(session, query):    # (no parse: most SQL on a session reads no stream)
+            return spark.sql(query, args)
+        tree = spark_internals.parse_sql(spark, query)
+        if not any(_reads_stream(session, r) for r in tree.relations()):
+            return spark.sql(query, args)
+        parameters = spark_internals.sql_parameters(args or {}, tree.positional_markers())
+        result = _Translation(session, tree.qualifiers(), parameters).frame(tree, {})
+        if not isinstance(result, StreamFrame):    # (a stream read only in a CTE no one uses)
+            return spark.sql(query, args)
+        return result
+    finally:
+        formatter.clear()
+
+
+class _StreamFormatter(SQLStringFormatter):
+    """PySpark's formatter of ``sql(query, **kwargs)``, for StreamFrames too: a stream given
+    as ``{name}`` is a temporary view of it, dropped once the query is made, as PySpark
+    does with a DataFrame (the stream's frame keeps what it read)."""
+
+    def __init__(self, session: Any):
+        super().__init__(session.spark)
+        self._streaming_session = session
+        self._stream_views: list[tuple[Any, str]] = []
+
+    def _convert_value(self, val: Any, field_name: str) -> Any:
+        if not isinstance(val, StreamFrame):
+            return super()._convert_value(val, field_name)
+        for frame, name in self._stream_views:
+            if frame is val:
+                return name
+        name = "_pyspark_%s" % uuid.uuid4().hex
+        self._stream_views.append((val, name))
+        val.createOrReplaceTempView(name)
+        return name
+
+    def clear(self) -> None:
+        super().clear()
+        for _, name in self._stream_views:
+            self._streaming_session._stream_views.pop(name.lower(), None)
+        self._stream_views = []
 
 
 def _may_read_stream(session: Any, query: str) -> bool:
@@ -65,15 +95,12 @@ def _reads_stream(session: Any, relation) -> bool:
 
 
 class _Translation:
-    """A parsed query as the DataFrame calls it stands for. A frame made by a
-    stream-stream join is one relation of both sides' columns (its qualifiers are gone):
-    the columns named above it drop theirs (``flat``)."""
+    """A parsed query as the DataFrame calls it stands for."""
 
     def __init__(self, session: Any, qualifiers: set[str], parameters: dict):
         self.session = session
         self.qualifiers = qualifiers     # the relation names the query qualifies columns with
         self.parameters = parameters     # named parameter markers' literals (spark_internals.sql_parameters)
-        self.flat: set[int] = set()      # id() of the frames a stream-stream join made (and over them)
 
     def frame(self, node, scope: dict) -> Any:
         method = getattr(self, f"_{node.kind}", None)
@@ -85,13 +112,7 @@ class _Translation:
         return self.frame(node.children[0], scope)
 
     def _columns(self, below: Any, expressions: list) -> list:
-        strip = self.qualifiers if id(below) in self.flat else frozenset()
-        return [spark_internals.sql_column(e, strip, self.parameters) for e in expressions]
-
-    def _still_flat(self, below: Any, result: Any) -> Any:
-        if id(below) in self.flat:
-            self.flat.add(id(result))
-        return result
+        return [spark_internals.sql_column(e, parameters=self.parameters) for e in expressions]
 
     def _relation(self, node, scope: dict) -> Any:
         name = _name(node)
@@ -116,7 +137,7 @@ class _Translation:
 
     def _filter(self, node, scope: dict) -> Any:
         below = self._child(node, scope)
-        return self._still_flat(below, below.filter(*self._columns(below, [node.fields["condition"]])))
+        return below.filter(*self._columns(below, [node.fields["condition"]]))
 
     _having = _filter
 
@@ -188,10 +209,7 @@ class _Translation:
             else spark_internals.sql_column(node.fields["condition"], parameters=self.parameters))
         if isinstance(left, DataFrame) and isinstance(right, StreamFrame):
             return right._joined_by_static(left, on, node.fields["how"])
-        joined = left.join(right, on, node.fields["how"])
-        if isinstance(left, StreamFrame) and isinstance(right, StreamFrame):
-            self.flat.add(id(joined))
-        return joined
+        return left.join(right, on, node.fields["how"])
 
     def _union(self, node, scope: dict) -> Any:
         frames = [self.frame(child, scope) for child in node.children]
@@ -213,12 +231,19 @@ class _Translation:
             F.count(F.lit(1)).alias("__microbatch_sql_rows"))
         return counted.select(*[F.col(f"`{c}`") for c in frame.columns])
 
+    def _generate(self, node, scope: dict) -> Any:
+        """``LATERAL VIEW f(args) AS names``: the child's columns and the generator's."""
+        below = self._child(node, scope)
+        call = self._columns(below, [node.fields["call"]])[0]
+        names = node.fields["names"]
+        return below.select("*", call.alias(*names) if names else call)
+
     def _limit(self, node, scope: dict) -> Any:
-        return self._child(node, scope).limit(node.fields["n"])
+        return self._child(node, scope).limit(spark_internals.sql_int(node.fields["n"], self.parameters, "limit"))
 
     def _sort(self, node, scope: dict) -> Any:
         below = self._child(node, scope)
-        return self._still_flat(below, below.orderBy(*self._columns(below, node.fields["columns"])))
+        return below.orderBy(*self._columns(below, node.fields["columns"]))
 
     def _with(self, node, scope: dict) -> Any:
         inner = dict(scope)

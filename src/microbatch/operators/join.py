@@ -396,10 +396,17 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
         return names.index(column.lower()) if column and column.lower() in names else None
 
     left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
+
+    def named(column, name: str, side: int, index: int):
+        qualifiers = node.side_qualifiers[side]
+        qualifier = qualifiers[index] if index < len(qualifiers) else ()
+        return spark_internals.qualified_alias(column, name, qualifier) if qualifier else column.alias(name)
+
     if not node.using:   # a condition: every column of the left, then of the right
-        result = [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names)]
+        # (each keeps its side's qualifier, so a query above may name both sides' ``id``)
+        result = [named(F.col(f"__l{j}"), n, 0, j) for j, n in enumerate(left_names)]
         if node.how != "semi":
-            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names)]
+            result += [named(F.col(f"__r{j}"), n, 1, j) for j, n in enumerate(right_names)]
     else:
         # Spark's USING join output: the keys (the left's; the right's in a right outer join;
         # the one that is there in a full outer join), then the other columns of each side
@@ -414,9 +421,10 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
                 return F.coalesce(F.col(f"__l{left_key[k.lower()]}"), F.col(f"__r{right_key[k.lower()]}"))
             return F.col(f"__l{left_key[k.lower()]}")
         result = [key_column(k).alias(k) for k in keys]
-        result += [F.col(f"__l{j}").alias(n) for j, n in enumerate(left_names) if n.lower() not in lowered]
+        result += [named(F.col(f"__l{j}"), n, 0, j) for j, n in enumerate(left_names) if n.lower() not in lowered]
         if node.how != "semi":   # a left semi join gives the left side's columns only
-            result += [F.col(f"__r{j}").alias(n) for j, n in enumerate(right_names) if n.lower() not in lowered]
+            result += [named(F.col(f"__r{j}"), n, 1, j) for j, n in enumerate(right_names)
+                       if n.lower() not in lowered]
     return {
         "tagged": tagged,
         "stats_columns": tuple(None if (watermark := node.side_watermark(side)) is None

@@ -83,6 +83,13 @@ class StreamingRelation(PlanNode):
     def build(self, inputs):
         return inputs[self]
 
+    def empty_batch(self, spark: Any) -> DataFrame:
+        """A batch of no rows with the source's columns, hidden ones included (its provider's;
+        a MemoryStream has none)."""
+        if self.provider is None:
+            return spark_internals.empty_batch(spark, self.schema)
+        return self.provider.empty_batch(spark, self.options, self.schema)
+
     def relations(self):
         return [self]
 
@@ -430,6 +437,7 @@ class StreamJoin(StatefulNode):
     condition: Any = None                  # the user's Column (not using), for templates
     side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
     side_times: tuple = (None, None)       # each side's watermarked event-time column
+    side_qualifiers: tuple = ((), ())      # each side's columns' qualifiers (``l`` of ``l.id``)
 
     def __post_init__(self):
         if not self.right_keys:

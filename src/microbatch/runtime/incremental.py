@@ -145,6 +145,41 @@ def _limits_over_appends(plan: PlanNode) -> PlanNode:
     return plan
 
 
+#: the sides of a stream-stream join a filter above it may move into: the sides whose rows
+#: the join keeps whatever the other side has (Spark's PushPredicateThroughJoin)
+_PRESERVED_SIDES = {"inner": (0, 1), "left": (0,), "right": (1,), "semi": (0,)}
+
+
+def _filters_pushed_into_joins(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
+    """A filter right above a stream-stream join on a condition: each deterministic part
+    of it that reads one side's columns only runs on that side, below the join, as Spark's
+    optimizer pushes it (so the side's rows it drops are neither joined nor kept in the
+    join's state, and, below the side's watermark, not in its event-time statistics)."""
+    plan = children_replaced(plan, [_filters_pushed_into_joins(c, empty_inputs) for c in plan.children])
+    if not (isinstance(plan, Transform) and plan.method in ("filter", "where") and isinstance(plan.child, StreamJoin)):
+        return plan
+    join = plan.child
+    if join.using or join.how not in _PRESERVED_SIDES:
+        return plan
+    parts = spark_internals.conjunct_sides(plan.build(empty_inputs), len(join.side_columns[0]))
+    if parts is None or not any(side in _PRESERVED_SIDES[join.how] for _, side in parts):
+        return plan
+    sides, kept = [join.left, join.right], []
+    try:
+        for sql, side in parts:
+            if side in _PRESERVED_SIDES[join.how]:
+                sides[side] = Transform(sides[side], "where", (F.expr(sql),))
+                sides[side].build(empty_inputs)    # (reads back on its side, or stays above)
+            else:
+                kept.append(sql)
+    except Exception:  # noqa: BLE001 - a part that does not read back (a Python UDF): the filter stays
+        log.debug("Filter %s stays whole above the join", plan.describe(), exc_info=True)
+        return plan
+    moved = dataclasses.replace(join, left=sides[0], right=sides[1])
+    log.debug("Filter %s: parts run on the join's sides", plan.describe())
+    return Transform(moved, "where", (F.expr(" AND ".join(f"({k})" for k in kept)),)) if kept else moved
+
+
 def _joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
     """Every join with the not-null filters Spark infers on its sides: a stream-stream
     join's, and the stream side's of an inner (or, the stream on the left, semi) join with
@@ -186,7 +221,8 @@ class IncrementalExecution:
         self.store_conf = store_conf or StateStoreConf()
         if output_mode == "append":
             plan = _limits_over_appends(plan)
-        plan = self._push_filters_below_watermarks(_joins_null_filtered(plan, empty_inputs), empty_inputs)
+        plan = _joins_null_filtered(_filters_pushed_into_joins(plan, empty_inputs), empty_inputs)
+        plan = self._push_filters_below_watermarks(plan, empty_inputs)
         self.plan = segments_prepared(plan)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())
@@ -223,7 +259,7 @@ class IncrementalExecution:
                      empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode | None:
         """``filtered`` moved below the watermark under it, or None if it cannot move."""
         below = filtered.child
-        moved = dataclasses.replace(filtered, child=below.child) if below.children else None
+        moved = dataclasses.replace(filtered, child=below.child) if len(below.children) == 1 else None
         if isinstance(below, Watermark):
             if spark_internals.filter_can_skip_column(moved.build(empty_inputs), below.event_time):
                 log.debug("Filter %s runs below the watermark on %s", filtered.describe(), below.event_time)

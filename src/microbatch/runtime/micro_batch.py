@@ -426,7 +426,7 @@ class MicroBatchExecution(StreamExecution):
     # -- step 3 --------------------------------------------------------------
     def _empty_batch(self, i: int) -> DataFrame:
         if i not in self._empty_batches:
-            self._empty_batches[i] = spark_internals.empty_batch(self._batch_session, self.sources[i].schema)
+            self._empty_batches[i] = self.relations[i].empty_batch(self._batch_session)
         return self._empty_batches[i]
 
     def run_batch(self) -> None:

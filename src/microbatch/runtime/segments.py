@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 
 from microbatch import spark_internals
-from microbatch.plan.logical import Apply, PlanNode, StaticJoin, Transform, Union
+from microbatch.plan.logical import Apply, PlanNode, StaticJoin, StreamingRelation, Transform, Union, Watermark
 
 
 def children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
@@ -80,8 +81,20 @@ class PreparedSegment(PlanNode):
         return self._prepared[key].bind(given)
 
     def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
-        """The steps analysed over empty placeholders with the columns of ``built``."""
-        empties = [spark_internals.empty_dataframe(df.sparkSession, df.schema) for df in built]
+        """The steps analysed over empty placeholders with the columns of ``built``: a
+        source read directly (or under its watermark, which a batch's plan does not show)
+        stands as its own empty batch, so its hidden columns (``_metadata``) resolve."""
+        empties = []
+        for hole, df in zip(self.holes, built):
+            source = hole
+            while isinstance(source, Watermark):
+                source = source.child
+            empty = source.empty_batch(df.sparkSession) if isinstance(source, StreamingRelation) else None
+            if empty is None or empty.schema != df.schema:
+                # (with the columns' qualifiers: a stream-stream join's ``l.id`` and ``r.id``)
+                empty = spark_internals.requalified(spark_internals.empty_dataframe(df.sparkSession, df.schema),
+                                                    spark_internals.output_qualifiers(df))
+            empties.append(empty)
         remaining = iter(empties)
 
         def over_placeholders(node: PlanNode) -> PlanNode:
@@ -90,7 +103,17 @@ class PreparedSegment(PlanNode):
             return Placeholder(next(remaining))
 
         self.analyses += 1
-        analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
+        try:
+            analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
+        except AnalysisException as e:
+            if "_metadata" not in str(e):
+                raise
+            raise AnalysisException(
+                "The file source's hidden column _metadata is read here after a withWatermark "
+                "that follows other steps, or after a stateful step: microbatch exposes it only "
+                "up to the source's own withWatermark. Select it right after the source, "
+                "e.g. readStream...load().select('*', '_metadata'), and use that column "
+                f"afterwards. ({e})") from e
         return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
 
     def describe(self) -> str:

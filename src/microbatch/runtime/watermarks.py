@@ -180,6 +180,8 @@ class WatermarkTracker:
             if not merged:   # progress shows the first watermark's statistics, as Spark's does
                 merged = {"max": int(stats["max"]), "min": int(stats["min"]),
                           "avg": float(stats["avg"]), "count": int(stats["count"])}
+        for node in self.nodes:     # (a watermark that has seen no rows yet counts as 0, as in Spark)
+            self._values.setdefault(self.ids[node], 0)
         if self._values:
             values = self._values.values()
             chosen = max(values) if self.policy == "max" else min(values)

@@ -28,6 +28,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.util import CaseInsensitiveOptions
 
@@ -146,3 +147,11 @@ class SourceProvider(ABC):
     def create(self, context: SourceContext, options: CaseInsensitiveOptions,
                schema: StructType) -> Source:
         """Create the source for one run of a query."""
+
+    def empty_batch(self, spark: SparkSession, options: CaseInsensitiveOptions,
+                    schema: StructType) -> DataFrame:
+        """A batch of no rows of this source: the stream's template, a batch in which the
+        source has nothing new, and the placeholder a prepared segment is analysed over.
+        A source whose relation has hidden columns (the file source's ``_metadata``) gives
+        a relation that has them, so they resolve wherever its batches are read."""
+        return spark_internals.empty_batch(spark, schema)

@@ -29,7 +29,7 @@ import glob as globlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from pyspark.errors import AnalysisException as PySparkAnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -418,6 +418,7 @@ class FileStreamSource(Source):
         inner["__globPaths__"] = "false"  # file names are names, not patterns
         self._reader_options = inner
         self._batches: spark_internals.FileBatches | None = None   # made at the first batch
+        self._no_files: DataFrame | None = None    # the batch of a log range whose files are gone
         self.metadata_log = FileStreamSourceLog(
             context.metadata_path, context.fs,
             default_compact_interval=int(spark.conf.get(
@@ -592,8 +593,10 @@ class FileStreamSource(Source):
             log.warning("Skipping %d missing file(s) (ignoreMissingFiles): %s", len(missing), missing[:5])
             paths = [p for p in paths if p not in set(missing)]
         self._batch_paths = ((start_offset, end_offset), paths)
-        if not paths:
-            return spark_internals.empty_batch(self._spark, self._schema)
+        if not paths:   # a relation of no files, which has the hidden ``_metadata`` too
+            if self._no_files is None:
+                self._no_files = no_files(self._spark, self.format, self._schema, self._reader_options)
+            return self._no_files
         df = self._file_batches().dataframe(["file://" + p for p in paths])
         if df.columns != self._schema.fieldNames():
             # e.g. partition directories that appeared after the stream's schema was fixed
@@ -655,6 +658,16 @@ def _nullable(schema: StructType) -> StructType:
     return StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields])
 
 
+def no_files(spark: SparkSession, fmt: str, schema: StructType, options: Mapping[str, str]) -> DataFrame:
+    """A relation of the format over no files: it has Spark's hidden ``_metadata`` column
+    (``file_path``, ``file_name``, ``file_size``, ``file_block_start``, ``file_block_length``,
+    ``file_modification_time``), as the files' batches have. Its columns are data columns,
+    but for the text format, whose data is ``value`` only: the others are the directory's
+    partition columns."""
+    partitions = tuple(f.name for f in schema.fields if f.name != "value") if fmt == "text" else ()
+    return spark_internals.FileBatches(spark, fmt, schema, options, partitions).dataframe([])
+
+
 class FileSourceProvider(SourceProvider):
     """``readStream.format(<fmt>)`` for one file format."""
 
@@ -704,6 +717,10 @@ class FileSourceProvider(SourceProvider):
     def create(self, context: SourceContext, options: CaseInsensitiveOptions,
                schema: StructType) -> Source:
         return FileStreamSource(context, self.short_name, self._path(options), schema, options)
+
+    def empty_batch(self, spark: SparkSession, options: CaseInsensitiveOptions,
+                    schema: StructType) -> DataFrame:
+        return no_files(spark, self.short_name, schema, reader_options(options))
 
 
 PROVIDERS = [FileSourceProvider(fmt) for fmt in FILE_FORMATS]

@@ -14,10 +14,11 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 # module named for what it does (analysis, binding, catalog, errors, jvm, metrics,
 # relations, session).
 from microbatch.spark_internals.analysis import (
-    AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, analyzed_plan, column_sql,
+    AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, analyzed_plan, column_sql, conjunct_sides,
     conjuncts_without_column, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, grouping_column_names, grouping_columns, hyperloglog_tables,
-    join_condition, parse_schema_ddl, processing_time_ms, projections_keep_column, schema_string,
+    join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column,
+    qualified_alias, requalified, schema_string, window_function_error,
     schema_tree, uses_current_time,
 )
 from microbatch.spark_internals.binding import (
@@ -40,19 +41,22 @@ from microbatch.spark_internals.metrics import (
     row_json, run_to_end,
 )
 from microbatch.spark_internals.relations import (
-    FileBatches, RangeBatches, empty_batch, empty_dataframe,
+    FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
 )
 from microbatch.spark_internals.session import (
     cloned_session, job_tags,
 )
-from microbatch.spark_internals.sql import SqlNode, grouping_position, parse_sql, sql_column, sql_parameters
+from microbatch.spark_internals.sql import (
+    SqlNode, grouping_position, parse_sql, sql_column, sql_int, sql_parameters,
+)
 
 __all__ = [
-    "SqlNode", "grouping_position", "parse_sql", "sql_column", "sql_parameters",
+    "SqlNode", "grouping_position", "parse_sql", "sql_column", "sql_int", "sql_parameters",
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
     "cloned_session", "column_sql", "conjuncts_without_column", "empty_batch", "empty_dataframe",
+    "conjunct_sides", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
     "foreach_batch_user_error", "grouping_column_names", "grouping_columns", "hyperloglog_tables",

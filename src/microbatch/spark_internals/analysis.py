@@ -158,6 +158,10 @@ def filter_passes_projection(filtered: Any) -> bool:
     project = analyzed.child()
     if project.getClass().getSimpleName() != "Project":
         return False
+    below = project.child()
+    while below.getClass().getSimpleName() == "Generate":   # (select(*, explode(...)): its rows are new)
+        below = below.child()
+    below_ids = {below.output().apply(i).exprId().id() for i in range(below.output().size())}
     entries = project.projectList()
     passed = set()
     for i in range(entries.size()):
@@ -167,7 +171,8 @@ def filter_passes_projection(filtered: Any) -> bool:
         if entry.getClass().getSimpleName() == "AttributeReference":
             passed.add(entry.exprId().id())
     used = analyzed.condition().references().toSeq()
-    return all(used.apply(i).exprId().id() in passed for i in range(used.size()))
+    return all(used.apply(i).exprId().id() in passed and used.apply(i).exprId().id() in below_ids
+               for i in range(used.size()))
 
 
 def filter_passes_filter(filtered: Any) -> bool:
@@ -266,6 +271,53 @@ def conjuncts_without_column(filtered: Any, column: str) -> tuple[list[str], lis
     return pushed, kept
 
 
+def _unqualified(jexpr: Any) -> Any:
+    """The expression with its columns' qualifiers dropped (``e.id`` as ``id``)."""
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    kind = jexpr.getClass().getSimpleName()
+    if kind == "AttributeReference":
+        return jexpr.withQualifier(to_seq([])) if jexpr.qualifier().nonEmpty() else jexpr
+    children = jexpr.children()
+    children = [children.apply(i) for i in range(children.size())]
+    references = jexpr.references().toSeq()
+    if not children or not any(references.apply(i).getClass().getSimpleName() == "AttributeReference"
+                                and references.apply(i).qualifier().nonEmpty() for i in range(references.size())):
+        return jexpr
+    return jexpr.withNewChildren(to_seq([_unqualified(c) for c in children]))
+
+
+def conjunct_sides(filtered: Any, left_width: int) -> list[tuple[str, int | None]] | None:
+    """The conjuncts of the filter that is ``filtered``'s last step, over a join whose first
+    ``left_width`` columns are its left side's and the rest its right's: each as SQL text
+    with the side it reads only (0, 1), or None when it reads both, none, or is not
+    deterministic (Spark's PushPredicateThroughJoin moves the others into their side).
+    None when the last step is not a filter."""
+    analyzed = analyzed_plan(filtered)
+    if analyzed.getClass().getSimpleName() != "Filter":
+        return None
+    output = analyzed.child().output()
+    side_of = {output.apply(i).exprId().id(): int(i >= left_width) for i in range(output.size())}
+    parts: list[Any] = []
+
+    def split(expression: Any) -> None:
+        if expression.getClass().getSimpleName() == "And":
+            split(expression.left())
+            split(expression.right())
+        else:
+            parts.append(expression)
+
+    split(analyzed.condition())
+    found = []
+    for part in parts:
+        references = part.references().toSeq()
+        sides = {side_of.get(references.apply(i).exprId().id()) for i in range(references.size())}
+        side = sides.pop() if part.deterministic() and len(sides) == 1 and None not in sides else None
+        # (a part moved to a side is read there without its qualifier, so it can move on
+        # below the side's alias and watermark, as Spark's optimizer moves it)
+        found.append((_unqualified(part).sql() if side is not None else part.sql(), side))
+    return found
+
+
 @dataclass(frozen=True)
 class AggregateCall:
     """An aggregate function call of an analysed aggregation, in Python terms."""
@@ -309,17 +361,8 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list[AggregateOutput]]:
             return [jexpr]
         return [found for child in seq(jexpr.children()) for found in calls_in(child)]
 
-    def unqualified(jexpr):
-        """The expression with its columns' qualifiers dropped (``e.id`` as ``id``): the
-        output is computed over the aggregation's result, where no relation's name is."""
-        if name(jexpr) == "AttributeReference":
-            return jexpr.withQualifier(to_seq([])) if jexpr.qualifier().nonEmpty() else jexpr
-        children = seq(jexpr.children())
-        if not children or not any(name(c) == "AttributeReference" and c.qualifier().nonEmpty()
-                                   for c in seq(jexpr.references().toSeq())):
-            return jexpr
-        return jexpr.withNewChildren(to_seq([unqualified(c) for c in children]))
-
+    unqualified = _unqualified   # (the output is computed over the aggregation's result,
+                                 # where no relation's name is)
     to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
 
     def call(jagg, plain) -> AggregateCall:
@@ -334,12 +377,36 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list[AggregateOutput]]:
             bool(function.ignoreNulls()) if kind in ("First", "Last") else False,
             float(function.relativeSD()) if kind == "HyperLogLogPlusPlus" else None)
 
+    aggregate_expressions = seq(analyzed.aggregateExpressions())
+    unresolved = jvm_class("org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")
+    # a grouping expression that is not a column (``_metadata.file_name``, ``substr(k, 1, 1)``)
+    # is, above the aggregation, its key column: Spark's PhysicalAggregation rewrites the
+    # result expressions the same way, not inside the aggregate calls
+    keys = [(expression, unresolved.quoted(output.name()))
+            for expression, output in zip(seq(analyzed.groupingExpressions()), aggregate_expressions)
+            if name(expression) not in ("AttributeReference", "Alias")]
+
+    def over_keys(jexpr):
+        if name(jexpr) == "AggregateExpression":
+            return jexpr
+        for expression, key in keys:
+            if jexpr.semanticEquals(expression):
+                return key
+        children = seq(jexpr.children())
+        replaced = [over_keys(c) for c in children]
+        if all(r is c for r, c in zip(replaced, children)):
+            return jexpr
+        return jexpr.withNewChildren(to_seq(replaced))
+
     outputs = []
-    for jexpr in seq(analyzed.aggregateExpressions()):
+    grouping_count = analyzed.groupingExpressions().size()
+    for position, jexpr in enumerate(aggregate_expressions):
         plain = unqualified(jexpr)
+        if keys and position >= grouping_count:
+            plain = over_keys(plain)
         body = plain.child().sql() if name(plain) == "Alias" else plain.sql()
         outputs.append(AggregateOutput(body, tuple(call(j, p) for j, p in zip(calls_in(jexpr), calls_in(plain)))))
-    return root, analyzed.groupingExpressions().size(), outputs
+    return root, grouping_count, outputs
 
 
 def hyperloglog_tables(p: int) -> tuple:
@@ -366,3 +433,85 @@ def schema_tree(df: Any, level: int | None = None) -> str:
 def grouped_dataframe(grouped: Any) -> Any:
     """The DataFrame a PySpark ``GroupedData`` groups."""
     return grouped._df
+
+
+def output_qualifiers(df: Any) -> tuple[tuple[str, ...], ...]:
+    """Each output column's qualifier (``("l",)`` for ``l.id``; ``()`` for none) in ``df``'s
+    analysed plan: the relation names a query may still call its columns by."""
+    output = analyzed_plan(df).output()
+    return tuple(tuple(str(part) for part in _scala_list(output.apply(i).qualifier()))
+                 for i in range(output.size()))
+
+
+def _scala_list(values: Any) -> list:
+    return [values.apply(i) for i in range(values.size())]
+
+
+def qualified_alias(column: Any, name: str, qualifier: tuple[str, ...]) -> Any:
+    """``column.alias(name)`` whose output column keeps ``qualifier`` (Spark's ``Alias``
+    carries one; PySpark's ``alias`` cannot give it): a column of a join's output that a
+    query names as ``l.id``."""
+    from pyspark.sql.classic.column import Column
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    expression = jvm_class("org.apache.spark.sql.classic.ExpressionUtils").expression(column._jc)
+    alias = jvm_class("org.apache.spark.sql.catalyst.expressions.Alias")(
+        expression, name, jvm_class("org.apache.spark.sql.catalyst.expressions.NamedExpression").newExprId(),
+        to_seq(list(qualifier)), jvm_class("scala.None$"), to_seq([]))
+    return Column(jvm_class("org.apache.spark.sql.classic.ExpressionUtils").column(alias))
+
+
+def requalified(df: Any, qualifiers: tuple[tuple[str, ...], ...]) -> Any:
+    """``df`` with its output columns qualified as ``qualifiers`` say (the same columns and
+    rows: a projection of its own attributes, each with the qualifier), or ``df`` itself
+    when none has one."""
+    from pyspark.sql import DataFrame
+    if not any(qualifiers):
+        return df
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    plan = analyzed_plan(df)
+    output = plan.output()
+    columns = [output.apply(i).withQualifier(to_seq(list(q))) for i, q in enumerate(qualifiers)]
+    project = jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")(to_seq(columns), plan)
+    session = df.sparkSession
+    return DataFrame(jvm_class("org.apache.spark.sql.classic.Dataset").ofRows(session._jsparkSession, project),
+                     session)
+
+
+def _window_nodes(plan: Any) -> list:
+    found, pending = [], [plan]
+    while pending:
+        node = pending.pop()
+        if node.getClass().getSimpleName() == "Window":
+            found.append(node)
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    return found
+
+
+def window_function_error(stepped: Any, before: Any) -> Exception | None:
+    """Spark's NON_TIME_WINDOW_NOT_SUPPORTED_IN_STREAMING error, built as Spark's
+    UnsupportedOperationChecker builds it, when the step that made ``stepped`` from
+    ``before`` (a stream's templates) added a window function (``OVER (...)``); else None."""
+    from pyspark.errors.exceptions.captured import convert_exception
+    added = _window_nodes(analyzed_plan(stepped))
+    if len(added) <= len(_window_nodes(analyzed_plan(before))):
+        return None
+    window = added[0]
+    functions, columns, specs = [], [], []
+    expressions = window.windowExpressions()
+    for i in range(expressions.size()):
+        named = expressions.apply(i)
+        pending = [named]
+        while pending:
+            expression = pending.pop()
+            if expression.getClass().getSimpleName() == "WindowExpression":
+                functions.append(expression.windowFunction().toString())
+                columns.append(named.toAttribute().sql())
+                specs.append(expression.windowSpec().toString())
+            else:
+                children = expression.children()
+                pending.extend(children.apply(j) for j in range(children.size()))
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    errors = jvm_class("org.apache.spark.sql.errors.QueryExecutionErrors")
+    return convert_exception(errors.nonTimeWindowNotSupportedInStreamingError(
+        to_seq(functions), to_seq(columns), to_seq(specs), window.origin()))

@@ -116,10 +116,22 @@ class BindablePlan:
                  functions: Mapping[str, PythonFunctionRef] | None = None):
         self.prepared = prepared
         self.placeholders = []
+        #: per placeholder whose hidden columns the plan reads (a file source's ``_metadata``):
+        #: the placeholder as the analyser rewrote it to expose them, and those columns
+        self._hidden: list[tuple[Any, list[tuple[str, Any, Any]]] | None] = []
+        leaves = prepared.collectLeaves()
+        leaves = [leaves.apply(i) for i in range(leaves.size())]
         for placeholder in placeholders:
             output = placeholder.output()
             self.placeholders.append((placeholder, [(output.apply(i).name(), output.apply(i).exprId())
                                                     for i in range(output.size())]))
+            hidden = placeholder.metadataOutput()
+            exposed = placeholder.withMetadataColumns() if hidden.nonEmpty() else None
+            if exposed is not None and any(leaf.equals(exposed) for leaf in leaves):
+                self._hidden.append((exposed, [(hidden.apply(i).name(), hidden.apply(i).exprId(),
+                                                hidden.apply(i).dataType()) for i in range(hidden.size())]))
+            else:
+                self._hidden.append(None)
         #: per placeholder, the batch columns it was last bound to and their projection
         self._projections: list[tuple[Any, Any] | None] = [None] * len(self.placeholders)
         self._alias = jvm_class("org.apache.spark.sql.catalyst.expressions.Alias")
@@ -184,9 +196,31 @@ class BindablePlan:
                 last = (given.output, self._utils.toSeq(aliases))
                 self._projections[i] = last
             replacements.put(placeholder, self._project(last[1], given.plan))
+            if self._hidden[i] is not None:
+                exposed, hidden = self._hidden[i]
+                replacements.put(exposed, self._with_hidden_columns(given, last[1], hidden))
         plan = plan.transform(self._utils.toScalaMap(replacements))
         plan.setAnalyzed()
         return DataFrame(self._dataset.ofRows(session._jsparkSession, plan), session)
+
+    def _with_hidden_columns(self, given: BatchInput, aliases: Any, hidden: list[tuple[str, Any, Any]]) -> Any:
+        """The batch's plan under the placeholder's columns and its hidden ones, as Spark's
+        AddMetadataColumns exposes them: the batch's file relation (under the projection
+        that orders its partition columns, if any) with its metadata columns added. A batch
+        without such a relation (none of the source's files) has no rows: nulls stand in."""
+        plan, found = given.plan, {}
+        relation = plan.children().apply(0) if plan.getClass().getSimpleName() == "Project" else plan
+        if relation.getClass().getSimpleName() == "LogicalRelation" and relation.metadataOutput().nonEmpty():
+            metadata = relation.metadataOutput()
+            found = {metadata.apply(j).name(): metadata.apply(j) for j in range(metadata.size())}
+            exposed = relation.withMetadataColumns()
+            plan = exposed if relation is plan else self._project(
+                plan.projectList().appendedAll(metadata), exposed)
+        literal = jvm_class("org.apache.spark.sql.catalyst.expressions.Literal")
+        columns = [self._alias(found[name] if name in found else literal.create(None, data_type), name, expr_id,
+                               self._no_names, self._none, self._no_names)
+                   for name, expr_id, data_type in hidden]
+        return self._project(aliases.appendedAll(self._utils.toSeq(columns)), plan)
 
     def _python_function(self, sc: SparkContext, func: Any, return_type: Any, context: tuple) -> Any:
         """``func`` as the JVM's PythonFunction, as PySpark's ``udf._wrap_function`` makes it

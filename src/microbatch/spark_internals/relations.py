@@ -46,6 +46,16 @@ def _empty_in_jvm(spark: SparkSession, schema: StructType, rows) -> Any:
     return DataFrame(jdf, spark)
 
 
+def metadata_column(name: str) -> Any:
+    """A Column naming a relation's hidden (metadata) column by name, unresolved, as Spark
+    Connect's ``DataFrame.metadataColumn`` makes it: classic PySpark's resolves it against
+    the DataFrame's own plan, whose attribute a stream's batches do not have."""
+    from pyspark.sql import Column
+    node = jvm_class("org.apache.spark.sql.internal.UnresolvedAttribute").apply(
+        name, jvm_class("scala.None$"), True)
+    return Column(jvm_class("org.apache.spark.sql.Column")(node))
+
+
 class FileBatches:
     """Batch DataFrames of files a file source's log names, made as Spark's
     FileStreamSource.getBatch makes them: a ``DataSource`` of the files with the stream's
@@ -53,7 +63,8 @@ class FileBatches:
     (the source has just checked, and ``spark.read.load`` would check each again in a
     thread pool: 10-20 ms a batch of one file)."""
 
-    def __init__(self, spark: SparkSession, fmt: str, schema: StructType, options: Mapping[str, str]):
+    def __init__(self, spark: SparkSession, fmt: str, schema: StructType, options: Mapping[str, str],
+                 partition_columns: tuple[str, ...] = ()):
         self._spark = spark
         self._format = fmt
         self._data_source = jvm_class("org.apache.spark.sql.execution.datasources.DataSource")
@@ -63,12 +74,12 @@ class FileBatches:
         self._schema = jvm_class("scala.Some")(spark._jsparkSession.parseDataType(schema.json()))
         self._options = scala_map(options)
         self._none = jvm_class("scala.None$")
-        self._no_columns = self._utils.toSeq([])
+        self._partition_columns = self._utils.toSeq(list(partition_columns))
 
     def dataframe(self, paths: list[str]) -> Any:
         from pyspark.sql import DataFrame
         source = self._data_source(self._spark._jsparkSession, self._format, self._utils.toSeq(paths),
-                                   self._schema, self._no_columns, self._none, self._options, self._none,
+                                   self._schema, self._partition_columns, self._none, self._options, self._none,
                                    self._none)
         # (checkFilesExist, readOnly, forceNullable), as DataFrameReader.load resolves it
         relation = self._logical_relation.apply(source.resolveRelation(False, True, True), False)

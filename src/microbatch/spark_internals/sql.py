@@ -18,7 +18,8 @@ from microbatch.spark_internals.jvm import jvm_class
 @dataclass
 class SqlNode:
     """One node of a parsed SQL query: ``kind`` (relation, project, filter, aggregate,
-    having, alias, join, union, distinct, limit, sort, with, watermark, unsupported), its
+    having, alias, join, union, distinct, limit, sort, with, watermark, generate,
+    unsupported), its
     children, and what the kind needs (``fields``)."""
 
     kind: str
@@ -35,6 +36,15 @@ class SqlNode:
             found |= cte.qualifiers()
         return found
 
+    def positional_markers(self) -> set[int]:
+        """Where the query's positional parameter markers (``?``) are in its text."""
+        found = set(self.fields.get("markers", ()))
+        for child in self.children:
+            found |= child.positional_markers()
+        for _, cte in self.fields.get("ctes", ()):
+            found |= cte.positional_markers()
+        return found
+
     def relations(self) -> list["SqlNode"]:
         """Every relation the query reads (CTEs' included)."""
         found = [self] if self.kind == "relation" else []
@@ -49,14 +59,18 @@ def _seq(scala_seq: Any) -> list:
     return [scala_seq.apply(i) for i in range(scala_seq.size())]
 
 
-def _qualifiers(expression: Any, found: set) -> None:
+def _qualifiers(expression: Any, found: set, markers: set) -> None:
+    """The qualifiers ``expression``'s columns name (into ``found``), and the positions of
+    its positional parameter markers (into ``markers``)."""
     kind = expression.getClass().getSimpleName()
     if kind == "UnresolvedAttribute" and expression.nameParts().size() > 1:
         found.add(str(expression.nameParts().apply(0)).lower())
     elif kind == "UnresolvedStar" and expression.target().isDefined() and expression.target().get().size() > 0:
         found.add(str(expression.target().get().apply(0)).lower())
+    elif kind == "PosParameter":
+        markers.add(int(expression.pos()))
     for child in _seq(expression.children()):
-        _qualifiers(child, found)
+        _qualifiers(child, found, markers)
 
 
 def parse_sql(spark: Any, text: str) -> SqlNode:
@@ -70,22 +84,49 @@ def parse_sql(spark: Any, text: str) -> SqlNode:
     return _node(plan)
 
 
-def sql_parameters(args: Any) -> dict:
-    """PySpark's ``args`` of named parameter markers (``:name``), each value as PySpark's
-    ``sql`` takes it (a Python value or a Column), as Spark's literal expressions."""
-    from pyspark.sql import Column
+def sql_parameters(args: Any, markers: set[int] = frozenset()) -> dict:
+    """PySpark's ``args``, each value as PySpark's ``sql`` takes it (a Python value or a
+    Column) as Spark's literal expression: a dict names the markers (``:name``); a list
+    gives the positional ones (``?``, at ``markers`` in the text) in their order, as
+    Spark's BindParameters pairs them (keys: the markers' positions)."""
+    from pyspark.sql import Column, SparkSession
     from pyspark.sql import functions as F
-    utils = jvm_class("org.apache.spark.sql.classic.ExpressionUtils")
-    return {name: utils.expression((value if isinstance(value, Column) else F.lit(value))._jc)
-            for name, value in args.items()}
+    session = SparkSession.active()._jsparkSession
+
+    def literal(value):   # (the session's converter: a Literal, as PySpark's formatter gets it)
+        return session.expression((value if isinstance(value, Column) else F.lit(value))._jc)
+    if isinstance(args, dict):
+        return {name: literal(value) for name, value in args.items()}
+    values = list(args)
+    return {position: literal(values[i]) for i, position in enumerate(sorted(markers)) if i < len(values)}
+
+
+def sql_int(expression: Any, parameters: dict, clause: str) -> int:
+    """A LIMIT's (or OFFSET's) expression, its parameter markers bound, as Spark evaluates
+    it; Spark's INVALID_LIMIT_LIKE_EXPRESSION errors when it cannot be."""
+    from microbatch.spark_internals.errors import spark_error
+    expression = _rewritten(expression, parameters)
+    if not expression.foldable():
+        raise spark_error("AnalysisException", "INVALID_LIMIT_LIKE_EXPRESSION.IS_UNFOLDABLE",
+                          name=clause, expr=f"\"{expression.sql()}\"")
+    value = expression.eval(None)
+    if value is None:
+        raise spark_error("AnalysisException", "INVALID_LIMIT_LIKE_EXPRESSION.IS_NULL",
+                          name=clause, expr=f"\"{expression.sql()}\"")
+    if int(value) < 0:
+        raise spark_error("AnalysisException", "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE",
+                          name=clause, expr=f"\"{expression.sql()}\"", v=str(value))
+    return int(value)
 
 
 def _node(plan: Any) -> SqlNode:
     node = _plain_node(plan)
     found: set = set()
+    markers: set = set()
     for expression in _seq(plan.expressions()):
-        _qualifiers(expression, found)
+        _qualifiers(expression, found, markers)
     node.fields["qualifiers"] = found
+    node.fields["markers"] = markers
     return node
 
 
@@ -138,13 +179,21 @@ def _plain_node(plan: Any) -> SqlNode:
     if name == "Union":
         return SqlNode("union", [_node(c) for c in children],
                        {"by_name": bool(plan.byName()), "allow_missing": bool(plan.allowMissingCol())})
+    if name == "Generate" and plan.generator().getClass().getSimpleName() == "UnresolvedGenerator":
+        # LATERAL VIEW [OUTER] f(args) [t] AS names: f's call among the child's columns
+        generator = plan.generator()
+        function = generator.name().funcName() + ("_outer" if plan.outer() else "")
+        call = jvm_class("org.apache.spark.sql.catalyst.analysis.UnresolvedFunction$").apply(
+            function, generator.children(), False)
+        return SqlNode("generate", [_node(plan.child())], {
+            "call": call, "names": [str(a.name()) for a in _seq(plan.generatorOutput())]})
     if name == "Distinct":
         return SqlNode("distinct", [_node(plan.child())])
     if name == "GlobalLimit":
         child = plan.child()
         if child.getClass().getSimpleName() == "LocalLimit":
             child = child.child()
-        return SqlNode("limit", [_node(child)], {"n": int(plan.limitExpr().eval(None))})
+        return SqlNode("limit", [_node(child)], {"n": plan.limitExpr()})
     if name == "Sort":
         return SqlNode("sort", [_node(plan.child())], {"columns": _seq(plan.order())})
     if name == "UnresolvedWith":
@@ -158,33 +207,26 @@ def _plain_node(plan: Any) -> SqlNode:
     return SqlNode("unsupported", [_node(c) for c in children], {"name": plan.nodeName()})
 
 
-def sql_column(expression: Any, strip: frozenset[str] | set[str] = frozenset(),
-               parameters: dict | None = None) -> Any:
-    """The PySpark Column of a parsed expression (a ``SqlNode``'s), with the columns it
-    names as ``q.name`` (``q`` in ``strip``, lower case) named ``name`` (above a
-    stream-stream join, whose result is one relation of both sides' columns) and its
-    named parameter markers replaced by ``parameters``' literals (``sql_parameters``)."""
+def sql_column(expression: Any, parameters: dict | None = None) -> Any:
+    """The PySpark Column of a parsed expression (a ``SqlNode``'s), its parameter markers
+    replaced by ``parameters``' literals (``sql_parameters``)."""
     from pyspark.sql.classic.column import Column
-    if strip or parameters:
-        expression = _rewritten(expression, {q.lower() for q in strip}, parameters or {})
+    if parameters:
+        expression = _rewritten(expression, parameters)
     return Column(jvm_class("org.apache.spark.sql.classic.ExpressionUtils").column(expression))
 
 
-def _rewritten(expression: Any, qualifiers: set[str], parameters: dict) -> Any:
+def _rewritten(expression: Any, parameters: dict) -> Any:
     kind = expression.getClass().getSimpleName()
-    if kind == "UnresolvedAttribute":
-        parts = _seq(expression.nameParts())
-        if len(parts) > 1 and str(parts[0]).lower() in qualifiers:
-            return jvm_class("org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")(
-                jvm_class("org.apache.spark.api.python.PythonUtils").toSeq(parts[1:]))
-        return expression
     if kind == "NamedParameter" and expression.name() in parameters:
         return parameters[expression.name()]
+    if kind == "PosParameter" and int(expression.pos()) in parameters:
+        return parameters[int(expression.pos())]
     children = _seq(expression.children())
     if not children:
         return expression
     return expression.withNewChildren(jvm_class("org.apache.spark.api.python.PythonUtils").toSeq(
-        [_rewritten(c, qualifiers, parameters) for c in children]))
+        [_rewritten(c, parameters) for c in children]))
 
 
 def grouping_position(expression: Any, grouping: list) -> tuple[int, str | None] | None:
