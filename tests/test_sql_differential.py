@@ -69,6 +69,12 @@ CASES = {
     "grouping sets": (
         "SELECT id, window(ts, '30 seconds') AS w, count(*) AS n FROM events "
         "GROUP BY GROUPING SETS ((id, window(ts, '30 seconds')), (window(ts, '30 seconds')))", "append"),
+    "a window and a ROLLUP": (
+        "SELECT id, window(ts, '30 seconds') AS w, count(*) AS n, max(v) AS top FROM events "
+        "GROUP BY window(ts, '30 seconds'), ROLLUP(id)", "append"),
+    "a window and two grouping-sets clauses": (
+        "SELECT id, v > 3 AS big, window(ts, '30 seconds') AS w, count(*) AS n FROM events "
+        "GROUP BY window(ts, '30 seconds'), GROUPING SETS ((id), ()), CUBE(v > 3)", "append"),
     "a global count with HAVING": (
         "SELECT id, count(*) AS n, max(v) AS top FROM events GROUP BY id HAVING n > 1", "update"),
     "UNION ALL of two streams, and a LIMIT": (

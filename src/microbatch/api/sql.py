@@ -10,6 +10,7 @@ stream is Spark's own ``spark.sql``: a plain DataFrame.
 """
 from __future__ import annotations
 
+import itertools
 import uuid
 from typing import Any
 
@@ -48,6 +49,39 @@ def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> 
         return result
     finally:
         formatter.clear()
+
+
+def _one_grouping_sets(grouping: list) -> tuple:
+    """``GROUP BY a, ROLLUP(b, c), GROUPING SETS (...)``: the one GROUPING SETS clause it
+    means, as Spark's analyser makes it: every combination of one set of each part (the
+    columns are a part of one set), over the distinct expressions in order of appearance."""
+    given: list = []
+
+    def index(expression) -> int:
+        for i, known in enumerate(given):
+            if known.equals(expression):
+                return i
+        given.append(expression)
+        return len(given) - 1
+
+    choices: list[list[list[int]]] = []
+    for part in grouping:
+        if part[0] == "column":
+            choices.append([[index(part[1])]])
+        elif part[0] == "rollup":
+            ids = [index(e) for e in part[1]]
+            choices.append([ids[:n] for n in range(len(ids), -1, -1)])
+        elif part[0] == "cube":
+            ids = [index(e) for e in part[1]]
+            choices.append([[ids[j] for j in range(len(ids)) if mask >> (len(ids) - 1 - j) & 1]
+                            for mask in range(2 ** len(ids) - 1, -1, -1)])
+        else:
+            for expression in part[2]:
+                index(expression)
+            choices.append([[index(e) for e in one] for one in part[1]])
+    sets = [[given[i] for i in dict.fromkeys(i for one in combination for i in one)]
+            for combination in itertools.product(*choices)]
+    return "groupingSets", sets, list(given)
 
 
 class _StreamFormatter(SQLStringFormatter):
@@ -156,15 +190,12 @@ class _Translation:
             if g[0] in ("cube", "rollup"):
                 return g[0], self._columns(frame, g[1])
             return g[0], [self._columns(frame, part) for part in g[1]], self._columns(frame, g[2])
-        grouping = [converted(g) for g in node.fields["grouping"]]
+        parsed = node.fields["grouping"]
+        if any(g[0] != "column" for g in parsed):
+            one = parsed[0] if len(parsed) == 1 else _one_grouping_sets(parsed)
+            return self._grouping_sets(frame, one, node.fields["columns"], converted(one))
+        keys = [self._columns(frame, [g[1]])[0] for g in parsed]
         columns = self._columns(frame, node.fields["columns"])
-        sets = [g for g in grouping if g[0] != "column"]
-        keys = [g[1] for g in grouping if g[0] == "column"]
-        if len(sets) > 1 or (sets and keys):
-            raise not_yet("A GROUP BY of several grouping sets clauses, or of grouping sets and columns",
-                          "write one GROUPING SETS clause with every column in it")
-        if sets:
-            return self._grouping_sets(frame, node.fields["grouping"][0], node.fields["columns"], sets[0])
         return self._without_keys(frame.groupBy(*keys).agg(*columns), len(keys))
 
     def _grouping_sets(self, frame: Any, parsed: tuple, select: list, converted: tuple) -> Any:
