@@ -69,6 +69,11 @@ CASES = {
     "grouping sets": (
         "SELECT id, window(ts, '30 seconds') AS w, count(*) AS n FROM events "
         "GROUP BY GROUPING SETS ((id, window(ts, '30 seconds')), (window(ts, '30 seconds')))", "append"),
+    "window_time: windows of windows": (
+        "WITH per AS (SELECT window(ts, '20 seconds') AS w, count(*) AS n FROM events "
+        "GROUP BY window(ts, '20 seconds')) "
+        "SELECT window(window_time(w), '1 minute') AS big, sum(n) AS total FROM per "
+        "GROUP BY window(window_time(w), '1 minute')", "append"),
     "a window and a ROLLUP": (
         "SELECT id, window(ts, '30 seconds') AS w, count(*) AS n, max(v) AS top FROM events "
         "GROUP BY window(ts, '30 seconds'), ROLLUP(id)", "append"),

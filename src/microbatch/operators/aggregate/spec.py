@@ -225,10 +225,15 @@ def grouped_partial(df: DataFrame, keys: tuple, calls, buffer_names, extra: tupl
 def final_columns(spec: AggregateSpec) -> list:
     """The result columns of step 3 (Column objects, reusable across batches)."""
     from pyspark.sql import functions as F
-    columns: list[Any] = [F.col(_quote(k)) for k in spec.key_names if k != GROUPING_ID]
+    keys = [k for k in spec.key_names if k != GROUPING_ID]
+    columns: list[Any] = [F.col(_quote(k)) for k in keys]
     types = {f.name: f.dataType for f in spec.output_schema.fields}
     for name, sql in spec.outputs:
-        columns.append(F.expr(sql).cast(types[name]).alias(name))
+        key = next((k for k in keys if sql in (k, _quote(k))), None)
+        if key is not None:   # a key again (``window AS w``): the column, with its metadata (a window's)
+            columns.append(F.col(_quote(key)).alias(name))
+        else:
+            columns.append(F.expr(sql).cast(types[name]).alias(name))
     return columns
 
 
