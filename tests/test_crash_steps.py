@@ -45,6 +45,9 @@ STEPS = {
     "stateful": ["state-loaded", "state-delta-written", "state-snapshot-written", "sink-manifest-written",
                  "state-cleanup", "commit-written"],
     "foreach": ["offsets-written", "state-delta-written", "foreach-batch-returned", "commit-written"],
+    # (sink-data-written: the batch's parquet files are in the table's directory, its Delta
+    # commit not made; sink-manifest-written: the Delta commit, with the query's txn, made)
+    "delta": ["offsets-written", "sink-data-written", "sink-manifest-written", "commit-written"],
 }
 
 

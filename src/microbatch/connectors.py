@@ -11,12 +11,16 @@ from microbatch.kafka.sink import KafkaSinkProvider
 from microbatch.kafka.source import KafkaSourceProvider
 from microbatch.sinks.base import SinkProvider
 from microbatch.sinks.console import ConsoleSinkProvider
+from microbatch.sinks.delta import DeltaSinkProvider
 from microbatch.sinks.file import PROVIDERS as FILE_SINK_PROVIDERS
 from microbatch.sinks.foreach import ForeachSinkProvider
+from microbatch.sinks.iceberg import IcebergSinkProvider
 from microbatch.sinks.foreach_batch import ForeachBatchSinkProvider
 from microbatch.sinks.memory import MemorySinkProvider
 from microbatch.sinks.noop import NoopSinkProvider
 from microbatch.sources.base import SourceProvider
+from microbatch.sources.delta import DeltaSourceProvider
+from microbatch.sources.iceberg import IcebergSourceProvider
 from microbatch.sources.file import PROVIDERS as FILE_SOURCE_PROVIDERS
 from microbatch.sources.rate import RateSourceProvider
 from microbatch.sources.rate_micro_batch import RateMicroBatchSourceProvider
@@ -65,8 +69,8 @@ def _python_sink(name: str, data_source_class: type) -> SinkProvider:
     return PythonDataSourceSinkProvider(name, data_source_class)
 
 
-_SOURCES = _Registry("source", {"socket", "delta"}, _python_source, "microbatch knows")
-_SINKS = _Registry("sink", {"delta"}, _python_sink, "microbatch's sinks")
+_SOURCES = _Registry("source", {"socket"}, _python_source, "microbatch knows")
+_SINKS = _Registry("sink", set(), _python_sink, "microbatch's sinks")
 
 
 def register_source(provider: SourceProvider) -> None:
@@ -90,8 +94,9 @@ def lookup_sink(name: str, spark=None) -> SinkProvider:
 
 
 for _source in (RateSourceProvider(), RateMicroBatchSourceProvider(), KafkaSourceProvider(),
-                *FILE_SOURCE_PROVIDERS):
+                DeltaSourceProvider(), IcebergSourceProvider(), *FILE_SOURCE_PROVIDERS):
     register_source(_source)
 for _sink in (ConsoleSinkProvider(), MemorySinkProvider(), ForeachBatchSinkProvider(),
-              ForeachSinkProvider(), NoopSinkProvider(), KafkaSinkProvider(), *FILE_SINK_PROVIDERS):
+              ForeachSinkProvider(), NoopSinkProvider(), KafkaSinkProvider(), DeltaSinkProvider(),
+              IcebergSinkProvider(), *FILE_SINK_PROVIDERS):
     register_sink(_sink)

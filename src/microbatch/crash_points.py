@@ -19,8 +19,9 @@ The steps, in the order a batch meets them (``execution.micro_batch`` has the pr
   ``kafka-sink-record`` (one more record delivered: each record is flushed before the
   next when armed, i.e. a kill in the middle of a sink write) and ``kafka-sink-flushed``
   (a task's producer flushed).
-- ``sink-data-written``: the file sink's data files are in place, its manifest not yet;
-  ``sink-manifest-written``: ``_spark_metadata/N`` written (the file sink's commit);
+- ``sink-data-written``: the file sink's (or the Delta sink's) data files are in place,
+  its manifest (Delta commit) not yet; ``sink-manifest-written``: ``_spark_metadata/N``
+  written (the file sink's commit), or the Delta table's commit of the batch made;
   ``log-compacted``: a compact file of the file source's or the file sink's log written;
   ``foreach-batch-returned``: the user's ``foreachBatch`` function returned.
 - ``sink-added``: the sink is done with batch N (every state partition committed).

@@ -69,6 +69,13 @@ def table_location(write: TableWrite, name: str) -> tuple[str, str]:
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1190",
                                           viewName=name)
     source = write.format or spark.conf.get("spark.sql.sources.default", "parquet")
+    if source.lower() == "iceberg":     # (a table of an Iceberg catalog: the sink resolves the name)
+        return "iceberg", name
+    if source.lower() == "delta":
+        raise UnsupportedOperationError(
+            f"toTable('{name}') with format 'delta' needs a catalog that keeps Delta tables, which this "
+            "Spark has not (no delta-spark jar). Write the table by its path: "
+            "writeStream.format('delta').start('/path/to/table').")
     table = spark_internals.catalog_table(spark, name)
     if table is None:
         _create_table(write, name, source)

@@ -91,6 +91,32 @@ def escape_path_name(value: str) -> str:
     return "".join(f"%{ord(c):02X}" if c in special or ord(c) < 0x20 else c for c in value)
 
 
+def partition_groups(table: pa.Table, columns: tuple[str, ...]) -> list[tuple[tuple, pa.Table]]:
+    """``table``'s rows by the values of ``columns`` (strings, or None): (values, rows)."""
+    import pyarrow.compute as pc
+    if not columns:
+        return [((), table)]
+    distinct = table.select(list(columns)).group_by(list(columns), use_threads=False).aggregate([]).to_pylist()
+    groups = []
+    for values in distinct:
+        mask = None
+        for name in columns:
+            value = values[name]
+            test = pc.is_null(table.column(name)) if value is None \
+                else pc.fill_null(pc.equal(table.column(name), value), False)
+            mask = test if mask is None else pc.and_(mask, test)
+        groups.append((tuple(values[n] for n in columns), table.filter(mask)))
+    return groups
+
+
+def partition_directory(columns: tuple[str, ...], values: tuple) -> str:
+    """``/c1=v1/c2=v2`` as Spark names a partition's directory (an empty or null value as
+    ``__HIVE_DEFAULT_PARTITION__``)."""
+    return "".join(f"/{escape_path_name(n)}="
+                   f"{'__HIVE_DEFAULT_PARTITION__' if v in (None, '') else escape_path_name(v)}"
+                   for n, v in zip(columns, values))
+
+
 @dataclass(frozen=True)
 class InPlaceWriteTask:
     """The Spark task of an in-place write: one partition's rows, grouped by the
@@ -109,32 +135,15 @@ class InPlaceWriteTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
-        import pyarrow.compute as pc
 
         batches = list(batches)
         if not batches or not sum(b.num_rows for b in batches):
             return
         table = pa.Table.from_batches(batches)
         task = TaskContext.get().partitionId()
-        groups = [((), table)]
-        if self.partition_columns:
-            distinct = table.select(list(self.partition_columns)).group_by(
-                list(self.partition_columns), use_threads=False).aggregate([]).to_pylist()
-            groups = []
-            for values in distinct:
-                mask = None
-                for name in self.partition_columns:
-                    value = values[name]
-                    test = pc.is_null(table.column(name)) if value is None \
-                        else pc.fill_null(pc.equal(table.column(name), value), False)
-                    mask = test if mask is None else pc.and_(mask, test)
-                groups.append((tuple(values[n] for n in self.partition_columns), table.filter(mask)))
         fs = storage_from_spec(self.storage)
-        for values, rows in groups:
-            directory = self.root + "".join(
-                f"/{escape_path_name(n)}="
-                f"{'__HIVE_DEFAULT_PARTITION__' if v in (None, '') else escape_path_name(v)}"
-                for n, v in zip(self.partition_columns, values))
+        for values, rows in partition_groups(table, self.partition_columns):
+            directory = self.root + partition_directory(self.partition_columns, values)
             path = f"{directory}/part-{task:05d}-{self.batch_id}-{self.attempt}-c000{self.suffix}"
             data = self._encode(rows.drop_columns(list(self.partition_columns)))
             fs.write_bytes(path, data)

@@ -1,6 +1,6 @@
 """Seeded chaos: SIGKILL streaming queries at random moments, then check exactly-once.
 
-    python -m microbatch.testing.chaos [--kills 100] [--seed 7] [--kinds stateless,stateful,foreach]
+    python -m microbatch.testing.chaos [--kills 100] [--seed 7] [--kinds stateless,stateful,foreach,delta]
                                        [--workdir DIR]
 
 For each pipeline kind the runner feeds json input files, starts the query in a child
@@ -22,6 +22,8 @@ The pipeline kinds (every one reads json files, ``maxFilesPerTrigger`` 1):
   sink; state snapshots and cleanup every few versions.
 - ``foreach``: a running count per key, update mode, into ``foreachBatch`` writing an
   idempotent table (each batch overwrites its own ``batch=<id>`` directory).
+- ``delta``: filter and project into the Delta sink; the table is read back by
+  ``deltalake`` and by DuckDB's delta extension, which must agree.
 
 The children run with small log retention, compaction intervals and snapshot
 intervals, so that a run of a few batches passes through every step of the protocol.
@@ -44,7 +46,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-KINDS = ("stateless", "stateful", "foreach")
+KINDS = ("stateless", "stateful", "foreach", "delta")
 ROWS_PER_FILE = 10
 #: Confs of the children: small retention and intervals, so a few batches reach every
 #: protocol step (log purge and compaction, state snapshots and cleanup).
@@ -93,9 +95,10 @@ def writer(ss, kind: str, root: str):
             .option("sourceArchiveDir", os.path.join(root, "archive"))
     frame = reader.load(os.path.join(root, "in"))
     out, ckpt = os.path.join(root, "out"), os.path.join(root, "ckpt")
-    if kind == "stateless":
+    if kind in ("stateless", "delta"):
         return (frame.where("id % 3 != 0").withColumn("label", F.concat_ws("-", "name", "id"))
-                .writeStream.format("parquet").option("path", out).option("checkpointLocation", ckpt))
+                .writeStream.format("parquet" if kind == "stateless" else "delta")
+                .option("path", out).option("checkpointLocation", ckpt))
     if kind == "stateful":
         counts = (frame.withColumn("event", F.timestamp_seconds("ts")).withWatermark("event", "0 seconds")
                   .groupBy(F.window("event", "50 seconds"), "name").count()
@@ -128,6 +131,10 @@ def expected_and_actual(spark, kind: str, root: str) -> tuple[collections.Counte
     source = _all_input(spark, root)
     rows_in = source.count()
     out = os.path.join(root, "out")
+    if kind == "delta":
+        expected = source.where("id % 3 != 0").withColumn("label", F.concat_ws("-", "name", "id"))
+        return (collections.Counter(tuple(r) for r in expected.select("id", "name", "ts", "label").collect()),
+                _delta_rows(out), rows_in)
     if kind == "stateless":
         expected = source.where("id % 3 != 0").withColumn("label", F.concat_ws("-", "name", "id")) \
             .select("id", "name", "ts", "label")
@@ -147,6 +154,28 @@ def expected_and_actual(spark, kind: str, root: str) -> tuple[collections.Counte
         actual = batches.join(newest, ["name", "batch"]).select("name", "count")
     return (collections.Counter(tuple(r) for r in expected.collect()),
             collections.Counter(tuple(r) for r in actual.collect()), rows_in)
+
+
+def _delta_rows(table: str) -> collections.Counter:
+    """The Delta table's rows read by ``deltalake``; by DuckDB's delta extension too, when
+    it is installed (a second reader: delta-kernel), which must read the same."""
+    import glob
+    import site
+
+    from deltalake import DeltaTable
+    found = collections.Counter((r["id"], r["name"], r["ts"], r["label"])
+                                for r in DeltaTable(table).to_pyarrow_table().to_pylist())
+    extensions = glob.glob(os.path.join(site.getsitepackages()[0],
+                                        "duckdb_ext/extensions/v*/*/delta.duckdb_extension"))
+    if extensions:
+        import duckdb
+        con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+        con.execute(f"LOAD '{extensions[0]}'")
+        by_duckdb = collections.Counter(con.execute(
+            f"SELECT id, name, ts, label FROM delta_scan('{table}')").fetchall())
+        if by_duckdb != found:
+            raise AssertionError(f"deltalake and DuckDB read the Delta table at {table} differently")
+    return found
 
 
 def finish(ss, kind: str, root: str) -> None:
@@ -266,9 +295,24 @@ def landing(kind: str, root: str) -> tuple[str, int]:
     if kind == "foreach":
         # Spark's writer creates the directory when the job starts, _SUCCESS when it is done
         written = os.path.exists(os.path.join(root, "out", f"batch={offsets}", "_SUCCESS"))
+    elif kind == "delta":   # the table's txn of the query has the batch
+        written = offsets <= _delta_txn(os.path.join(root, "out"))
     else:
         written = offsets in _ids(os.path.join(root, "out", "_spark_metadata"))
     return (SINK_COMMITTED if written else PLANNED), offsets
+
+
+def _delta_txn(table: str) -> int:
+    """The newest batch id any query committed to the Delta table (its ``txn`` actions), -1 if none."""
+    newest = -1
+    for path in sorted(os.listdir(os.path.join(table, "_delta_log"))) if os.path.isdir(
+            os.path.join(table, "_delta_log")) else []:
+        if path.endswith(".json"):
+            with open(os.path.join(table, "_delta_log", path)) as f:
+                for line in f:
+                    if '"txn"' in line:
+                        newest = max(newest, int(json.loads(line)["txn"]["version"]))
+    return newest
 
 
 # -- the runner ------------------------------------------------------------------

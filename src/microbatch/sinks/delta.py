@@ -1,0 +1,222 @@
+"""The Delta Lake sink: ``writeStream.format("delta").start(path)``, exactly once, as Delta's
+own streaming sink (``DeltaSink``) writes a table.
+
+A batch, in order:
+
+1. The table's last transaction of this query (``txn`` of app id = the query's id, read by
+   ``deltalake``): at or past the batch id, the batch is there already (a re-run after a
+   crash between the table's commit and ``commits/N``) and is skipped.
+2. Spark tasks write the batch's rows as parquet files at their final names in the table's
+   directory (``part-<task>-<uuid>.c000.snappy.parquet``, under the partition directories),
+   each task returning the files' paths, sizes, row and null counts: the data never passes
+   through the driver.
+3. The driver commits one Delta log entry: an ``add`` per file and a
+   ``txn(appId = query id, version = batch id)``, with ``deltalake``'s
+   ``create_write_transaction`` (the table made by the first batch's commit). In complete
+   mode the entry replaces every file of the table (Delta's sink overwrites then).
+
+A crash before step 3 leaves files no log entry names: no Delta reader sees them, the
+re-run batch writes its own, and ``VACUUM`` removes them. A crash after it is step 1's case.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+from urllib.parse import quote
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from microbatch import crash_points
+from microbatch.checkpoint.stream_metadata import StreamMetadata
+from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
+from microbatch.sinks.file import partition_directory, partition_groups
+from microbatch.util import local_path
+
+log = logging.getLogger(__name__)
+
+_FILES_SCHEMA = "path STRING, size LONG, modificationTime LONG, partitionValues STRING, stats STRING"
+
+
+@dataclass(frozen=True)
+class DeltaWriteTask:
+    """The Spark task of a Delta batch: one partition's rows, grouped by the partition
+    columns (already strings), each group one parquet file in the table's directory.
+    Yields a row per file: its path relative to the table (URI-encoded, as Delta's log
+    has it), size, modification time, partition values and statistics."""
+
+    root: str                           # the table's directory
+    partition_columns: tuple[str, ...]
+    attempt: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        batches = list(batches)
+        if not batches or not sum(b.num_rows for b in batches):
+            return
+        table = pa.Table.from_batches(batches)
+        task = TaskContext.get().partitionId()
+        for values, rows in partition_groups(table, self.partition_columns):
+            relative = (partition_directory(self.partition_columns, values).lstrip("/") + "/").lstrip("/") + \
+                f"part-{task:05d}-{self.attempt}-c000.snappy.parquet"
+            data = rows.drop_columns(list(self.partition_columns))
+            target = os.path.join(self.root, relative)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            pq.write_table(data, target, compression="snappy")
+            stats = {"numRecords": data.num_rows,
+                     "nullCount": {name: data.column(name).null_count for name in data.column_names
+                                   if not pa.types.is_nested(data.schema.field(name).type)}}
+            yield pa.RecordBatch.from_pylist([{
+                "path": quote(relative, safe="/="), "size": os.path.getsize(target),
+                "modificationTime": int(time.time() * 1000),
+                "partitionValues": json.dumps(dict(zip(self.partition_columns, values))),
+                "stats": json.dumps(stats)}],
+                schema=pa.schema([("path", pa.string()), ("size", pa.int64()), ("modificationTime", pa.int64()),
+                                  ("partitionValues", pa.string()), ("stats", pa.string())]))
+
+
+class DeltaSink(Sink):
+    """Appends each batch to a Delta table (complete mode: replaces its files), exactly
+    once by the query's id and the batch id (see the module docstring)."""
+
+    reads_batch_through = READS_SQL
+
+    def __init__(self, context: SinkContext, path: str, merge_schema: bool):
+        self.path = path
+        self.partition_by = list(context.partition_by)
+        self.complete = context.output_mode == "complete"
+        self.merge_schema = merge_schema
+        self._fs, self._checkpoint_root = context.fs, context.checkpoint_root
+        self._app_id: str | None = None
+        self._metrics: dict[str, str] = {}
+
+    @property
+    def app_id(self) -> str:
+        """The query's id (the checkpoint's ``metadata``): Delta's sink's ``txn`` app id."""
+        if self._app_id is None:
+            self._app_id = StreamMetadata.read_or_create(self._fs, self._checkpoint_root).id
+        return self._app_id
+
+    def _table(self) -> Any:
+        from deltalake import DeltaTable
+        return DeltaTable(self.path) if DeltaTable.is_deltatable(self.path) else None
+
+    def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.transaction import AddAction, create_table_with_add_actions
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        table = self._table()
+        if table is not None:
+            done = table.transaction_version(self.app_id)
+            if done is not None and done >= batch_id:
+                log.info("Skipping batch %d: the Delta table at %s has it (txn %s = %d)",
+                         batch_id, self.path, self.app_id, done)
+                self._metrics = {"numOutputFiles": "0"}
+                self.last_num_output_rows = 0
+                return
+        data = [c for c in df.columns if c not in self.partition_by]
+        schema = to_arrow_schema(StructType([df.schema[c] for c in data] + [df.schema[c] for c in self.partition_by]),
+                                 timezone="UTC")
+        if table is not None:
+            self._check_table(table, schema)
+        prepared = df.select(*[F.col(_quoted(c)).cast("string").alias(c) for c in self.partition_by],
+                             *[F.col(_quoted(c)) for c in data])
+        task = DeltaWriteTask(self.path, tuple(self.partition_by), uuid.uuid4().hex)
+        files = prepared.mapInArrow(task, _FILES_SCHEMA).collect()
+        crash_points.reached("sink-data-written")
+        actions = [AddAction(f.path, f.size, json.loads(f.partitionValues), f.modificationTime, True, f.stats)
+                   for f in sorted(files, key=lambda f: f.path)]
+        delta_schema = _delta_schema(schema)
+        if table is not None and self.merge_schema:
+            table = self._table()    # (its schema, with the columns mergeSchema added)
+            delta_schema = table.schema()
+        commit = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id, int(time.time() * 1000))],
+                                  custom_metadata={"microbatch.batchId": str(batch_id)})
+        mode = "overwrite" if self.complete else "append"
+        if table is None:
+            create_table_with_add_actions(self.path, delta_schema, actions, mode="append",
+                                          partition_by=self.partition_by or None, commit_properties=commit)
+        else:
+            table.create_write_transaction(actions, mode, delta_schema,
+                                           partition_by=self.partition_by or None, commit_properties=commit)
+        crash_points.reached("sink-manifest-written")
+        self._metrics = {"numOutputFiles": str(len(actions))}
+        self.last_num_output_rows = sum(json.loads(a.stats)["numRecords"] for a in actions)
+
+    def _check_table(self, table: Any, schema: pa.Schema) -> None:
+        """Delta's checks of a write into an existing table: the same partition columns;
+        columns of the same types; a column the table lacks only with ``mergeSchema``,
+        which adds it (a commit of its own, before the batch's: delta-rs commits a schema
+        change apart from files). A table column the stream lacks is null in its rows."""
+        metadata = table.metadata()
+        if [c.lower() for c in metadata.partition_columns] != [c.lower() for c in self.partition_by]:
+            raise AnalysisException(
+                f"[DELTA_PARTITION_COLUMN_MISMATCH] Partition columns do not match the partition columns of "
+                f"the table at {self.path}. Given: {self.partition_by}; table: "
+                f"{list(metadata.partition_columns)}. Write with .partitionBy("
+                f"{', '.join(repr(c) for c in metadata.partition_columns)}), or to another table.")
+        existing = {f.name.lower(): f for f in table.schema().fields}
+        given = _delta_schema(schema).fields
+        for field in given:
+            known = existing.get(field.name.lower())
+            if known is not None and known.type != field.type:
+                raise AnalysisException(
+                    f"[DELTA_FAILED_TO_MERGE_FIELDS] Failed to merge fields '{known.name}' and '{field.name}': "
+                    f"the Delta table at {self.path} has {known.type}, the stream {field.type}. Cast the "
+                    "column to the table's type, or write to another table.")
+        new = [f for f in given if f.name.lower() not in existing]
+        if new and not self.merge_schema:
+            raise AnalysisException(
+                "[DELTA_METADATA_MISMATCH] A schema mismatch detected when writing to the Delta table at "
+                f"{self.path}: the stream has columns the table does not ({[f.name for f in new]}; the "
+                f"table's: {[f.name for f in table.schema().fields]}). To add them to the table, set "
+                "writeStream.option(\"mergeSchema\", \"true\"); or select the table's columns.")
+        if new:
+            log.info("Adding columns %s to the Delta table at %s (mergeSchema)", [f.name for f in new], self.path)
+            table.alter.add_columns(new)
+
+    def progress_metrics(self) -> dict[str, str]:
+        return dict(self._metrics)
+
+    def __str__(self) -> str:
+        return f"DeltaSink[{self.path}]"
+
+
+def _delta_schema(schema: pa.Schema) -> Any:
+    from deltalake import Schema
+    return Schema.from_arrow(schema)
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class DeltaSinkProvider(SinkProvider):
+    """``writeStream.format("delta")``: options ``path``, ``mergeSchema``; ``partitionBy``;
+    append and complete output modes, as Delta's sink."""
+
+    short_name = "delta"
+
+    def create(self, context: SinkContext) -> Sink:
+        options = context.options
+        if "path" not in options:
+            raise IllegalArgumentException(
+                "'path' is not specified. Give the Delta table's directory: "
+                "writeStream.format('delta').start('/path/to/table').")
+        if context.output_mode not in ("append", "complete"):
+            raise AnalysisException(
+                f"[DELTA_UNSUPPORTED_OUTPUT_MODE] Data source delta does not support "
+                f"{context.output_mode.capitalize()} output mode. Use append or complete.")
+        merge = options.get("mergeSchema", "false").lower() == "true"
+        return DeltaSink(context, local_path(options["path"], "Delta table"), merge)

@@ -1,0 +1,119 @@
+"""The Iceberg sink and source on real tables of a SQL catalog on SQLite (pyiceberg): each
+batch one snapshot whose summary records the query id and batch id, read back by
+pyiceberg; a batch re-run after a crash between the table's commit and ``commits/N`` is
+skipped; the source reads what another writer appends and resumes after a restart."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from helpers import json_stream
+from stream_events import write_event_files
+
+from microbatch.lakehouse import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, iceberg_catalog
+
+SCHEMA = "id INT, name STRING, v DOUBLE"
+EVENTS = [[(1, "a", 1.5), (2, "b", None), (3, None, 3.0)], [(4, "a", 4.5), (5, "c", 5.0)], [(6, "b", 6.5)]]
+
+
+@pytest.fixture
+def catalog_options(tmp_path):
+    root = tmp_path / "warehouse"
+    root.mkdir()
+    return {"catalog.type": "sql", "catalog.uri": f"sqlite:///{root}/catalog.db", "catalog.warehouse": f"file://{root}"}
+
+
+@pytest.fixture
+def events(tmp_path):
+    return write_event_files(tmp_path / "events", EVENTS, lambda i, n, v: {"id": i, "name": n, "v": v})
+
+
+def catalog(options):
+    return iceberg_catalog("/nonexistent", options)
+
+
+def write(ss, frame, name, ckpt, options, mode="append"):
+    writer = frame.writeStream.format("iceberg").outputMode(mode).option("checkpointLocation", str(ckpt))
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    query = writer.trigger(availableNow=True).toTable(name)
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def rows_of(options, name) -> list:
+    return sorted(((r["id"], r["name"], r["v"]) for r in catalog(options).load_table(name).scan().to_arrow().to_pylist()),
+                  key=str)
+
+
+def expected() -> list:
+    return sorted((row for batch in EVENTS for row in batch), key=str)
+
+
+def test_each_batch_is_one_snapshot_with_the_query_and_batch_ids(ss, events, tmp_path, catalog_options):
+    query = write(ss, json_stream(ss, events, SCHEMA), "db.events", tmp_path / "ckpt", catalog_options)
+    assert rows_of(catalog_options, "db.events") == expected()
+    snapshots = catalog(catalog_options).load_table("db.events").snapshots()
+    summaries = [s.summary.additional_properties for s in snapshots]
+    assert [(p[QUERY_ID_PROPERTY], p[EPOCH_ID_PROPERTY], p["added-records"]) for p in summaries] == \
+        [(query.id, str(b), str(len(rows))) for b, rows in enumerate(EVENTS)]
+
+
+def test_a_batch_in_the_table_but_not_in_the_checkpoint_is_not_written_twice(ss, events, tmp_path, catalog_options):
+    ckpt = tmp_path / "ckpt"
+    write(ss, json_stream(ss, events, SCHEMA), "db.events", ckpt, catalog_options)
+    os.remove(ckpt / "commits" / "2")
+    write(ss, json_stream(ss, events, SCHEMA), "db.events", ckpt, catalog_options)
+    assert (ckpt / "commits" / "2").exists()
+    assert len(catalog(catalog_options).load_table("db.events").snapshots()) == len(EVENTS)
+    assert rows_of(catalog_options, "db.events") == expected()
+
+
+def test_complete_mode_overwrites(ss, events, tmp_path, catalog_options):
+    counts = json_stream(ss, events, SCHEMA).groupBy("name").count()
+    write(ss, counts, "db.counts", tmp_path / "ckpt", catalog_options, mode="complete")
+    table = catalog(catalog_options).load_table("db.counts")
+    got = sorted(((r["name"] or ""), r["count"]) for r in table.scan().to_arrow().to_pylist())
+    assert got == [("", 1), ("a", 2), ("b", 2), ("c", 1)]
+
+
+def test_the_source_reads_appends_resumes_and_refuses_an_overwrite(ss, tmp_path, catalog_options):
+    table = catalog(catalog_options)
+    table.create_namespace_if_not_exists("db")
+    made = table.create_table("db.src", schema=pa.schema([("id", pa.int64()), ("name", pa.string())]))
+
+    def append(rows):
+        made.append(pa.table({"id": pa.array([r[0] for r in rows], pa.int64()), "name": [r[1] for r in rows]}))
+
+    def read(ckpt, **options):
+        batches = []
+        reader = ss.readStream.format("iceberg")
+        for key, value in {**catalog_options, **options}.items():
+            reader = reader.option(key, value)
+        query = reader.load("db.src").writeStream.foreachBatch(
+            lambda df, _: batches.append(sorted((r.id, r.name) for r in df.collect()))) \
+            .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+        query.awaitTermination(300)
+        if query.exception() is not None:
+            raise query.exception()
+        return batches
+
+    append([(1, "a"), (2, "b")])
+    append([(3, "c")])
+    assert read(tmp_path / "c1") == [[(1, "a"), (2, "b"), (3, "c")]]
+    append([(4, "d")])
+    assert read(tmp_path / "c1") == [[(4, "d")]]
+    assert read(tmp_path / "c2", **{"streaming-max-files-per-micro-batch": "1"}) == \
+        [[(1, "a"), (2, "b")], [(3, "c")], [(4, "d")]]
+    made.overwrite(pa.table({"id": pa.array([9], pa.int64()), "name": ["z"]}))
+    with pytest.raises(StreamingQueryException, match="Cannot process (overwrite|delete) snapshot"):
+        read(tmp_path / "c1")
+    append([(5, "e")])
+    skipped = read(tmp_path / "c3", **{"streaming-skip-overwrite-snapshots": "true",
+                                       "streaming-skip-delete-snapshots": "true",
+                                       "streaming-max-files-per-micro-batch": "1"})
+    assert skipped[-1] == [(5, "e")] and [(1, "a"), (2, "b")] in skipped
