@@ -309,3 +309,34 @@ def test_starting_timestamp_max_bytes_and_ignore_deletes(ss, tmp_path):
     assert read_stream(ss, table, tmp_path / "c3", ignoreDeletes="true") == [[(5, "e")]]
     with pytest.raises(StreamingQueryException, match="DELTA_SOURCE_TABLE_IGNORE_CHANGES"):
         read_stream(ss, table, tmp_path / "c4")
+
+
+def test_a_table_on_s3_with_the_checkpoints_credentials(ss, spark, events, tmp_path):
+    """The table on a real S3 endpoint (moto's server): the tasks write the files at their
+    keys, delta-rs commits with the endpoint and keys of ``spark.hadoop.fs.s3a.*``; a batch
+    re-run is skipped there too."""
+    import boto3
+
+    from microbatch.testing.s3_server import s3_server
+    with s3_server() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="moto", aws_secret_access_key="moto-secret",
+                     region_name="us-east-1").create_bucket(Bucket="lake")
+        settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "moto",
+                    "spark.hadoop.fs.s3a.secret.key": "moto-secret", "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        try:
+            ckpt = tmp_path / "ckpt"
+            query = run(json_stream(ss, events, SCHEMA), "s3a://lake/bronze/events", ckpt)
+            options = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "moto",
+                       "AWS_SECRET_ACCESS_KEY": "moto-secret", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+            table = DeltaTable("s3://lake/bronze/events", storage_options=options)
+            assert sorted((r["id"], r["name"], r["v"]) for r in table.to_pyarrow_table().to_pylist()) == \
+                expected_rows()
+            assert table.transaction_version(query.id) == len(EVENTS) - 1 and table.version() == len(EVENTS) - 1
+            os.remove(ckpt / "commits" / "2")
+            run(json_stream(ss, events, SCHEMA), "s3a://lake/bronze/events", ckpt)
+            assert DeltaTable("s3://lake/bronze/events", storage_options=options).version() == len(EVENTS) - 1
+        finally:
+            for key in settings:
+                spark.conf.unset(key)

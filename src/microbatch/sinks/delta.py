@@ -20,14 +20,15 @@ re-run batch writes its own, and ``VACUUM`` removes them. A crash after it is st
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -35,6 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch import crash_points
+from microbatch.checkpoint.fs import storage_for, storage_from_spec
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
@@ -53,9 +55,10 @@ class DeltaWriteTask:
     Yields a row per file: its path relative to the table (URI-encoded, as Delta's log
     has it), size, modification time, partition values and statistics."""
 
-    root: str                           # the table's directory
+    root: str                           # the table's directory (local) or URI (an object store)
     partition_columns: tuple[str, ...]
     attempt: str
+    storage: tuple = field(repr=False, default=("file", ()))   # storage_from_spec's; may hold credentials
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
@@ -70,14 +73,21 @@ class DeltaWriteTask:
             relative = (partition_directory(self.partition_columns, values).lstrip("/") + "/").lstrip("/") + \
                 f"part-{task:05d}-{self.attempt}-c000.snappy.parquet"
             data = rows.drop_columns(list(self.partition_columns))
-            target = os.path.join(self.root, relative)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            pq.write_table(data, target, compression="snappy")
+            if self.storage[0] == "file":
+                target = os.path.join(self.root, relative)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                pq.write_table(data, target, compression="snappy")
+                size = os.path.getsize(target)
+            else:    # an object store: the file written whole at its final key
+                encoded = io.BytesIO()
+                pq.write_table(data, encoded, compression="snappy")
+                storage_from_spec(self.storage).write_bytes(f"{self.root}/{relative}", encoded.getvalue())
+                size = len(encoded.getvalue())
             stats = {"numRecords": data.num_rows,
                      "nullCount": {name: data.column(name).null_count for name in data.column_names
                                    if not pa.types.is_nested(data.schema.field(name).type)}}
             yield pa.RecordBatch.from_pylist([{
-                "path": quote(relative, safe="/="), "size": os.path.getsize(target),
+                "path": quote(relative, safe="/="), "size": size,
                 "modificationTime": int(time.time() * 1000),
                 "partitionValues": json.dumps(dict(zip(self.partition_columns, values))),
                 "stats": json.dumps(stats)}],
@@ -91,14 +101,25 @@ class DeltaSink(Sink):
 
     reads_batch_through = READS_SQL
 
-    def __init__(self, context: SinkContext, path: str, merge_schema: bool):
-        self.path = path
+    def __init__(self, context: SinkContext, path: str, merge_schema: bool,
+                 storage: tuple = ("file", ()), storage_options: dict[str, str] | None = None):
+        self.path = path                       # a local directory, or s3://bucket/key
+        self._storage = storage                # how the tasks reach it (storage_from_spec)
+        self._storage_options = storage_options or None   # delta-rs's, for an object store
         self.partition_by = list(context.partition_by)
         self.complete = context.output_mode == "complete"
         self.merge_schema = merge_schema
         self._fs, self._checkpoint_root = context.fs, context.checkpoint_root
         self._app_id: str | None = None
         self._metrics: dict[str, str] = {}
+
+    @property
+    def _task_root(self) -> str:
+        """The table's root as the tasks' storage names it (``s3a://`` for an s3a table)."""
+        if self._storage[0] == "file":
+            return self.path
+        parsed = urlparse(self.path)
+        return f"{self._storage[0]}://{parsed.netloc}{parsed.path}"
 
     @property
     def app_id(self) -> str:
@@ -109,7 +130,9 @@ class DeltaSink(Sink):
 
     def _table(self) -> Any:
         from deltalake import DeltaTable
-        return DeltaTable(self.path) if DeltaTable.is_deltatable(self.path) else None
+        if not DeltaTable.is_deltatable(self.path, self._storage_options):
+            return None
+        return DeltaTable(self.path, storage_options=self._storage_options)
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         from deltalake import CommitProperties, Transaction
@@ -132,7 +155,7 @@ class DeltaSink(Sink):
             self._check_table(table, schema)
         prepared = df.select(*[F.col(_quoted(c)).cast("string").alias(c) for c in self.partition_by],
                              *[F.col(_quoted(c)) for c in data])
-        task = DeltaWriteTask(self.path, tuple(self.partition_by), uuid.uuid4().hex)
+        task = DeltaWriteTask(self._task_root, tuple(self.partition_by), uuid.uuid4().hex, self._storage)
         files = prepared.mapInArrow(task, _FILES_SCHEMA).collect()
         crash_points.reached("sink-data-written")
         actions = [AddAction(f.path, f.size, json.loads(f.partitionValues), f.modificationTime, True, f.stats)
@@ -146,7 +169,8 @@ class DeltaSink(Sink):
         mode = "overwrite" if self.complete else "append"
         if table is None:
             create_table_with_add_actions(self.path, delta_schema, actions, mode="append",
-                                          partition_by=self.partition_by or None, commit_properties=commit)
+                                          partition_by=self.partition_by or None, commit_properties=commit,
+                                          storage_options=self._storage_options)
         else:
             table.create_write_transaction(actions, mode, delta_schema,
                                            partition_by=self.partition_by or None, commit_properties=commit)
@@ -168,12 +192,12 @@ class DeltaSink(Sink):
                 f"{', '.join(repr(c) for c in metadata.partition_columns)}), or to another table.")
         existing = {f.name.lower(): f for f in table.schema().fields}
         given = _delta_schema(schema).fields
-        for field in given:
-            known = existing.get(field.name.lower())
-            if known is not None and known.type != field.type:
+        for column in given:
+            known = existing.get(column.name.lower())
+            if known is not None and known.type != column.type:
                 raise AnalysisException(
-                    f"[DELTA_FAILED_TO_MERGE_FIELDS] Failed to merge fields '{known.name}' and '{field.name}': "
-                    f"the Delta table at {self.path} has {known.type}, the stream {field.type}. Cast the "
+                    f"[DELTA_FAILED_TO_MERGE_FIELDS] Failed to merge fields '{known.name}' and '{column.name}': "
+                    f"the Delta table at {self.path} has {known.type}, the stream {column.type}. Cast the "
                     "column to the table's type, or write to another table.")
         new = [f for f in given if f.name.lower() not in existing]
         if new and not self.merge_schema:
@@ -219,4 +243,30 @@ class DeltaSinkProvider(SinkProvider):
                 f"[DELTA_UNSUPPORTED_OUTPUT_MODE] Data source delta does not support "
                 f"{context.output_mode.capitalize()} output mode. Use append or complete.")
         merge = options.get("mergeSchema", "false").lower() == "true"
-        return DeltaSink(context, local_path(options["path"], "Delta table"), merge)
+        raw = options["path"]
+        if urlparse(raw).scheme.lower() in ("s3", "s3a", "s3n"):
+            spark = context.spark
+            settings = {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
+            fs = storage_for(raw, settings)
+            parsed = urlparse(fs.resolve(raw))
+            fs.check_reachable(fs.resolve(raw), "Delta table")
+            return DeltaSink(context, f"s3://{parsed.netloc}{parsed.path}", merge, fs.spec(),
+                             delta_storage_options(settings))
+        return DeltaSink(context, local_path(raw, "Delta table"), merge)
+
+
+def delta_storage_options(settings: dict[str, str]) -> dict[str, str]:
+    """delta-rs's storage options of an S3 table, from the Spark settings the checkpoint
+    takes its endpoint and credentials from (``spark.hadoop.fs.s3a.*``); the environment's
+    AWS variables when those are not set (delta-rs reads them itself)."""
+    keys = {"spark.hadoop.fs.s3a.endpoint": "AWS_ENDPOINT_URL", "spark.hadoop.fs.s3a.access.key": "AWS_ACCESS_KEY_ID",
+            "spark.hadoop.fs.s3a.secret.key": "AWS_SECRET_ACCESS_KEY",
+            "spark.hadoop.fs.s3a.session.token": "AWS_SESSION_TOKEN",
+            "spark.hadoop.fs.s3a.endpoint.region": "AWS_REGION"}
+    options = {option: settings[key] for key, option in keys.items() if settings.get(key)}
+    endpoint = options.get("AWS_ENDPOINT_URL")
+    if endpoint is not None and "://" not in endpoint:
+        options["AWS_ENDPOINT_URL"] = endpoint = "https://" + endpoint
+    if endpoint is not None and endpoint.startswith("http://"):
+        options["AWS_ALLOW_HTTP"] = "true"
+    return options
