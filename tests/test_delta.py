@@ -158,6 +158,9 @@ def test_what_delta_refuses_at_start(ss, events, tmp_path):
     with pytest.raises(AnalysisException, match="DELTA_UNSUPPORTED_OUTPUT_MODE.*Update"):
         frame.groupBy("name").count().writeStream.format("delta").outputMode("update") \
             .option("checkpointLocation", str(tmp_path / "c")).start(str(tmp_path / "t"))
+    with pytest.raises(AnalysisException, match="DELTA_PARTITION_COLUMN_NOT_FOUND.*`nope`"):
+        frame.writeStream.format("delta").partitionBy("nope").option("checkpointLocation", str(tmp_path / "c")) \
+            .start(str(tmp_path / "t"))
     with pytest.raises(ValueError, match="'path' is not specified"):
         frame.writeStream.format("delta").option("checkpointLocation", str(tmp_path / "c")).start()
     run(frame, tmp_path / "t2", tmp_path / "c2")

@@ -243,6 +243,12 @@ class DeltaSinkProvider(SinkProvider):
                 f"[DELTA_UNSUPPORTED_OUTPUT_MODE] Data source delta does not support "
                 f"{context.output_mode.capitalize()} output mode. Use append or complete.")
         merge = options.get("mergeSchema", "false").lower() == "true"
+        columns = context.schema.fieldNames()
+        for column in context.partition_by:
+            if column not in columns:
+                raise AnalysisException(
+                    f"[DELTA_PARTITION_COLUMN_NOT_FOUND] Partition column `{column}` not found in schema "
+                    f"[{', '.join(columns)}]. Give partitionBy columns of the stream.")
         raw = options["path"]
         if urlparse(raw).scheme.lower() in ("s3", "s3a", "s3n"):
             spark = context.spark
