@@ -1,6 +1,6 @@
 """The Iceberg sink and source on real tables of a SQL catalog on SQLite (pyiceberg): each
 batch one snapshot whose summary records the query id and batch id, read back by
-pyiceberg; a batch re-run after a crash between the table's commit and ``commits/N`` is
+pyiceberg and by DuckDB's iceberg extension; a batch re-run after a crash between the table's commit and ``commits/N`` is
 skipped; the source reads what another writer appends and resumes after a restart."""
 from __future__ import annotations
 
@@ -50,6 +50,19 @@ def rows_of(options, name) -> list:
                   key=str)
 
 
+def duckdb_rows(metadata_location: str) -> list:
+    """The table read by DuckDB's own Iceberg reader (its iceberg extension), a second reader."""
+    import glob
+    import site
+
+    import duckdb
+    found = glob.glob(os.path.join(site.getsitepackages()[0], "duckdb_ext/extensions/v*/linux_amd64"))[0]
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true"})
+    con.execute(f"LOAD '{found}/avro.duckdb_extension'")
+    con.execute(f"LOAD '{found}/iceberg.duckdb_extension'")
+    return con.execute(f"SELECT id, name, v FROM iceberg_scan('{metadata_location}')").fetchall()
+
+
 def expected() -> list:
     return sorted((row for batch in EVENTS for row in batch), key=str)
 
@@ -57,6 +70,8 @@ def expected() -> list:
 def test_each_batch_is_one_snapshot_with_the_query_and_batch_ids(ss, events, tmp_path, catalog_options):
     query = write(ss, json_stream(ss, events, SCHEMA), "db.events", tmp_path / "ckpt", catalog_options)
     assert rows_of(catalog_options, "db.events") == expected()
+    assert sorted(duckdb_rows(catalog(catalog_options).load_table("db.events").metadata_location),
+                  key=str) == expected()
     snapshots = catalog(catalog_options).load_table("db.events").snapshots()
     summaries = [s.summary.additional_properties for s in snapshots]
     assert [(p[QUERY_ID_PROPERTY], p[EPOCH_ID_PROPERTY], p["added-records"]) for p in summaries] == \
