@@ -241,6 +241,13 @@ def grouping_column_names(grouped: Any) -> list[str]:
     return names  # type: ignore[return-value]
 
 
+def _conjuncts(condition: Any) -> list:
+    """The parts of a condition's top-level ANDs, in order."""
+    if condition.getClass().getSimpleName() == "And":
+        return _conjuncts(condition.left()) + _conjuncts(condition.right())
+    return [condition]
+
+
 def conjuncts_without_column(filtered: Any, column: str) -> tuple[list[str], list[str]] | None:
     """The conjuncts of the filter that is ``filtered``'s last step, as SQL text, split as
     Spark's optimizer splits a filter above a watermark on ``column``: those it pushes below
@@ -254,16 +261,7 @@ def conjuncts_without_column(filtered: Any, column: str) -> tuple[list[str], lis
                    if output.apply(i).name().lower() == column.lower()), None)
     if target is None:
         return None
-    parts: list[Any] = []
-
-    def split(expression: Any) -> None:
-        if expression.getClass().getSimpleName() == "And":
-            split(expression.left())
-            split(expression.right())
-        else:
-            parts.append(expression)
-
-    split(analyzed.condition())
+    parts = _conjuncts(analyzed.condition())
     pushed, kept = [], []
     for part in parts:
         movable = part.deterministic() and not part.references().contains(target)
@@ -297,16 +295,7 @@ def conjunct_sides(filtered: Any, left_width: int) -> list[tuple[str, int | None
         return None
     output = analyzed.child().output()
     side_of = {output.apply(i).exprId().id(): int(i >= left_width) for i in range(output.size())}
-    parts: list[Any] = []
-
-    def split(expression: Any) -> None:
-        if expression.getClass().getSimpleName() == "And":
-            split(expression.left())
-            split(expression.right())
-        else:
-            parts.append(expression)
-
-    split(analyzed.condition())
+    parts = _conjuncts(analyzed.condition())
     found = []
     for part in parts:
         references = part.references().toSeq()
