@@ -2,6 +2,7 @@
 listener events, and waiting for a condition with a deadline."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -99,3 +100,27 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "t
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(every)
+
+
+@contextlib.contextmanager
+def s3_lake(spark, bucket: str = "lake"):
+    """A real S3 endpoint (moto's server) with ``bucket``, its endpoint and keys set as
+    the session's ``spark.hadoop.fs.s3a.*`` (as a job gives them) for the block; yields
+    delta-rs's storage options for the same endpoint, for the test's own readers."""
+    import boto3
+
+    from microbatch.testing.s3_server import s3_server
+    with s3_server() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="moto", aws_secret_access_key="moto-secret",
+                     region_name="us-east-1").create_bucket(Bucket=bucket)
+        settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "moto",
+                    "spark.hadoop.fs.s3a.secret.key": "moto-secret",
+                    "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
+        for key, value in settings.items():
+            spark.conf.set(key, value)
+        try:
+            yield {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto-secret",
+                   "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+        finally:
+            for key in settings:
+                spark.conf.unset(key)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from helpers import json_stream
+from helpers import json_stream, s3_lake
 from stream_events import write_event_files
 
 from microbatch.lakehouse import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, iceberg_catalog
@@ -132,3 +132,39 @@ def test_the_source_reads_appends_resumes_and_refuses_an_overwrite(ss, tmp_path,
                                        "streaming-skip-delete-snapshots": "true",
                                        "streaming-max-files-per-micro-batch": "1"})
     assert skipped[-1] == [(5, "e")] and [(1, "a"), (2, "b")] in skipped
+
+
+def test_a_table_on_s3_written_and_streamed_back(ss, spark, events, tmp_path):
+    """A catalog whose warehouse is on S3 (moto's server), reached with the endpoint and keys
+    of ``spark.hadoop.fs.s3a.*`` as the checkpoint takes them: the sink's tasks write the
+    files at their keys and the snapshots name them; the source reads them in Spark tasks
+    (this Spark has no hadoop-aws), then what pyiceberg appends, resuming."""
+    from microbatch.spark_internals import session_settings
+    with s3_lake(spark):
+        options = {"catalog.type": "sql", "catalog.uri": f"sqlite:///{tmp_path}/catalog.db",
+                   "catalog.warehouse": "s3://lake/warehouse"}
+        write(ss, json_stream(ss, events, SCHEMA), "db.events", tmp_path / "ckpt", options)
+        table = iceberg_catalog("/nonexistent", options, session_settings(spark)).load_table("db.events")
+        assert table.location().startswith("s3://lake/warehouse/")
+        assert sorted((tuple(r.values()) for r in table.scan().to_arrow().to_pylist()), key=str) == expected()
+        assert [s.summary.additional_properties[EPOCH_ID_PROPERTY] for s in table.snapshots()] == ["0", "1", "2"]
+        assert all(f.file.file_path.startswith("s3://lake/warehouse/") for f in table.scan().plan_files())
+        os.remove(tmp_path / "ckpt" / "commits" / "2")
+        write(ss, json_stream(ss, events, SCHEMA), "db.events", tmp_path / "ckpt", options)
+        assert len(table.refresh().snapshots()) == len(EVENTS)
+
+        def read(ckpt):
+            batches = []
+            reader = ss.readStream.format("iceberg")
+            for key, value in options.items():
+                reader = reader.option(key, value)
+            running = reader.load("db.events").writeStream.foreachBatch(
+                lambda df, _: batches.append(sorted((tuple(r) for r in df.collect()), key=str))) \
+                .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+            running.awaitTermination(300)
+            assert running.exception() is None, running.exception()
+            return batches
+
+        assert read(tmp_path / "read") == [sorted((row for batch in EVENTS for row in batch), key=str)]
+        table.append(pa.table({"id": pa.array([7], pa.int32()), "name": ["g"], "v": [7.5]}))
+        assert read(tmp_path / "read") == [[(7, "g", 7.5)]]

@@ -75,7 +75,7 @@ class StateStoreReader:
         path = path or self._options.get("path")
         if not path:
             raise IllegalArgumentException("'path' (the query's checkpoint location) is not specified.")
-        settings = {**dict(self._spark.sparkContext.getConf().getAll()), **self._spark.conf.getAll}
+        settings = spark_internals.session_settings(self._spark)
         fs = storage_for(path, settings)
         root = fs.resolve(path)
         operator = self._int_option("operatorId", 0)

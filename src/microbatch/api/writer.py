@@ -199,7 +199,7 @@ class DataStreamWriter:
         """The Spark settings a store may take its endpoint and credentials from: the
         context's (``--conf spark.hadoop...``) overridden by the session's."""
         spark = self._session.spark
-        return {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
+        return spark_internals.session_settings(spark)
 
     def _check_object_store(self, location: str) -> None:
         """At start, writing nothing: the bucket must be there and readable."""

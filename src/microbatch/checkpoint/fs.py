@@ -96,6 +96,10 @@ class CheckpointFileSystem:
         with open(path, "rb") as f:
             return f.read()
 
+    def open_input(self, path: str) -> Any:
+        """A seekable binary file to read ``path`` from (a context manager)."""
+        return open(path, "rb")
+
     def write_bytes(self, path: str, data: bytes) -> None:
         """Atomically write ``path`` (temporary file, then rename), replacing it."""
         directory, name = os.path.split(path)
@@ -176,6 +180,9 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
 
     def read_bytes(self, path: str) -> bytes:
         return self._fs.cat_file(self._key(path))
+
+    def open_input(self, path: str) -> Any:
+        return self._fs.open(self._key(path), "rb")
 
     def write_bytes(self, path: str, data: bytes) -> None:
         self._fs.pipe_file(self._key(path), bytes(data))

@@ -83,7 +83,7 @@ def repartition(spark: SparkSession, location: str, num_partitions: int,
                                           "STATE_REPARTITION_INVALID_PARAMETER.IS_NOT_GREATER_THAN_ZERO",
                                           parameter="numPartitions")
     if settings is None:
-        settings = {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
+        settings = spark_internals.session_settings(spark)
     ckpt = CheckpointReader(location, settings)
     lease = RunLease(ckpt.fs, ckpt.root, ckpt.query_id() or "", f"repartition-{uuid.uuid4()}")
     lease.acquire()   # refused while the query runs; a start meanwhile is refused

@@ -50,6 +50,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError
@@ -109,7 +110,7 @@ def convert_to_spark(spark: SparkSession, location: str, settings: dict[str, str
     if state_provider is not None and state_provider not in SPARK_PROVIDERS:
         raise ValueError(f"state_provider is one of {', '.join(SPARK_PROVIDERS)}, not {state_provider!r}.")
     if settings is None:
-        settings = {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
+        settings = spark_internals.session_settings(spark)
     ckpt = CheckpointReader(location, settings)
     if not ckpt.is_checkpoint():
         raise CheckpointError(f"'{location}' is not a checkpoint (no metadata, offsets/ or commits/).")

@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -36,12 +36,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch import crash_points
-from microbatch.checkpoint.fs import storage_for, storage_from_spec
+from microbatch.checkpoint.fs import storage_from_spec
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.lakehouse import DeltaLocation, delta_location
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 from microbatch.sinks.file import partition_directory, partition_groups
-from microbatch.util import local_path
 
 log = logging.getLogger(__name__)
 
@@ -101,25 +101,16 @@ class DeltaSink(Sink):
 
     reads_batch_through = READS_SQL
 
-    def __init__(self, context: SinkContext, path: str, merge_schema: bool,
-                 storage: tuple = ("file", ()), storage_options: dict[str, str] | None = None):
-        self.path = path                       # a local directory, or s3://bucket/key
-        self._storage = storage                # how the tasks reach it (storage_from_spec)
-        self._storage_options = storage_options or None   # delta-rs's, for an object store
+    def __init__(self, context: SinkContext, location: DeltaLocation, merge_schema: bool):
+        self.location = location
+        self.path = location.uri               # a local directory, or s3://bucket/key
+        self._storage_options = location.storage_options
         self.partition_by = list(context.partition_by)
         self.complete = context.output_mode == "complete"
         self.merge_schema = merge_schema
         self._fs, self._checkpoint_root = context.fs, context.checkpoint_root
         self._app_id: str | None = None
         self._metrics: dict[str, str] = {}
-
-    @property
-    def _task_root(self) -> str:
-        """The table's root as the tasks' storage names it (``s3a://`` for an s3a table)."""
-        if self._storage[0] == "file":
-            return self.path
-        parsed = urlparse(self.path)
-        return f"{self._storage[0]}://{parsed.netloc}{parsed.path}"
 
     @property
     def app_id(self) -> str:
@@ -155,7 +146,8 @@ class DeltaSink(Sink):
             self._check_table(table, schema)
         prepared = df.select(*[F.col(_quoted(c)).cast("string").alias(c) for c in self.partition_by],
                              *[F.col(_quoted(c)) for c in data])
-        task = DeltaWriteTask(self._task_root, tuple(self.partition_by), uuid.uuid4().hex, self._storage)
+        task = DeltaWriteTask(self.location.root, tuple(self.partition_by), uuid.uuid4().hex,
+                              self.location.storage.spec())
         files = prepared.mapInArrow(task, _FILES_SCHEMA).collect()
         crash_points.reached("sink-data-written")
         actions = [AddAction(f.path, f.size, json.loads(f.partitionValues), f.modificationTime, True, f.stats)
@@ -249,30 +241,7 @@ class DeltaSinkProvider(SinkProvider):
                 raise AnalysisException(
                     f"[DELTA_PARTITION_COLUMN_NOT_FOUND] Partition column `{column}` not found in schema "
                     f"[{', '.join(columns)}]. Give partitionBy columns of the stream.")
-        raw = options["path"]
-        if urlparse(raw).scheme.lower() in ("s3", "s3a", "s3n"):
-            spark = context.spark
-            settings = {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
-            fs = storage_for(raw, settings)
-            parsed = urlparse(fs.resolve(raw))
-            fs.check_reachable(fs.resolve(raw), "Delta table")
-            return DeltaSink(context, f"s3://{parsed.netloc}{parsed.path}", merge, fs.spec(),
-                             delta_storage_options(settings))
-        return DeltaSink(context, local_path(raw, "Delta table"), merge)
-
-
-def delta_storage_options(settings: dict[str, str]) -> dict[str, str]:
-    """delta-rs's storage options of an S3 table, from the Spark settings the checkpoint
-    takes its endpoint and credentials from (``spark.hadoop.fs.s3a.*``); the environment's
-    AWS variables when those are not set (delta-rs reads them itself)."""
-    keys = {"spark.hadoop.fs.s3a.endpoint": "AWS_ENDPOINT_URL", "spark.hadoop.fs.s3a.access.key": "AWS_ACCESS_KEY_ID",
-            "spark.hadoop.fs.s3a.secret.key": "AWS_SECRET_ACCESS_KEY",
-            "spark.hadoop.fs.s3a.session.token": "AWS_SESSION_TOKEN",
-            "spark.hadoop.fs.s3a.endpoint.region": "AWS_REGION"}
-    options = {option: settings[key] for key, option in keys.items() if settings.get(key)}
-    endpoint = options.get("AWS_ENDPOINT_URL")
-    if endpoint is not None and "://" not in endpoint:
-        options["AWS_ENDPOINT_URL"] = endpoint = "https://" + endpoint
-    if endpoint is not None and endpoint.startswith("http://"):
-        options["AWS_ALLOW_HTTP"] = "true"
-    return options
+        location = delta_location(context.spark, options["path"])
+        if not location.is_local:
+            location.storage.check_reachable(location.root, "Delta table")
+        return DeltaSink(context, location, merge)

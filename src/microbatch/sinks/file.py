@@ -369,7 +369,7 @@ class FileSinkProvider(SinkProvider):
         in_place = urlparse(raw).scheme.lower() in _OBJECT_STORE_SCHEMES
         if in_place:
             spark = context.spark
-            fs = storage_for(raw, {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll})
+            fs = storage_for(raw, spark_internals.session_settings(spark))
             path = fs.resolve(raw)
         else:
             fs = context.fs

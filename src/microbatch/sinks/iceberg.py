@@ -18,17 +18,20 @@ from the stream's schema by the first batch when it does not exist.
 """
 from __future__ import annotations
 
+import io
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
+from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from microbatch import crash_points
+from microbatch import crash_points, spark_internals
+from microbatch.checkpoint.fs import LOCAL, storage_for, storage_from_spec
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import AnalysisException, IllegalArgumentException, UnsupportedOperationError
 from microbatch.lakehouse import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, iceberg_catalog, last_batch_of
@@ -40,10 +43,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class IcebergWriteTask:
     """The Spark task of an Iceberg batch: one partition's rows as one parquet file in the
-    table's data directory; yields the file's path."""
+    table's data directory; yields the file's URI."""
 
-    data_dir: str          # a local directory
+    data_dir: str          # a local directory, or the data directory's URI on an object store
     attempt: str
+    storage: tuple = field(repr=False, default=("file", ()))   # storage_from_spec's; may hold credentials
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.parquet as pq
@@ -51,10 +55,18 @@ class IcebergWriteTask:
         batches = list(batches)
         if not batches or not sum(b.num_rows for b in batches):
             return
-        path = os.path.join(self.data_dir, f"{self.attempt}-{TaskContext.get().partitionId():05d}.parquet")
-        os.makedirs(self.data_dir, exist_ok=True)
-        pq.write_table(pa.Table.from_batches(batches), path, compression="zstd")
-        yield pa.RecordBatch.from_pylist([{"path": path}], schema=pa.schema([("path", pa.string())]))
+        name = f"{self.attempt}-{TaskContext.get().partitionId():05d}.parquet"
+        if self.storage[0] == "file":
+            path = os.path.join(self.data_dir, name)
+            os.makedirs(self.data_dir, exist_ok=True)
+            pq.write_table(pa.Table.from_batches(batches), path, compression="zstd")
+            uri = "file://" + path
+        else:    # an object store: the file written whole at its final key
+            encoded = io.BytesIO()
+            pq.write_table(pa.Table.from_batches(batches), encoded, compression="zstd")
+            uri = f"{self.data_dir}/{name}"
+            storage_from_spec(self.storage).write_bytes(uri, encoded.getvalue())
+        yield pa.RecordBatch.from_pylist([{"path": uri}], schema=pa.schema([("path", pa.string())]))
 
 
 class IcebergSink(Sink):
@@ -66,7 +78,9 @@ class IcebergSink(Sink):
     def __init__(self, context: SinkContext, identifier: str):
         self.identifier = identifier
         self.complete = context.output_mode == "complete"
-        self._catalog = iceberg_catalog(context.spark.conf.get("spark.sql.warehouse.dir"), context.options)
+        self._settings = spark_internals.session_settings(context.spark)
+        self._catalog = iceberg_catalog(context.spark.conf.get("spark.sql.warehouse.dir"), context.options,
+                                        self._settings)
         self._fs, self._checkpoint_root = context.fs, context.checkpoint_root
         self._query_id: str | None = None
         self._metrics: dict[str, str] = {}
@@ -104,25 +118,30 @@ class IcebergSink(Sink):
                 f"The Iceberg table {self.identifier} is partitioned ({table.spec()}); microbatch's Iceberg sink "
                 "writes unpartitioned tables so far. Write to an unpartitioned table.")
         columns = [f.name for f in table.schema().fields]
-        location = table.location()
-        if not location.startswith("file:"):
-            raise UnsupportedOperationError(
-                f"The Iceberg table {self.identifier} lives at {location}; microbatch's Iceberg sink writes "
-                "tables on local or shared disk (file:) so far.")
-        data_dir = location[len("file:"):].lstrip("/")
-        task = IcebergWriteTask("/" + data_dir + "/data", uuid.uuid4().hex)
-        paths = [r.path for r in df.select(*[F.col(f"`{c}`") for c in columns])
-                 .mapInArrow(task, "path STRING").collect()]
+        data_dir, storage = self._data_dir(table.location().rstrip("/"))
+        task = IcebergWriteTask(data_dir, uuid.uuid4().hex, storage)
+        uris = sorted(r.path for r in df.select(*[F.col(f"`{c}`") for c in columns])
+                      .mapInArrow(task, "path STRING").collect())
         crash_points.reached("sink-data-written")
         properties = {QUERY_ID_PROPERTY: self.query_id, EPOCH_ID_PROPERTY: str(batch_id)}
-        uris = ["file://" + p for p in sorted(paths)]
         with table.transaction() as transaction:
-            if self.complete:
+            if self.complete and table.current_snapshot() is not None:
                 transaction.delete(AlwaysTrue(), snapshot_properties=properties)
             if uris:
                 transaction.add_files(uris, snapshot_properties=properties)
         crash_points.reached("sink-manifest-written")
         self._metrics = {"numOutputFiles": str(len(uris))}
+
+    def _data_dir(self, location: str) -> tuple[str, tuple]:
+        """The table's data directory and the storage the tasks reach it by
+        (for ``IcebergWriteTask``)."""
+        if location.startswith("file:"):
+            return "/" + location[len("file:"):].lstrip("/") + "/data", LOCAL.spec()
+        if urlparse(location).scheme.lower() in ("s3", "s3a", "s3n"):
+            return location + "/data", storage_for(location, self._settings).spec()
+        raise UnsupportedOperationError(
+            f"The Iceberg table {self.identifier} lives at {location}; microbatch's Iceberg sink writes "
+            "tables on local or shared disk (file:) and on S3 (s3://, s3a://).")
 
     def _check_schema(self, table: Any, df: DataFrame) -> None:
         """The stream's columns must be the table's (by name; Iceberg's writer checks it so)."""

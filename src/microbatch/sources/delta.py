@@ -19,7 +19,10 @@ unless ``skipChangeCommits`` (such a commit is skipped whole) or ``ignoreDeletes
 that only removes files is skipped). Commits that do not change data (OPTIMIZE) are
 skipped. ``maxFilesPerTrigger`` (default 1000) and ``maxBytesPerTrigger`` bound a batch.
 The batch's files are read by Spark's parquet reader, the partition values from the
-files' directories as Delta writes them.
+files' directories as Delta writes them; a table on S3 (this Spark has no hadoop-aws) is
+read in Spark tasks through the storage layer (``object_store_files``), the partition
+values from the log, with the checkpoint's endpoint and credentials
+(``spark.hadoop.fs.s3a.*``).
 """
 from __future__ import annotations
 
@@ -35,9 +38,11 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException, UnsupportedOperationError
+from microbatch.lakehouse import DeltaLocation, delta_location
 from microbatch.sources.base import (CompositeReadLimit, ReadAllAvailable, ReadLimit,
                                      ReadMaxBytes, ReadMaxFiles, Source, SourceContext, SourceProvider)
-from microbatch.util import CaseInsensitiveOptions, byte_size, local_path
+from microbatch.sources.object_store_files import ParquetFile, read_parquet_files
+from microbatch.util import CaseInsensitiveOptions, byte_size
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +59,23 @@ class DeltaFile:
     starting: bool          # a file of the first version's snapshot
     path: str               # relative to the table, decoded
     size: int
+    partition_values: tuple[tuple[str, str | None], ...] = ()   # as the log has them
 
 
-def _table(path: str, version: int | None = None) -> Any:
+def _table(location: DeltaLocation, version: int | None = None) -> Any:
     from deltalake import DeltaTable
-    return DeltaTable(path) if version is None else DeltaTable(path, version=version)
+    return DeltaTable(location.uri, version=version, storage_options=location.storage_options)
 
 
-def table_schema(path: str) -> StructType:
+def table_schema(location: DeltaLocation) -> StructType:
     """The Delta table's schema as Spark's, or Delta's error for a path without a table."""
     import pyarrow as pa
     from deltalake import DeltaTable
     from pyspark.sql.pandas.types import from_arrow_schema
-    if not DeltaTable.is_deltatable(path):
-        raise AnalysisException(f"[DELTA_MISSING_DELTA_TABLE] `{path}` is not a Delta table. Write to it "
-                                "first (writeStream.format('delta').start(path)), or read the right path.")
-    return from_arrow_schema(pa.schema(_table(path).schema().to_arrow()))
+    if not DeltaTable.is_deltatable(location.uri, location.storage_options):
+        raise AnalysisException(f"[DELTA_MISSING_DELTA_TABLE] `{location.uri}` is not a Delta table. Write to "
+                                "it first (writeStream.format('delta').start(path)), or read the right path.")
+    return from_arrow_schema(pa.schema(_table(location).schema().to_arrow()))
 
 
 class DeltaSource(Source):
@@ -77,13 +83,15 @@ class DeltaSource(Source):
 
     supports_available_now = True
 
-    def __init__(self, context: SourceContext, path: str, schema: StructType, options: CaseInsensitiveOptions):
+    def __init__(self, context: SourceContext, location: DeltaLocation, schema: StructType,
+                 options: CaseInsensitiveOptions):
         self._spark = context.spark
-        self.path = path
+        self.location = location
+        self.path = location.uri
         self._schema = schema
         self._start_record = f"{context.metadata_path}/delta-start"   # where a new query starts
         self._fs = context.fs
-        table = _table(path)
+        table = _table(location)
         metadata = table.metadata()
         self.table_id = metadata.id
         self.partition_columns = tuple(metadata.partition_columns)
@@ -126,7 +134,7 @@ class DeltaSource(Source):
         if self._fs.exists(self._start_record):
             found = json.loads(self._fs.read_text(self._start_record))
             return int(found["version"]), -1, bool(found["starting"])
-        current = _table(self.path).version()
+        current = _table(self.location).version()
         if self._starting_version is not None:
             text = str(self._starting_version).strip().lower()
             if text == "latest":
@@ -161,7 +169,7 @@ class DeltaSource(Source):
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=timezone.utc)
         wanted_ms = int(moment.timestamp() * 1000)
-        for entry in sorted(_table(self.path).history(), key=lambda e: e["version"]):
+        for entry in sorted(_table(self.location).history(), key=lambda e: e["version"]):
             if entry["timestamp"] >= wanted_ms:
                 return int(entry["version"])
         raise AnalysisException(
@@ -182,7 +190,7 @@ class DeltaSource(Source):
         return files
 
     def prepare_for_trigger_available_now(self) -> None:
-        version = _table(self.path).version()
+        version = _table(self.location).version()
         self._available_now_end = {"version": version}
 
     def latest_offset(self, start: Any, limit: ReadLimit) -> Any:
@@ -211,7 +219,7 @@ class DeltaSource(Source):
                 if found.index > index:
                     yield found
             version, index = version + 1, -1
-        latest = _table(self.path).version() if end_version is None else end_version
+        latest = _table(self.location).version() if end_version is None else end_version
         while version <= latest:
             for found in self._commit_files(version):
                 if found.index > index:
@@ -220,18 +228,19 @@ class DeltaSource(Source):
 
     def _snapshot(self, version: int) -> list[DeltaFile]:
         import pyarrow as pa
-        adds = pa.table(_table(self.path, version).get_add_actions(flatten=True)).to_pylist()
+        adds = pa.table(_table(self.location, version).get_add_actions(flatten=True)).to_pylist()
         if any(a.get("deletionVector.storageType") for a in adds):
             raise _deletion_vectors(self.path, version)
         adds.sort(key=lambda a: (a["modification_time"], a["path"]))
-        return [DeltaFile(version, i, True, a["path"], int(a["size_bytes"])) for i, a in enumerate(adds)]
+        return [DeltaFile(version, i, True, a["path"], int(a["size_bytes"]),
+                          _partition_values(a, self.partition_columns)) for i, a in enumerate(adds)]
 
     def _commit_files(self, version: int) -> list[DeltaFile]:
         """The files commit ``version`` adds that change data, after Delta's source's checks."""
-        log_file = os.path.join(self.path, "_delta_log", f"{version:020d}.json")
+        log_file = f"{self.location.root}/_delta_log/{version:020d}.json"
         try:
-            with open(log_file, encoding="utf-8") as f:
-                actions = [json.loads(line) for line in f if line.strip()]
+            actions = [json.loads(line) for line in self.location.storage.read_text(log_file).splitlines()
+                       if line.strip()]
         except FileNotFoundError:
             raise AnalysisException(
                 f"[DELTA_LOG_FILE_NOT_FOUND_FOR_STREAMING_SOURCE] The log file of version {version} of the "
@@ -262,7 +271,9 @@ class DeltaSource(Source):
                     "refresh. The source table can be found at path " + self.path + ".")
         if any(a.get("deletionVector") for a in adds):
             raise _deletion_vectors(self.path, version)
-        return [DeltaFile(version, i, False, unquote(a["path"]), int(a.get("size", 0))) for i, a in enumerate(adds)]
+        return [DeltaFile(version, i, False, unquote(a["path"]), int(a.get("size", 0)),
+                          tuple((c, (a.get("partitionValues") or {}).get(c)) for c in self.partition_columns))
+                for i, a in enumerate(adds)]
 
     def _check_schema(self, metadata: dict, version: int) -> None:
         import pyarrow as pa
@@ -287,6 +298,10 @@ class DeltaSource(Source):
             if found.version > last[0]:
                 break
             files.append(found)
+        if not self.location.is_local:
+            return read_parquet_files(
+                self._spark, [ParquetFile(f"{self.location.root}/{f.path}", f.partition_values) for f in files],
+                self._schema, self.location.storage.spec())
         if self._batches is None:
             self._batches = spark_internals.FileBatches(
                 self._spark, "parquet", self._schema, {"basePath": "file://" + self.path}, self.partition_columns)
@@ -296,7 +311,22 @@ class DeltaSource(Source):
         return df
 
     def __str__(self) -> str:
-        return f"DeltaSource[file:{self.path}]"
+        return f"DeltaSource[{'file:' if self.location.is_local else ''}{self.path}]"
+
+
+def _partition_values(add: dict, columns: tuple[str, ...]) -> tuple[tuple[str, str | None], ...]:
+    """A snapshot file's partition values (``get_add_actions(flatten=True)``'s typed
+    ``partition.<column>``) as the log's text."""
+    import datetime
+    values = []
+    for column in columns:
+        value = add.get(f"partition.{column}")
+        if isinstance(value, datetime.datetime):
+            value = value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        values.append((column, None if value is None else str(value)))
+    return tuple(values)
 
 
 def _deletion_vectors(path: str, version: int) -> Exception:
@@ -359,8 +389,8 @@ class DeltaSourceProvider(SourceProvider):
         if user_schema is not None:
             raise AnalysisException("[DELTA_UNSUPPORTED_SCHEMA_DURING_READ] Delta does not support specifying "
                                     "the schema at read time.")
-        return table_schema(local_path(options["path"], "Delta table"))
+        return table_schema(delta_location(spark, options["path"]))
 
     def create(self, context: SourceContext, options: CaseInsensitiveOptions, schema: StructType) -> Source:
-        return DeltaSource(context, local_path(options["path"], "Delta table"), schema, options)
+        return DeltaSource(context, delta_location(context.spark, options["path"]), schema, options)
 

@@ -10,22 +10,26 @@ stops the stream with Iceberg's message, unless ``streaming-skip-overwrite-snaps
 batch. An offset is Iceberg's ``{"version": 1, "snapshot_id": s, "position": p,
 "scan_all_files": false}``: every file of the snapshots before ``s`` and the first ``p``
 files of ``s`` are read. The batch's files are read by Spark's parquet reader, by column
-name (tables whose columns were renamed are not read right yet).
+name (tables whose columns were renamed are not read right yet); files on S3 (this Spark
+has no hadoop-aws) in Spark tasks through the storage layer (``object_store_files``).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
+from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.checkpoint.fs import storage_for
 from microbatch.lakehouse import iceberg_catalog
 from microbatch.sources.base import (CompositeReadLimit, ReadAllAvailable, ReadLimit, ReadMaxFiles, ReadMaxRows,
                                      Source, SourceContext, SourceProvider)
+from microbatch.sources.object_store_files import ParquetFile, read_parquet_files
 from microbatch.util import CaseInsensitiveOptions
 
 log = logging.getLogger(__name__)
@@ -43,7 +47,8 @@ def _load(spark: SparkSession, options: CaseInsensitiveOptions) -> Any:
     from pyiceberg.exceptions import NoSuchTableError
     name = options["path"]
     try:
-        return iceberg_catalog(spark.conf.get("spark.sql.warehouse.dir"), options).load_table(name)
+        return iceberg_catalog(spark.conf.get("spark.sql.warehouse.dir"), options,
+                               spark_internals.session_settings(spark)).load_table(name)
     except NoSuchTableError:
         raise AnalysisException(
             f"[TABLE_OR_VIEW_NOT_FOUND] The table or view `{name}` cannot be found in the Iceberg catalog. "
@@ -178,6 +183,9 @@ class IcebergSource(Source):
             elif reached:
                 break
             paths.append(found.path)
+        if paths and urlparse(paths[0]).scheme.lower() in ("s3", "s3a", "s3n"):
+            storage = storage_for(paths[0], spark_internals.session_settings(self._spark))
+            return read_parquet_files(self._spark, [ParquetFile(p) for p in paths], self._schema, storage.spec())
         if self._batches is None:
             self._batches = spark_internals.FileBatches(self._spark, "parquet", self._schema, {})
         return self._batches.dataframe(paths)

@@ -44,7 +44,7 @@ from microbatch.spark_internals.relations import (
     FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
 )
 from microbatch.spark_internals.session import (
-    cloned_session, job_tags,
+    cloned_session, job_tags, session_settings,
 )
 from microbatch.spark_internals.sql import (
     SqlNode, grouping_position, parse_sql, sql_column, sql_int, sql_parameters,
@@ -64,7 +64,7 @@ __all__ = [
     "jvm_throwable", "map_in_arrow_function", "observation_row", "parse_schema_ddl",
     "processing_time_ms", "projected_function", "projections_keep_column", "python_data_source",
     "python_proxy_error", "python_row", "query_exception", "query_execution", "row_json",
-    "run_to_end", "scala_map", "schema_ddl", "schema_string", "schema_tree", "spark_error",
+    "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp",
 ]

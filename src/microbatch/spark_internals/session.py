@@ -1,4 +1,4 @@
-"""The sessions and threads queries run in: job tags."""
+"""The sessions and threads queries run in: job tags, settings."""
 from __future__ import annotations
 
 
@@ -18,3 +18,10 @@ def cloned_session(spark: SparkSession) -> SparkSession:
     """A new session with ``spark``'s confs, temporary views and functions, as Spark's
     StreamExecution clones the user's session for a query."""
     return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+
+
+def session_settings(spark: SparkSession) -> dict[str, str]:
+    """Every setting of the session: the SparkConf's (``spark.hadoop.*`` given at
+    start), then the SQL conf's over them; where a remote store's endpoint and
+    credentials are read from."""
+    return {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
