@@ -79,6 +79,13 @@ def test_each_batch_is_one_commit_read_back_by_deltalake_and_duckdb(ss, events, 
     got = sorted((r["id"], r["name"], r["v"]) for r in delta.to_pyarrow_table().to_pylist())
     assert got == expected_rows()
     assert batch_commits(table) == [(b, b, len(rows)) for b, rows in enumerate(EVENTS)]
+    first = [json.loads(line) for line in open(f"{table}/_delta_log/{0:020d}.json") if line.strip()]
+    stats = [json.loads(a["add"]["stats"]) for a in first if "add" in a]
+    assert len(stats) == 1 and stats[0]["minValues"]["id"] == 1 and stats[0]["maxValues"]["id"] == 3
+    assert (stats[0]["minValues"]["name"], stats[0]["maxValues"]["name"], stats[0]["maxValues"]["v"]) == ("a", "b", 3.0)
+    assert stats[0]["minValues"]["ts"].endswith(":01.000Z") and stats[0]["nullCount"] == {"id": 0, "name": 1, "v": 1,
+                                                                                         "ts": 0}
+    assert duckdb_rows(table, "SELECT id FROM t WHERE id > 5") == [(6,)]      # a reader pruning by the bounds
     assert delta.transaction_version(query.id) == len(EVENTS) - 1
     assert sorted(duckdb_rows(table, "SELECT id, name, v FROM t")) == expected_rows()
     assert duckdb_rows(table, "SELECT max(ts) FROM t")[0][0].isoformat().startswith("2026-01-01T00:00:06")
@@ -169,6 +176,40 @@ def test_what_delta_refuses_at_start(ss, events, tmp_path):
         query = frame.writeStream.format("delta").partitionBy("name") \
             .option("checkpointLocation", str(tmp_path / "c3")).trigger(availableNow=True).start(str(tmp_path / "t2"))
         query.awaitTermination(300)
+
+
+def test_to_table_writes_the_managed_location_and_read_stream_table_reads_it(ss, spark, events, tmp_path):
+    """``toTable(name)`` with Delta: the table where Spark's catalog keeps a managed table of
+    that name (as delta-spark's toTable), no catalog entry (one of provider delta would break
+    listTables without the jar); ``readStream.table(name)`` streams it back; a catalog
+    table of another provider is refused with Spark's error."""
+    import shutil
+    name = "delta_events_by_name"
+    location = os.path.join(spark.conf.get("spark.sql.warehouse.dir"), name)
+    try:
+        query = json_stream(ss, events, SCHEMA).writeStream.format("delta").partitionBy("name") \
+            .option("checkpointLocation", str(tmp_path / "c1")).trigger(availableNow=True).toTable(name)
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        table = DeltaTable(location)
+        assert table.metadata().partition_columns == ["name"] and table.transaction_version(query.id) == 2
+        assert sorted((r["id"], r["name"], r["v"]) for r in table.to_pyarrow_table().to_pylist()) == expected_rows()
+        assert name not in [t.name for t in spark.catalog.listTables()]
+        batches = []
+        back = ss.readStream.table(name).writeStream.foreachBatch(
+            lambda df, _: batches.append(sorted((r.id, r.name) for r in df.collect()))) \
+            .option("checkpointLocation", str(tmp_path / "c2")).trigger(availableNow=True).start()
+        back.awaitTermination(300)
+        assert back.exception() is None, back.exception()
+        assert batches == [sorted((i, n) for i, n, _ in expected_rows())]
+        spark.sql("CREATE TABLE parquet_by_name (id INT) USING parquet")
+        with pytest.raises(AnalysisException, match=r"input source\(delta\) is different from the table parquet_by_name's data source provider\(parquet\)") as refused:
+            json_stream(ss, events, SCHEMA).select("id").writeStream.format("delta") \
+                .option("checkpointLocation", str(tmp_path / "c3")).toTable("parquet_by_name")
+        assert refused.value.getCondition() == "_LEGACY_ERROR_TEMP_1192"
+    finally:
+        spark.sql("DROP TABLE IF EXISTS parquet_by_name")
+        shutil.rmtree(location, ignore_errors=True)
 
 
 # -- the source ----------------------------------------------------------------------------

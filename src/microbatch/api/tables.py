@@ -11,6 +11,13 @@ As Spark does for tables whose data it keeps in files (``USING parquet``, ``json
   them), then runs the file sink on the table's location, whose ``_spark_metadata`` log
   makes ``spark.table(name)`` see the rows of committed batches only. An existing table
   must have the writer's provider; a temporary view cannot be written.
+
+Delta tables by name: Spark's catalog cannot hold a Delta table without the delta-spark
+jar (an entry of provider ``delta`` breaks ``spark.catalog.listTables()``), so
+``toTable(name)`` with ``format("delta")`` writes the Delta table where the catalog keeps a
+managed table of that name (``<spark.sql.warehouse.dir>/<name>``, as delta-spark's
+``toTable`` does) without a catalog entry, and ``readStream.table(name)`` of a name the
+catalog does not know streams the Delta table at that place, if there is one.
 """
 from __future__ import annotations
 
@@ -34,9 +41,14 @@ def _check_file_table(table: spark_internals.CatalogTableInfo, doing: str, inste
 def stream_of_table(spark: Any, name: str, options: dict[str, str],
                     make_frame: Callable[[str, dict, Any], Any]) -> Any:
     """The stream of the file table ``name``: ``make_frame(format, options, schema)`` over
-    the table's location, with the table's storage options under the reader's ``options``."""
-    batch = spark.table(name)   # Spark's own TABLE_OR_VIEW_NOT_FOUND when there is none
+    the table's location, with the table's storage options under the reader's ``options``
+    (or of the Delta table of that name, see the module docstring)."""
     temp_view = spark_internals.temp_view_exists(spark, name)
+    if not temp_view and spark_internals.catalog_table(spark, name) is None:
+        location = _delta_table_at_managed_location(spark, name)
+        if location is not None:
+            return make_frame("delta", {**options, "path": location}, None)
+    batch = spark.table(name)   # Spark's own TABLE_OR_VIEW_NOT_FOUND when there is none
     table = None if temp_view else spark_internals.catalog_table(spark, name)
     if table is None or table.table_type == "VIEW":
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1008",
@@ -71,12 +83,18 @@ def table_location(write: TableWrite, name: str) -> tuple[str, str]:
     source = write.format or spark.conf.get("spark.sql.sources.default", "parquet")
     if source.lower() == "iceberg":     # (a table of an Iceberg catalog: the sink resolves the name)
         return "iceberg", name
-    if source.lower() == "delta":
-        raise UnsupportedOperationError(
-            f"toTable('{name}') with format 'delta' needs a catalog that keeps Delta tables, which this "
-            "Spark has not (no delta-spark jar). Write the table by its path: "
-            "writeStream.format('delta').start('/path/to/table').")
     table = spark_internals.catalog_table(spark, name)
+    if source.lower() == "delta":
+        if table is not None:
+            if table.table_type == "VIEW":
+                raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1190", viewName=name)
+            raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1192",
+                                              source=source, tableName=name, provider=table.provider)
+        if write.cluster_by:
+            raise UnsupportedOperationError(
+                f"clusterBy on toTable('{name}') with format 'delta' (liquid clustering) is not supported by "
+                "microbatch's Delta sink: use partitionBy, or neither.")
+        return "delta", spark_internals.managed_table_location(spark, name)
     if table is None:
         _create_table(write, name, source)
         table = spark_internals.catalog_table(spark, name)
@@ -88,6 +106,17 @@ def table_location(write: TableWrite, name: str) -> tuple[str, str]:
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1192",
                                           source=source, tableName=name, provider=table.provider)
     return table.provider, table.location
+
+
+def _delta_table_at_managed_location(spark: Any, name: str) -> str | None:
+    """The managed location of ``name`` if a Delta table is there (its ``_delta_log``)."""
+    from microbatch.checkpoint.fs import storage_for
+    try:
+        location = spark_internals.managed_table_location(spark, name)
+    except Exception:   # noqa: BLE001 - e.g. no such database: Spark's own error follows from spark.table
+        return None
+    fs = storage_for(location)
+    return location if fs.exists(f"{fs.resolve(location)}/_delta_log") else None
 
 
 def _create_table(write: TableWrite, name: str, provider: str) -> None:

@@ -8,8 +8,8 @@ A batch, in order:
    crash between the table's commit and ``commits/N``) and is skipped.
 2. Spark tasks write the batch's rows as parquet files at their final names in the table's
    directory (``part-<task>-<uuid>.c000.snappy.parquet``, under the partition directories),
-   each task returning the files' paths, sizes, row and null counts: the data never passes
-   through the driver.
+   each task returning the files' paths, sizes and statistics (row and null counts, each
+   column's least and greatest value): the data never passes through the driver.
 3. The driver commits one Delta log entry: an ``add`` per file and a
    ``txn(appId = query id, version = batch id)``, with ``deltalake``'s
    ``create_write_transaction`` (the table made by the first batch's commit). In complete
@@ -83,7 +83,7 @@ class DeltaWriteTask:
                 pq.write_table(data, encoded, compression="snappy")
                 storage_from_spec(self.storage).write_bytes(f"{self.root}/{relative}", encoded.getvalue())
                 size = len(encoded.getvalue())
-            stats = {"numRecords": data.num_rows,
+            stats = {"numRecords": data.num_rows, **column_bounds(data),
                      "nullCount": {name: data.column(name).null_count for name in data.column_names
                                    if not pa.types.is_nested(data.schema.field(name).type)}}
             yield pa.RecordBatch.from_pylist([{
@@ -93,6 +93,46 @@ class DeltaWriteTask:
                 "stats": json.dumps(stats)}],
                 schema=pa.schema([("path", pa.string()), ("size", pa.int64()), ("modificationTime", pa.int64()),
                                   ("partitionValues", pa.string()), ("stats", pa.string())]))
+
+
+#: Delta's writers keep string bounds of at most this many characters (DataSkippingReader)
+_STRING_PREFIX = 32
+
+
+def column_bounds(data: pa.Table) -> dict[str, dict[str, Any]]:
+    """Delta's ``minValues``/``maxValues`` of a file: per column of an integer, float, date,
+    timestamp or (short) string type, its least and greatest non-null value, as Delta's
+    writers record them (timestamps as ``yyyy-MM-dd'T'HH:mm:ss.SSS'Z'``, truncated to the
+    millisecond: down for the minimum, up for the maximum). Readers skip files by them."""
+    import datetime
+
+    import pyarrow.compute as pc
+    low, high = {}, {}
+    for name in data.column_names:
+        kind = data.schema.field(name).type
+        column = data.column(name)
+        if column.null_count == len(column) or not (
+                pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_date(kind)
+                or pa.types.is_timestamp(kind) or pa.types.is_string(kind)):
+            continue
+        bounds = pc.min_max(column)
+        least, greatest = bounds["min"].as_py(), bounds["max"].as_py()
+        if pa.types.is_floating(kind) and (least != least or greatest != greatest):
+            continue       # NaN: no bound a reader could rely on
+        if pa.types.is_string(kind):
+            if len(least) > _STRING_PREFIX or len(greatest) > _STRING_PREFIX:
+                continue   # (Delta truncates; leaving them out is always safe)
+        elif pa.types.is_timestamp(kind):
+            if kind.tz is None:
+                least, greatest = (v.replace(tzinfo=datetime.timezone.utc) for v in (least, greatest))
+            up = greatest.microsecond % 1000 != 0
+            least = least.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+            greatest = greatest.astimezone(datetime.timezone.utc) + datetime.timedelta(milliseconds=1 if up else 0)
+            greatest = greatest.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        elif pa.types.is_date(kind):
+            least, greatest = least.isoformat(), greatest.isoformat()
+        low[name], high[name] = least, greatest
+    return {"minValues": low, "maxValues": high} if low else {}
 
 
 class DeltaSink(Sink):

@@ -26,7 +26,7 @@ from microbatch.spark_internals.binding import (
     projected_function, with_batch_timestamp,
 )
 from microbatch.spark_internals.catalog import (
-    CatalogTableInfo, catalog_table, python_data_source, schema_ddl, temp_view_exists,
+    CatalogTableInfo, catalog_table, managed_table_location, python_data_source, schema_ddl, temp_view_exists,
 )
 from microbatch.spark_internals.errors import (
     captured, cause_string, error_condition, exception_message, exception_string,
@@ -61,7 +61,7 @@ __all__ = [
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
     "foreach_batch_user_error", "grouping_column_names", "grouping_columns", "hyperloglog_tables",
     "is_foreach_user_error", "job_tags", "join_condition", "jvm_class", "jvm_started",
-    "jvm_throwable", "map_in_arrow_function", "observation_row", "parse_schema_ddl",
+    "jvm_throwable", "managed_table_location", "map_in_arrow_function", "observation_row", "parse_schema_ddl",
     "processing_time_ms", "projected_function", "projections_keep_column", "python_data_source",
     "python_proxy_error", "python_row", "query_exception", "query_execution", "row_json",
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",

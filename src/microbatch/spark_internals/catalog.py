@@ -52,6 +52,14 @@ def catalog_table(spark: SparkSession, name: str) -> CatalogTableInfo | None:
         storage_properties={k: properties.apply(k) for k in _scala_keys(properties)})
 
 
+def managed_table_location(spark: SparkSession, name: str) -> str:
+    """Where the session catalog keeps the data of a managed table ``name`` (a ``file:``
+    URI under ``spark.sql.warehouse.dir``); Spark's SCHEMA_NOT_FOUND for a database that
+    does not exist."""
+    state = spark._jsparkSession.sessionState()
+    return state.catalog().defaultTablePath(state.sqlParser().parseTableIdentifier(name)).toString()
+
+
 def _scala_keys(scala_mapping: Any) -> list[str]:
     keys, iterator = [], scala_mapping.keys().iterator()
     while iterator.hasNext():
