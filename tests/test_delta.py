@@ -212,6 +212,30 @@ def test_to_table_writes_the_managed_location_and_read_stream_table_reads_it(ss,
         shutil.rmtree(location, ignore_errors=True)
 
 
+def _raise_protocol(table, reader_features: list[str]) -> None:
+    """A commit, as a newer Delta writer would make it, that needs table features nobody here knows."""
+    version = DeltaTable(str(table)).version() + 1
+    protocol = {"minReaderVersion": 3 if reader_features else 1, "minWriterVersion": 7,
+                "writerFeatures": ["futureFeatureX"], **({"readerFeatures": reader_features} if reader_features else {})}
+    with open(f"{table}/_delta_log/{version:020d}.json", "w") as f:
+        f.write(json.dumps({"protocol": protocol}) + "\n" + json.dumps({"commitInfo": {"operation": "UPGRADE"}}) + "\n")
+
+
+def test_a_table_of_a_newer_protocol_fails_the_batch_and_commits_nothing(ss, events, tmp_path):
+    for readers in ([], ["futureFeatureX"]):
+        table, ckpt = tmp_path / f"table{len(readers)}", tmp_path / f"ckpt{len(readers)}"
+        append(table, [(0, "x")])
+        _raise_protocol(table, readers)
+        query = json_stream(ss, events, "id BIGINT, name STRING").writeStream.format("delta") \
+            .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(str(table))
+        with pytest.raises(StreamingQueryException, match="DELTA_UNSUPPORTED_FEATURES_FOR_WRITE.*futureFeatureX"):
+            query.awaitTermination(300)
+        assert not (ckpt / "commits" / "0").exists()
+        assert sorted(os.listdir(table / "_delta_log")) == [f"{v:020d}.json" for v in (0, 1)]
+    with pytest.raises(AnalysisException, match="DELTA_UNSUPPORTED_FEATURES_FOR_READ.*futureFeatureX"):
+        ss.readStream.format("delta").load(str(tmp_path / "table1"))
+
+
 # -- the source ----------------------------------------------------------------------------
 def append(table, rows, **kwargs) -> None:
     """Another writer (delta-rs) appends ``rows`` ((id, name) pairs) as one commit."""

@@ -168,3 +168,25 @@ def test_a_table_on_s3_written_and_streamed_back(ss, spark, events, tmp_path):
         assert read(tmp_path / "read") == [sorted((row for batch in EVENTS for row in batch), key=str)]
         table.append(pa.table({"id": pa.array([7], pa.int32()), "name": ["g"], "v": [7.5]}))
         assert read(tmp_path / "read") == [[(7, "g", 7.5)]]
+
+
+def test_a_table_that_cannot_take_the_streams_columns_fails_the_batch_and_commits_nothing(ss, events, tmp_path,
+                                                                                         catalog_options):
+    made = catalog(catalog_options)
+    made.create_namespace_if_not_exists("db")
+    made.create_table("db.typed", schema=pa.schema([("id", pa.int32()), ("name", pa.int64()), ("v", pa.float64())]))
+    made.create_table("db.fewer", schema=pa.schema([("id", pa.int32())]))
+    for name, expected_error in (("db.typed", "INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_SAFELY_CAST.*`name` \"STRING\" to \"BIGINT\""),
+                                 ("db.fewer", "INCOMPATIBLE_DATA_FOR_TABLE")):
+        ckpt = tmp_path / name
+        writer = json_stream(ss, events, SCHEMA).writeStream.format("iceberg").option("checkpointLocation", str(ckpt))
+        for key, value in catalog_options.items():
+            writer = writer.option(key, value)
+        query = writer.trigger(availableNow=True).toTable(name)
+        with pytest.raises(StreamingQueryException, match=expected_error):
+            query.awaitTermination(300)
+        assert not (ckpt / "commits" / "0").exists()
+        assert catalog(catalog_options).load_table(name).current_snapshot() is None
+    made.create_table("db.wider", schema=pa.schema([("v", pa.float64()), ("id", pa.int64()), ("name", pa.string())]))
+    write(ss, json_stream(ss, events, SCHEMA), "db.wider", tmp_path / "wider", catalog_options)   # int → long
+    assert rows_of(catalog_options, "db.wider") == expected()

@@ -59,6 +59,26 @@ def delta_location(spark: Any, raw: str) -> DeltaLocation:
     return DeltaLocation(path, LOCAL, path)
 
 
+def open_delta_table(location: DeltaLocation, version: int | None = None, *, writing: bool = False) -> Any:
+    """``deltalake.DeltaTable`` of the table at ``location``; a table that needs a protocol
+    or table features delta-rs does not know (written by a newer Delta) gets Delta's
+    DELTA_UNSUPPORTED_FEATURES_FOR_READ/_WRITE error, naming them."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+    try:
+        return DeltaTable(location.uri, version=version, storage_options=location.storage_options)
+    except DeltaError as e:
+        text = str(e)
+        if "Unsupported" not in text and "unsupported" not in text:
+            raise
+        from microbatch.errors import AnalysisException
+        doing = "WRITE" if writing else "READ"
+        raise AnalysisException(
+            f"[DELTA_UNSUPPORTED_FEATURES_FOR_{doing}] Unable to {doing.lower()} the Delta table at {location.uri}: "
+            f"it requires a protocol or table features this Delta Lake (delta-rs) does not support ({text}). "
+            "Upgrade the deltalake package, or use a table written without those features.") from None
+
+
 def delta_storage_options(settings: Mapping[str, str]) -> dict[str, str]:
     """delta-rs's storage options of an S3 table, from the Spark settings the checkpoint
     takes its endpoint and credentials from (``spark.hadoop.fs.s3a.*``); the environment's

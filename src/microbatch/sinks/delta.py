@@ -39,7 +39,7 @@ from microbatch import crash_points
 from microbatch.checkpoint.fs import storage_from_spec
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import AnalysisException, IllegalArgumentException
-from microbatch.lakehouse import DeltaLocation, delta_location
+from microbatch.lakehouse import DeltaLocation, delta_location, open_delta_table
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 from microbatch.sinks.file import partition_directory, partition_groups
 
@@ -163,7 +163,7 @@ class DeltaSink(Sink):
         from deltalake import DeltaTable
         if not DeltaTable.is_deltatable(self.path, self._storage_options):
             return None
-        return DeltaTable(self.path, storage_options=self._storage_options)
+        return open_delta_table(self.location, writing=True)
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         from deltalake import CommitProperties, Transaction
@@ -204,8 +204,18 @@ class DeltaSink(Sink):
                                           partition_by=self.partition_by or None, commit_properties=commit,
                                           storage_options=self._storage_options)
         else:
-            table.create_write_transaction(actions, mode, delta_schema,
-                                           partition_by=self.partition_by or None, commit_properties=commit)
+            from deltalake.exceptions import CommitFailedError
+            try:
+                table.create_write_transaction(actions, mode, delta_schema,
+                                               partition_by=self.partition_by or None, commit_properties=commit)
+            except CommitFailedError as e:
+                if "Unsupported table features" not in str(e):
+                    raise
+                raise AnalysisException(
+                    f"[DELTA_UNSUPPORTED_FEATURES_FOR_WRITE] Unable to write the Delta table at {self.path}: it "
+                    f"requires writer table features this Delta Lake (delta-rs) does not support ({e}). Nothing "
+                    "was committed (the batch's files are in no log entry). Upgrade the deltalake package, or "
+                    "write to another table.") from None
         crash_points.reached("sink-manifest-written")
         self._metrics = {"numOutputFiles": str(len(actions))}
         self.last_num_output_rows = sum(json.loads(a.stats)["numRecords"] for a in actions)

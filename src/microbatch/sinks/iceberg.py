@@ -69,6 +69,11 @@ class IcebergWriteTask:
         yield pa.RecordBatch.from_pylist([{"path": uri}], schema=pa.schema([("path", pa.string())]))
 
 
+#: (stream type, table type) pairs Iceberg's writer casts without loss
+_SAFE_WIDENING = {("byte", "integer"), ("short", "integer"), ("byte", "long"), ("short", "long"),
+                  ("integer", "long"), ("float", "double")}
+
+
 class IcebergSink(Sink):
     """Appends each batch to an Iceberg table as one snapshot (complete mode: replaces its
     rows), exactly once by the query's id and the batch id (see the module docstring)."""
@@ -112,15 +117,14 @@ class IcebergSink(Sink):
                      batch_id, self.identifier, done, self.query_id)
             self._metrics = {"numOutputFiles": "0"}
             return
-        self._check_schema(table, df)
+        columns = self._table_columns(table, df)
         if not table.spec().is_unpartitioned():
             raise UnsupportedOperationError(
                 f"The Iceberg table {self.identifier} is partitioned ({table.spec()}); microbatch's Iceberg sink "
                 "writes unpartitioned tables so far. Write to an unpartitioned table.")
-        columns = [f.name for f in table.schema().fields]
         data_dir, storage = self._data_dir(table.location().rstrip("/"))
         task = IcebergWriteTask(data_dir, uuid.uuid4().hex, storage)
-        uris = sorted(r.path for r in df.select(*[F.col(f"`{c}`") for c in columns])
+        uris = sorted(r.path for r in df.select(*columns)
                       .mapInArrow(task, "path STRING").collect())
         crash_points.reached("sink-data-written")
         properties = {QUERY_ID_PROPERTY: self.query_id, EPOCH_ID_PROPERTY: str(batch_id)}
@@ -143,14 +147,34 @@ class IcebergSink(Sink):
             f"The Iceberg table {self.identifier} lives at {location}; microbatch's Iceberg sink writes "
             "tables on local or shared disk (file:) and on S3 (s3://, s3a://).")
 
-    def _check_schema(self, table: Any, df: DataFrame) -> None:
-        """The stream's columns must be the table's (by name; Iceberg's writer checks it so)."""
+    def _table_columns(self, table: Any, df: DataFrame) -> list[Any]:
+        """The stream's columns as the table's, in its order: the same names (Iceberg's
+        writer matches them so), each of the table's type or one that widens safely to it
+        (int to long, float to double: cast); anything else is Spark's
+        INCOMPATIBLE_DATA_FOR_TABLE, before any file is written."""
+        from pyspark.sql.pandas.types import from_arrow_type
         expected = [f.name for f in table.schema().fields]
         if sorted(c.lower() for c in df.columns) != sorted(c.lower() for c in expected):
             raise AnalysisException(
                 f"[INCOMPATIBLE_DATA_FOR_TABLE] Cannot write incompatible data for the Iceberg table "
                 f"{self.identifier}: the table has columns {expected}, the stream {df.columns}. Select the "
                 "table's columns, or evolve the table's schema first.")
+        given = {f.name.lower(): f for f in df.schema.fields}
+        columns = []
+        for field_ in table.schema().as_arrow():
+            wanted = from_arrow_type(field_.type)
+            have = given[field_.name.lower()]
+            column = F.col("`" + have.name.replace("`", "``") + "`")
+            if have.dataType != wanted:
+                if (have.dataType.typeName(), wanted.typeName()) not in _SAFE_WIDENING:
+                    raise AnalysisException(
+                        f"[INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_SAFELY_CAST] Cannot write incompatible data for the "
+                        f"Iceberg table {self.identifier}: Cannot safely cast `{field_.name}` "
+                        f"\"{have.dataType.simpleString().upper()}\" to \"{wanted.simpleString().upper()}\". Cast "
+                        "the column to the table's type, or evolve the table's schema first.")
+                column = column.cast(wanted)
+            columns.append(column.alias(field_.name))
+        return columns
 
     def progress_metrics(self) -> dict[str, str]:
         return dict(self._metrics)

@@ -38,7 +38,7 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException, UnsupportedOperationError
-from microbatch.lakehouse import DeltaLocation, delta_location
+from microbatch.lakehouse import DeltaLocation, delta_location, open_delta_table
 from microbatch.sources.base import (CompositeReadLimit, ReadAllAvailable, ReadLimit,
                                      ReadMaxBytes, ReadMaxFiles, Source, SourceContext, SourceProvider)
 from microbatch.sources.object_store_files import ParquetFile, read_parquet_files
@@ -63,8 +63,7 @@ class DeltaFile:
 
 
 def _table(location: DeltaLocation, version: int | None = None) -> Any:
-    from deltalake import DeltaTable
-    return DeltaTable(location.uri, version=version, storage_options=location.storage_options)
+    return open_delta_table(location, version)
 
 
 def table_schema(location: DeltaLocation) -> StructType:
