@@ -190,3 +190,39 @@ def test_a_table_that_cannot_take_the_streams_columns_fails_the_batch_and_commit
     made.create_table("db.wider", schema=pa.schema([("v", pa.float64()), ("id", pa.int64()), ("name", pa.string())]))
     write(ss, json_stream(ss, events, SCHEMA), "db.wider", tmp_path / "wider", catalog_options)   # int → long
     assert rows_of(catalog_options, "db.wider") == expected()
+
+
+def test_partitioned_tables_new_by_partition_by_and_existing_with_a_transform(ss, events, tmp_path, catalog_options):
+    """``partitionBy`` makes a new table with identity partitions; an existing table keeps
+    its own spec (here a bucket transform): pyiceberg's writer in the tasks writes a file
+    per partition value, with the value in the manifest; DuckDB and pyiceberg read the rows."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import DoubleType, IntegerType, NestedField, StringType
+
+    writer = json_stream(ss, events, SCHEMA).writeStream.format("iceberg").partitionBy("name") \
+        .option("checkpointLocation", str(tmp_path / "c1"))
+    for key, value in catalog_options.items():
+        writer = writer.option(key, value)
+    query = writer.trigger(availableNow=True).toTable("db.by_name")
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    table = catalog(catalog_options).load_table("db.by_name")
+    assert [(f.name, str(f.transform)) for f in table.spec().fields] == [("name", "identity")]
+    assert rows_of(catalog_options, "db.by_name") == expected()
+    assert sorted(duckdb_rows(table.metadata_location), key=str) == expected()
+    files = list(table.scan().plan_files())
+    assert sorted({f.file.partition[0] for f in files}, key=str) == sorted({r[1] for r in expected()}, key=str)
+    assert len(table.scan(row_filter="name == 'a'").plan_files()) == 2        # a file per batch with an 'a'
+
+    made = catalog(catalog_options)
+    schema = Schema(NestedField(1, "id", IntegerType()), NestedField(2, "name", StringType()),
+                    NestedField(3, "v", DoubleType()))
+    made.create_table("db.bucketed", schema=schema,
+                      partition_spec=PartitionSpec(PartitionField(1, 1000, BucketTransform(4), "id_bucket")))
+    write(ss, json_stream(ss, events, SCHEMA), "db.bucketed", tmp_path / "c2", catalog_options)
+    assert rows_of(catalog_options, "db.bucketed") == expected()
+    bucketed = catalog(catalog_options).load_table("db.bucketed")
+    assert {f.file.partition[0] for f in bucketed.scan().plan_files()} <= {0, 1, 2, 3}
+    assert len(list(bucketed.scan().plan_files())) > len(EVENTS)

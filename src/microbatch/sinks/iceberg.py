@@ -6,34 +6,35 @@ A batch, in order:
 1. The table's snapshots whose summary says ``spark.sql.streaming.queryId`` = the query's
    id: at or past the batch id in ``spark.sql.streaming.epochId``, the batch is there
    already (a re-run after a crash between the table's commit and ``commits/N``): skipped.
-2. Spark tasks write the batch's rows as parquet files under the table's ``data/``
-   directory (``<uuid>-<task>.parquet``): the data never passes through the driver.
-3. The driver commits one snapshot with pyiceberg: the files appended (``add_files``), the
-   query id and batch id in its summary; in complete mode the same transaction first
-   deletes every row (an overwrite, as Iceberg's writer does then).
+2. Spark tasks write the batch's rows with pyiceberg's writer, through the table's FileIO
+   (local disk, S3, ...): parquet files under the table's data location, named
+   ``00000-<task>-<write uuid>.parquet``, one per partition value of a partitioned table,
+   with Iceberg's field ids and column metrics; each task returns its ``DataFile``
+   entries: the data never passes through the driver.
+3. The driver commits one snapshot with pyiceberg: the data files appended, the query id
+   and batch id in its summary; in complete mode the same transaction first deletes every
+   row (an overwrite, as Iceberg's writer does then).
 
 A crash before step 3 leaves files no snapshot names: Iceberg's readers never see them
 (``remove_orphan_files`` removes them); a crash after it is step 1's case. The table is made
-from the stream's schema by the first batch when it does not exist.
+from the stream's schema by the first batch when it does not exist, partitioned by the
+writer's ``partitionBy`` columns (identity transforms).
 """
 from __future__ import annotations
 
-import io
 import logging
-import os
+import pickle
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
-from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from microbatch import crash_points, spark_internals
-from microbatch.checkpoint.fs import LOCAL, storage_for, storage_from_spec
 from microbatch.checkpoint.stream_metadata import StreamMetadata
-from microbatch.errors import AnalysisException, IllegalArgumentException, UnsupportedOperationError
+from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.lakehouse import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, iceberg_catalog, last_batch_of
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 
@@ -42,31 +43,34 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class IcebergWriteTask:
-    """The Spark task of an Iceberg batch: one partition's rows as one parquet file in the
-    table's data directory; yields the file's URI."""
+    """The Spark task of an Iceberg batch: one partition's rows written by pyiceberg's own
+    writer (Iceberg's file names, field ids, column metrics, one file per partition value
+    of a partitioned table: any transform) under the table's data location, through the
+    table's FileIO; yields each ``DataFile`` for the driver's commit (pickled: in flight
+    only, never stored)."""
 
-    data_dir: str          # a local directory, or the data directory's URI on an object store
-    attempt: str
-    storage: tuple = field(repr=False, default=("file", ()))   # storage_from_spec's; may hold credentials
+    metadata_json: str                  # the table's metadata, as the batch found it
+    attempt: str                        # a uuid: the file names' write id
+    io_properties: tuple = field(repr=False, default=())   # the FileIO's; may hold credentials
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
+        import itertools
+        import pickle
+
+        from pyiceberg.io import load_file_io
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+        from pyiceberg.table.metadata import TableMetadataUtil
         from pyspark import TaskContext
         batches = list(batches)
         if not batches or not sum(b.num_rows for b in batches):
             return
-        name = f"{self.attempt}-{TaskContext.get().partitionId():05d}.parquet"
-        if self.storage[0] == "file":
-            path = os.path.join(self.data_dir, name)
-            os.makedirs(self.data_dir, exist_ok=True)
-            pq.write_table(pa.Table.from_batches(batches), path, compression="zstd")
-            uri = "file://" + path
-        else:    # an object store: the file written whole at its final key
-            encoded = io.BytesIO()
-            pq.write_table(pa.Table.from_batches(batches), encoded, compression="zstd")
-            uri = f"{self.data_dir}/{name}"
-            storage_from_spec(self.storage).write_bytes(uri, encoded.getvalue())
-        yield pa.RecordBatch.from_pylist([{"path": uri}], schema=pa.schema([("path", pa.string())]))
+        metadata = TableMetadataUtil.parse_raw(self.metadata_json)
+        io = load_file_io(dict(self.io_properties), metadata.location)
+        task = TaskContext.get().partitionId()
+        for data_file in _dataframe_to_data_files(metadata, pa.Table.from_batches(batches), io,
+                                                  uuid.UUID(self.attempt), itertools.count(task * 100_000)):
+            yield pa.RecordBatch.from_pylist([{"file": pickle.dumps(data_file)}],
+                                             schema=pa.schema([("file", pa.binary())]))
 
 
 #: (stream type, table type) pairs Iceberg's writer casts without loss
@@ -83,6 +87,7 @@ class IcebergSink(Sink):
     def __init__(self, context: SinkContext, identifier: str):
         self.identifier = identifier
         self.complete = context.output_mode == "complete"
+        self.partition_by = list(context.partition_by)
         self._settings = spark_internals.session_settings(context.spark)
         self._catalog = iceberg_catalog(context.spark.conf.get("spark.sql.warehouse.dir"), context.options,
                                         self._settings)
@@ -97,6 +102,9 @@ class IcebergSink(Sink):
         return self._query_id
 
     def _table(self, arrow_schema: pa.Schema) -> Any:
+        """The table; made from the stream's schema (and identity partitions of the
+        writer's ``partitionBy``) when it does not exist, as Spark's ``toTable`` makes it.
+        An existing table keeps its own partitioning."""
         from pyiceberg.exceptions import NoSuchTableError
         try:
             return self._catalog.load_table(self.identifier)
@@ -105,7 +113,12 @@ class IcebergSink(Sink):
             if namespace:
                 self._catalog.create_namespace_if_not_exists(namespace)
             log.info("Creating the Iceberg table %s from the stream's schema", self.identifier)
-            return self._catalog.create_table(self.identifier, schema=arrow_schema)
+            table = self._catalog.create_table(self.identifier, schema=arrow_schema)
+            if self.partition_by:
+                with table.update_spec() as spec:
+                    for column in self.partition_by:
+                        spec.add_identity(column)
+            return table
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         from pyiceberg.expressions import AlwaysTrue
@@ -118,34 +131,21 @@ class IcebergSink(Sink):
             self._metrics = {"numOutputFiles": "0"}
             return
         columns = self._table_columns(table, df)
-        if not table.spec().is_unpartitioned():
-            raise UnsupportedOperationError(
-                f"The Iceberg table {self.identifier} is partitioned ({table.spec()}); microbatch's Iceberg sink "
-                "writes unpartitioned tables so far. Write to an unpartitioned table.")
-        data_dir, storage = self._data_dir(table.location().rstrip("/"))
-        task = IcebergWriteTask(data_dir, uuid.uuid4().hex, storage)
-        uris = sorted(r.path for r in df.select(*columns)
-                      .mapInArrow(task, "path STRING").collect())
+        task = IcebergWriteTask(table.metadata.model_dump_json(), uuid.uuid4().hex,
+                                tuple(sorted(table.io.properties.items())))
+        files = sorted((pickle.loads(r.file) for r in df.select(*columns).mapInArrow(task, "file BINARY").collect()),
+                       key=lambda f: f.file_path)
         crash_points.reached("sink-data-written")
         properties = {QUERY_ID_PROPERTY: self.query_id, EPOCH_ID_PROPERTY: str(batch_id)}
         with table.transaction() as transaction:
             if self.complete and table.current_snapshot() is not None:
                 transaction.delete(AlwaysTrue(), snapshot_properties=properties)
-            if uris:
-                transaction.add_files(uris, snapshot_properties=properties)
+            if files:
+                with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                    for data_file in files:
+                        append.append_data_file(data_file)
         crash_points.reached("sink-manifest-written")
-        self._metrics = {"numOutputFiles": str(len(uris))}
-
-    def _data_dir(self, location: str) -> tuple[str, tuple]:
-        """The table's data directory and the storage the tasks reach it by
-        (for ``IcebergWriteTask``)."""
-        if location.startswith("file:"):
-            return "/" + location[len("file:"):].lstrip("/") + "/data", LOCAL.spec()
-        if urlparse(location).scheme.lower() in ("s3", "s3a", "s3n"):
-            return location + "/data", storage_for(location, self._settings).spec()
-        raise UnsupportedOperationError(
-            f"The Iceberg table {self.identifier} lives at {location}; microbatch's Iceberg sink writes "
-            "tables on local or shared disk (file:) and on S3 (s3://, s3a://).")
+        self._metrics = {"numOutputFiles": str(len(files))}
 
     def _table_columns(self, table: Any, df: DataFrame) -> list[Any]:
         """The stream's columns as the table's, in its order: the same names (Iceberg's
@@ -198,8 +198,4 @@ class IcebergSinkProvider(SinkProvider):
             raise AnalysisException(
                 f"[STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE] Data source iceberg does not support "
                 f"{context.output_mode} output mode. Use append or complete.")
-        if context.partition_by:
-            raise UnsupportedOperationError(
-                "partitionBy on microbatch's Iceberg sink is not supported yet: create the table with its "
-                "partition spec first (pyiceberg's create_table), then write to it.")
         return IcebergSink(context, options["path"])
