@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test test-pyspark test-porting test-faults chaos
+.PHONY: setup demo test test-pyspark test-porting test-faults test-versions chaos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,27 @@ test-porting: setup
 # PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
 test-pyspark: setup
 	$(PY) -m pytest -q pyspark_suites
+
+# The differential subset on each older PySpark line against that version's own engine,
+# each in its own virtual environment (.venvs/pyspark-<version>): make test-versions
+# (SPARK_VERSIONS="4.0" for one). The full suite runs on 4.3 (make test).
+SPARK_VERSIONS ?= 4.2 4.1
+VERSION_TESTS := tests/test_differential_rate.py tests/test_aggregation_differential.py \
+	tests/test_dedup_differential.py tests/test_stream_join_differential.py tests/test_file_differential.py \
+	tests/test_file_sink.py tests/test_kafka_source.py tests/test_stream_engine.py tests/test_spark_versions.py
+test-versions:
+	set -e; for v in $(SPARK_VERSIONS); do \
+	  venv=.venvs/pyspark-$$v; \
+	  if [ ! -f $$venv/.installed ] || [ pyproject.toml -nt $$venv/.installed ]; then \
+	    $(PYTHON) -m venv $$venv; \
+	    $$venv/bin/python -m pip install --quiet --upgrade pip; \
+	    $$venv/bin/python -m pip install --quiet "pyspark==$$v.*" -e '.[test]'; \
+	    touch $$venv/.installed; \
+	  fi; \
+	  echo "== PySpark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
+	  PYSPARK_PYTHON=$$(pwd)/$$venv/bin/python PYSPARK_DRIVER_PYTHON=$$(pwd)/$$venv/bin/python \
+	    $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not porting and not faults" $(VERSION_TESTS); \
+	done
 
 # Seeded SIGKILL chaos for every pipeline kind: make chaos KILLS=100 SEED=7
 KILLS ?= 100

@@ -183,8 +183,7 @@ class StreamFrame:
     @property
     def na(self):
         """PySpark's ``DataFrameNaFunctions`` over this stream (``fill``, ``drop``, ``replace``)."""
-        from pyspark.sql.classic.dataframe import DataFrameNaFunctions
-        return DataFrameNaFunctions(self)
+        return spark_internals.na_functions(self)
 
     def sample(self, withReplacement: Any = None, fraction: Any = None, seed: int | None = None) -> "StreamFrame":
         """Refused, as Spark's engine refuses sampling a stream (PySpark's argument checks first)."""
@@ -208,6 +207,7 @@ class StreamFrame:
     def metadataColumn(self, colName: str) -> Column:
         """The source's hidden column ``colName`` (the file source's ``_metadata``), as a
         Column of this stream; Spark's error if the stream has no such column."""
+        spark_internals.require("metadataColumn")
         self._template.metadataColumn(colName)
         return spark_internals.metadata_column(colName)
 
@@ -668,6 +668,7 @@ class GroupedStream:
 
     def _transform_with_state(self, api: str, processor: Any, output_type: Any, output_mode: str,
                               time_mode: str, initial_state: Any, event_time_column: str) -> StreamFrame:
+        spark_internals.require(api)
         from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
         from microbatch.operators.transform_with_state.variables import declared_state_variables

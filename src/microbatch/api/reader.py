@@ -64,6 +64,7 @@ class DataStreamReader:
         """Name this source (Spark 4.2+): its offsets and metadata are kept under the name
         in the checkpoint, so a query can add, remove or reorder named sources across
         restarts. Needs ``spark.sql.streaming.queryEvolution.enableSourceEvolution``."""
+        spark_internals.require("named sources (readStream.name)")
         if not isinstance(source_name, str):
             raise _not_expected_type("source_name", "str", source_name)
         if not re.match(r"^[a-zA-Z0-9_]+$", source_name):

@@ -17,7 +17,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from microbatch import spark_internals
@@ -259,7 +258,7 @@ def _tws_table(rows: list[tuple], schema: StructType) -> pa.Table:
     from microbatch.state.files import storage_type
     columns = []
     for i, field in enumerate(schema.fields):
-        target = to_arrow_type(field.dataType, timezone="UTC")
+        target = spark_internals.arrow_type(field.dataType)
         storage = storage_type(target)
         array = pa.array([r[i] for r in rows], type=storage)
         columns.append(array if storage == target else array.cast(target))
@@ -280,6 +279,6 @@ def _struct(rows: list[tuple], storage: pa.StructType, spark_type: StructType) -
     columns = [pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(storage)]
     array = pa.StructArray.from_arrays(columns, fields=list(storage)) if columns else \
         pa.array([{}] * len(rows), type=pa.struct([]))
-    target = to_arrow_type(spark_type, timezone="UTC")
+    target = spark_internals.arrow_type(spark_type)
     return array if array.type == target else array.cast(target)
 

@@ -93,6 +93,7 @@ class DataStreamWriter:
 
     def clusterBy(self, *cols: str) -> "DataStreamWriter":
         """Clustering columns of the table ``toTable`` creates (PySpark 4.3)."""
+        spark_internals.require("clusterBy")
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
             cols = tuple(cols[0])
         self._cluster_by = list(cols)

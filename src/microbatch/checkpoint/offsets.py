@@ -24,11 +24,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from microbatch import spark_internals
 from microbatch.checkpoint.metadata_log import MetadataLog, parse_version
 from microbatch.errors import CheckpointError
 
 VERSION = 1
-#: The newest offset log format this engine reads and writes.
+#: The newest offset log format this engine reads and writes (on Spark 4.2+; before, 1:
+#: ``spark_internals.max_offset_log_version``).
 MAX_VERSION = 2
 #: Spark's switch for named sources and source evolution; a new checkpoint written with
 #: it on uses version 2.
@@ -99,7 +101,7 @@ class OffsetSeqLog(MetadataLog[OffsetSeq]):
 
     def deserialize(self, text: str, path: str) -> OffsetSeq:
         lines = text.split("\n")
-        version = parse_version(lines[0].strip(), MAX_VERSION, path)
+        version = parse_version(lines[0].strip(), spark_internals.max_offset_log_version(), path)
         if len(lines) < 2 or not lines[1].strip():
             raise CheckpointError(
                 f"Log file was malformed: '{path}' has no batch metadata line. Restore it "

@@ -33,7 +33,6 @@ import pyarrow as pa
 from pyspark import AccumulatorParam
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
@@ -242,7 +241,7 @@ class StatefulStep:
 # -- helpers of the steps --------------------------------------------------------------------
 def store_field(field_: Any) -> pa.Field:
     """The Arrow field a Spark column is stored as (``state.files.storage_type``)."""
-    return pa.field(field_.name, storage_type(to_arrow_type(field_.dataType, timezone="UTC")))
+    return pa.field(field_.name, storage_type(spark_internals.arrow_type(field_.dataType)))
 
 
 def quoted(name: str) -> str:

@@ -35,9 +35,9 @@ import pyarrow as pa
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import LongType, StructField, StructType
 
+from microbatch import spark_internals
 from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted, store_field
 from microbatch.operators.event_time_stats import EventTimeStats
 
@@ -311,7 +311,7 @@ def keyed_state_shape(node: Any, df: DataFrame) -> dict:
         "value_schema": pa.schema([pa.field("groupState", pa.struct(state_fields)),
                                    pa.field(TIMEOUT_FIELD, pa.int64())]),
         "pandas": PandasConversion.of(node.output_schema, pa.schema(
-            [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")) for f in node.output_schema.fields]), conf,
+            [pa.field(f.name, spark_internals.arrow_type(f.dataType)) for f in node.output_schema.fields]), conf,
             byte_limit=getattr(node, "rows_api", True) is False),   # transformWithStateInPandas
         # Spark widens a stateful operator's output to nullable
         "output": StructType([StructField(f.name, f.dataType, True) for f in node.output_schema.fields]),

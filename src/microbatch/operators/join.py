@@ -31,7 +31,6 @@ import pyarrow.compute as pc
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import StructField, StructType, TimestampNTZType, TimestampType
 
 from microbatch import spark_internals
@@ -68,6 +67,13 @@ class JoinTask(StateTask):
     #: per side: the row column whose event-time statistics the task reports for the
     #: side's watermark (instead of an ``Observation`` of it), or None
     event_time_stats: tuple = (None, None)
+    #: whether an outer side's evicted rows count in ``numRowsRemoved`` (Spark 4.3 on;
+    #: before, only the other side's cleanup counted, and nothing in a full outer join)
+    counts_outer_removals: bool = True
+    #: Spark 4.2's semi join: its right side's rows stored before the left's are joined,
+    #: and a matched left row evicted at once (it can match nothing more); before 4.2, the
+    #: left side first, as the other joins, and left rows kept until the watermark
+    semi_evicts_matched: bool = True
 
     def _stores(self, partition: int) -> dict[str, Any]:
         counts = pa.schema([pa.field("value", pa.int64())])
@@ -138,13 +144,17 @@ class JoinTask(StateTask):
         output: list[tuple[tuple, tuple]] = []
         if batches:
             table = pa.Table.from_batches(batches)
-            for side in ((1, 0) if self.how == "semi" else (0, 1)):   # Spark 4.3: a semi join's right first
+            for side in ((1, 0) if self.how == "semi" and self.semi_evicts_matched else (0, 1)):
                 keys, rows, dropped = self._side_rows(table, side, partition)
                 late += dropped
                 updated += self._store_and_join(stores, side, keys, rows, output)
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
-        removed = sum(self._evict(stores, side, output) for side in SIDES)
+        removed = 0
+        for side in SIDES:
+            evicted = self._evict(stores, side, output)
+            if self.counts_outer_removals or not (self.how == "full" or self.how == side):
+                removed += evicted
         removals_ms = (time.monotonic() - started) * 1000
         if output:
             yield self._output(output)
@@ -208,7 +218,7 @@ class JoinTask(StateTask):
         value watermark); on the outer side(s) of an outer join, emit those that never
         matched with nulls. A key's remaining rows keep indexes 0..n-1."""
         index_of_side = SIDES.index(side)
-        matched_out = self.how == "semi" and side == "left"   # a matched left row is done
+        matched_out = self.how == "semi" and side == "left" and self.semi_evicts_matched   # a matched row is done
         if (self.watermark_key is None or self.evict_us is None) and self.value_evict_us[index_of_side] is None \
                 and not matched_out:
             return 0
@@ -345,7 +355,8 @@ class JoinStep(StatefulStep):
             value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
             late_us=batch.late_ms * 1000 if watermarked else None,
             evict_us=batch.eviction_ms * 1000 if watermarked else None,
-            event_time_stats=tuple(reports))
+            event_time_stats=tuple(reports), counts_outer_removals=spark_internals.running_version().at_least(4, 3),
+            semi_evicts_matched=spark_internals.running_version().at_least(4, 2))
         partitions = self.num_partitions
 
         def build(inputs: list[DataFrame], task: JoinTask):
@@ -388,7 +399,7 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
         tagged.append(columns)
     both = left.select(*tagged[0]).union(right.select(*tagged[1]))   # the keys' common types
     key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
-    arrow = [[to_arrow_type(f.dataType, timezone="UTC") for f in schema.fields] for schema in schemas]
+    arrow = [[spark_internals.arrow_type(f.dataType) for f in schema.fields] for schema in schemas]
 
     def event_time(side: int, schema: StructType) -> int | None:
         column = node.side_event_time(side)
@@ -429,7 +440,7 @@ def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
         "tagged": tagged,
         "stats_columns": tuple(None if (watermark := node.side_watermark(side)) is None
                                else join_statistics_column(watermark, schemas[side]) for side in (0, 1)),
-        "key_schema": pa.schema([pa.field(f.name, storage_type(to_arrow_type(f.dataType, timezone="UTC")))
+        "key_schema": pa.schema([pa.field(f.name, storage_type(spark_internals.arrow_type(f.dataType)))
                                  for f in key_fields]),
         "row_schemas": tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
                              for schema, types in zip(schemas, arrow)),

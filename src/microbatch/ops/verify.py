@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from microbatch import spark_internals
 from microbatch.checkpoint.file_stream_log import (COMPACT_FILE_SUFFIX, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, FileStreamSourceLog,
                                                    all_valid_batches, live_files, uri_to_path)
@@ -397,7 +398,6 @@ def hadoop_checksum_problem(data: bytes, crc: bytes) -> str | None:
 
 def _expected_schema(doc: dict) -> tuple | None:
     """The (key, value) storage shapes the schema file gives a default store."""
-    from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import StructType
 
     from microbatch.state.files import storage_type
@@ -405,8 +405,8 @@ def _expected_schema(doc: dict) -> tuple | None:
             "transformWithState"):
         return None
     try:
-        key = storage_type(to_arrow_type(StructType.fromJson(doc["keySchema"]), timezone="UTC"))
-        value = storage_type(to_arrow_type(StructType.fromJson(doc["valueSchema"]), timezone="UTC"))
+        key = storage_type(spark_internals.arrow_type(StructType.fromJson(doc["keySchema"])))
+        value = storage_type(spark_internals.arrow_type(StructType.fromJson(doc["valueSchema"])))
     except Exception:  # noqa: BLE001 - a type the check cannot map is left to the engine
         return None
     return _struct_shape(key), _struct_shape(value)

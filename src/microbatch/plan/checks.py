@@ -49,8 +49,9 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
         raise _mode_error("append", "streaming aggregations without watermark")
     for join in (n for n in plan.nodes() if isinstance(n, StreamJoin)):
         if join.how in ("left", "right", "full") and mode != "append":
+            named = f"{_JOIN_NAMES[join.how]} join" if spark_internals.running_version().at_least(4, 2) else "Join"
             raise AnalysisException(
-                f"{_JOIN_NAMES[join.how]} join between two streaming DataFrames/Datasets is not "
+                f"{named} between two streaming DataFrames/Datasets is not "
                 f"supported in {mode.capitalize()} output mode, only in Append output mode;")
         nullable = {"left": (1,), "semi": (1,), "right": (0,), "full": (0, 1)}.get(join.how, ())
         ranged = all(join.value_watermark_ms(1 - side, 0) is not None for side in nullable)

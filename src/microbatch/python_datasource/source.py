@@ -19,8 +19,6 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
-from pyspark.sql.datasource import CaseInsensitiveDict
-from pyspark.sql.streaming import datasource as pyspark_limits
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
@@ -28,10 +26,16 @@ from microbatch.sources.base import (ALL_AVAILABLE, ReadAllAvailable,
                                      ReadLimit, ReadMaxBytes, ReadMaxFiles, ReadMaxRows,
                                      ReadMinRows, Source, SourceProvider)
 
+try:     # PySpark 4.2+: read limits and availableNow for Python streaming readers
+    from pyspark.sql.streaming import datasource as pyspark_limits
+except ImportError:   # before 4.2 a Python reader has neither: latestOffset() takes no limit
+    pyspark_limits = None
+
 _MAX_ARROW_BATCH = 10_000
 
 
 def instantiate(data_source_class: type, options) -> Any:
+    from pyspark.sql.datasource import CaseInsensitiveDict
     return data_source_class(CaseInsensitiveDict(dict(options.items())))
 
 
@@ -91,7 +95,6 @@ def _read_partitions_task(reader, partitions: list, schema: StructType, data_sou
 class PythonDataSourceStream(Source):
     def __init__(self, spark, data_source, schema: StructType, name: str):
         from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper, _streamReader
-        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
         self._spark = spark
         self._data_source = data_source
         self._schema = schema
@@ -99,9 +102,10 @@ class PythonDataSourceStream(Source):
         self.reader = _streamReader(data_source, schema)
         self._simple = isinstance(self.reader, _SimpleStreamReaderWrapper)
         inner = self.reader.simple_reader if self._simple else self.reader
-        self.supports_available_now = isinstance(inner, SupportsTriggerAvailableNow)
-        self._admission_control = self._simple or bool(
-            inspect.signature(self.reader.latestOffset).parameters)
+        self.supports_available_now = pyspark_limits is not None and isinstance(
+            inner, pyspark_limits.SupportsTriggerAvailableNow)
+        self._admission_control = pyspark_limits is not None and (self._simple or bool(
+            inspect.signature(self.reader.latestOffset).parameters))
 
     @property
     def schema(self) -> StructType:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from microbatch import spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.errors import CheckpointError
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SAME_FILES_PROVIDERS,
@@ -15,7 +16,8 @@ log = logging.getLogger(__name__)
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 #: The confs a checkpoint fixes, with the values Spark 4.3 records for a new query.
-#: They are written to every ``offsets/N`` and restored from it on restart.
+#: They are written to every ``offsets/N`` and restored from it on restart; an older Spark
+#: records fewer (``spark_internals.records_conf``), as its own engine does.
 CHECKPOINTED_CONFS = {
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
@@ -36,6 +38,26 @@ CHECKPOINTED_CONFS = {
     "spark.sql.streaming.stateStore.compression.codec": "lz4",
     "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "false",
 }
+
+
+#: The value of a conf a checkpoint does not record, because the Spark that wrote it did
+#: not have it yet: the behaviour the query had then (Spark's relevantSQLConfDefaultValues).
+LEGACY_VALUES = {
+    "spark.sql.streaming.multipleWatermarkPolicy": "min",
+    "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion": "1",
+    "spark.sql.streaming.aggregation.stateFormatVersion": "1",
+    "spark.sql.streaming.join.stateFormatVersion": "1",
+    "spark.sql.streaming.stateStore.compression.codec": "lz4",
+    "spark.sql.streaming.statefulOperator.useStrictDistribution": "false",
+    "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "true",
+    "spark.sql.streaming.stateStore.encodingFormat": "unsaferow",
+    "spark.sql.streaming.stateStore.rowChecksum.enabled": "false",
+}
+
+
+def checkpointed_confs() -> dict[str, str]:
+    """The confs the running Spark's engine fixes in a checkpoint, with 4.3's defaults."""
+    return {key: value for key, value in CHECKPOINTED_CONFS.items() if spark_internals.records_conf(key)}
 
 
 def state_provider(fs: CheckpointFileSystem, checkpoint_root: str, written: str | None,
@@ -82,15 +104,15 @@ def pin_confs(conf: Any, recorded: dict[str, str] | None, stateful: bool, fs: Ch
     batch session's ``conf``; return the confs the checkpoint fixes, as recorded in
     ``offsets/N``."""
     fixed = {}
-    for key, default in CHECKPOINTED_CONFS.items():
+    for key, default in checkpointed_confs().items():
         session_value = conf.get(key, default)
         if key == PROVIDER_CLASS_CONF and stateful:
             chosen = state_provider(fs, checkpoint_root, (recorded or {}).get(key), conf.get(key, None))
             conf.set(key, chosen)
             fixed[key] = chosen
             continue
-        if recorded is not None and key in recorded:
-            value = recorded[key]
+        if recorded is not None and (key in recorded or key in LEGACY_VALUES):
+            value = recorded.get(key, LEGACY_VALUES.get(key))
             if value != session_value:
                 log.warning("Updating the value of conf '%s' in current session from '%s' "
                             "to '%s'.", key, session_value, value)

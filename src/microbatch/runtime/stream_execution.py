@@ -36,7 +36,7 @@ from microbatch.errors import CheckpointError, UserFunctionError, raised_in_work
 from microbatch.util import conf_bool
 from microbatch.runtime.clock import Clock
 from microbatch.runtime.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
-                                         QueryStartedEvent, QueryTerminatedEvent)
+                                         QueryTerminatedEvent)
 from microbatch.runtime.progress import ProgressReporter, format_timestamp
 
 log = logging.getLogger(__name__)
@@ -148,9 +148,9 @@ class StreamExecution:
             sc.setLocalProperty("sql.streaming.queryId", self.id)
             for tag in self._job_tags:
                 sc.addJobTag(tag)
-            self.post(QueryStartedEvent(uuid.UUID(self.id), uuid.UUID(self.run_id), self.name,
-                                        format_timestamp(self.clock.get_time_millis()),
-                                        set(self._job_tags)))
+            self.post(spark_internals.query_started_event(
+                uuid.UUID(self.id), uuid.UUID(self.run_id), self.name, format_timestamp(self.clock.get_time_millis()),
+                set(self._job_tags)))
             self.start_latch.set()
             self.progress.update_status_message("Initializing sources")
             self.initialize()

@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from microbatch import crash_points
+from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.fs import storage_from_spec
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import AnalysisException, IllegalArgumentException
@@ -168,7 +168,6 @@ class DeltaSink(Sink):
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         from deltalake import CommitProperties, Transaction
         from deltalake.transaction import AddAction, create_table_with_add_actions
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         table = self._table()
         if table is not None:
@@ -180,8 +179,8 @@ class DeltaSink(Sink):
                 self.last_num_output_rows = 0
                 return
         data = [c for c in df.columns if c not in self.partition_by]
-        schema = to_arrow_schema(StructType([df.schema[c] for c in data] + [df.schema[c] for c in self.partition_by]),
-                                 timezone="UTC")
+        schema = spark_internals.arrow_schema(
+            StructType([df.schema[c] for c in data] + [df.schema[c] for c in self.partition_by]))
         if table is not None:
             self._check_table(table, schema)
         prepared = df.select(*[F.col(_quoted(c)).cast("string").alias(c) for c in self.partition_by],

@@ -122,8 +122,7 @@ class IcebergSink(Sink):
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         from pyiceberg.expressions import AlwaysTrue
-        from pyspark.sql.pandas.types import to_arrow_schema
-        table = self._table(to_arrow_schema(df.schema, timezone="UTC"))
+        table = self._table(spark_internals.arrow_schema(df.schema))
         done = last_batch_of(table, self.query_id)
         if done is not None and done >= batch_id:
             log.info("Skipping batch %d: the Iceberg table %s has it (epoch %d of query %s)",

@@ -20,6 +20,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
 from microbatch.checkpoint.fs import storage_from_spec
 
 
@@ -44,8 +45,7 @@ class ReadParquetFilesTask:
         import json
 
         import pyarrow.parquet as pq
-        from pyspark.sql.pandas.types import to_arrow_schema
-        target = to_arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
+        target = spark_internals.arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
         store = storage_from_spec(self.storage)
         for batch in batches:
             for index in batch.column(0).to_pylist():

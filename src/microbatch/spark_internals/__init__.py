@@ -46,11 +46,17 @@ from microbatch.spark_internals.relations import (
 from microbatch.spark_internals.session import (
     cloned_session, job_tags, session_settings,
 )
+from microbatch.spark_internals.versions import (
+    CHECKPOINTED_CONF_SINCE, FEATURES, SparkVersion, arrow_schema, arrow_type, max_offset_log_version, na_functions,
+    query_started_event, records_conf, require, running_version,
+)
 from microbatch.spark_internals.sql import (
     SqlNode, grouping_position, parse_sql, sql_column, sql_int, sql_parameters,
 )
 
 __all__ = [
+    "CHECKPOINTED_CONF_SINCE", "FEATURES", "arrow_schema", "arrow_type", "SparkVersion", "max_offset_log_version", "na_functions", "query_started_event",
+    "records_conf", "require", "running_version",
     "SqlNode", "grouping_position", "parse_sql", "sql_column", "sql_int", "sql_parameters",
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",

@@ -9,6 +9,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from microbatch.spark_internals.jvm import _jvm, jvm_class
+from microbatch.spark_internals.versions import column_of_expression, dataframe_of_plan, expression_of_column
 
 
 def schema_string(schema: StructType) -> str:
@@ -440,20 +441,18 @@ def qualified_alias(column: Any, name: str, qualifier: tuple[str, ...]) -> Any:
     """``column.alias(name)`` whose output column keeps ``qualifier`` (Spark's ``Alias``
     carries one; PySpark's ``alias`` cannot give it): a column of a join's output that a
     query names as ``l.id``."""
-    from pyspark.sql.classic.column import Column
     to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
-    expression = jvm_class("org.apache.spark.sql.classic.ExpressionUtils").expression(column._jc)
+    expression = expression_of_column(column)
     alias = jvm_class("org.apache.spark.sql.catalyst.expressions.Alias")(
         expression, name, jvm_class("org.apache.spark.sql.catalyst.expressions.NamedExpression").newExprId(),
         to_seq(list(qualifier)), jvm_class("scala.None$"), to_seq([]))
-    return Column(jvm_class("org.apache.spark.sql.classic.ExpressionUtils").column(alias))
+    return column_of_expression(alias)
 
 
 def requalified(df: Any, qualifiers: tuple[tuple[str, ...], ...]) -> Any:
     """``df`` with its output columns qualified as ``qualifiers`` say (the same columns and
     rows: a projection of its own attributes, each with the qualifier), or ``df`` itself
     when none has one."""
-    from pyspark.sql import DataFrame
     if not any(qualifiers):
         return df
     to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
@@ -461,9 +460,7 @@ def requalified(df: Any, qualifiers: tuple[tuple[str, ...], ...]) -> Any:
     output = plan.output()
     columns = [output.apply(i).withQualifier(to_seq(list(q))) for i, q in enumerate(qualifiers)]
     project = jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")(to_seq(columns), plan)
-    session = df.sparkSession
-    return DataFrame(jvm_class("org.apache.spark.sql.classic.Dataset").ofRows(session._jsparkSession, project),
-                     session)
+    return dataframe_of_plan(df.sparkSession, project)
 
 
 def _window_nodes(plan: Any) -> list:

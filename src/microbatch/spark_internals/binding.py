@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from microbatch.spark_internals.analysis import analyzed_plan
 from microbatch.spark_internals.jvm import jvm_class
+from microbatch.spark_internals.versions import running_version
 
 
 def with_batch_timestamp(spark: SparkSession, df: Any, timestamp_ms: int) -> Any:
@@ -35,7 +36,7 @@ def with_batch_timestamp(spark: SparkSession, df: Any, timestamp_ms: int) -> Any
     java_map = MapConverter().convert(replacements, spark._sc._gateway._gateway_client)
     scala_partial = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap(java_map)
     plan = df._jdf.queryExecution().analyzed().transformAllExpressions(scala_partial)
-    return DataFrame(jvm_class("org.apache.spark.sql.classic.Dataset").ofRows(spark._jsparkSession, plan), spark)
+    return DataFrame(jvm_class(running_version().dataset_class).ofRows(spark._jsparkSession, plan), spark)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class BindablePlan:
         self._python_udf = jvm_class("org.apache.spark.sql.catalyst.expressions.PythonUDF")
         self._simple_function = jvm_class("org.apache.spark.api.python.SimplePythonFunction")
         self._hash_map = jvm_class("java.util.HashMap")
-        self._dataset = jvm_class("org.apache.spark.sql.classic.Dataset")
+        self._dataset = jvm_class(running_version().dataset_class)
         self._utils = jvm_class("org.apache.spark.api.python.PythonUtils")
         self._no_names = self._utils.toSeq([])
         self._none = jvm_class("scala.None$")

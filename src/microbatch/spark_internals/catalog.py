@@ -73,6 +73,10 @@ def python_data_source(spark: SparkSession, name: str) -> type | None:
     JVM's DataSourceManager holds it: PySpark's serialized class, read back as PySpark's
     workers read it. None when no Python data source has that name."""
     from pyspark.serializers import CloudPickleSerializer
+
+    from microbatch.spark_internals.versions import running_version
+    if not running_version().at_least(4, 0):
+        return None      # (Python data sources came with Spark 4.0)
     manager = spark._jsparkSession.sessionState().dataSourceManager()
     if not manager.dataSourceExists(name):
         return None

@@ -2,6 +2,8 @@
 made in the JVM with the same output columns every batch."""
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Mapping
 
 from py4j.protocol import Py4JJavaError
@@ -11,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from microbatch.spark_internals.analysis import analyzed_plan
 from microbatch.spark_internals.jvm import jvm_class, scala_map
+from microbatch.spark_internals.versions import running_version
 
 
 def empty_dataframe(spark: SparkSession, schema: StructType) -> Any:
@@ -69,21 +72,36 @@ class FileBatches:
         self._format = fmt
         self._data_source = jvm_class("org.apache.spark.sql.execution.datasources.DataSource")
         self._logical_relation = jvm_class("org.apache.spark.sql.execution.datasources.LogicalRelation$")
-        self._dataset = jvm_class("org.apache.spark.sql.classic.Dataset")
+        self._dataset = jvm_class(running_version().dataset_class)
         self._utils = jvm_class("org.apache.spark.api.python.PythonUtils")
         self._schema = jvm_class("scala.Some")(spark._jsparkSession.parseDataType(schema.json()))
         self._options = scala_map(options)
         self._none = jvm_class("scala.None$")
         self._partition_columns = self._utils.toSeq(list(partition_columns))
+        # DataSource's trailing Options (catalogTable; 4.2+ also a source name) and
+        # resolveRelation's flags (checkFilesExist; readOnly from 4.0, forceNullable from
+        # 4.2) vary by version: counted once from the class
+        self._constructor_options, self._resolve_flags = _data_source_arity()
 
     def dataframe(self, paths: list[str]) -> Any:
         from pyspark.sql import DataFrame
         source = self._data_source(self._spark._jsparkSession, self._format, self._utils.toSeq(paths),
-                                   self._schema, self._partition_columns, self._none, self._options, self._none,
-                                   self._none)
+                                   self._schema, self._partition_columns, self._none, self._options,
+                                   *([self._none] * self._constructor_options))
         # (checkFilesExist, readOnly, forceNullable), as DataFrameReader.load resolves it
-        relation = self._logical_relation.apply(source.resolveRelation(False, True, True), False)
+        flags = (False, True, True)[:self._resolve_flags]
+        relation = self._logical_relation.apply(source.resolveRelation(*flags), False)
         return DataFrame(self._dataset.ofRows(self._spark._jsparkSession, relation), self._spark)
+
+
+@functools.lru_cache(maxsize=1)
+def _data_source_arity() -> tuple[int, int]:
+    """(the trailing Option parameters of DataSource's constructor, the flags of its
+    resolveRelation) in the running Spark."""
+    cls = jvm_class("java.lang.Class").forName("org.apache.spark.sql.execution.datasources.DataSource")
+    constructor = max(len(c.getParameterTypes()) for c in cls.getConstructors())
+    flags = max(len(m.getParameterTypes()) for m in cls.getMethods() if m.getName() == "resolveRelation")
+    return constructor - 7, flags
 
 
 class RangeBatches:
@@ -111,7 +129,7 @@ class RangeBatches:
         self._literal = jvm_class(catalyst + "expressions.Literal$")
         self._instant = jvm_class("java.time.Instant")
         self._timestamp_type = jvm_class("org.apache.spark.sql.types.TimestampType$")
-        self._dataset = jvm_class("org.apache.spark.sql.classic.Dataset")
+        self._dataset = jvm_class(running_version().dataset_class)
         utils = jvm_class("org.apache.spark.api.python.PythonUtils")
         self._to_seq = utils.toSeq
         self._no_names = utils.toSeq([])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from microbatch.spark_internals.jvm import jvm_class
+from microbatch.spark_internals.versions import column_of_expression
 
 
 @dataclass
@@ -210,10 +211,9 @@ def _plain_node(plan: Any) -> SqlNode:
 def sql_column(expression: Any, parameters: dict | None = None) -> Any:
     """The PySpark Column of a parsed expression (a ``SqlNode``'s), its parameter markers
     replaced by ``parameters``' literals (``sql_parameters``)."""
-    from pyspark.sql.classic.column import Column
     if parameters:
         expression = _rewritten(expression, parameters)
-    return Column(jvm_class("org.apache.spark.sql.classic.ExpressionUtils").column(expression))
+    return column_of_expression(expression)
 
 
 def _rewritten(expression: Any, parameters: dict) -> Any:

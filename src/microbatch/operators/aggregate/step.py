@@ -5,7 +5,6 @@ from __future__ import annotations
 import pyarrow as pa
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_type
 from pyspark.sql.types import ArrayType, StructField, StructType
 
 from microbatch import spark_internals
@@ -59,7 +58,7 @@ class AggregateStep(StatefulStep):
             partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
         partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
         partition_columns = self.cached("partition", lambda: [F.col(quoted(k)) for k in partition_keys])
-        arrow = [pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+        arrow = [pa.field(f.name, spark_internals.arrow_type(f.dataType))
                  for f in spec.partial_schema.fields]
         num_keys = len(spec.key_names)
         merges, start = [], 0
@@ -67,7 +66,7 @@ class AggregateStep(StatefulStep):
             merges.append((call.merge, start, len(names), call.options))
             start += len(names)
         has_watermark = node.event_time_key is not None
-        output_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC"))
+        output_schema = pa.schema([pa.field(f.name, spark_internals.arrow_type(f.dataType))
                                    for f in spec.merged_schema.fields])
         common = (self.state_root, op, batch.batch_id, batch.store_conf, batch.metrics)
         if node.session_index is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from microbatch import spark_internals
 from microbatch.operators.transform_with_state.variables import EXPIRATION, LIST, MAP, TIMERS_STORE, VALUE, StateVariable
 
 #: Spark's conf of how state rows are encoded; "avro" lets transformWithState's schemas evolve.
@@ -133,9 +134,8 @@ def _variable_schemas(value: Any, variable: StateVariable) -> tuple | None:
 
 
 def _arrow_field(field: Any) -> pa.Field:
-    from pyspark.sql.pandas.types import to_arrow_type
     from microbatch.state.files import storage_type
-    return pa.field(field.name, storage_type(to_arrow_type(field.dataType, timezone="UTC")))
+    return pa.field(field.name, storage_type(spark_internals.arrow_type(field.dataType)))
 
 
 def _arrow_struct(schema: Any) -> pa.DataType:

@@ -1,0 +1,161 @@
+"""What differs between the Spark versions microbatch runs on (PySpark 3.5.x to 4.3.x,
+classic sessions), chosen once per JVM by the running Spark's version.
+
+Spark 4.0 moved the classic ``Dataset`` and ``Column`` plumbing into
+``org.apache.spark.sql.classic`` (``Dataset``, ``ExpressionUtils``) and PySpark's
+classic ``Column`` into ``pyspark.sql.classic.column``; 3.5 has them in
+``org.apache.spark.sql`` and ``pyspark.sql.column``, a ``Column`` built straight from an
+expression. Features are gated here too: a feature a version's PySpark lacks is refused
+on that version with a message naming the version that has it (``require``), never
+silently degraded.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from microbatch.spark_internals.jvm import jvm_class
+
+
+@dataclass(frozen=True)
+class SparkVersion:
+    """The running Spark's version and the names that follow from it."""
+
+    text: str                  # e.g. "4.3.0"
+    major: int
+    minor: int
+
+    @property
+    def at_least_4(self) -> bool:
+        return self.major >= 4
+
+    def at_least(self, major: int, minor: int = 0) -> bool:
+        return (self.major, self.minor) >= (major, minor)
+
+    @property
+    def dataset_class(self) -> str:
+        return "org.apache.spark.sql.classic.Dataset" if self.at_least_4 else "org.apache.spark.sql.Dataset"
+
+
+def parse_version(text: str) -> SparkVersion:
+    parts = text.split("-")[0].split(".")
+    return SparkVersion(text, int(parts[0]), int(parts[1]))
+
+
+@functools.lru_cache(maxsize=1)
+def running_version() -> SparkVersion:
+    """The version of the PySpark this process runs (a classic session's JVM is the same
+    release: PySpark refuses another)."""
+    import pyspark
+    return parse_version(pyspark.__version__)
+
+
+def dataframe_of_plan(spark: Any, plan: Any) -> Any:
+    """The PySpark DataFrame of an analysed logical plan (``Dataset.ofRows``)."""
+    from pyspark.sql import DataFrame
+    return DataFrame(jvm_class(running_version().dataset_class).ofRows(spark._jsparkSession, plan), spark)
+
+
+def column_of_expression(expression: Any) -> Any:
+    """PySpark's classic ``Column`` of a Catalyst expression."""
+    if running_version().at_least_4:
+        from pyspark.sql.classic.column import Column
+        return Column(jvm_class("org.apache.spark.sql.classic.ExpressionUtils").column(expression))
+    from pyspark.sql.column import Column
+    return Column(jvm_class("org.apache.spark.sql.Column")(expression))
+
+
+def expression_of_column(column: Any) -> Any:
+    """The Catalyst expression of PySpark's classic ``Column``."""
+    if running_version().at_least_4:
+        return jvm_class("org.apache.spark.sql.classic.ExpressionUtils").expression(column._jc)
+    return column._jc.expr()
+
+
+@functools.lru_cache(maxsize=1)
+def _arrow_timezone_keyword() -> bool:
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_type
+    return "timezone" in inspect.signature(to_arrow_type).parameters
+
+
+def arrow_type(data_type: Any) -> Any:
+    """PySpark's Arrow type of a Spark type, timestamps in UTC (4.3 takes the zone as
+    ``timezone``; earlier releases make UTC timestamps by default)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    return to_arrow_type(data_type, timezone="UTC") if _arrow_timezone_keyword() else to_arrow_type(data_type)
+
+
+def arrow_schema(schema: Any) -> Any:
+    """PySpark's Arrow schema of a StructType, timestamps in UTC (see ``arrow_type``)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(schema, timezone="UTC") if _arrow_timezone_keyword() else to_arrow_schema(schema)
+
+
+def query_started_event(query_id: Any, run_id: Any, name: Any, timestamp: str, job_tags: set[str]) -> Any:
+    """PySpark's ``QueryStartedEvent`` (its job tags from 4.1 on)."""
+    import inspect
+
+    from pyspark.sql.streaming.listener import QueryStartedEvent
+    if "jobTags" in inspect.signature(QueryStartedEvent.__init__).parameters:
+        return QueryStartedEvent(query_id, run_id, name, timestamp, job_tags)
+    return QueryStartedEvent(query_id, run_id, name, timestamp)
+
+
+def na_functions(frame: Any) -> Any:
+    """PySpark's ``DataFrameNaFunctions`` over ``frame`` (a DataFrame-like object)."""
+    if running_version().at_least_4:
+        from pyspark.sql.classic.dataframe import DataFrameNaFunctions
+    else:
+        from pyspark.sql.dataframe import DataFrameNaFunctions
+    return DataFrameNaFunctions(frame)
+
+
+#: confs a checkpoint fixes (Spark's OffsetSeqMetadata.relevantSQLConfs) that came after
+#: Spark 3.5, with the version that first records them in ``offsets/N`` (read from the
+#: ``offsets/0`` each release's own engine writes)
+CHECKPOINTED_CONF_SINCE: dict[str, tuple[int, int]] = {
+    "spark.sql.streaming.stateStore.encodingFormat": (4, 0),
+    "spark.sql.function.protobufExtensions.enabled": (4, 2),
+    "spark.sql.streaming.queryEvolution.enableSourceEvolution": (4, 2),
+    "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion": (4, 2),
+    "spark.sql.streaming.stateStore.rowChecksum.enabled": (4, 2),
+    "spark.sql.dropDuplicates.deterministicKeyOrder.enabled": (4, 3),
+    "spark.sql.streaming.statefulOperator.alwaysNullableOutput.enabled": (4, 3),
+}
+
+
+def records_conf(key: str) -> bool:
+    """Whether the running Spark's engine records ``key`` in a checkpoint's offsets."""
+    since = CHECKPOINTED_CONF_SINCE.get(key)
+    return since is None or running_version().at_least(*since)
+
+
+def max_offset_log_version() -> int:
+    """The newest offset log format the running Spark reads: 2 (named sources, source
+    evolution) from 4.2 on, 1 before."""
+    return 2 if running_version().at_least(4, 2) else 1
+
+
+#: features a PySpark version lacks, and the version that brought them
+FEATURES: dict[str, tuple[int, int]] = {
+    "transformWithStateInPandas": (4, 0),
+    "transformWithState": (4, 1),
+    "Python data sources": (4, 0),
+    "named sources (readStream.name)": (4, 2),
+    "metadataColumn": (4, 0),
+    "clusterBy": (4, 0),
+}
+
+
+def require(feature: str) -> None:
+    """Refuse ``feature`` on a Spark older than the one that has it, naming both."""
+    from microbatch.errors import UnsupportedOperationError
+    needed = FEATURES[feature]
+    version = running_version()
+    if not version.at_least(*needed):
+        raise UnsupportedOperationError(
+            f"{feature} needs Spark {needed[0]}.{needed[1]} or later; this session runs Spark {version.text}. "
+            f"Run the query on PySpark {needed[0]}.{needed[1]}+, or without {feature}.")
