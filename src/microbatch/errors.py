@@ -9,12 +9,17 @@ exception classes, so code ported from Structured Streaming that catches
 """
 from __future__ import annotations
 
+import inspect
 import re
 
 from pyspark.errors import AnalysisException as _PySparkAnalysisException
 from pyspark.errors import IllegalArgumentException as _PySparkIllegalArgumentException
 from pyspark.errors import StreamingQueryException  # noqa: F401 - PySpark's, re-exported
 from pyspark.errors.exceptions.captured import CapturedException
+
+
+#: PySpark 4 names its exceptions' keywords errorClass/messageParameters; 3.5 error_class/...
+_CAMEL_CASE_KEYWORDS = "errorClass" in inspect.signature(_PySparkAnalysisException.__init__).parameters
 
 
 class AnalysisException(_PySparkAnalysisException):
@@ -24,7 +29,10 @@ class AnalysisException(_PySparkAnalysisException):
 
     def __init__(self, message: str, error_class: str | None = None,
                  parameters: dict[str, str] | None = None):
-        super().__init__(message=message, errorClass=error_class, messageParameters=parameters)
+        if _CAMEL_CASE_KEYWORDS:
+            super().__init__(message=message, errorClass=error_class, messageParameters=parameters)
+        else:   # PySpark 3.5
+            super().__init__(message=message, error_class=error_class, message_parameters=parameters)
 
 
 class UnsupportedOperationError(AnalysisException):

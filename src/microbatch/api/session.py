@@ -65,6 +65,7 @@ class StreamingSession:
     def __init__(self, spark: SparkSession | None = None, *, master: str = "local[2]",
                  conf: dict[str, str] | None = None, ui_port: int | None = None,
                  ui_host: str = "127.0.0.1"):
+        spark_internals.check_supported(spark)      # (PySpark's version: before any JVM starts)
         # Stop Spark on stop() only if this object started it.
         self._embedded = spark is None and SparkSession.getActiveSession() is None
         self.spark = spark if spark is not None else embedded_spark(master, conf=conf)

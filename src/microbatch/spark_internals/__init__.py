@@ -12,7 +12,7 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 
 # The seam: the engine calls these as ``spark_internals.<name>``; each lives in the
 # module named for what it does (analysis, binding, catalog, errors, jvm, metrics,
-# relations, session).
+# relations, session, versions).
 from microbatch.spark_internals.analysis import (
     AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, analyzed_plan, column_sql, conjunct_sides,
     conjuncts_without_column, filter_can_skip_column, filter_passes_filter,
@@ -47,7 +47,7 @@ from microbatch.spark_internals.session import (
     cloned_session, job_tags, session_settings,
 )
 from microbatch.spark_internals.versions import (
-    CHECKPOINTED_CONF_SINCE, FEATURES, SparkVersion, arrow_schema, arrow_type, max_offset_log_version, na_functions,
+    CHECKPOINTED_CONF_SINCE, FEATURES, OLDEST_SUPPORTED, SparkVersion, arrow_schema, arrow_type, check_supported, max_offset_log_version, na_functions,
     query_started_event, records_conf, require, running_version,
 )
 from microbatch.spark_internals.sql import (
@@ -55,7 +55,7 @@ from microbatch.spark_internals.sql import (
 )
 
 __all__ = [
-    "CHECKPOINTED_CONF_SINCE", "FEATURES", "arrow_schema", "arrow_type", "SparkVersion", "max_offset_log_version", "na_functions", "query_started_event",
+    "CHECKPOINTED_CONF_SINCE", "FEATURES", "OLDEST_SUPPORTED", "arrow_schema", "arrow_type", "check_supported", "SparkVersion", "max_offset_log_version", "na_functions", "query_started_event",
     "records_conf", "require", "running_version",
     "SqlNode", "grouping_position", "parse_sql", "sql_column", "sql_int", "sql_parameters",
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",

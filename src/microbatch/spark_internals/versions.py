@@ -113,6 +113,29 @@ def na_functions(frame: Any) -> Any:
     return DataFrameNaFunctions(frame)
 
 
+#: the oldest Spark line microbatch runs on so far (3.5 and 4.0 install, and are refused
+#: at session start, naming what is missing: docs/spark-versions.md)
+OLDEST_SUPPORTED = (4, 1)
+
+
+def check_supported(spark: Any = None) -> None:
+    """Refuse a Spark older than microbatch runs on, or a Spark Connect session, before
+    any query, saying why."""
+    from microbatch.errors import UnsupportedOperationError
+    if spark is not None and type(spark).__module__.startswith("pyspark.sql.connect"):
+        raise UnsupportedOperationError(
+            "microbatch runs on classic Spark sessions (SparkSession.builder.master(...)) so far; this is a "
+            "Spark Connect session, whose client has no JVM for microbatch's planner to read plans from. "
+            "Start a classic session, or see docs/spark-versions.md for what Connect support needs.")
+    version = running_version()
+    if not version.at_least(*OLDEST_SUPPORTED):
+        raise UnsupportedOperationError(
+            f"microbatch runs on PySpark {OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to 4.3 so far; this session runs "
+            f"Spark {version.text}. On 4.0 and 3.5 its deduplication needs Arrow UDFs (4.1+) and its metrics "
+            "need Observation rows (4.1+ and 3.5 give them differently): see docs/spark-versions.md. Use PySpark "
+            "4.1 or later.")
+
+
 #: confs a checkpoint fixes (Spark's OffsetSeqMetadata.relevantSQLConfs) that came after
 #: Spark 3.5, with the version that first records them in ``offsets/N`` (read from the
 #: ``offsets/0`` each release's own engine writes)
