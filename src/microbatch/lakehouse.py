@@ -17,7 +17,7 @@ its tables under that directory.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
@@ -40,7 +40,7 @@ class DeltaLocation:
     uri: str                          # delta-rs's: a local directory, or s3://bucket/key
     storage: CheckpointFileSystem     # the storage layer's, for the log and the tasks
     root: str                         # the table's root as ``storage`` names it
-    storage_options: dict[str, str] | None = None     # delta-rs's, for an object store
+    storage_options: dict[str, str] | None = field(default=None, repr=False)   # delta-rs's: may hold keys
 
     @property
     def is_local(self) -> bool:
@@ -69,7 +69,8 @@ def open_delta_table(location: DeltaLocation, version: int | None = None, *, wri
         return DeltaTable(location.uri, version=version, storage_options=location.storage_options)
     except DeltaError as e:
         text = str(e)
-        if "Unsupported" not in text and "unsupported" not in text:
+        lowered = text.lower()
+        if "unsupported" not in lowered or not any(w in lowered for w in ("feature", "protocol", "version")):
             raise
         from microbatch.errors import AnalysisException
         doing = "WRITE" if writing else "READ"
