@@ -46,8 +46,10 @@ class IcebergWriteTask:
     """The Spark task of an Iceberg batch: one partition's rows written by pyiceberg's own
     writer (Iceberg's file names, field ids, column metrics, one file per partition value
     of a partitioned table: any transform) under the table's data location, through the
-    table's FileIO; yields each ``DataFile`` for the driver's commit (pickled: in flight
-    only, never stored)."""
+    table's FileIO; yields each ``DataFile`` for the driver's commit. The DataFiles are
+    pickled in flight only, task result to driver as Spark's own task results travel;
+    nothing pickled is ever written to the checkpoint or the table (the snapshot's
+    manifests are pyiceberg's Avro)."""
 
     metadata_json: str                  # the table's metadata, as the batch found it
     attempt: str                        # a uuid: the file names' write id

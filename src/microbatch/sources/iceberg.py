@@ -74,6 +74,7 @@ class IcebergSource(Source):
             if "streaming-max-rows-per-micro-batch" in options else None
         self._end_snapshot: int | None = None
         self._batches: spark_internals.FileBatches | None = None
+        self._object_store: dict[str, tuple] = {}     # scheme -> the storage spec its tasks read with
 
     @property
     def schema(self) -> StructType:
@@ -184,8 +185,12 @@ class IcebergSource(Source):
                 break
             paths.append(found.path)
         if paths and urlparse(paths[0]).scheme.lower() in ("s3", "s3a", "s3n"):
-            storage = storage_for(paths[0], spark_internals.session_settings(self._spark))
-            return read_parquet_files(self._spark, [ParquetFile(p) for p in paths], self._schema, storage.spec())
+            scheme = urlparse(paths[0]).scheme.lower()
+            if scheme not in self._object_store:     # (made once: the settings are a py4j call, s3fs a client)
+                self._object_store[scheme] = storage_for(
+                    paths[0], spark_internals.session_settings(self._spark)).spec()
+            return read_parquet_files(self._spark, [ParquetFile(p) for p in paths], self._schema,
+                                      self._object_store[scheme])
         if self._batches is None:
             self._batches = spark_internals.FileBatches(self._spark, "parquet", self._schema, {})
         return self._batches.dataframe(paths)
