@@ -22,7 +22,7 @@ demo: setup
 	$(VENV)/bin/microbatch demo
 
 test: setup
-	$(PY) -m pytest -q -m "not porting and not faults"
+	$(PY) -m pytest -q -m "not porting and not faults and not upgrade"
 
 # Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka
 test-faults: setup
@@ -38,12 +38,14 @@ test-pyspark: setup
 
 # The differential subset on each older PySpark line against that version's own engine,
 # each in its own virtual environment (.venvs/pyspark-<version>): make test-versions
-# (SPARK_VERSIONS="4.0" for one). The full suite runs on 4.3 (make test).
-SPARK_VERSIONS ?= 4.2 4.1
+# (SPARK_VERSIONS="4.0" for one). Then, on 4.3, a stateful checkpoint each line of
+# UPGRADE_FROM wrote (both engines) is resumed by both engines. The full suite runs on 4.3 (make test).
+SPARK_VERSIONS ?= 4.2 4.1 4.0 3.5
+UPGRADE_FROM ?= 3.5
 VERSION_TESTS := tests/test_differential_rate.py tests/test_aggregation_differential.py \
 	tests/test_dedup_differential.py tests/test_stream_join_differential.py tests/test_file_differential.py \
 	tests/test_file_sink.py tests/test_kafka_source.py tests/test_stream_engine.py tests/test_spark_versions.py
-test-versions:
+test-versions: setup
 	set -e; for v in $(SPARK_VERSIONS); do \
 	  venv=.venvs/pyspark-$$v; \
 	  if [ ! -f $$venv/.installed ] || [ pyproject.toml -nt $$venv/.installed ]; then \
@@ -54,7 +56,12 @@ test-versions:
 	  fi; \
 	  echo "== PySpark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
 	  PYSPARK_PYTHON=$$(pwd)/$$venv/bin/python PYSPARK_DRIVER_PYTHON=$$(pwd)/$$venv/bin/python \
-	    $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not porting and not faults" $(VERSION_TESTS); \
+	    $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not porting and not faults and not upgrade" $(VERSION_TESTS); \
+	done; \
+	for v in $(UPGRADE_FROM); do \
+	  echo "== a checkpoint PySpark $$v wrote, resumed on $$($(PY) -c 'import pyspark; print(pyspark.__version__)')"; \
+	  MICROBATCH_OLDER_PYSPARK_PYTHON=$$(pwd)/.venvs/pyspark-$$v/bin/python $(PY) -m pytest -q -p no:cacheprovider \
+	    -m upgrade tests/test_checkpoint_upgrade.py; \
 	done
 
 # A cluster's own PySpark is kept: pyspark 3.5 installed first, then microbatch; the

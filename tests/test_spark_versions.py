@@ -35,6 +35,8 @@ def _use(feature, ss, tmp_path):
         return ss.readStream.schema("a INT").json(str(tmp_path / "in")).metadataColumn("_metadata")
     if feature == "clusterBy":
         return frame.writeStream.clusterBy("value")
+    if feature.startswith("the state data source"):
+        return ss.read.format("statestore").load(str(tmp_path))
     if feature in ("transformWithState", "transformWithStateInPandas"):
         return getattr(frame.groupBy("value"), feature)(None, "value LONG", "append", "None")
     return None

@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks
 from helpers import collect_batches, json_stream, sorted_rows
+from microbatch.errors import UnsupportedOperationError
 from microbatch.spark_internals import running_version
 
 T = "2026-01-01 00:"
@@ -201,6 +202,10 @@ def test_the_state_reader_reads_each_side_as_sparks_does(spark, ss, sides, tmp_p
     transform = CASES["on event time and id, a watermark on the left only"]
     run(spark, sides, tmp_path / "spark", transform)
     run(ss, sides, tmp_path / "microbatch", transform)
+    if not running_version().at_least_4:   # Spark 3.5 has no state data source
+        with pytest.raises(UnsupportedOperationError, match="the state data source .* needs Spark 4.0"):
+            ss.read.format("statestore")
+        return
     for side in ("left", "right"):
         theirs = spark.read.format("statestore").option("joinSide", side).load(str(tmp_path / "spark"))
         ours = ss.read.format("statestore").option("joinSide", side).load(str(tmp_path / "microbatch"))

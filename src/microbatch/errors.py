@@ -31,8 +31,44 @@ class AnalysisException(_PySparkAnalysisException):
                  parameters: dict[str, str] | None = None):
         if _CAMEL_CASE_KEYWORDS:
             super().__init__(message=message, errorClass=error_class, messageParameters=parameters)
-        else:   # PySpark 3.5
-            super().__init__(message=message, error_class=error_class, message_parameters=parameters)
+        else:   # PySpark 3.5 takes a message or a class, not both
+            super().__init__(message=message)
+            self.error_class, self.message_parameters = error_class, parameters
+
+
+#: PySpark 4's messages of the error classes microbatch raises that PySpark 3.5 lacks
+_CONDITIONS_AFTER_3_5 = {
+    "INVALID_STREAMING_SOURCE_NAME": "Invalid streaming source name '<source_name>'. Source names must "
+                                     "contain only ASCII letters, digits, and underscores.",
+    "NOT_EXPECTED_TYPE": "Argument `<arg_name>` should be <expected_type>, got <arg_type>.",
+    "RESULT_COLUMN_NAMES_MISMATCH": "Column names of the returned data do not match specified schema.<missing><extra>",
+    "RESULT_COLUMN_SCHEMA_MISMATCH": "Number of columns of the returned data doesn't match specified schema. "
+                                     "Expected: <expected> Actual: <actual>",
+    "VALUE_NOT_ALLOWED": "Value for `<arg_name>` has to be amongst the following values: <allowed_values>.",
+}
+
+
+def pyspark_error(cls: type, condition: str, parameters: dict[str, str], message: str | None = None) -> Exception:
+    """PySpark's exception ``cls`` (``PySparkValueError``, ...) with its error class
+    ``condition`` (and ``message``, when not the catalogue's), as the running PySpark
+    builds it: 4.x takes ``errorClass=``, 3.5 ``error_class=`` and not both a message and
+    a class; a class 3.5's catalogue lacks gets PySpark 4's message and the class as
+    ``getErrorClass()``."""
+    if _CAMEL_CASE_KEYWORDS:
+        if message is not None:
+            return cls(message=message, errorClass=condition, messageParameters=parameters)
+        return cls(errorClass=condition, messageParameters=parameters)
+    from pyspark.errors.error_classes import ERROR_CLASSES_MAP
+    if message is None and condition in ERROR_CLASSES_MAP:
+        return cls(error_class=condition, message_parameters=parameters)
+    if message is None:
+        message = _CONDITIONS_AFTER_3_5[condition]
+        for key, value in parameters.items():
+            message = message.replace(f"<{key}>", str(value))
+        message = f"[{condition}] {message}"
+    error = cls(message=message)
+    error.error_class, error.message_parameters = condition, parameters
+    return error
 
 
 class UnsupportedOperationError(AnalysisException):

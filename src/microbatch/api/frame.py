@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.api.writer import DataStreamWriter
-from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.errors import AnalysisException, IllegalArgumentException, pyspark_error
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.operators.aggregate.spec import Grouping, plan_aggregation
 from microbatch.plan.logical import (WATERMARK_DELAY, Aggregate, Apply, Deduplicate, Observe, PlanNode,
@@ -533,7 +533,7 @@ class GroupedStream:
             if "spark.sessionWindow" not in by_name[name].metadata:
                 continue
             text = spark_internals.column_sql(key) if isinstance(key, Column) else ""
-            match = re.match(r"session_window\(\s*([^,]+?)\s*,", text)
+            match = re.match(r"session_?window\(\s*([^,]+?)\s*,", text)   # 3.5 writes sessionwindow(
             if match is None:
                 raise not_yet(f"A session_window key written as {text!r}")
             return index, match.group(1).strip("`'")   # (' starts an unresolved name, as SQL's)
@@ -620,7 +620,7 @@ class GroupedStream:
         if self._grouping is not None:
             raise not_yet(f"applyInPandasWithState after {self._grouping.kind}")
         if not isinstance(outputMode, str) or not isinstance(timeoutConf, str):
-            raise PySparkTypeError(errorClass="NOT_STR", messageParameters={
+            raise pyspark_error(PySparkTypeError, "NOT_STR", {
                 "arg_name": "outputMode" if not isinstance(outputMode, str) else "timeoutConf",
                 "arg_type": type(outputMode if not isinstance(outputMode, str) else timeoutConf).__name__})
         mode = outputMode.lower()
@@ -676,12 +676,12 @@ class GroupedStream:
         if self._grouping is not None:
             raise not_yet(f"{api} after {self._grouping.kind}")
         if not isinstance(processor, StatefulProcessor):
-            raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE", messageParameters={
+            raise pyspark_error(PySparkTypeError, "NOT_EXPECTED_TYPE", {
                 "arg_name": "statefulProcessor", "expected_type": "StatefulProcessor",
                 "arg_type": type(processor).__name__})
         for name, value in (("outputMode", output_mode), ("timeMode", time_mode)):
             if not isinstance(value, str):
-                raise PySparkTypeError(errorClass="NOT_STR", messageParameters={
+                raise pyspark_error(PySparkTypeError, "NOT_STR", {
                     "arg_name": name, "arg_type": type(value).__name__})
         mode = output_mode.lower()
         if mode not in ("append", "update"):
@@ -695,7 +695,7 @@ class GroupedStream:
         if initial_state is not None:
             from pyspark.sql import GroupedData
             if not isinstance(initial_state, GroupedData):
-                raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE", messageParameters={
+                raise pyspark_error(PySparkTypeError, "NOT_EXPECTED_TYPE", {
                     "arg_name": "initialState", "expected_type": "GroupedData",
                     "arg_type": type(initial_state).__name__})
             initial_df = spark_internals.grouped_dataframe(initial_state)

@@ -9,7 +9,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from microbatch.api.query import StreamingQuery
-from microbatch.errors import IllegalArgumentException
+from microbatch.errors import IllegalArgumentException, pyspark_error
 from microbatch.runtime.events import ListenerBus
 from microbatch.runtime.micro_batch import MicroBatchExecution
 from microbatch.runtime.stream_execution import StreamExecution
@@ -37,9 +37,7 @@ class StreamingQueryManager:
         """Wait until any query terminates (since the last ``resetTerminated``); raise
         the exception of a query that failed."""
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
-            raise PySparkValueError(
-                errorClass="VALUE_NOT_POSITIVE",
-                messageParameters={"arg_name": "timeout", "arg_value": type(timeout).__name__})
+            raise pyspark_error(PySparkValueError, "VALUE_NOT_POSITIVE", {"arg_name": "timeout", "arg_value": type(timeout).__name__})
         with self._lock:
             self._lock.wait_for(lambda: self._last_terminated is not None, timeout)
             terminated = self._last_terminated

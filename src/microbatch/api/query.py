@@ -4,6 +4,7 @@ from __future__ import annotations
 from pyspark.errors import PySparkValueError, StreamingQueryException
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
+from microbatch.errors import pyspark_error
 from microbatch import spark_internals
 from microbatch.runtime.micro_batch import MicroBatchExecution
 
@@ -34,11 +35,12 @@ class StreamingQuery:
 
     @property
     def lastProgress(self) -> StreamingQueryProgress | None:
-        return self._execution.progress.last_progress
+        last = self._execution.progress.last_progress
+        return None if last is None else spark_internals.user_progress(last)
 
     @property
     def recentProgress(self) -> list[StreamingQueryProgress]:
-        return self._execution.progress.recent_progress
+        return [spark_internals.user_progress(p) for p in self._execution.progress.recent_progress]
 
     @property
     def checkpointLocation(self) -> str:
@@ -52,9 +54,7 @@ class StreamingQuery:
     def awaitTermination(self, timeout: float | None = None) -> bool | None:
         if timeout is not None:
             if not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise PySparkValueError(
-                    errorClass="VALUE_NOT_POSITIVE",
-                    messageParameters={"arg_name": "timeout", "arg_value": type(timeout).__name__})
+                raise pyspark_error(PySparkValueError, "VALUE_NOT_POSITIVE", {"arg_name": "timeout", "arg_value": type(timeout).__name__})
             self._execution.await_termination(int(timeout * 1000) / 1000.0)
             return not self.isActive
         self._execution.await_termination(None)

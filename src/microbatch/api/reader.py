@@ -16,7 +16,7 @@ from microbatch import spark_internals
 from microbatch.api.frame import StreamFrame
 from microbatch.api.tables import stream_of_table
 from microbatch.checkpoint.offsets import SOURCE_EVOLUTION_CONF
-from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
+from microbatch.errors import IllegalArgumentException, UnsupportedOperationError, pyspark_error
 from microbatch.plan.logical import StreamingRelation
 from microbatch.connectors import lookup_source
 from microbatch.util import CaseInsensitiveOptions, conf_bool, option_value
@@ -24,9 +24,7 @@ from microbatch.util import CaseInsensitiveOptions, conf_bool, option_value
 
 
 def _not_expected_type(arg_name: str, expected: str, value: Any) -> PySparkTypeError:
-    return PySparkTypeError(
-        errorClass="NOT_EXPECTED_TYPE",
-        messageParameters={"arg_name": arg_name, "expected_type": expected,
+    return pyspark_error(PySparkTypeError, "NOT_EXPECTED_TYPE", {"arg_name": arg_name, "expected_type": expected,
                            "arg_type": type(value).__name__})
 
 
@@ -68,8 +66,7 @@ class DataStreamReader:
         if not isinstance(source_name, str):
             raise _not_expected_type("source_name", "str", source_name)
         if not re.match(r"^[a-zA-Z0-9_]+$", source_name):
-            raise PySparkValueError(errorClass="INVALID_STREAMING_SOURCE_NAME",
-                                    messageParameters={"source_name": source_name})
+            raise pyspark_error(PySparkValueError, "INVALID_STREAMING_SOURCE_NAME", {"source_name": source_name})
         self._name = source_name
         return self
 
@@ -82,8 +79,7 @@ class DataStreamReader:
         self.options(**options)
         if path is not None:
             if not isinstance(path, str) or len(path.strip()) == 0:
-                raise PySparkValueError(errorClass="VALUE_NOT_NON_EMPTY_STR",
-                                        messageParameters={"arg_name": "path", "arg_value": str(path)})
+                raise pyspark_error(PySparkValueError, "VALUE_NOT_NON_EMPTY_STR", {"arg_name": "path", "arg_value": str(path)})
             self._options["path"] = path
         name = self._format or self._session.spark.conf.get("spark.sql.sources.default", "parquet")
         return self._relation_frame(name, self._options, self._schema)

@@ -36,6 +36,7 @@ class SessionReader:
 
     def format(self, source: str) -> Any:
         if source.lower() == "statestore":
+            spark_internals.require("the state data source (format 'statestore')")
             return StateStoreReader(self._spark)
         return self._spark.read.format(source)
 
@@ -158,7 +159,7 @@ class StateStoreReader:
                 values.append(value)
                 partition_ids.append(partition)
         if variable is not None:
-            return self._spark.createDataFrame(_tws_table(tws_rows, value_type), value_type)
+            return spark_internals.dataframe_of_arrow(self._spark, _tws_table(tws_rows, value_type), value_type)
         spark_schema = StructType([StructField("key", key_type), StructField("value", value_type),
                                    StructField("partition_id", IntegerType())])
         if storage is None:
@@ -166,7 +167,7 @@ class StateStoreReader:
         columns = [_struct(keys, storage[0], key_type), _struct(values, storage[1], value_type),
                    pa.array(partition_ids, type=pa.int32())]
         table = pa.Table.from_arrays(columns, names=["key", "value", "partition_id"])
-        return self._spark.createDataFrame(table, spark_schema)
+        return spark_internals.dataframe_of_arrow(self._spark, table, spark_schema)
 
 
     def _check_store_name(self, fs, op_dir: str, partitions: list[int], store_name: str,

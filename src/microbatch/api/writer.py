@@ -17,7 +17,7 @@ from pyspark.errors import PySparkTypeError, PySparkValueError
 from microbatch import spark_internals
 from microbatch.api.tables import TableWrite, table_location
 from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, is_local, storage_for
-from microbatch.errors import IllegalArgumentException
+from microbatch.errors import IllegalArgumentException, pyspark_error
 from microbatch.runtime.clock import Clock, SystemClock
 from microbatch.runtime.triggers import ProcessingTime, Trigger, trigger_from_writer_args
 from microbatch.plan.checks import CHECK_CORRECTNESS_CONF, check_output_mode, check_source_names, normalize_output_mode
@@ -64,8 +64,7 @@ class DataStreamWriter:
 
     def outputMode(self, outputMode: str) -> "DataStreamWriter":
         if not outputMode or not isinstance(outputMode, str) or len(outputMode.strip()) == 0:
-            raise PySparkValueError(errorClass="VALUE_NOT_NON_EMPTY_STR",
-                                    messageParameters={"arg_name": "outputMode",
+            raise pyspark_error(PySparkValueError, "VALUE_NOT_NON_EMPTY_STR", {"arg_name": "outputMode",
                                                        "arg_value": str(outputMode)})
         self._output_mode = normalize_output_mode(outputMode)
         return self
@@ -79,8 +78,7 @@ class DataStreamWriter:
 
     def queryName(self, queryName: str) -> "DataStreamWriter":
         if not queryName or not isinstance(queryName, str) or len(queryName.strip()) == 0:
-            raise PySparkValueError(errorClass="VALUE_NOT_NON_EMPTY_STR",
-                                    messageParameters={"arg_name": "queryName",
+            raise pyspark_error(PySparkValueError, "VALUE_NOT_NON_EMPTY_STR", {"arg_name": "queryName",
                                                        "arg_value": str(queryName)})
         self._query_name = queryName
         return self
@@ -150,8 +148,7 @@ class DataStreamWriter:
         (see ``microbatch.api.tables``)."""
         self._apply(format, outputMode, partitionBy, queryName, options)
         if not isinstance(tableName, str):
-            raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE",
-                                   messageParameters={"arg_name": "tableName", "expected_type": "str",
+            raise pyspark_error(PySparkTypeError, "NOT_EXPECTED_TYPE", {"arg_name": "tableName", "expected_type": "str",
                                                       "arg_type": type(tableName).__name__})
         provider, location = table_location(TableWrite(
             self._session.spark, self._frame.schema, self._format, self._partition_by or None,
@@ -164,8 +161,7 @@ class DataStreamWriter:
         self._apply(format, outputMode, partitionBy, queryName, options)
         if path is not None:
             if not isinstance(path, str):
-                raise PySparkTypeError(errorClass="NOT_EXPECTED_TYPE",
-                                       messageParameters={"arg_name": "path", "expected_type": "str",
+                raise pyspark_error(PySparkTypeError, "NOT_EXPECTED_TYPE", {"arg_name": "path", "expected_type": "str",
                                                           "arg_type": type(path).__name__})
             self._options["path"] = path
         session = self._session

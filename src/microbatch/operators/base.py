@@ -60,13 +60,16 @@ class DictSum(AccumulatorParam):
         return a
 
 
-def state_operator_progress(name: str, metrics: dict, num_partitions: int) -> dict:
-    """One ``stateOperators`` entry with Spark's fields and order."""
-    entry: dict[str, Any] = {"operatorName": name}
+def state_operator_progress(name: str, metrics: dict, state_partitions: int, shuffle_partitions: int) -> dict:
+    """One ``stateOperators`` entry with Spark's fields and order (the name and the
+    shuffle partitions as the running Spark reports them)."""
+    entry: dict[str, Any] = {"operatorName": spark_internals.progress_operator_name(name)}
     for key in STATE_OPERATOR_FIELDS:
         entry[key] = int(metrics.get(key, 0))
-    entry["numShufflePartitions"] = num_partitions
-    entry["numStateStoreInstances"] = int(metrics.get("numStateStoreInstances", 0))
+    instances = int(metrics.get("numStateStoreInstances", 0))
+    entry["numShufflePartitions"] = spark_internals.progress_shuffle_partitions(
+        state_partitions, shuffle_partitions, instances)
+    entry["numStateStoreInstances"] = instances
     known = set(STATE_OPERATOR_FIELDS) | {"numStateStoreInstances"}
     entry["customMetrics"] = {k: int(v) for k, v in sorted(metrics.items())
                               if k not in known and not k.startswith(("partition_", "set:"))}

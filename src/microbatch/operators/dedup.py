@@ -4,7 +4,8 @@
 ``StreamingDeduplicateExec`` and ``StreamingDeduplicateWithinWatermarkExec``). The step
 hash-partitions the rows by key into the state partitions; the task is a scalar-iterator Arrow UDF over the key columns (and the event-time
 column): only those columns travel to Python, the rows stay in the JVM, and the
-UDF answers one boolean per row, true for a row to keep. It opens the store of its
+UDF answers one boolean per row, true for a row to keep (before Spark 4.1, which has no
+Arrow UDFs, a ``mapInArrow`` of the whole rows: ``DedupRowsTask``). It opens the store of its
 partition at version N (the batch id), keeps each row whose key it has not seen,
 evicts, commits N+1 and adds its metrics to the operator's accumulator. Keys are
 tuples of plain values; timestamps are int64 microseconds.
@@ -117,6 +118,25 @@ class DedupTask(StateTask):
                     numRowsReadDuringEviction=read)
 
 
+@dataclass(frozen=True)
+class DedupRowsTask:
+    """A ``DedupTask`` over whole rows, for Spark before 4.1 (no scalar Arrow UDFs): a
+    ``mapInArrow`` of the partition's rows hands the task its columns, then yields the
+    rows it keeps. The partition's rows are held until the task has answered them all
+    (it answers after reading the whole partition anyway)."""
+
+    task: DedupTask
+    columns: tuple[int, ...]    # the task's input columns, as indexes of the row's columns
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = [b for b in batches if b.num_rows]
+        keeps = list(self.task(tuple(b.column(i) for i in self.columns) for b in batches))
+        for batch, keep in zip(batches, keeps):
+            kept = batch.filter(keep)
+            if kept.num_rows:
+                yield kept
+
+
 class DedupStep(StatefulStep):
     """Rows hash-partitioned by key; an Arrow UDF over the key columns answers, per row,
     whether to keep it (only the keys travel to Python)."""
@@ -154,6 +174,13 @@ class DedupStep(StatefulStep):
         keys, arguments = self.cached("columns", lambda: (
             [F.col(quoted(k)) for k in node.keys], [F.col(quoted(c)) for c in columns]))
         partitions = self.num_partitions
+        if not spark_internals.has_arrow_udf():
+            def build_rows(inputs: list[DataFrame], task: DedupRowsTask):
+                mapped = inputs[0].repartition(partitions, *keys).mapInArrow(task, schema)
+                return mapped, spark_internals.map_in_arrow_function(mapped, schema)
+
+            rows_task = DedupRowsTask(task, tuple(names.index(c) for c in columns))
+            return self.bind([df], rows_task, build_rows)
 
         def build(inputs: list[DataFrame], task: DedupTask):
             keyed = inputs[0].repartition(partitions, *keys).withColumn(

@@ -37,6 +37,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+from microbatch.errors import pyspark_error
 from microbatch import spark_internals
 from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted, store_field
 from microbatch.operators.event_time_stats import EventTimeStats
@@ -219,26 +220,20 @@ class PandasConversion:
         from pyspark.sql.conversion import PandasToArrowConversion
 
         if not isinstance(frame, pd.DataFrame):
-            raise PySparkTypeError(
-                errorClass="UDF_RETURN_TYPE",
-                messageParameters={"expected": "iterator of pandas.DataFrame",
+            raise pyspark_error(PySparkTypeError, "UDF_RETURN_TYPE", {"expected": "iterator of pandas.DataFrame",
                                    "actual": f"iterator of {type(frame).__name__}"})
         names = self.arrow_schema.names
         if len(frame.columns) == 0 and frame.empty:
             return pa.RecordBatch.from_pylist([], schema=self.arrow_schema)
         if len(frame.columns) != len(names):
-            raise PySparkRuntimeError(
-                errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
-                messageParameters={"expected": str(len(names)), "actual": str(len(frame.columns))})
+            raise pyspark_error(PySparkRuntimeError, "RESULT_COLUMN_SCHEMA_MISMATCH", {"expected": str(len(names)), "actual": str(len(frame.columns))})
         if any(isinstance(c, str) for c in frame.columns):
             # by name, as PySpark assigns them; where PySpark would give nulls for a name
             # it does not find, this says which names are wrong
             missing = sorted(set(names) - set(frame.columns))
             extra = sorted(set(frame.columns) - set(names))
             if missing or extra:
-                raise PySparkRuntimeError(
-                    errorClass="RESULT_COLUMN_NAMES_MISMATCH",
-                    messageParameters={"missing": f" Missing: {', '.join(missing)}." if missing else "",
+                raise pyspark_error(PySparkRuntimeError, "RESULT_COLUMN_NAMES_MISMATCH", {"missing": f" Missing: {', '.join(missing)}." if missing else "",
                                        "extra": f" Unexpected: {', '.join(extra)}." if extra else ""})
         if not len(frame):   # (PySpark concatenates a batch's results: an empty one adds nothing)
             return pa.RecordBatch.from_pylist([], schema=self.arrow_schema)

@@ -42,9 +42,14 @@ class BatchMetrics:
         self._rows: dict[int, int] = {}
         self._observations: dict[int, Observation] = {}
         self._scanned: dict[int, dict] = {}        # sources counted from the sink's scans
+        #: Spark before 4.1: the rows the sink's executions observed, by observation name
+        #: (its ``Observation`` keeps a map, not the row)
+        self._rows_in_executions = not spark_internals.observation_has_row()
+        self._observed: dict[str, Any] = {}
+        self._collecting = False
 
     def start_batch(self) -> None:
-        self._rows, self._observations, self._scanned = {}, {}, {}
+        self._rows, self._observations, self._scanned, self._observed = {}, {}, {}, {}
         self.batch_df = None
 
     def no_input(self, i: int) -> None:
@@ -79,15 +84,23 @@ class BatchMetrics:
             return None
 
     def sink_starts(self) -> None:
-        if self._scanned and self.sink.reads_batch_through != READS_RDD:
+        self._collecting = (self._scanned or self._rows_in_executions) and self.sink.reads_batch_through != READS_RDD
+        if self._collecting:
+            if self._scan_counter is None:
+                self._scan_counter = spark_internals.ScanRowCounter(self.session)
             self._scan_counter.start()
 
     def sink_ended(self) -> None:
-        """Count what the sink's executions scanned (they ran the batch)."""
-        if not self._scanned:
+        """Count what the sink's executions scanned (they ran the batch); before Spark 4.1,
+        keep what they observed."""
+        if not (self._scanned or self._rows_in_executions):
             return
         reads_through = self.sink.reads_batch_through
-        executions = self._scan_counter.finish() if reads_through != READS_RDD else []
+        executions = self._scan_counter.finish() if self._collecting else []
+        if self._rows_in_executions:
+            self._observed = spark_internals.observed_rows(executions)
+        if not self._scanned:
+            return
         if reads_through != READS_SQL:
             executions.append(spark_internals.query_execution(self.batch_df))
         self._rows.update(self._scan_counter.count(self._scanned, executions))
@@ -103,7 +116,9 @@ class BatchMetrics:
         """The JVM row of an ``Observation`` of the batch, or None if the sink never ran
         the batch's DataFrame."""
         reads_through = self.sink.reads_batch_through
-        if reads_through != READS_RDD:
+        if self._rows_in_executions and observation._name in self._observed:
+            return self._observed[observation._name]
+        if reads_through != READS_RDD and not self._rows_in_executions:
             row = spark_internals.observation_row(observation, wait_s=0.5)
             if row is not None:
                 return row

@@ -52,6 +52,9 @@ LEGACY_VALUES = {
     "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan": "true",
     "spark.sql.streaming.stateStore.encodingFormat": "unsaferow",
     "spark.sql.streaming.stateStore.rowChecksum.enabled": "false",
+    "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion": "1",
+    "spark.sql.dropDuplicates.deterministicKeyOrder.enabled": "false",
+    "spark.sql.streaming.statefulOperator.alwaysNullableOutput.enabled": "false",
 }
 
 

@@ -25,6 +25,8 @@ from pyspark.sql.streaming.listener import (QueryIdleEvent, QueryProgressEvent,
                                             QueryStartedEvent, QueryTerminatedEvent,
                                             StreamingQueryListener)
 
+from microbatch.errors import pyspark_error
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ListenerBus", "QueryIdleEvent", "QueryProgressEvent", "QueryStartedEvent",
@@ -38,9 +40,7 @@ def check_listener(listener: Any) -> None:
     """PySpark fails on anything else with an ``AttributeError`` (``_jlistener``): this is
     one too, with a message that says what is expected."""
     if not isinstance(listener, StreamingQueryListener):
-        raise PySparkAttributeError(
-            errorClass="NOT_EXPECTED_TYPE",
-            messageParameters={"arg_name": "listener",
+        raise pyspark_error(PySparkAttributeError, "NOT_EXPECTED_TYPE", {"arg_name": "listener",
                                "expected_type": "StreamingQueryListener",
                                "arg_type": type(listener).__name__})
 

@@ -488,7 +488,7 @@ class MicroBatchExecution(StreamExecution):
             "sink": self._sink_progress(),
             "eventTime": event_time,
             "stateOperators": [state_operator_progress(op.name, planner.operator_metrics(
-                op, metrics.observed(planned.operators[op.id].late_rows)), planner.shuffle_partitions)
+                op, metrics.observed(planned.operators[op.id].late_rows)), op.num_state_stores, planner.shuffle_partitions)
                 for op in planner.operators],
             "observedMetrics": metrics.user_metrics(planned.user_observations),
         }

@@ -22,6 +22,8 @@ from typing import Any, Iterator
 from pyspark.sql import Row
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 
+from microbatch import spark_internals
+
 
 def format_timestamp(ms: int) -> str:
     dt = datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
@@ -148,9 +150,8 @@ class ProgressReporter:
         # lastProgress the rows as read back from JSON.
         event_progress = progress
         if observed_metrics:
-            event_progress = StreamingQueryProgress.fromJson(data)
-            dict.__setitem__(event_progress, "observedMetrics",
-                             {name: row for name, (_, row) in observed_metrics.items()})
+            event_progress = spark_internals.with_observed_rows(
+                StreamingQueryProgress.fromJson(data), {name: row for name, (_, row) in observed_metrics.items()})
         return "progress", (progress, event_progress)
 
 

@@ -32,7 +32,7 @@ from microbatch.checkpoint.run_lease import (DEFAULT_TIMEOUT_MS as DEFAULT_LEASE
                                               TIMEOUT_CONF as LEASE_TIMEOUT_CONF, RunLease)
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.checkpoint.markers import unfinished_rollback
-from microbatch.errors import CheckpointError, UserFunctionError, raised_in_worker
+from microbatch.errors import CheckpointError, UserFunctionError, pyspark_error, raised_in_worker
 from microbatch.util import conf_bool
 from microbatch.runtime.clock import Clock
 from microbatch.runtime.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
@@ -197,10 +197,10 @@ class StreamExecution:
         except Exception:  # noqa: BLE001 - e.g. the SparkContext stopped under the query
             log.warning("Cannot build the JVM exception of query %s", self.pretty_id, exc_info=True)
             message = str(error)
-            self._fallback_cause = StreamingQueryException(
-                message=f"Query [id = {self.id}, runId = {self.run_id}] terminated with exception: "
-                        f"{message}", errorClass="STREAM_FAILED",
-                messageParameters={"id": self.id, "runId": self.run_id, "message": message})
+            self._fallback_cause = pyspark_error(
+                StreamingQueryException, "STREAM_FAILED",
+                {"id": self.id, "runId": self.run_id, "message": message},
+                message=f"Query [id = {self.id}, runId = {self.run_id}] terminated with exception: {message}")
             self._fallback_cause.__cause__ = error
             return message
 

@@ -16,7 +16,7 @@ from typing import Callable
 from pyspark.errors import PySparkValueError
 
 from microbatch import spark_internals
-from microbatch.errors import IllegalArgumentException, UnsupportedOperationError
+from microbatch.errors import IllegalArgumentException, UnsupportedOperationError, pyspark_error
 from microbatch.runtime.clock import Clock
 from microbatch.util import interval_to_ms
 
@@ -69,18 +69,16 @@ def trigger_from_writer_args(processingTime=None, once=None, availableNow=None,
     """PySpark's ``writeStream.trigger(...)`` keyword rules and errors."""
     params = [processingTime, once, continuous, availableNow, realTime]
     if params.count(None) != 4:
-        raise PySparkValueError(errorClass="ONLY_ALLOW_SINGLE_TRIGGER", messageParameters={})
+        raise pyspark_error(PySparkValueError, "ONLY_ALLOW_SINGLE_TRIGGER", {})
     for name, value in (("processingTime", processingTime), ("continuous", continuous),
                         ("realTime", realTime)):
         if value is not None and (not isinstance(value, str) or len(value.strip()) == 0):
-            raise PySparkValueError(errorClass="VALUE_NOT_NON_EMPTY_STR",
-                                    messageParameters={"arg_name": name, "arg_value": str(value)})
+            raise pyspark_error(PySparkValueError, "VALUE_NOT_NON_EMPTY_STR", {"arg_name": name, "arg_value": str(value)})
     if processingTime is not None:
         return ProcessingTime.of(processingTime.strip())
     if once is not None:
         if once is not True:
-            raise PySparkValueError(errorClass="VALUE_NOT_ALLOWED",
-                                    messageParameters={"arg_name": "once", "allowed_values": "[True]"})
+            raise pyspark_error(PySparkValueError, "VALUE_NOT_ALLOWED", {"arg_name": "once", "allowed_values": "[True]"})
         return Once()
     if continuous is not None or realTime is not None:
         raise UnsupportedOperationError(
@@ -88,8 +86,7 @@ def trigger_from_writer_args(processingTime=None, once=None, availableNow=None,
             "query in Spark's continuous or real-time processing modes, which a micro-batch "
             "engine does not have. Use processingTime=..., once=True or availableNow=True.")
     if availableNow is not True:
-        raise PySparkValueError(errorClass="VALUE_NOT_ALLOWED",
-                                messageParameters={"arg_name": "availableNow", "allowed_values": "[True]"})
+        raise pyspark_error(PySparkValueError, "VALUE_NOT_ALLOWED", {"arg_name": "availableNow", "allowed_values": "[True]"})
     return AvailableNow()
 
 

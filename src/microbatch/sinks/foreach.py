@@ -13,6 +13,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from pyspark.errors import PySparkAttributeError
+from microbatch.errors import pyspark_error
 from microbatch.sinks.base import READS_RDD, Sink, SinkContext, SinkProvider
 
 
@@ -24,8 +25,7 @@ def check_foreach_writer(f: Any) -> None:
     for name, required in (("process", True), ("open", False), ("close", False)):
         present = hasattr(f, name)
         if (required and not present) or (present and not callable(getattr(f, name))):
-            raise PySparkAttributeError(errorClass="ATTRIBUTE_NOT_CALLABLE",
-                                        messageParameters={"attr_name": name, "obj_name": "f"})
+            raise pyspark_error(PySparkAttributeError, "ATTRIBUTE_NOT_CALLABLE", {"attr_name": name, "obj_name": "f"})
 
 
 def _partition_writer(f: Any, batch_id: int):

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from pyspark.errors import AnalysisException as PySparkAnalysisException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from microbatch import crash_points
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR, FileEntry,
@@ -699,7 +699,7 @@ class FileSourceProvider(SourceProvider):
                 raise AnalysisException(
                     f"Unable to infer schema for {self.short_name.upper()}: no file matches "
                     f"'{path}' yet. It must be specified manually with .schema(...).")
-            schema = user_schema if user_schema is not None else StructType.fromDDL("value STRING")
+            schema = user_schema if user_schema is not None else StructType([StructField("value", StringType())])
             return _nullable(schema)
         # Spark's batch reader does the same inference Spark's file stream does: the
         # data schema (given or inferred) plus the partition columns of the directory.

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from microbatch import spark_internals
 from microbatch.sources.base import ReadLimit, Source
 
 _ids = itertools.count()
@@ -21,7 +22,7 @@ _ids = itertools.count()
 class MemoryStreamSource(Source):
     def __init__(self, spark: SparkSession, schema: StructType | str):
         if isinstance(schema, str):
-            schema = StructType.fromDDL(schema)
+            schema = spark_internals.parse_schema_ddl(schema)
         self._spark = spark
         self._schema = schema
         self._batches: list[list[tuple]] = []

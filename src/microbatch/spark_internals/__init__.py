@@ -37,7 +37,7 @@ from microbatch.spark_internals.jvm import (
     jvm_class, jvm_started, scala_map,
 )
 from microbatch.spark_internals.metrics import (
-    ScanRowCounter, executed_observation_row, observation_row, python_row, query_execution,
+    ScanRowCounter, executed_observation_row, observation_row, observed_rows, python_row, query_execution,
     row_json, run_to_end,
 )
 from microbatch.spark_internals.relations import (
@@ -47,7 +47,8 @@ from microbatch.spark_internals.session import (
     cloned_session, job_tags, session_settings,
 )
 from microbatch.spark_internals.versions import (
-    CHECKPOINTED_CONF_SINCE, FEATURES, OLDEST_SUPPORTED, SparkVersion, arrow_schema, arrow_type, check_supported, max_offset_log_version, na_functions,
+    CHECKPOINTED_CONF_SINCE, FEATURES, OLDEST_SUPPORTED, SparkVersion, arrow_schema, arrow_type, check_supported, dataframe_of_arrow, has_arrow_udf,
+    max_offset_log_version, na_functions, observation_has_row, progress_operator_name, progress_shuffle_partitions, user_progress, with_observed_rows,
     query_started_event, records_conf, require, running_version,
 )
 from microbatch.spark_internals.sql import (
@@ -55,7 +56,8 @@ from microbatch.spark_internals.sql import (
 )
 
 __all__ = [
-    "CHECKPOINTED_CONF_SINCE", "FEATURES", "OLDEST_SUPPORTED", "arrow_schema", "arrow_type", "check_supported", "SparkVersion", "max_offset_log_version", "na_functions", "query_started_event",
+    "CHECKPOINTED_CONF_SINCE", "FEATURES", "OLDEST_SUPPORTED", "arrow_schema", "arrow_type", "check_supported", "dataframe_of_arrow", "SparkVersion", "has_arrow_udf", "max_offset_log_version",
+    "observation_has_row", "observed_rows", "progress_operator_name", "progress_shuffle_partitions", "user_progress", "with_observed_rows", "na_functions", "query_started_event",
     "records_conf", "require", "running_version",
     "SqlNode", "grouping_position", "parse_sql", "sql_column", "sql_int", "sql_parameters",
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",

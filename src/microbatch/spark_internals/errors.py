@@ -10,6 +10,7 @@ from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.captured import CapturedException, convert_exception
 
 from microbatch.spark_internals.jvm import _jvm, scala_map
+from microbatch.spark_internals.versions import running_version
 
 
 #: JVM exception classes by the short names this module takes; each is built with
@@ -21,11 +22,72 @@ _ERROR_CLASSES = {
 }
 
 
+#: What Spark 3.5 raises where later Sparks raise these error classes (its own legacy
+#: class, or a message without one), by class: (kind, class or None, message template)
+_BEFORE_4_0 = {
+    "STREAMING_OUTPUT_MODE.INVALID": (
+        "SparkIllegalArgumentException", None,
+        "Unknown output mode {outputMode}. Accepted output modes are 'append', 'complete', 'update'"),
+    "STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE": ("AnalysisException", "_LEGACY_ERROR_TEMP_1131", None),
+}
+#: Spark 3.5's messages of an output mode's unsupported operations, by (mode, operation)
+_OUTPUT_MODE_BEFORE_4_0 = {
+    ("complete", "no streaming aggregations"):
+        "Complete output mode not supported when there are no streaming aggregations on streaming "
+        "DataFrames/Datasets;",
+    ("append", "streaming aggregations without watermark"):
+        "Append output mode not supported when there are streaming aggregations on streaming "
+        "DataFrames/DataSets without watermark;",
+    ("update", "session window streaming aggregations"):
+        "Update output mode not supported for session window on streaming DataFrames/DataSets;",
+}
+
+
+def _known_error_class(error_class: str) -> bool:
+    """Whether the running Spark's error catalogue has ``error_class`` (every class
+    microbatch raises is in 4.0's)."""
+    if running_version().at_least_4:
+        return True
+    try:
+        getattr(_jvm(), "org.apache.spark.SparkThrowableHelper").errorReader().getMessageTemplate(error_class)
+    except Exception as e:  # noqa: BLE001 (py4j wraps Spark's INTERNAL_ERROR)
+        return "Cannot find" not in str(e)
+    return True
+
+
+def _message_exception(kind: str, message: str) -> CapturedException:
+    """Spark 3.5's exception of ``kind`` with a message and no error class."""
+    jvm = _jvm()
+    none = jvm.scala.Option.apply(None)
+    if kind == "AnalysisException":
+        jexception = jvm.org.apache.spark.sql.AnalysisException(   # (message, line, position, cause, class, ...)
+            message, none, none, none, none, scala_map({}), _empty_query_contexts())
+    else:
+        jexception = jvm.java.lang.IllegalArgumentException(message)
+    return convert_exception(jexception)
+
+
 def spark_error(kind: str, error_class: str, **parameters: Any) -> CapturedException:
     """Spark's exception for ``error_class`` with its catalogued message, as PySpark
-    raises it (e.g. ``pyspark.errors.AnalysisException`` with ``getCondition()``)."""
+    raises it (e.g. ``pyspark.errors.AnalysisException`` with ``getCondition()``). On a
+    Spark whose catalogue lacks the class (3.5), what that Spark raises in its place."""
+    if not _known_error_class(error_class):
+        if error_class == "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION":
+            message = _OUTPUT_MODE_BEFORE_4_0.get((parameters["outputMode"], parameters["operation"]))
+            if message is not None:
+                return _message_exception(kind, message)
+        kind, legacy_class, template = _BEFORE_4_0.get(error_class, (kind, None, None))
+        if legacy_class is not None:
+            return spark_error(kind, legacy_class, **parameters)
+        if template is None:   # a feature 3.5 lacks (refused before): Spark 4's class, named
+            template = f"[{error_class}] " + ", ".join(f"{k}={{{k}}}" for k in parameters)
+        return _message_exception(kind, template.format(**parameters))
     params = scala_map({k: str(v) for k, v in parameters.items()})
-    if kind == "SparkRuntimeException":
+    if kind == "SparkIllegalArgumentException" and not running_version().at_least_4:
+        # 3.5: (class, parameters, contexts, summary, cause)
+        jexception = _jvm().org.apache.spark.SparkIllegalArgumentException(
+            error_class, params, _empty_query_contexts(), "", None)
+    elif kind == "SparkRuntimeException":
         jexception = _jvm().org.apache.spark.SparkRuntimeException(
             error_class, params, None, _empty_query_contexts(), "")
     elif kind == "SparkIllegalStateException":   # (class, parameters, contexts, cause, summary)
@@ -92,8 +154,11 @@ def python_proxy_error(error: BaseException) -> Any:
 
 
 def foreach_batch_user_error(error: BaseException) -> Any:
-    """Spark's ``FOREACH_BATCH_USER_FUNCTION_ERROR`` around a user function's error."""
+    """Spark's ``FOREACH_BATCH_USER_FUNCTION_ERROR`` around a user function's error
+    (Spark 3.5 fails the query with the Python proxy's error itself)."""
     cause = python_proxy_error(error)
+    if not running_version().at_least_4:
+        return cause
     jvm = _jvm()
     return jvm.org.apache.spark.sql.execution.streaming.sources.ForeachBatchUserFuncException(cause)
 

@@ -45,7 +45,11 @@ from microbatch.spark_internals.jvm import _jvm, jvm_class
 def observation_row(observation: Any, wait_s: float) -> Any:
     """The JVM row an ``Observation`` received, waiting up to ``wait_s`` for the query
     execution listener that fills it (it may lag the action a little); None if the
-    action that ran the observed DataFrame was not a SQL action, or none ran."""
+    action that ran the observed DataFrame was not a SQL action, or none ran. Before
+    Spark 4.1 an ``Observation`` keeps a map, not the row: None (``observed_rows``)."""
+    from microbatch.spark_internals.versions import observation_has_row
+    if not observation_has_row():
+        return None
     future = observation._jo.future()
     deadline = time.monotonic() + wait_s
     while not future.isCompleted() and time.monotonic() < deadline:
@@ -64,6 +68,26 @@ def executed_observation_row(df: Any, name: str) -> Any:
     as ``foreachPartition`` runs it); None if that plan has none."""
     found = df._jdf.queryExecution().observedMetrics().get(name)
     return found.get() if found.isDefined() else None
+
+
+def observed_rows(executions: list[Any]) -> dict[str, Any]:
+    """The JVM rows the ``executions`` (JVM QueryExecutions that ran) observed, by
+    observation name, the first execution's where several observed one (as Spark fills
+    an ``Observation``). Spark before 4.1 keeps no row in an ``Observation``: its engine
+    reads the executed plan's ``observedMetrics``, as here."""
+    rows: dict[str, Any] = {}
+    for qe in executions:
+        try:
+            observed = qe.observedMetrics()
+        except Exception:  # noqa: BLE001 (an execution that failed in planning)
+            log.debug("Skipping an execution without observed metrics", exc_info=True)
+            continue
+        names = observed.keys().iterator()
+        while names.hasNext():
+            name = names.next()
+            if name not in rows:
+                rows[name] = observed.apply(name)
+    return rows
 
 
 def row_json(jrow: Any) -> Any:

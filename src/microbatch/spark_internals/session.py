@@ -24,4 +24,16 @@ def session_settings(spark: SparkSession) -> dict[str, str]:
     """Every setting of the session: the SparkConf's (``spark.hadoop.*`` given at
     start), then the SQL conf's over them; where a remote store's endpoint and
     credentials are read from."""
-    return {**dict(spark.sparkContext.getConf().getAll()), **spark.conf.getAll}
+    runtime = spark.conf.getAll if hasattr(spark.conf, "getAll") else _jvm_runtime_conf(spark)   # 4.0+ / 3.5
+    return {**dict(spark.sparkContext.getConf().getAll()), **runtime}
+
+
+def _jvm_runtime_conf(spark: SparkSession) -> dict[str, str]:
+    """The session's runtime conf as a dict, read from the JVM (PySpark 3.5 has no
+    ``RuntimeConfig.getAll``)."""
+    found = {}
+    entries = spark._jsparkSession.conf().getAll().iterator()
+    while entries.hasNext():
+        entry = entries.next()
+        found[entry._1()] = entry._2()
+    return found

@@ -104,6 +104,51 @@ def query_started_event(query_id: Any, run_id: Any, name: Any, timestamp: str, j
     return QueryStartedEvent(query_id, run_id, name, timestamp)
 
 
+def progress_shuffle_partitions(state_partitions: int, shuffle_partitions: int, store_instances: int) -> int:
+    """A state operator's ``numShufflePartitions`` in progress: the run's shuffle
+    partitions from 4.0 on; on 3.5 a count of the tasks that reported their stores: the
+    operator's own state partitions (one for a global aggregation or a limit), none where
+    no store instance was reported (a session window in complete mode)."""
+    if running_version().at_least_4:
+        return shuffle_partitions
+    return state_partitions if store_instances else 0
+
+
+def progress_operator_name(name: str) -> str:
+    """A state operator's ``operatorName`` in progress: Spark 3.5 gives the session
+    window's operator no short name (``defaultName``)."""
+    if name == "sessionWindowStateStoreSaveExec" and not running_version().at_least_4:
+        return "defaultName"
+    return name
+
+
+def user_progress(progress: Any) -> Any:
+    """What ``StreamingQuery.lastProgress``/``recentProgress`` give for a
+    ``StreamingQueryProgress``: itself from 4.0 on (a dict); the JSON as a dict on 3.5."""
+    if running_version().at_least_4:
+        return progress
+    import json
+    return json.loads(progress.json)
+
+
+def with_observed_rows(progress: Any, rows: dict) -> Any:
+    """``progress`` carrying ``rows`` (Python ``Row`` objects) as its observed metrics, as
+    PySpark's listener events carry them (a dict entry from 4.0 on, an attribute on 3.5)."""
+    if running_version().at_least_4:
+        dict.__setitem__(progress, "observedMetrics", rows)
+    else:
+        progress._observedMetrics = rows
+    return progress
+
+
+def dataframe_of_arrow(spark: Any, table: Any, schema: Any) -> Any:
+    """A DataFrame of an Arrow table already on the driver (PySpark 4.0+ takes the table;
+    3.5 its rows)."""
+    if running_version().at_least_4:
+        return spark.createDataFrame(table, schema)
+    return spark.createDataFrame(table.to_pylist(), schema)
+
+
 def na_functions(frame: Any) -> Any:
     """PySpark's ``DataFrameNaFunctions`` over ``frame`` (a DataFrame-like object)."""
     if running_version().at_least_4:
@@ -113,9 +158,21 @@ def na_functions(frame: Any) -> Any:
     return DataFrameNaFunctions(frame)
 
 
-#: the oldest Spark line microbatch runs on so far (3.5 and 4.0 install, and are refused
-#: at session start, naming what is missing: docs/spark-versions.md)
-OLDEST_SUPPORTED = (4, 1)
+def has_arrow_udf() -> bool:
+    """Whether PySpark has scalar Arrow UDFs (``arrow_udf``, 4.1): before, a row-filtering
+    task runs as a ``mapInArrow`` of the whole rows (``operators.base.row_filter``)."""
+    return running_version().at_least(4, 1)
+
+
+def observation_has_row() -> bool:
+    """Whether Spark's ``Observation`` keeps the observed row (``getRow``, 4.1): before,
+    it keeps a map, and the row is read from the executions that ran it
+    (``metrics.observed_rows``)."""
+    return running_version().at_least(4, 1)
+
+
+#: the oldest Spark line microbatch runs on (docs/spark-versions.md)
+OLDEST_SUPPORTED = (3, 5)
 
 
 def check_supported(spark: Any = None) -> None:
@@ -130,10 +187,8 @@ def check_supported(spark: Any = None) -> None:
     version = running_version()
     if not version.at_least(*OLDEST_SUPPORTED):
         raise UnsupportedOperationError(
-            f"microbatch runs on PySpark {OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to 4.3 so far; this session runs "
-            f"Spark {version.text}. On 4.0 and 3.5 its deduplication needs Arrow UDFs (4.1+) and its metrics "
-            "need Observation rows (4.1+ and 3.5 give them differently): see docs/spark-versions.md. Use PySpark "
-            "4.1 or later.")
+            f"microbatch runs on PySpark {OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to 4.3; this session runs "
+            f"Spark {version.text}. Use PySpark {OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} or later.")
 
 
 #: confs a checkpoint fixes (Spark's OffsetSeqMetadata.relevantSQLConfs) that came after
@@ -170,6 +225,7 @@ FEATURES: dict[str, tuple[int, int]] = {
     "named sources (readStream.name)": (4, 2),
     "metadataColumn": (4, 0),
     "clusterBy": (4, 0),
+    "the state data source (format 'statestore')": (4, 0),
 }
 
 

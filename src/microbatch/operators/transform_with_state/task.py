@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
+from microbatch.errors import pyspark_error
 from microbatch.operators.base import StateTask
 from microbatch.operators.group_state import PandasConversion, _python, _storage_value, _table, without_late_rows
 from microbatch.operators.transform_with_state.state import _Counts, _handle_class
@@ -232,17 +233,13 @@ class TransformWithStateTask(StateTask):
         names = self.pandas.arrow_schema.names
         values = tuple(row)
         if len(values) != len(names):
-            raise PySparkRuntimeError(
-                errorClass="RESULT_COLUMN_SCHEMA_MISMATCH",
-                messageParameters={"expected": str(len(names)), "actual": str(len(values))})
+            raise pyspark_error(PySparkRuntimeError, "RESULT_COLUMN_SCHEMA_MISMATCH", {"expected": str(len(names)), "actual": str(len(values))})
         fields = getattr(row, "__fields__", None)
         if fields:
             by_name = dict(zip(fields, values))
             missing = sorted(set(names) - set(by_name))
             if missing:
-                raise PySparkRuntimeError(
-                    errorClass="RESULT_COLUMN_NAMES_MISMATCH",
-                    messageParameters={"missing": f" Missing: {', '.join(missing)}.",
+                raise pyspark_error(PySparkRuntimeError, "RESULT_COLUMN_NAMES_MISMATCH", {"missing": f" Missing: {', '.join(missing)}.",
                                        "extra": f" Unexpected: {', '.join(sorted(set(by_name) - set(names)))}."})
             return {n: _storage_value(by_name[n]) for n in names}
         return {n: _storage_value(v) for n, v in zip(names, values)}
