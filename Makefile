@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos
+.PHONY: setup demo test test-connect test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,12 @@ demo: setup
 	$(VENV)/bin/microbatch demo
 
 test: setup
-	$(PY) -m pytest -q -m "not porting and not faults and not upgrade"
+	$(PY) -m pytest -q -m "not porting and not faults and not upgrade and not connect"
+
+# A Spark Connect client (no JVM in the test process) against a Connect server started in
+# its own process: what runs over Connect, compared with Spark's engine on the same server
+test-connect: setup
+	$(PY) -m pytest -q -m connect
 
 # Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka
 test-faults: setup
