@@ -135,3 +135,38 @@ def check_source_names(plan: PlanNode) -> None:
         raise spark_internals.spark_error(
             "AnalysisException", "STREAMING_QUERY_EVOLUTION_ERROR.DUPLICATE_SOURCE_NAMES",
             names=", ".join(f"'{n}'" for n in duplicates))
+
+
+def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode: str,
+                            custom_sink: bool = False) -> None:
+    """Over a Spark Connect session, at ``start()``: refuse a query with a part that does
+    not run over Connect yet, naming it (the message lists what runs)."""
+    from microbatch.plan.logical import Aggregate, Observe, StreamingRelation, Transform, Watermark
+    from microbatch.spark_internals.connect.support import SINKS as _CONNECT_SINKS
+    from microbatch.spark_internals.connect.support import SOURCES as _CONNECT_SOURCES
+    from microbatch.spark_internals.connect.support import STEPS as _CONNECT_STEPS
+    support = spark_internals.connect_refusal
+    for node in plan.nodes():
+        if isinstance(node, StreamingRelation):
+            if node.source_name.lower() not in _CONNECT_SOURCES:
+                raise support(f"The source {node.source_name!r}")
+        elif isinstance(node, Transform):
+            if type(node) is not Transform or node.method not in _CONNECT_STEPS:
+                raise support(f"The step {node.method}")
+        elif isinstance(node, Aggregate):
+            if node.grouping is not None or node.session_index is not None:
+                raise support("An aggregation by grouping sets or session windows")
+            if output_mode not in ("append", "update"):
+                raise support(f"An aggregation in {output_mode} mode")
+        elif not isinstance(node, (Watermark, Observe)):
+            raise support(_CONNECT_NODE_NAMES.get(type(node).__name__, f"The step {type(node).__name__}"))
+    if custom_sink or (sink_format or "").lower() not in _CONNECT_SINKS:
+        raise support(f"The sink {sink_format or 'given by .sink(...)'!r}")
+
+
+_CONNECT_NODE_NAMES = {
+    "Deduplicate": "dropDuplicates / dropDuplicatesWithinWatermark", "StreamJoin": "A stream-stream join",
+    "StaticJoin": "A stream-static join", "StreamingLimit": "limit", "Union": "union",
+    "FlatMapGroupsWithState": "applyInPandasWithState", "TransformWithState": "transformWithState",
+    "Apply": "mapInPandas / mapInArrow",
+}

@@ -76,3 +76,103 @@ __all__ = [
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp",
 ]
+
+# -- Spark Connect: the same names, chosen by the kind of their first argument ---------------
+# A Connect client's session, DataFrame, Column or Observation (``connect.is_connect``)
+# goes to ``spark_internals.connect``; everything else to the classic modules above,
+# unchanged. A name without a Connect side refuses there with the list of what runs.
+import functools as _functools  # noqa: E402
+
+from microbatch.spark_internals import session as _session  # noqa: E402
+from microbatch.spark_internals.connect import analysis as _c_analysis  # noqa: E402
+from microbatch.spark_internals.connect import is_connect  # noqa: E402
+from microbatch.spark_internals.connect import metrics as _c_metrics  # noqa: E402
+from microbatch.spark_internals.connect import relations as _c_relations  # noqa: E402
+from microbatch.spark_internals.connect import session as _c_session  # noqa: E402
+from microbatch.spark_internals.connect.support import WHAT_RUNS as CONNECT_RUNS  # noqa: E402
+from microbatch.spark_internals.connect.support import refusal as connect_refusal  # noqa: E402
+
+
+def _by_kind(classic, remote):
+    """``classic`` or, for a Connect first argument, ``remote``."""
+    @_functools.wraps(classic)
+    def chosen(first=None, *args, **kwargs):
+        return (remote if is_connect(first) else classic)(first, *args, **kwargs)
+    return chosen
+
+
+def _refused(feature: str):
+    return _c_session.unsupported(feature)
+
+
+check_supported_classic = check_supported
+check_supported = _by_kind(check_supported_classic, _c_session.check_supported)
+# sessions and threads
+cloned_session = _by_kind(cloned_session, _c_session.cloned_session)
+job_tags = _by_kind(job_tags, _c_session.job_tags)
+session_settings = _by_kind(session_settings, _c_session.session_settings)
+enter_query_thread = _by_kind(_session.enter_query_thread, _c_session.enter_query_thread)
+cancel_run = _by_kind(_session.cancel_run, _c_session.cancel_run)
+describe_batch = _by_kind(_session.describe_batch, _c_session.describe_batch)
+static_conf = _by_kind(_session.static_conf, _c_session.static_conf)
+app_name = _by_kind(_session.app_name, _c_session.app_name)
+default_parallelism = _by_kind(_session.default_parallelism, _c_session.default_parallelism)
+# relations
+empty_batch = _by_kind(empty_batch, _c_relations.empty_batch)
+empty_dataframe = _by_kind(empty_dataframe, _c_relations.empty_dataframe)
+FileBatches = _by_kind(FileBatches, _c_relations.FileBatches)
+RangeBatches = _by_kind(RangeBatches, _refused("The rate-micro-batch source"))
+# analysis
+aggregation_parts = _by_kind(aggregation_parts, _c_analysis.aggregation_parts)
+column_sql = _by_kind(column_sql, _c_analysis.column_sql)
+uses_current_time = _by_kind(uses_current_time, _c_analysis.uses_current_time)
+filter_can_skip_column = _by_kind(filter_can_skip_column, _c_analysis.never)
+filter_passes_projection = _by_kind(filter_passes_projection, _c_analysis.never)
+filter_passes_filter = _by_kind(filter_passes_filter, _c_analysis.never)
+projections_keep_column = _by_kind(projections_keep_column, _c_analysis.never)
+conjuncts_without_column = _by_kind(conjuncts_without_column, _c_analysis.no_conjuncts)
+schema_tree = _by_kind(schema_tree, _c_analysis.schema_tree)
+join_condition = _by_kind(join_condition, _refused("A join"))
+conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
+output_qualifiers = _by_kind(output_qualifiers, _refused("A join"))
+requalified = _by_kind(requalified, _refused("A join"))
+grouping_columns = _by_kind(grouping_columns, _refused("applyInPandasWithState or transformWithState"))
+grouping_column_names = _by_kind(grouping_column_names, _refused("applyInPandasWithState or transformWithState"))
+grouped_dataframe = _by_kind(grouped_dataframe, _refused("applyInPandasWithState or transformWithState"))
+window_function_error = _by_kind(window_function_error, _refused("A window function (OVER)"))
+with_batch_timestamp = _by_kind(with_batch_timestamp, _refused("current_timestamp()/now() in a stream"))
+analyzed_plan = _by_kind(analyzed_plan, _refused("A prepared plan"))
+_classic_parse_schema_ddl = parse_schema_ddl
+
+
+def parse_schema_ddl(ddl: str):  # noqa: F811 - the seam's choice by the process: a JVM or none
+    """A DDL schema string (by the JVM of a classic session, else by the Connect client)."""
+    return _classic_parse_schema_ddl(ddl) if jvm_started() else _c_analysis.parse_schema_ddl(ddl)
+
+
+# metrics
+observation_row = _by_kind(observation_row, _c_metrics.observation_row)
+executed_observation_row = _by_kind(executed_observation_row, _c_metrics.executed_observation_row)
+ScanRowCounter = _by_kind(ScanRowCounter, _c_metrics.ScanRowCounter)
+operator_accumulator = _by_kind(_session.operator_accumulator, _c_metrics.operator_accumulator)
+map_state_task = _by_kind(_session.map_state_task, _c_metrics.map_state_task)
+map_in_arrow_function = _by_kind(map_in_arrow_function, lambda mapped, return_type: None)
+binds_plans = _by_kind(_session.binds_plans, lambda df: False)
+_classic_row_json, _classic_python_row = row_json, python_row
+
+
+def row_json(row):  # noqa: F811
+    """An observed row as Spark's ``Row.json`` writes it (parsed)."""
+    return _c_metrics.row_json(row) if isinstance(row, _c_metrics.ObservedRow) else _classic_row_json(row)
+
+
+def python_row(row):  # noqa: F811
+    """An observed row as PySpark hands one to Python."""
+    return _c_metrics.python_row(row) if isinstance(row, _c_metrics.ObservedRow) else _classic_python_row(row)
+
+
+__all__ += [
+    "CONNECT_RUNS", "app_name", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
+    "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
+    "static_conf",
+]

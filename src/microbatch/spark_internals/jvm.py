@@ -10,6 +10,10 @@ from pyspark import SparkContext
 def _jvm():
     jvm = SparkContext._jvm
     if jvm is None:
+        from pyspark.sql.utils import is_remote
+        if is_remote():   # a Spark Connect client: what needs the JVM does not run over Connect
+            from microbatch.spark_internals.connect.support import refuse
+            refuse("This step (it needs the JVM of a classic session)")
         raise RuntimeError("No active SparkContext: start a SparkSession first.")
     return jvm
 

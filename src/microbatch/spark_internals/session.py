@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 
+from typing import Any
+
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 
-def job_tags(sc: SparkContext) -> set[str]:
+def job_tags(spark: SparkSession | SparkContext) -> set[str]:
     """The calling thread's job tags, as ``SparkContext.getJobTags()`` gives them, without
     PySpark's walk of the Java set: py4j's iterator ends in a Java exception that PySpark
     converts, about 15 ms of a query's start."""
+    sc = spark if isinstance(spark, SparkContext) else spark.sparkContext
     tags = sc._jsc.getJobTags()
     return set(tags.toArray()) if tags.size() else set()
 
@@ -37,3 +40,60 @@ def _jvm_runtime_conf(spark: SparkSession) -> dict[str, str]:
         entry = entries.next()
         found[entry._1()] = entry._2()
     return found
+
+
+# -- what the engine asked the SparkContext directly, now behind the seam ------------------
+def enter_query_thread(spark: SparkSession, run_id: str, query_id: str, tags: set[str],
+                       description: str) -> None:
+    """The stream thread's jobs: the run's job group (cancelled on stop), the query id as
+    Spark's engine sets it, and the starting thread's job tags."""
+    sc = spark.sparkContext
+    sc.setJobGroup(run_id, description, interruptOnCancel=True)
+    sc.setLocalProperty("sql.streaming.queryId", query_id)
+    for tag in tags:
+        sc.addJobTag(tag)
+
+
+def cancel_run(spark: SparkSession, run_id: str) -> None:
+    """Cancel the run's running jobs (its job group), if it has any."""
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    if set(tracker.getJobIdsForGroup(run_id)) & set(tracker.getActiveJobsIds()):
+        sc.cancelJobGroup(run_id)
+
+
+def describe_batch(spark: SparkSession, description: str | None = None, batch_id: int | None = None) -> None:
+    """The jobs' description in Spark's UI, and the batch id as a local property."""
+    sc = spark.sparkContext
+    if description is not None:
+        sc.setJobDescription(description)
+    if batch_id is not None:
+        sc.setLocalProperty("streaming.sql.batchId", str(batch_id))
+
+
+def static_conf(spark: SparkSession, key: str, default: str | None) -> str | None:
+    """A setting of the SparkConf the context started with."""
+    return spark.sparkContext.getConf().get(key, default)
+
+
+def app_name(spark: SparkSession) -> str:
+    return spark.sparkContext.appName
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    return spark.sparkContext.defaultParallelism
+
+
+def operator_accumulator(spark: SparkSession, param: Any) -> Any:
+    """An operator's metrics channel from its tasks: an accumulator of ``param``."""
+    return spark.sparkContext.accumulator({}, param)
+
+
+def map_state_task(df: Any, task: Any, output: Any) -> Any:
+    """A state task over ``df``'s partitions (its metrics go to its accumulator)."""
+    return df.mapInArrow(task, output)
+
+
+def binds_plans(df: Any) -> bool:
+    """Whether batches bind a plan analysed once (classic) instead of being rebuilt."""
+    return True

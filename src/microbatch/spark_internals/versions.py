@@ -176,14 +176,9 @@ OLDEST_SUPPORTED = (3, 5)
 
 
 def check_supported(spark: Any = None) -> None:
-    """Refuse a Spark older than microbatch runs on, or a Spark Connect session, before
-    any query, saying why."""
+    """Refuse a Spark older than microbatch runs on before any query, saying why (a
+    Spark Connect session: ``connect.session.check_supported``)."""
     from microbatch.errors import UnsupportedOperationError
-    if spark is not None and type(spark).__module__.startswith("pyspark.sql.connect"):
-        raise UnsupportedOperationError(
-            "microbatch runs on classic Spark sessions (SparkSession.builder.master(...)) so far; this is a "
-            "Spark Connect session, whose client has no JVM for microbatch's planner to read plans from. "
-            "Start a classic session, or see docs/spark-versions.md for what Connect support needs.")
     version = running_version()
     if not version.at_least(*OLDEST_SUPPORTED):
         raise UnsupportedOperationError(

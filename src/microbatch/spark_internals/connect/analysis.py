@@ -1,0 +1,156 @@
+"""What the engine reads from Spark's analysed plans classically, read from a Connect
+client's plan instead (no JVM): the calls of an aggregation, a column's text, whether a
+plan reads the current time. The filter and projection checks answer conservatively
+(a filter stays above a watermark, the watermark's statistics are observed there)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from microbatch.spark_internals.connect.support import AGGREGATES, refuse
+
+#: Spark's class of each aggregate function the translation knows
+_CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "Average", "mean": "Average"}
+#: functions printed infix, as Spark prints them
+_INFIX = {"+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=", "and", "or"}
+#: functions that read the current time
+_CURRENT_TIME = ("current_timestamp", "now", "current_date", "localtimestamp", "curdate", "current_time")
+#: the plain ``fn(`column`)`` text of ``F.expr`` (what ``agg({column: fn})`` makes)
+_PLAIN_CALL = re.compile(r"^\s*(\w+)\(\s*(`[^`]+`|[A-Za-z_]\w*|\*)\s*\)\s*$")
+
+
+def _expressions():
+    from pyspark.sql.connect import expressions
+    return expressions
+
+
+def column_sql(column: Any) -> str:
+    """A Connect Column's expression as Spark prints it (``window(ts, 10 seconds)``)."""
+    return str(column._expr)
+
+
+def sql_of(expression: Any) -> str:
+    """Spark SQL text of a Connect expression (the kinds an aggregation uses so far)."""
+    E = _expressions()
+    if isinstance(expression, E.ColumnAlias):
+        return sql_of(expression._child)
+    if isinstance(expression, E.ColumnReference):
+        name = expression._unparsed_identifier
+        return f"`{name}`" if re.match(r"^[A-Za-z_]\w*$", name) else name
+    if isinstance(expression, E.LiteralExpression):
+        value = expression._value
+        if value is None:
+            return "NULL"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (int, float)):
+            return repr(value)
+        if isinstance(value, str):
+            return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        refuse(f"A literal {value!r} in an aggregation")
+    if isinstance(expression, E.UnresolvedFunction):
+        args = [sql_of(a) for a in expression._args]
+        if expression._name in _INFIX and len(args) == 2:
+            op = {"==": "=", "and": "AND", "or": "OR"}.get(expression._name, expression._name)
+            return f"({args[0]} {op} {args[1]})"
+        return f"{expression._name}({'DISTINCT ' if expression._is_distinct else ''}{', '.join(args)})"
+    if isinstance(expression, E.CastExpression):
+        data_type = expression._data_type
+        text = data_type.simpleString() if hasattr(data_type, "simpleString") else str(data_type)
+        return f"CAST({sql_of(expression._expr)} AS {text})"
+    if isinstance(expression, E.SQLExpression):
+        return f"({expression._expr})"
+    refuse(f"The expression {expression} in an aggregation")
+
+
+def _plain_sql_call(expression: Any) -> Any:
+    """``F.expr("fn(`c`)")`` as the UnresolvedFunction it means, if it is that plain."""
+    E = _expressions()
+    found = _PLAIN_CALL.match(expression._expr)
+    if found is None or found.group(1).lower() not in _CLASSES:
+        refuse(f"The aggregate expression {expression._expr!r} (as SQL text)")
+    name, argument = found.group(1).lower(), found.group(2)
+    arg = (E.LiteralExpression(1, E.LiteralExpression._infer_type(1)) if argument == "*"
+           else E.ColumnReference(argument.strip("`")))
+    return E.UnresolvedFunction(name, [arg])
+
+
+def _calls(expression: Any) -> list:
+    E = _expressions()
+    if isinstance(expression, E.UnresolvedFunction) and expression._name in _CLASSES:
+        return [expression]
+    if isinstance(expression, E.UnresolvedFunction) and _looks_aggregate(expression._name):
+        refuse(f"The aggregate function {expression._name}")
+    return [c for child in getattr(expression, "children", []) for c in _calls(child)]
+
+
+def _looks_aggregate(name: str) -> bool:
+    return name in {"first", "last", "first_value", "last_value", "collect_list", "collect_set", "array_agg",
+                    "approx_count_distinct", "count_distinct", "stddev", "std", "stddev_samp", "stddev_pop",
+                    "variance", "var_samp", "var_pop", "percentile_approx", "any_value", "count_if",
+                    "bool_and", "bool_or", "every", "some", "corr", "covar_pop", "covar_samp", "kurtosis",
+                    "skewness", "median", "mode", "percentile", "max_by", "min_by", "product", "sum_distinct"}
+
+
+def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
+    """What Spark's analysed Aggregate says (see the classic ``aggregation_parts``), read
+    from the Connect plan of ``grouped`` (``template.groupBy(keys).agg(...)``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.connect import plan as P
+    from pyspark.sql.connect.dataframe import DataFrame
+
+    from microbatch.spark_internals.analysis import AggregateCall, AggregateOutput
+    E = _expressions()
+    node = grouped._plan
+    if not isinstance(node, P.Aggregate):
+        return type(node).__name__, 0, []
+    if node._group_type != "groupby" or getattr(node, "_pivot_col", None) is not None:
+        refuse(f"An aggregation by {node._group_type}")
+    child = DataFrame(node._child, grouped._session)
+    outputs = []
+    keys = len(node._grouping_cols)
+    for position, column in enumerate(list(node._grouping_cols) + list(node._aggregate_cols)):
+        expression = column._expr
+        while isinstance(expression, E.ColumnAlias):
+            expression = expression._child
+        if isinstance(expression, E.SQLExpression) and position >= keys:
+            expression = _plain_sql_call(expression)
+        calls = []
+        for call in _calls(expression):
+            kind = _CLASSES[call._name]
+            if call._is_distinct:
+                refuse(f"{call._name}(DISTINCT ...)")
+            arguments = tuple(sql_of(a) for a in call._args)
+            decimal = (kind == "Average" and child.select(F.expr(arguments[0])).schema.fields[0]
+                       .dataType.typeName().startswith("decimal"))
+            calls.append(AggregateCall(kind, call._name, sql_of(call), False, arguments, None, decimal,
+                                       False, None))
+        outputs.append(AggregateOutput(sql_of(expression), tuple(calls)))
+    assert AGGREGATES >= set(_CLASSES)
+    return "Aggregate", len(node._grouping_cols), outputs
+
+
+def uses_current_time(df: Any) -> bool:
+    """Whether ``df``'s plan calls a current-time function (also inside SQL text)."""
+    text = str(df._plan.to_proto(df._session.client)).lower()
+    return any(f'"{name}"' in text or f"{name}(" in text for name in _CURRENT_TIME)
+
+
+def never(*args: Any, **kwargs: Any) -> bool:
+    """A filter/projection check over Connect: not proven, so the filter stays where it
+    is and the watermark's statistics are observed (correct, a little slower)."""
+    return False
+
+
+def no_conjuncts(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def parse_schema_ddl(ddl: str) -> Any:
+    """A DDL schema string, parsed by the Connect client (no JVM)."""
+    from pyspark.sql.types import StructType
+    return StructType.fromDDL(ddl)
+
+
+def schema_tree(df: Any, level: int | None = None) -> str:
+    return df.schema.treeString(level) if level else df.schema.treeString()

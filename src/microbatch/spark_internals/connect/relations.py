@@ -1,0 +1,44 @@
+"""Batch DataFrames of sources over Spark Connect: public reads the server resolves."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pyspark.sql.types import StructType
+
+
+def empty_batch(spark: Any, schema: StructType) -> Any:
+    """An empty DataFrame of ``schema`` the optimizer keeps (a range of no rows over the
+    server's parallelism, not a local relation, which PropagateEmptyRelation drops), so
+    a stateful task above a batch without rows still runs. Columns become nullable."""
+    from pyspark.sql import functions as F
+
+    from microbatch.spark_internals.connect.session import default_parallelism
+    return spark.range(0, 0, 1, default_parallelism(spark)).select(
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+
+
+def empty_dataframe(spark: Any, schema: StructType) -> Any:
+    """A placeholder of ``schema`` (never run, only analysed if at all)."""
+    return spark.createDataFrame([], schema)
+
+
+class FileBatches:
+    """Batch DataFrames of the files a file source's log names: ``spark.read`` of the
+    files with the stream's schema and the reader's options (the server checks the files
+    exist); with no files, the path-less read of the format (no rows, tasks still run)."""
+
+    def __init__(self, spark: Any, fmt: str, schema: StructType, options: Mapping[str, str],
+                 partition_columns: tuple[str, ...] = ()):
+        if partition_columns:
+            from microbatch.spark_internals.connect.support import refuse
+            refuse("A file source with partition columns")
+        self._spark = spark
+        self._format = fmt
+        self._schema = schema
+        self._options = {k: v for k, v in options.items() if k.lower() != "path"}
+
+    def dataframe(self, paths: list[str]) -> Any:
+        reader = self._spark.read.format(self._format).schema(self._schema).options(**self._options)
+        df = reader.load(list(paths)) if paths else reader.load()
+        df._cached_schema = self._schema     # (the stream's schema: no round trip to ask)
+        return df

@@ -1,0 +1,94 @@
+"""Sessions, threads and settings over Spark Connect: what ``spark_internals.session``
+and the engine's SparkContext calls do classically (clone, job tags, cancelling a run's
+jobs, confs, parallelism), with the Connect session's own API."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from microbatch.spark_internals.connect.support import refuse
+
+#: the tag of a query run's operations (Spark's job group is the run id)
+_RUN_TAG = "microbatch-run-{}"
+
+
+def check_supported(spark: Any) -> None:
+    """A Connect server must run the client's Spark line (4.3.x): the engine's behaviour
+    (checkpointed confs, offset log version, error classes) follows the client's PySpark."""
+    import pyspark
+
+    from microbatch.errors import UnsupportedOperationError
+    from microbatch.spark_internals.versions import parse_version
+    client = parse_version(pyspark.__version__)
+    if not client.at_least(4, 3):
+        raise UnsupportedOperationError(
+            f"microbatch runs over Spark Connect with a PySpark 4.3 client; this client is PySpark "
+            f"{client.text}. Use a classic session, or PySpark 4.3.")
+    server = parse_version(spark.version)
+    if (server.major, server.minor) != (client.major, client.minor):
+        raise UnsupportedOperationError(
+            f"microbatch runs over Spark Connect when the server runs the client's Spark line: the client "
+            f"is PySpark {client.text} and the server runs Spark {server.text}. Use a {client.major}."
+            f"{client.minor}.x server (or a client of the server's line on a classic session).")
+
+
+def cloned_session(spark: Any) -> Any:
+    """A new server-side session with ``spark``'s confs, temporary views and functions."""
+    return spark.cloneSession()
+
+
+def job_tags(spark: Any) -> set[str]:
+    """The calling thread's operation tags."""
+    return set(spark.getTags())
+
+
+def enter_query_thread(spark: Any, run_id: str, query_id: str, tags: set[str], description: str) -> None:
+    """Tag the stream thread's operations with the run (for ``cancel_run``) and the
+    starting thread's tags (Connect has no job groups or local properties)."""
+    spark.addTag(_RUN_TAG.format(run_id))
+    for tag in tags:
+        spark.addTag(tag)
+
+
+def cancel_run(spark: Any, run_id: str) -> None:
+    """Interrupt the run's running operations (those tagged with the run)."""
+    spark.interruptTag(_RUN_TAG.format(run_id))
+
+
+def describe_batch(spark: Any, description: str | None = None, batch_id: int | None = None) -> None:
+    """Connect has no job descriptions or local properties: nothing to do."""
+
+
+def static_conf(spark: Any, key: str, default: str | None) -> str | None:
+    return spark.conf.get(key, default)
+
+
+def app_name(spark: Any) -> str:
+    return spark.conf.get("spark.app.name", "microbatch")
+
+
+def default_parallelism(spark: Any) -> int:
+    """``SparkContext.defaultParallelism`` as the server sets it: ``spark.default.parallelism``
+    if set, else ``local[N]``'s N; else ask the server once (the partitions of a parallel range)."""
+    value = spark.conf.get("spark.default.parallelism", None)
+    if value:
+        return int(value)
+    master = spark.conf.get("spark.master", "") or ""
+    found = re.match(r"local\[(\d+)", master)
+    if found:
+        return int(found.group(1))
+    if master in ("local", "local[1]"):
+        return 1
+    from pyspark.sql import functions as F
+    return max(1, spark.range(1 << 16).select(F.spark_partition_id()).distinct().count())
+
+
+def session_settings(spark: Any) -> dict[str, str]:
+    return dict(spark.conf.getAll)
+
+
+def unsupported(feature: str):
+    """A seam function with no Connect implementation yet."""
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        refuse(feature)
+    return refused

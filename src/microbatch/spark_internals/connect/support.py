@@ -1,0 +1,34 @@
+"""What runs over Spark Connect so far, and the one refusal of everything else."""
+from __future__ import annotations
+
+from typing import NoReturn
+
+#: what a Connect session runs, in the words of the refusal
+WHAT_RUNS = (
+    "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files) and rate; "
+    "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
+    "and groupBy(window(...) and columns) with count/sum/min/max/avg in append or update mode; "
+    "the sinks foreachBatch and the parquet file sink")
+
+#: source formats that run over Connect
+SOURCES = frozenset({"parquet", "json", "csv", "rate"})
+#: sink formats that run over Connect
+SINKS = frozenset({"parquet", "foreachbatch"})
+#: DataFrame methods (a ``Transform`` step) that run over Connect
+STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "withColumns",
+                   "withColumnRenamed", "withColumnsRenamed", "drop", "alias", "toDF"})
+#: aggregate functions the Connect translation knows
+AGGREGATES = frozenset({"count", "sum", "min", "max", "avg", "mean"})
+
+
+def refusal(feature: str):
+    """The error that refuses ``feature`` over Spark Connect."""
+    from microbatch.errors import UnsupportedOperationError
+    return UnsupportedOperationError(
+        f"{feature} does not run over Spark Connect in microbatch yet. {WHAT_RUNS[0].upper()}{WHAT_RUNS[1:]}. "
+        "Everything else runs on a classic session (SparkSession.builder.master(...).getOrCreate()); "
+        "see docs/spark-versions.md.")
+
+
+def refuse(feature: str) -> NoReturn:
+    raise refusal(feature)
