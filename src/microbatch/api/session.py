@@ -69,7 +69,7 @@ class StreamingSession:
         # Stop Spark on stop() only if this object started it.
         self._embedded = spark is None and SparkSession.getActiveSession() is None
         self.spark = spark if spark is not None else embedded_spark(master, conf=conf)
-        if self.spark.sparkContext.getConf().get(UNIX_SOCKETS_CONF, "false").lower() != "true":
+        if (spark_internals.static_conf(self.spark, UNIX_SOCKETS_CONF, "false") or "false").lower() != "true":
             log.info("This session's Python workers talk to the JVM over TCP, which costs each "
                      "Python task (every state task) about 40 ms; start the session with %s=true "
                      "for faster stateful batches (docs/deploying.md)", UNIX_SOCKETS_CONF)
@@ -90,7 +90,7 @@ class StreamingSession:
                                      int(self.spark.conf.get(RETAINED_QUERIES_CONF, "100")),
                                      int(self.spark.conf.get(RETAINED_PROGRESS_CONF, "100")))
             self.streams.addListener(queries)
-            self._dashboard = Dashboard(queries, host, port, title=self.spark.sparkContext.appName)
+            self._dashboard = Dashboard(queries, host, port, title=spark_internals.app_name(self.spark))
             self._dashboard.start()
         return self._dashboard.url
 

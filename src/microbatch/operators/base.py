@@ -215,6 +215,8 @@ class StatefulStep:
         ``task``: analysed once per run (again only if an input's columns change) and bound
         to each batch's inputs and task. A step that cannot be prepared is built step by
         step every batch."""
+        if not spark_internals.binds_plans(inputs[0]):   # Spark Connect: the server analyses each batch
+            return build(inputs, task)[0]
         given = [spark_internals.BatchInput(df) for df in inputs]
         prepared_key = ("prepared", self._columns_keys.key(given))
         prepared = self._cache.get(prepared_key)

@@ -228,13 +228,12 @@ class IncrementalExecution:
         nodes = list(self.plan.nodes())
         stateful = [n for n in nodes if isinstance(n, StatefulNode)]
         state_root = f"{checkpoint_root}/state"
-        accumulate = spark.sparkContext.accumulator
         self.operators = []
         for i, node in enumerate(stateful):
             step = STEPS[type(node)](node, i, state_root, shuffle_partitions)
             self.operators.append(StatefulOperator(i, node, step.name, f"{state_root}/{i}",
                                                    state_partitions(node, shuffle_partitions), step,
-                                                   accumulate({}, DictSum())))
+                                                   spark_internals.operator_accumulator(spark, DictSum())))
         self.operator = {op.node: op for op in self.operators}
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
         self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}

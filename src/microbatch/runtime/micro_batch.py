@@ -131,6 +131,13 @@ class MicroBatchExecution(StreamExecution):
         self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
         super().start()
 
+    def jobs_session(self) -> Any:
+        """Classic: the user's session (its SparkContext is the batch session's too);
+        Connect: the batch session, whose operations a stop interrupts by tag."""
+        if self._batch_session is not None and spark_internals.is_connect(self._batch_session):
+            return self._batch_session
+        return self.spark
+
     # -- initialisation (on the stream thread) ------------------------------
     def initialize(self) -> None:
         spark = self._batch_session
@@ -197,7 +204,7 @@ class MicroBatchExecution(StreamExecution):
                 self._plan_run()
                 log.info("Stream started from %s", self.committed_offsets)
             if self._described_batch != self.current_batch_id:  # one JVM call per batch, not per poll
-                self.spark.sparkContext.setJobDescription(self.batch_description(self.current_batch_id))
+                spark_internals.describe_batch(self.jobs_session(), self.batch_description(self.current_batch_id))
                 self._described_batch = self.current_batch_id
             if not self.is_current_batch_constructed:
                 self.is_current_batch_constructed = self.construct_next_batch()
@@ -456,8 +463,7 @@ class MicroBatchExecution(StreamExecution):
             self.last_batch_df = metrics.batch_df = batch_df = planned.df
         if self.stateful and not self._state_schemas.written:
             self._state_schemas.write()
-        sc = self.spark.sparkContext
-        sc.setLocalProperty("streaming.sql.batchId", str(batch_id))
+        spark_internals.describe_batch(self.jobs_session(), batch_id=batch_id)
         metrics.sink_starts()
         with progress.time_phase("addBatch"):
             self.sink.last_num_output_rows = -1

@@ -74,6 +74,14 @@ class PreparedSegment(PlanNode):
 
     def bind(self, built: list[DataFrame]) -> DataFrame:
         """The segment over its holes' DataFrames of a batch."""
+        if built and not spark_internals.binds_plans(built[0]):   # Spark Connect: rebuilt, no RPC
+            remaining = iter(built)
+
+            def over(node: PlanNode) -> PlanNode:
+                if isinstance(node, SEGMENT_STEPS):
+                    return children_replaced(node, [over(c) for c in node.children])
+                return Placeholder(next(remaining))
+            return over(self.template).build({})
         given = [spark_internals.BatchInput(df) for df in built]
         key = self._columns_keys.key(given)
         if key not in self._prepared:

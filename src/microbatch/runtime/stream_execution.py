@@ -137,17 +137,14 @@ class StreamExecution:
                  self.checkpoint_root)
         # Spark's query thread inherits the starting thread's job tags; ours is a Python
         # thread, so carry them over (they tag the batches' jobs too).
-        self._job_tags = spark_internals.job_tags(self.spark.sparkContext)
+        self._job_tags = spark_internals.job_tags(self.spark)
         self.thread.start()
         self.start_latch.wait()
 
     def _run_stream(self) -> None:
-        sc = self.spark.sparkContext
         try:
-            sc.setJobGroup(self.run_id, self.batch_description("init"), interruptOnCancel=True)
-            sc.setLocalProperty("sql.streaming.queryId", self.id)
-            for tag in self._job_tags:
-                sc.addJobTag(tag)
+            spark_internals.enter_query_thread(self.jobs_session(), self.run_id, self.id, self._job_tags,
+                                               self.batch_description("init"))
             self.post(spark_internals.query_started_event(
                 uuid.UUID(self.id), uuid.UUID(self.run_id), self.name, format_timestamp(self.clock.get_time_millis()),
                 set(self._job_tags)))
@@ -233,18 +230,20 @@ class StreamExecution:
         plan = self.logical_plan_string()
         return text + f"\n\nLogical Plan:\n{plan}" if plan else text
 
+    def jobs_session(self) -> Any:
+        """The session the query's batches run their jobs on (tagged with the run)."""
+        return self.spark
+
     def stop(self) -> None:
         """Stop the query; blocks until its thread has ended."""
         self.stopped_by_user = True
         self.state = State.TERMINATED
         self.interrupt.set()
         if threading.current_thread() is not self.thread:
-            tracker = self.spark.sparkContext.statusTracker()
             # Cancel the running batch's jobs (job group = run id) until the thread has ended;
             # a job that starts during the stop is cancelled on the next round.
             while self.thread.is_alive():
-                if set(tracker.getJobIdsForGroup(self.run_id)) & set(tracker.getActiveJobsIds()):
-                    self.spark.sparkContext.cancelJobGroup(self.run_id)
+                spark_internals.cancel_run(self.jobs_session(), self.run_id)
                 self.thread.join(0.1)
         log.info("Query %s was stopped", self.pretty_id)
 

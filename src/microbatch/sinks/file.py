@@ -223,7 +223,7 @@ class FileStreamSink(Sink):
             return
         self._remove_stale_staging(batch_id)
         staging = os.path.join(self.staging_root, f"batch-{batch_id}-{uuid.uuid4()}")
-        writer = df.write.format(self.format).options(**self.writer_options).mode("errorifexists")
+        writer = df.write.format(self.format).options(**self.writer_options).mode("error")
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         writer.save("file://" + staging)

@@ -144,5 +144,5 @@ class RateSourceProvider(SourceProvider):
         return RATE_SCHEMA
 
     def create(self, context, options, schema):
-        parallelism = context.spark.sparkContext.defaultParallelism
+        parallelism = spark_internals.default_parallelism(context.spark)
         return RateSource(context, *self._parse(options, parallelism))

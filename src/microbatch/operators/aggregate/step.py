@@ -92,7 +92,7 @@ class AggregateStep(StatefulStep):
                 partial = partial.repartition(partitions, *partition_columns)
             elif node.session_index is not None:
                 partial = partial.repartition(1)
-            mapped = partial.mapInArrow(task, spec.merged_schema)
+            mapped = spark_internals.map_state_task(partial, task, spec.merged_schema)
             return (finalize(mapped, spec, results),
                     spark_internals.map_in_arrow_function(mapped, spec.merged_schema))
 
