@@ -1,0 +1,283 @@
+"""microbatch over Spark Connect (issue 38): a Connect client with no JVM in this process
+runs the stateless query and the windowed aggregation against a Connect server in its own
+process, batch by batch as Spark's own streaming engine runs them on the same server
+(the reference, so that one JVM runs), with a restart from the checkpoint; everything
+else is refused naming what runs. Run with ``make test-connect`` (needs the ``connect``
+extra: grpcio, grpcio-status, googleapis-common-protos, zstandard)."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.connect
+
+SCHEMA_DDL = "ts TIMESTAMP, k STRING, v BIGINT"
+T0 = 1_700_000_000          # event times: seconds from here
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def connect_spark(tmp_path_factory):
+    """A Connect client of a server started in its own process (stopped at the end)."""
+    import microbatch
+    base = tmp_path_factory.mktemp("connect-server")
+    port, stop_file, log_path = _free_port(), base / "stop", base / "server.log"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1",
+               # the server's Python workers (state tasks) import this microbatch
+               PYTHONPATH=os.pathsep.join([str(Path(microbatch.__file__).parents[1]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("connect_server.py")),
+                                   str(port), str(stop_file), "900"], stdout=log, stderr=subprocess.STDOUT,
+                                  env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while "SERVER READY" not in log_path.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.remote(f"sc://localhost:{port}").getOrCreate()
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+        yield spark
+        spark.stop()
+    finally:
+        stop_file.touch()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+
+
+@pytest.fixture
+def css(connect_spark):
+    from microbatch import StreamingSession
+    session = StreamingSession(connect_spark)
+    yield session
+    for query in session.streams.active:
+        query.stop()
+
+
+def test_the_client_has_no_jvm(connect_spark):
+    from pyspark import SparkContext
+    assert SparkContext._jvm is None
+    assert type(connect_spark).__module__ == "pyspark.sql.connect.session"
+    assert connect_spark.version.startswith("4.3.")
+
+
+# -- inputs --------------------------------------------------------------------------------
+def _rows(first: int, count: int, step: int = 1) -> list[tuple[int, str, int]]:
+    return [(T0 + (first + i) * step, f"k{i % 3}", first + i) for i in range(count)]
+
+
+def _write_json(directory: Path, name: str, rows) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps({"ts": datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+                               .strftime("%Y-%m-%dT%H:%M:%SZ"), "k": k, "v": v}) + "\n" for ts, k, v in rows)
+    (directory / f".{name}.tmp").write_text(text)
+    _ordered(directory / f".{name}.tmp")
+    os.rename(directory / f".{name}.tmp", directory / f"{name}.json")
+
+
+def _write_parquet(directory: Path, name: str, rows) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"ts": pa.array([ts * 1_000_000 for ts, _, _ in rows], pa.timestamp("us", tz="UTC")),
+                      "k": [k for _, k, _ in rows], "v": pa.array([v for _, _, v in rows], pa.int64())})
+    pq.write_table(table, directory / f".{name}.tmp")
+    _ordered(directory / f".{name}.tmp")
+    os.rename(directory / f".{name}.tmp", directory / f"{name}.parquet")
+
+
+_MTIME = [int(time.time())]
+
+
+def _ordered(path: Path) -> None:
+    """Files get increasing modification times a second apart: both engines take them in
+    that order (Spark's file source orders by modification time only)."""
+    _MTIME[0] += 1
+    os.utime(path, (_MTIME[0], _MTIME[0]))
+
+
+# -- the two engines ------------------------------------------------------------------------
+def _run_microbatch(ss, build, checkpoint: Path, mode: str = "append") -> tuple[dict, dict]:
+    """One availableNow run of ``build(ss.readStream)`` into foreachBatch on microbatch:
+    (rows by batch id, numInputRows by batch id)."""
+    batches: dict[int, list] = {}
+
+    def collect(df, batch_id):
+        batches[batch_id] = sorted(tuple(r) for r in df.collect())
+    query = (build(ss.readStream).writeStream.outputMode(mode).foreachBatch(collect)
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    assert query.awaitTermination(240)
+    assert query.exception() is None, query.exception()
+    return batches, {p.batchId: p.numInputRows for p in query.recentProgress}
+
+
+def _run_spark(spark, build, checkpoint: Path, out: Path, mode: str = "append") -> tuple[dict, dict]:
+    """The same run on Spark's own streaming engine over the same Connect server; its
+    foreachBatch function runs on the server and writes each batch under ``out``."""
+    target = str(out)
+
+    def write(df, batch_id):
+        df.write.mode("overwrite").parquet(f"{target}/batch={batch_id}")
+    query = (build(spark.readStream).writeStream.outputMode(mode).foreachBatch(write)
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert query.exception() is None, query.exception()
+    progress = {p.batchId: p.numInputRows for p in query.recentProgress}
+    batches: dict[int, list] = {}
+    for batch_dir in sorted(out.glob("batch=*")):
+        batch_id = int(batch_dir.name.split("=")[1])
+        if batch_id in progress:
+            rows = spark.read.parquet(str(batch_dir)).collect()
+            batches[batch_id] = sorted(tuple(r) for r in rows)
+    return batches, progress
+
+
+def _compare(ss, spark, build, add_files, tmp_path: Path, mode: str = "append") -> tuple[dict, dict]:
+    """Both engines over the same input, two runs from their checkpoints with files added
+    in between; they must agree batch by batch (rows and numInputRows)."""
+    ours, theirs, our_rows, their_rows = {}, {}, {}, {}
+    for run in range(2):
+        add_files(run)
+        batches, rows = _run_microbatch(ss, build, tmp_path / "mb-checkpoint", mode)
+        ours.update(batches)
+        our_rows.update(rows)
+        batches, rows = _run_spark(spark, build, tmp_path / "spark-checkpoint", tmp_path / f"spark-out-{run}", mode)
+        theirs.update(batches)
+        their_rows.update(rows)
+    assert our_rows == their_rows
+    assert {b: rows for b, rows in ours.items() if b in our_rows} == theirs
+    return ours, our_rows
+
+
+# -- (a) the stateless query ----------------------------------------------------------------
+def test_stateless_file_query_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+
+    def add_files(run):
+        for i in range(2):
+            _write_json(source, f"f{run}{i}", _rows(10 * (2 * run + i), 5))
+
+    def build(reader):
+        return (reader.format("json").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
+                .filter(F.col("v") % 2 == 0).where("v >= 0").select("ts", "k", "v")
+                .selectExpr("ts", "k", "v", "v * 10 AS v10").withColumn("tag", F.concat(F.col("k"), F.lit("!"))))
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path)
+    assert sorted(batches) == [0, 1, 2, 3] and set(rows.values()) == {5}
+    assert [r[2] for r in batches[3]] == [30, 32, 34]
+    assert batches[3][0][3:] == (300, "k0!")
+
+
+def test_stateless_query_into_the_parquet_file_sink(css, connect_spark, tmp_path):
+    from pyspark.sql import functions as F
+    source, out, checkpoint = tmp_path / "in", tmp_path / "out", tmp_path / "checkpoint"
+    for run in range(2):
+        _write_parquet(source, f"f{run}", _rows(10 * run, 4))
+        query = (css.readStream.format("parquet").load(str(source)).filter(F.col("v") > 0)
+                 .withColumn("double", F.col("v") * 2).writeStream.format("parquet")
+                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start(str(out)))
+        assert query.awaitTermination(240) and query.exception() is None
+        assert query.lastProgress.numInputRows == 4
+    assert sorted(os.listdir(out / "_spark_metadata")) == ["0", "1"]
+    assert sorted(os.listdir(checkpoint / "offsets")) == ["0", "1"]
+    written = sorted((r.v, r.double) for r in connect_spark.read.parquet(str(out)).collect())
+    assert written == [(v, 2 * v) for v in [1, 2, 3, 10, 11, 12, 13]]
+
+
+def test_rate_source_into_foreach_batch(css, tmp_path):
+    seen: dict[int, list] = {}
+    query = (css.readStream.format("rate").option("rowsPerSecond", 10).load()
+             .selectExpr("value", "value % 2 AS parity").writeStream
+             .foreachBatch(lambda df, i: seen.__setitem__(i, [tuple(r) for r in df.collect()]))
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(processingTime="1 second").start())
+    try:
+        deadline = time.monotonic() + 60
+        while sum(len(rows) for rows in seen.values()) < 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    values = sorted(v for rows in seen.values() for v, _ in rows)
+    assert len(values) >= 20 and values == list(range(len(values)))
+    assert all(p == v % 2 for rows in seen.values() for v, p in rows)
+    assert query.exception() is None
+
+
+# -- (b) the windowed aggregation -----------------------------------------------------------
+@pytest.mark.parametrize("mode", ["append", "update"])
+def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path, mode):
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    # event times 0..44 s (run 0) then 40..79 s (run 1), one file a batch: windows close
+    # as the watermark (10 s behind) passes them; a late row (5 s) in the last file
+    files = [[_rows(0, 15)], [_rows(15, 15)], [_rows(40, 20, 1)], [_rows(60, 20) + [(T0 + 5, "late", 999)]]]
+
+    def add_files(run):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i][0])
+
+    def build(reader):
+        return (reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
+                .withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds"))
+                .agg(F.count(F.lit(1)).alias("count"), F.sum("v").alias("total"), F.min("v").alias("low"),
+                     F.max("v").alias("high"), F.avg("v").alias("mean")))
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, mode)
+    emitted = [r for rows_ in batches.values() for r in rows_]
+    assert emitted, "no window was emitted"
+    if mode == "append":   # each window once, complete
+        starts = [r[0].start for r in emitted]
+        assert len(starts) == len(set(starts))
+        assert all(r[1] == 10 for r in emitted if r[0].end.timestamp() <= T0 + 40)
+
+
+# -- refused --------------------------------------------------------------------------------
+@pytest.mark.parametrize("what", ["dropDuplicates", "join", "kafka sink"])
+def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_path, what):
+    from microbatch.errors import UnsupportedOperationError
+    source = tmp_path / "in"
+    _write_parquet(source, "f0", _rows(0, 3))
+    with pytest.raises(UnsupportedOperationError) as raised:
+        frame = css.readStream.format("parquet").load(str(source))
+        if what == "dropDuplicates":
+            writer = frame.dropDuplicates(["k"]).writeStream.foreachBatch(lambda df, i: None)
+        elif what == "join":
+            other = css.readStream.format("parquet").load(str(source)).withColumnRenamed("k", "k2")
+            writer = frame.join(other, "v").writeStream.foreachBatch(lambda df, i: None)
+        else:
+            writer = (frame.selectExpr("k AS value").writeStream.format("kafka")
+                      .option("kafka.bootstrap.servers", "localhost:9").option("topic", "t"))
+        writer.option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+    message = str(raised.value)
+    assert "over Spark Connect" in message
+    for runs in ("parquet, json and csv", "rate", "withWatermark", "foreachBatch", "parquet file sink",
+                 "classic session"):
+        assert runs in message, message
+    assert not (tmp_path / "checkpoint" / "offsets").exists()
+
+
+def test_a_server_of_another_spark_line_is_refused(connect_spark, monkeypatch):
+    from microbatch import StreamingSession
+    from microbatch.errors import UnsupportedOperationError
+    monkeypatch.setattr(type(connect_spark), "version", property(lambda self: "4.2.1"))
+    with pytest.raises(UnsupportedOperationError, match="server runs Spark 4.2.1"):
+        StreamingSession(connect_spark)
