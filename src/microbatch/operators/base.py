@@ -128,6 +128,9 @@ class OperatorBatch:
     reported: dict = field(default_factory=dict)
     #: rows dropped as late before the task, counted by an Observation (session windows)
     late_rows: Any = None
+    #: the step's output columns are all nullable (Spark 4.3's
+    #: statefulOperator.alwaysNullableOutput, as the checkpoint fixed it)
+    nullable_output: bool = False
 
 
 class PreparedStep:

@@ -208,6 +208,9 @@ def _joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation
 _VERSION = "\x00version\x00"
 
 
+ALWAYS_NULLABLE_OUTPUT = "spark.sql.streaming.statefulOperator.alwaysNullableOutput.enabled"
+
+
 class IncrementalExecution:
     """Plans the batches of one query run; made once per run, used for every batch."""
 
@@ -219,6 +222,9 @@ class IncrementalExecution:
         self.output_mode = output_mode
         self.shuffle_partitions = shuffle_partitions
         self.store_conf = store_conf or StateStoreConf()
+        #: Spark 4.3 makes a stateful operator's output nullable (as the checkpoint fixed it)
+        self.nullable_output = (spark_internals.records_conf(ALWAYS_NULLABLE_OUTPUT)
+                                and spark.conf.get(ALWAYS_NULLABLE_OUTPUT, "true").lower() == "true")
         if output_mode == "append":
             plan = _limits_over_appends(plan)
         plan = _joins_null_filtered(_filters_pushed_into_joins(plan, empty_inputs), empty_inputs)
@@ -327,7 +333,8 @@ class IncrementalExecution:
                 marks = operator_watermarks[node]
                 given = OperatorBatch(batch_id, batch_timestamp_ms, marks.late_ms, marks.eviction_ms,
                                       self.output_mode, self.store_conf, op.metrics,
-                                      statistics_of=watermarks.statistics_of(node, planned.watermark_observations))
+                                      statistics_of=watermarks.statistics_of(node, planned.watermark_observations),
+                                      nullable_output=self.nullable_output)
                 df = op.step.build(built, given)
                 planned.operators[op.id] = given
                 planned.reported_statistics.update((w, (op.id, tag)) for w, tag in given.reported.items())

@@ -16,7 +16,7 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 from microbatch.spark_internals.analysis import (
     AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, analyzed_plan, column_sql, conjunct_sides,
     conjuncts_without_column, filter_can_skip_column, filter_passes_filter,
-    filter_passes_projection, grouped_dataframe, grouping_column_names, grouping_columns, hyperloglog_tables,
+    filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column,
     qualified_alias, requalified, schema_string, window_function_error,
     schema_tree, uses_current_time,
@@ -74,7 +74,7 @@ __all__ = [
     "python_proxy_error", "python_row", "query_exception", "query_execution", "row_json",
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
-    "with_batch_timestamp",
+    "with_batch_timestamp", "nullable_output",
 ]
 
 # -- Spark Connect: the same names, chosen by the kind of their first argument ---------------
@@ -142,6 +142,7 @@ grouped_dataframe = _by_kind(grouped_dataframe, _refused("applyInPandasWithState
 window_function_error = _by_kind(window_function_error, _refused("A window function (OVER)"))
 with_batch_timestamp = _by_kind(with_batch_timestamp, _refused("current_timestamp()/now() in a stream"))
 analyzed_plan = _by_kind(analyzed_plan, _refused("A prepared plan"))
+nullable_output = _by_kind(nullable_output, lambda df: df)   # (over Connect the task's output is nullable)
 _classic_parse_schema_ddl = parse_schema_ddl
 
 

@@ -409,6 +409,20 @@ def hyperloglog_tables(p: int) -> tuple:
             tuple(float(x) for x in helper.BIAS_DATA()[p - 4]))
 
 
+def nullable_output(df: Any) -> Any:
+    """``df`` with every column nullable, values and metadata kept: Spark 4.3's stateful
+    operators' output (``spark.sql.streaming.statefulOperator.alwaysNullableOutput.enabled``),
+    each column wrapped in Catalyst's ``KnownNullable`` (kept through the optimizer)."""
+    known_nullable = jvm_class("org.apache.spark.sql.catalyst.expressions.KnownNullable")
+    output = analyzed_plan(df).output()   # the resolved attributes: names may repeat
+    columns = []
+    for i, field in enumerate(df.schema.fields):
+        wrapped = column_of_expression(known_nullable(output.apply(i)))
+        columns.append(wrapped.alias(field.name, metadata=field.metadata) if field.metadata
+                       else wrapped.alias(field.name))
+    return df.select(*columns)
+
+
 def column_sql(column: Any) -> str:
     """A PySpark Column as Spark prints its expression (``window(ts, 10 seconds)``)."""
     return column._jc.toString()

@@ -84,6 +84,7 @@ class AggregateStep(StatefulStep):
                 evict_us=batch.eviction_ms * 1000 if has_watermark else None,
                 event_time_stats=watermark is not None)
         partitions = self.num_partitions
+        nullable = batch.nullable_output
 
         def build(inputs: list[DataFrame], task: AggregateTask | SessionAggregateTask):
             partial = grouped_partial(inputs[0], node.keys, spec.calls, spec.buffer_names, extra, buffers,
@@ -93,7 +94,8 @@ class AggregateStep(StatefulStep):
             elif node.session_index is not None:
                 partial = partial.repartition(1)
             mapped = spark_internals.map_state_task(partial, task, spec.merged_schema)
-            return (finalize(mapped, spec, results),
+            result = finalize(mapped, spec, results)
+            return (spark_internals.nullable_output(result) if nullable else result,
                     spark_internals.map_in_arrow_function(mapped, spec.merged_schema))
 
         return self.bind([df], task, build)
