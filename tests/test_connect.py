@@ -220,7 +220,7 @@ def test_rate_source_into_foreach_batch(css, tmp_path):
     try:
         deadline = time.monotonic() + 60
         while sum(len(rows) for rows in seen.values()) < 20 and time.monotonic() < deadline:
-            time.sleep(0.2)
+            query.awaitTermination(0.2)   # (raises if the query failed)
     finally:
         query.stop()
     values = sorted(v for rows in seen.values() for v, _ in rows)
