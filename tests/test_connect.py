@@ -258,6 +258,78 @@ def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connec
         assert all(r[1] == 10 for r in emitted if r[0].end.timestamp() <= T0 + 40)
 
 
+# -- errors ---------------------------------------------------------------------------------
+def _failing_run(session, source: Path, checkpoint: Path, fn):
+    """A file query into ``fn`` (foreachBatch), one file a batch, until it ends: the
+    exception ``awaitTermination`` raised and the one ``exception()`` returns."""
+    query = (session.readStream.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1)
+             .load(str(source)).writeStream.foreachBatch(fn)
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    with pytest.raises(Exception) as raised:
+        query.awaitTermination(240)
+    return raised.value, query.exception()
+
+
+def test_a_failing_foreach_batch_fails_the_query_as_sparks_engine_over_connect(css, connect_spark, tmp_path):
+    """The query's exception has Spark's Connect class, condition, parameters and SQL
+    state; the failed batch is neither committed nor lost: a restart runs it again."""
+    from pyspark.errors.exceptions.connect import StreamingQueryException
+
+    source = tmp_path / "in"
+    for i in range(3):
+        _write_parquet(source, f"f{i}", _rows(10 * i, 3))
+
+    def fail_on_batch_1(df, batch_id):
+        if batch_id == 1:
+            raise ValueError(f"boom in batch {batch_id}")
+
+    ours = _failing_run(css, source, tmp_path / "mb-checkpoint", fail_on_batch_1)
+    theirs = _failing_run(connect_spark, source, tmp_path / "spark-checkpoint", fail_on_batch_1)
+    for raised, reported in (ours, theirs):
+        assert type(raised) is StreamingQueryException, type(raised)
+        assert (raised.getCondition(), raised.getSqlState()) == ("STREAM_FAILED", "XXKST")
+        assert sorted(raised.getMessageParameters()) == ["id", "message", "runId"]
+        message = raised.getMessageParameters()["message"]
+        assert message.startswith("[PYTHON_EXCEPTION]") and "Found error inside foreachBatch Python process" in message
+        assert "ValueError: boom in batch 1" in message and message.endswith("SQLSTATE: 38000")
+        assert str(raised).startswith("[STREAM_FAILED] Query [id = ")
+        assert "=== Streaming Query ===" in str(raised)
+        assert type(reported) is StreamingQueryException and reported.getCondition() is None
+        assert str(reported).startswith("(STREAM_FAILED) [PYTHON_EXCEPTION]")
+    assert isinstance(ours[0].__cause__, ValueError)   # the user's own error, for Python tracebacks
+    assert sorted(os.listdir(tmp_path / "mb-checkpoint" / "commits")) == ["0"]
+    seen: dict[int, int] = {}
+    query = (css.readStream.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1)
+             .load(str(source)).writeStream.foreachBatch(lambda df, i: seen.__setitem__(i, df.count()))
+             .option("checkpointLocation", str(tmp_path / "mb-checkpoint")).trigger(availableNow=True).start())
+    assert query.awaitTermination(240) and query.exception() is None
+    assert seen == {1: 3, 2: 3}
+
+
+@pytest.mark.parametrize("case", ["append without a watermark", "an unknown mode", "complete without aggregation"])
+def test_an_output_mode_error_is_sparks_over_connect(css, connect_spark, tmp_path, case):
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    _write_parquet(source, "f0", _rows(0, 3))
+    raised = []
+    for name, session in (("mb", css), ("spark", connect_spark)):
+        frame = session.readStream.format("parquet").schema(SCHEMA_DDL).load(str(source))
+        mode = {"append without a watermark": "append", "an unknown mode": "bogus"}.get(case, "complete")
+        if case == "append without a watermark":
+            frame = frame.groupBy(F.window("ts", "10 seconds")).count()
+        with pytest.raises(Exception) as error:
+            frame.writeStream.outputMode(mode).foreachBatch(lambda df, i: None).option(
+                "checkpointLocation", str(tmp_path / name)).start().awaitTermination(60)
+        raised.append(error.value)
+    ours, theirs = raised
+    assert type(ours) is type(theirs), (type(ours), type(theirs))
+    assert type(ours).__module__ == "pyspark.errors.exceptions.connect"
+    assert (ours.getCondition(), ours.getMessageParameters(), ours.getSqlState()) == (
+        theirs.getCondition(), theirs.getMessageParameters(), theirs.getSqlState())
+    assert str(ours).splitlines()[0] == str(theirs).splitlines()[0]
+    assert not (tmp_path / "mb" / "offsets").exists()
+
+
 # -- refused --------------------------------------------------------------------------------
 @pytest.mark.parametrize("what", ["dropDuplicates", "join", "kafka sink"])
 def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_path, what):

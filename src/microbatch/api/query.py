@@ -72,7 +72,7 @@ class StreamingQuery:
         execution = self._execution
         je = execution.stream_death_cause_jvm
         if je is None:
-            return execution.stream_death_cause   # None, or the JVM-less fallback
+            return execution.reported_fallback_cause   # None, or one built without a JVM
         exception = spark_internals.query_exception(je)
         exception.__cause__ = execution._python_cause
         return exception

@@ -98,7 +98,10 @@ class StreamExecution:
         self.stopped_by_user = False
         self._python_cause: BaseException | None = None
         self._failure_message: str | None = None
-        self._fallback_cause: StreamingQueryException | None = None   # when the JVM is gone
+        # without a JVM exception (a Spark Connect client, or the JVM gone): what
+        # awaitTermination raises and what exception() returns
+        self._fallback_cause: StreamingQueryException | None = None
+        self.reported_fallback_cause: StreamingQueryException | None = None
         self.start_latch = threading.Event()
         self.initialization_latch = threading.Event()
         self.termination_latch = threading.Event()
@@ -189,6 +192,12 @@ class StreamExecution:
         # as Spark unwraps a user function's error, so that users get their own
         self._python_cause = (error.__cause__ if isinstance(error, UserFunctionError)
                               and error.__cause__ is not None else error)
+        if spark_internals.is_connect(self.spark):
+            failure = spark_internals.query_failure(error, self.debug_string(), self.id, self.run_id)
+            self._fallback_cause, self.reported_fallback_cause = failure.raised, failure.reported
+            self._fallback_cause.__cause__ = self.reported_fallback_cause.__cause__ = self._python_cause
+            self._error_class_on_exception = failure.error_class
+            return failure.message
         try:
             return self._fail_in_jvm(error)
         except Exception:  # noqa: BLE001 - e.g. the SparkContext stopped under the query
@@ -199,6 +208,7 @@ class StreamExecution:
                 {"id": self.id, "runId": self.run_id, "message": message},
                 message=f"Query [id = {self.id}, runId = {self.run_id}] terminated with exception: {message}")
             self._fallback_cause.__cause__ = error
+            self.reported_fallback_cause = self._fallback_cause
             return message
 
     def _fail_in_jvm(self, error: BaseException) -> str:

@@ -26,7 +26,7 @@ class ForeachBatchSink(Sink):
         try:
             self.fn(df, batch_id)
         except Exception as e:
-            raise UserFunctionError(e, spark_internals.foreach_batch_user_error(e)) from e
+            raise UserFunctionError(e, spark_internals.foreach_batch_user_error(df, e)) from e
         crash_points.reached("foreach-batch-returned")
 
     def __str__(self) -> str:

@@ -85,6 +85,7 @@ import functools as _functools  # noqa: E402
 
 from microbatch.spark_internals import session as _session  # noqa: E402
 from microbatch.spark_internals.connect import analysis as _c_analysis  # noqa: E402
+from microbatch.spark_internals.connect import errors as _c_errors  # noqa: E402
 from microbatch.spark_internals.connect import is_connect  # noqa: E402
 from microbatch.spark_internals.connect import metrics as _c_metrics  # noqa: E402
 from microbatch.spark_internals.connect import relations as _c_relations  # noqa: E402
@@ -151,6 +152,22 @@ def parse_schema_ddl(ddl: str):  # noqa: F811 - the seam's choice by the process
     return _classic_parse_schema_ddl(ddl) if jvm_started() else _c_analysis.parse_schema_ddl(ddl)
 
 
+# errors
+_classic_spark_error = spark_error
+
+
+def spark_error(kind: str, error_class: str, **parameters):  # noqa: F811 - chosen by the process
+    """Spark's exception for ``error_class``: built in the JVM of a classic session, else
+    as a Connect client raises it."""
+    if not jvm_started() and _c_session.is_remote_client():
+        return _c_errors.spark_error(kind, error_class, **parameters)
+    return _classic_spark_error(kind, error_class, **parameters)
+
+
+foreach_batch_user_error = _by_kind(foreach_batch_user_error,
+                                    lambda df, error: _c_errors.foreach_batch_user_error(error))
+query_failure = _c_errors.query_failure
+
 # metrics
 observation_row = _by_kind(observation_row, _c_metrics.observation_row)
 executed_observation_row = _by_kind(executed_observation_row, _c_metrics.executed_observation_row)
@@ -173,7 +190,7 @@ def python_row(row):  # noqa: F811
 
 
 __all__ += [
-    "CONNECT_RUNS", "app_name", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
+    "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
     "static_conf",
 ]

@@ -153,9 +153,10 @@ def python_proxy_error(error: BaseException) -> Any:
         "An exception was raised by the Python Proxy. Return Message: " + text)
 
 
-def foreach_batch_user_error(error: BaseException) -> Any:
+def foreach_batch_user_error(batch: Any, error: BaseException) -> Any:
     """Spark's ``FOREACH_BATCH_USER_FUNCTION_ERROR`` around a user function's error
-    (Spark 3.5 fails the query with the Python proxy's error itself)."""
+    (Spark 3.5 fails the query with the Python proxy's error itself). ``batch`` is the
+    DataFrame the function was given (the seam's choice of side)."""
     cause = python_proxy_error(error)
     if not running_version().at_least_4:
         return cause

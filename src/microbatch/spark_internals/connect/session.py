@@ -92,3 +92,9 @@ def unsupported(feature: str):
     def refused(*args: Any, **kwargs: Any) -> Any:
         refuse(feature)
     return refused
+
+
+def is_remote_client() -> bool:
+    """Whether this process is a Spark Connect client (PySpark's own test of it)."""
+    from pyspark.sql.utils import is_remote
+    return is_remote()

@@ -1,0 +1,129 @@
+"""Spark's exceptions over Spark Connect, built in the client: the classes a Connect
+client raises (``pyspark.errors.exceptions.connect``), with Spark's error conditions,
+parameters, SQL states and catalogued messages, as Spark's engine on a Connect server
+hands them to the client.
+
+The classic side builds them in the JVM from Spark's catalogue; a Connect client has
+no JVM, so the catalogue is read from the jar PySpark ships
+(``error/error-conditions.json`` in ``spark-common-utils``). A client without the jars
+(``pyspark-client``) gets the condition and its parameters in the message instead.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+import re
+import traceback
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.errors import PySparkException
+
+#: the JVM classes a server reports for each kind ``spark_error`` takes, most specific
+#: first; the first one PySpark's Connect client maps is the class users get
+_JVM_HIERARCHY = {
+    "AnalysisException": ["org.apache.spark.sql.AnalysisException"],
+    "SparkIllegalArgumentException": ["org.apache.spark.SparkIllegalArgumentException",
+                                      "java.lang.IllegalArgumentException"],
+    "SparkUnsupportedOperationException": ["org.apache.spark.SparkUnsupportedOperationException",
+                                           "java.lang.UnsupportedOperationException"],
+    "SparkRuntimeException": ["org.apache.spark.SparkRuntimeException"],
+    "SparkIllegalStateException": ["org.apache.spark.SparkIllegalStateException"],
+}
+
+_PARAMETER = re.compile(r"<([a-zA-Z0-9_-]+)>")
+
+
+@functools.lru_cache(maxsize=1)
+def _catalogue() -> dict[str, Any]:
+    """Spark's error conditions, from the jar beside the running PySpark ({} without jars)."""
+    import pyspark
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    for jar in sorted(glob.glob(os.path.join(jars, "spark-common-utils_*.jar"))):
+        with zipfile.ZipFile(jar) as archive:
+            try:
+                return json.loads(archive.read("error/error-conditions.json"))
+            except KeyError:
+                continue
+    return {}
+
+
+def catalogued_message(error_class: str, parameters: dict[str, str]) -> tuple[str, str | None]:
+    """Spark's message for ``error_class`` (``[CLASS] text SQLSTATE: state``) and its SQL
+    state, as ``SparkThrowableHelper.getMessage`` formats it."""
+    main, _, sub = error_class.partition(".")
+    info = _catalogue().get(main)
+    if info is None or (sub and sub not in info.get("subClass", {})):
+        listed = ", ".join(f"{k}={v}" for k, v in parameters.items())
+        return f"[{error_class}] {listed}", None
+    template, sql_state = "\n".join(info["message"]), info.get("sqlState")
+    if sub:
+        sub_info = info["subClass"][sub]
+        template += " " + "\n".join(sub_info["message"])
+        sql_state = sub_info.get("sqlState", sql_state)
+    text = _PARAMETER.sub(lambda m: parameters.get(m.group(1), m.group(0)), template)
+    prefix = "" if error_class.startswith("_LEGACY_ERROR_") else f"[{error_class}] "
+    return prefix + text + (f" SQLSTATE: {sql_state}" if sql_state else ""), sql_state
+
+
+def _connect_class(jvm_classes: list[str]) -> type:
+    from pyspark.errors.exceptions import connect
+    for name in jvm_classes:
+        found = connect.EXCEPTION_CLASS_MAPPING.get(name)
+        if found is not None:
+            return found
+    return connect.UnknownException
+
+
+def spark_error(kind: str, error_class: str, **parameters: Any) -> PySparkException:
+    """What a Connect client raises for Spark's ``kind`` with ``error_class`` (e.g.
+    ``pyspark.errors.exceptions.connect.AnalysisException`` answering ``getCondition()``)."""
+    params = {k: str(v) for k, v in parameters.items()}
+    message, sql_state = catalogued_message(error_class, params)
+    return _connect_class(_JVM_HIERARCHY[kind])(
+        message, errorClass=error_class, messageParameters=params, sql_state=sql_state)
+
+
+def foreach_batch_user_error(error: BaseException) -> PySparkException:
+    """A ``foreachBatch`` function's error as Spark's engine on a Connect server reports
+    it: ``PYTHON_EXCEPTION`` ("Found error inside foreachBatch Python process") with the
+    function's traceback (the server runs the function in a Python process of its own;
+    microbatch runs it in the client, as it always does)."""
+    from pyspark.errors.exceptions import connect
+    params = {"msg": "Found error inside foreachBatch Python process",
+              "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))}
+    message, sql_state = catalogued_message("PYTHON_EXCEPTION", params)
+    return connect.PythonException(message, errorClass="PYTHON_EXCEPTION", messageParameters=params,
+                                   sql_state=sql_state)
+
+
+@dataclass(frozen=True)
+class QueryFailure:
+    """How a failed query reports its error over Connect."""
+    message: str                      #: the cause's message (``STREAM_FAILED``'s ``message``)
+    error_class: str | None           #: the cause's condition (``errorClassOnException``)
+    raised: PySparkException          #: what ``awaitTermination`` raises
+    reported: PySparkException        #: what ``exception()`` returns
+
+
+def query_failure(error: BaseException, debug_string: str, query_id: str, run_id: str) -> QueryFailure:
+    """The ``StreamingQueryException`` of a query that ``error`` ended, as a Connect
+    client gets Spark's: ``awaitTermination`` raises it with ``STREAM_FAILED`` and the
+    cause's message; ``exception()`` returns one built from the exception's string, whose
+    condition is the reason in parentheses (PySpark's Connect ``exception()``)."""
+    from pyspark.errors.exceptions import connect
+    origin = getattr(error, "_origin", None)
+    cause = origin if isinstance(origin, PySparkException) else error
+    if isinstance(cause, PySparkException):
+        message, error_class = str(cause), cause.getCondition()
+    else:
+        message, error_class = f"{type(cause).__name__}: {cause}", None
+    params = {"id": query_id, "runId": run_id, "message": message}
+    text, sql_state = catalogued_message("STREAM_FAILED", params)
+    raised = connect.StreamingQueryException(f"{text}\n{debug_string}", errorClass="STREAM_FAILED",
+                                             messageParameters=params, sql_state=sql_state)
+    reported = connect.StreamingQueryException(f"{message}\n{debug_string}", reason="STREAM_FAILED")
+    return QueryFailure(message, error_class, raised, reported)
