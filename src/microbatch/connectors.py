@@ -23,6 +23,7 @@ from microbatch.sources.delta import DeltaSourceProvider
 from microbatch.sources.iceberg import IcebergSourceProvider
 from microbatch.sources.file import PROVIDERS as FILE_SOURCE_PROVIDERS
 from microbatch.sources.rate import RateSourceProvider
+from microbatch.sources.nexmark.source import NexmarkSourceProvider
 from microbatch.sources.rate_micro_batch import RateMicroBatchSourceProvider
 
 
@@ -93,7 +94,7 @@ def lookup_sink(name: str, spark=None) -> SinkProvider:
     return _SINKS.lookup(name, spark)
 
 
-for _source in (RateSourceProvider(), RateMicroBatchSourceProvider(), KafkaSourceProvider(),
+for _source in (RateSourceProvider(), RateMicroBatchSourceProvider(), NexmarkSourceProvider(), KafkaSourceProvider(),
                 DeltaSourceProvider(), IcebergSourceProvider(), *FILE_SOURCE_PROVIDERS):
     register_source(_source)
 for _sink in (ConsoleSinkProvider(), MemorySinkProvider(), ForeachBatchSinkProvider(),

@@ -1,0 +1,1 @@
+"""Nexmark, the streaming benchmark's auction events: the generator and the ``nexmark`` source."""
