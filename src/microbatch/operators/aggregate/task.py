@@ -50,14 +50,30 @@ def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[p
     return columns
 
 
+def _compare(a: Any, b: Any) -> int:
+    """Spark's order for min/max (-1, 0, 1): NaN is larger than any other number, a null
+    field sorts first, structs (dicts, in field order) and arrays compare element by element."""
+    if a is None or b is None:
+        return (a is not None) - (b is not None)
+    if isinstance(a, dict):
+        for key in a:
+            found = _compare(a[key], b[key])
+            if found:
+                return found
+        return 0
+    if isinstance(a, (list, tuple)):
+        for x, y in zip(a, b):
+            found = _compare(x, y)
+            if found:
+                return found
+        return (len(a) > len(b)) - (len(a) < len(b))
+    if isinstance(a, float) and isinstance(b, float) and (a != a or b != b):
+        return (a != a) - (b != b)
+    return (a > b) - (a < b)
+
+
 def _less(a: Any, b: Any) -> bool:
-    """Spark's order for min/max: NaN is larger than any other number."""
-    if isinstance(a, float) and isinstance(b, float):
-        if a != a:
-            return False
-        if b != b:
-            return True
-    return a < b
+    return _compare(a, b) < 0
 
 
 def _merge_hll(old, new) -> list:

@@ -1,0 +1,81 @@
+"""Nexmark's queries on microbatch and on Spark's own engine over the same events, batch
+by batch (issue 39): the events are written to parquet files once (as the ``nexmark``
+source generates them), both engines read one file a batch, and every query's batches
+and input rows must be equal. Then the ``nexmark`` source itself must give the batches
+the files give. Run with ``make test-nexmark`` (marker ``nexmark``)."""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from helpers import collect_batches
+from microbatch.nexmark.files import write_event_files
+from microbatch.nexmark.queries import NOT_EXPRESSIBLE, QUERIES, NexmarkViews
+from microbatch.sources.nexmark.generator import NexmarkConfig
+from microbatch.sources.nexmark.source import spark_schema
+
+pytestmark = pytest.mark.nexmark
+
+BASE_TIME = 1_700_000_000_000
+RATE = 200.0                  # events a second of event time: 24000 events span 2 minutes
+NUM_EVENTS = 24_000
+EVENTS_PER_FILE = 4_000       # six batches
+CONFIG = NexmarkConfig(base_time_ms=BASE_TIME, events_per_second=RATE)
+
+
+@pytest.fixture(scope="module")
+def event_files(spark, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("nexmark") / "events"
+    files = write_event_files(spark, directory, CONFIG, NUM_EVENTS, EVENTS_PER_FILE)
+    assert len(files) == NUM_EVENTS // EVENTS_PER_FILE
+    return directory
+
+
+@pytest.fixture(scope="module")
+def side_input(spark):
+    return spark.range(0, 10_000).select(F.col("id").alias("key"), F.concat(F.lit("value-"), F.col("id")).alias("value"))
+
+
+def file_views(session, directory, side_input) -> NexmarkViews:
+    def read_events():
+        return (session.readStream.schema(spark_schema("events")).option("maxFilesPerTrigger", 1)
+                .parquet(str(directory)))
+    return NexmarkViews(read_events, side_input)
+
+
+def _progress(progress) -> list[tuple]:
+    return [(p.batchId, p.numInputRows) for p in progress]
+
+
+def test_every_query_is_listed_once():
+    listed = set(QUERIES) | set(NOT_EXPRESSIBLE)
+    assert listed == {f"q{i}" for i in range(23)}
+    assert not set(QUERIES) & set(NOT_EXPRESSIBLE)
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES, key=lambda q: int(q[1:])))
+def test_query_equals_sparks_engine_batch_by_batch(spark, ss, event_files, side_input, tmp_path, name):
+    query = QUERIES[name]
+    ours, our_progress = collect_batches(query.build(file_views(ss, event_files, side_input)),
+                                         tmp_path / "mb", query.output_mode)
+    theirs, their_progress = collect_batches(query.build(file_views(spark, event_files, side_input)),
+                                             tmp_path / "spark", query.output_mode)
+    assert _progress(our_progress) == _progress(their_progress)
+    assert ours == theirs
+    assert sum(len(rows) for _, rows in ours) > 0, f"{name} emitted nothing: the test input proves nothing"
+
+
+def test_the_nexmark_source_gives_the_events_the_files_hold(spark, ss, event_files, tmp_path):
+    """q0 and q7 over the source (4000 events a trigger) equal them over the files."""
+    def source_events():
+        return (ss.readStream.format("nexmark").option("baseTime", BASE_TIME).option("eventsPerSecond", RATE)
+                .option("numEvents", NUM_EVENTS).option("maxEventsPerTrigger", EVENTS_PER_FILE).load())
+    for name in ("q0", "q7"):
+        query = QUERIES[name]
+        from_source, source_progress = collect_batches(query.build(NexmarkViews(source_events)),
+                                                       tmp_path / f"source-{name}", query.output_mode)
+        from_files, _ = collect_batches(query.build(file_views(spark, event_files, None)),
+                                        tmp_path / f"files-{name}", query.output_mode)
+        assert from_source == from_files
+        # each view reads its own stream: numInputRows counts the events of every read
+        assert [p.numInputRows for p in source_progress][:6] == [EVENTS_PER_FILE] * 6
