@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test test-connect test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos
+.PHONY: setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ demo: setup
 	$(VENV)/bin/microbatch demo
 
 test: setup
-	$(PY) -m pytest -q -m "not porting and not faults and not upgrade and not connect"
+	$(PY) -m pytest -q -m "not porting and not faults and not upgrade and not connect and not nexmark"
+
+# Nexmark's queries on microbatch and on Spark's engine over the same events, batch by batch
+test-nexmark: setup
+	$(PY) -m pytest -q -m nexmark
 
 # A Spark Connect client (no JVM in the test process) against a Connect server started in
 # its own process: what runs over Connect, compared with Spark's engine on the same server
@@ -61,7 +65,7 @@ test-versions: setup
 	  fi; \
 	  echo "== PySpark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
 	  PYSPARK_PYTHON=$$(pwd)/$$venv/bin/python PYSPARK_DRIVER_PYTHON=$$(pwd)/$$venv/bin/python \
-	    $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not porting and not faults and not upgrade" $(VERSION_TESTS); \
+	    $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not porting and not faults and not upgrade and not nexmark" $(VERSION_TESTS); \
 	done; \
 	for v in $(UPGRADE_FROM); do \
 	  echo "== a checkpoint PySpark $$v wrote, resumed on $$($(PY) -c 'import pyspark; print(pyspark.__version__)')"; \

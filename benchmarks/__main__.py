@@ -1,6 +1,7 @@
 """microbatch against Spark's own Structured Streaming, same queries, same data, same run.
 
 ``python -m benchmarks [--short] [--sizes 10000,100000,1000000] [--batches 8] [--reps 3]``
+(``python -m benchmarks nexmark [...]``: Nexmark's queries, ``nexmark.py``)
 
 In one process and one local[2] SparkSession, for every query and batch size:
 
@@ -300,4 +301,7 @@ def write_results(results: list[dict], args, cells: list[dict]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["nexmark"]:   # python -m benchmarks nexmark [...]: Nexmark's queries (nexmark.py)
+        from benchmarks.nexmark import main as nexmark_main
+        sys.exit(nexmark_main(sys.argv[2:]))
     sys.exit(main())

@@ -17,7 +17,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from microbatch.sources.nexmark.generator import NexmarkConfig
-from microbatch.sources.nexmark.source import CHUNK_EVENTS, GenerateTask, spark_schema
+from microbatch.sources.nexmark.source import generated
 
 
 def write_event_files(spark: SparkSession, directory: str | Path, config: NexmarkConfig, num_events: int,
@@ -30,9 +30,7 @@ def write_event_files(spark: SparkSession, directory: str | Path, config: Nexmar
     mtime = int(time.time()) - (num_events // events_per_file) - 10
     for index, first in enumerate(range(0, num_events, events_per_file)):
         end = min(first + events_per_file, num_events)
-        chunks = -(-(end - first) // CHUNK_EVENTS)
-        task = GenerateTask(config, first, end, view)
-        (spark.range(0, chunks, 1, 1).mapInArrow(task, spark_schema(view))
+        (generated(spark, config, first, end, view, spark.sparkContext.defaultParallelism).coalesce(1)
          .write.mode("overwrite").parquet(str(staging)))
         [part] = glob.glob(str(staging / "part-*.parquet"))
         target = directory / f"{view}-{index:06d}.parquet"

@@ -154,13 +154,20 @@ def _next_exact_string(rnd: JavaRandoms, size: np.ndarray) -> tuple[np.ndarray, 
     values = np.zeros((n, draws), dtype=np.int64)
     for d in range(draws):
         active = size > 6 * d
-        values[active, d] = rnd.next_int_unbounded(where=active)
-    magnitude, negative = np.abs(values), values < 0
-    chars = np.empty((n, draws * 6), dtype=np.uint8)
+        if active.all():
+            values[:, d] = rnd.next_int_unbounded()
+        else:
+            values[active, d] = rnd.next_int_unbounded(where=active)
+    negative = values < 0
+    quotient = np.abs(values).astype(np.uint64)
+    letters = np.empty((n, draws, 6), dtype=np.uint8)
     for i in range(6):   # the i-th character of each draw: truncating division, Java's signed %
-        digit = (magnitude // 26 ** i) % 26
-        chars[:, i::6] = np.where(negative, ord("a") - digit, ord("a") + digit)
-    chars = chars[:, :width]
+        # q // 26 for q < 2^32 as a multiply and a shift (the compilers' division by a constant)
+        next_quotient = (quotient * np.uint64(0x4EC4EC4F)) >> np.uint64(35)
+        digit = (quotient - next_quotient * np.uint64(26)).astype(np.uint8)
+        quotient = next_quotient
+        letters[:, :, i] = np.where(negative, np.uint8(ord("a")) - digit, np.uint8(ord("a")) + digit)
+    chars = letters.reshape(n, draws * 6)[:, :width]
     keep = np.arange(width)[None, :] < size[:, None]
     return chars, keep
 

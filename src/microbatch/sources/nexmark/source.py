@@ -77,12 +77,23 @@ class GenerateTask:
     first: int
     end: int
     view: str
+    chunk_events: int = CHUNK_EVENTS
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for chunk in batch.column(0).to_pylist():
-                start = self.first + chunk * CHUNK_EVENTS
-                yield generate(self.config, start, min(start + CHUNK_EVENTS, self.end), self.view)
+                start = self.first + chunk * self.chunk_events
+                yield generate(self.config, start, min(start + self.chunk_events, self.end), self.view)
+
+
+def generated(spark, config: NexmarkConfig, first: int, end: int, view: str, partitions: int) -> DataFrame:
+    """Events ``first`` .. ``end - 1`` of ``view``, generated in up to ``partitions`` Spark
+    tasks (chunks of at most ``CHUNK_EVENTS``, at least one a task)."""
+    chunks = max(min(partitions, end - first), -(-(end - first) // CHUNK_EVENTS))
+    size = -(-(end - first) // chunks)
+    chunks = -(-(end - first) // size)
+    task = GenerateTask(config, first, end, view, size)
+    return spark.range(0, chunks, 1, min(partitions, chunks)).mapInArrow(task, spark_schema(view))
 
 
 class NexmarkSource(Source):
@@ -142,13 +153,9 @@ class NexmarkSource(Source):
         last = _events(end)
         if first > last:
             raise ValueError(f"start offset {start} is after end offset {end}")
-        schema = self.schema
         if first == last:
-            return spark_internals.empty_batch(self._spark, schema)
-        chunks = -(-(last - first) // CHUNK_EVENTS)
-        task = GenerateTask(self.config, first, last, self.view)
-        return (self._spark.range(0, chunks, 1, min(self.num_partitions, chunks))
-                .mapInArrow(task, schema))
+            return spark_internals.empty_batch(self._spark, self.schema)
+        return generated(self._spark, self.config, first, last, self.view, self.num_partitions)
 
     def num_rows(self, start: Any, end: Any) -> int | None:
         if self.view != "events":
