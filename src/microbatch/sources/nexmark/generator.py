@@ -278,8 +278,10 @@ def _persons(c: NexmarkConfig, event_id: np.ndarray, timestamp: pa.Array) -> pa.
     user = _strings(*_next_string(rnd, 7))
     host = _strings(*_next_string(rnd, 5))
     emails = pa.compute.binary_join_element_wise(user, "@", host, ".com", "")
-    cards = [np.char.zfill(rnd.next_int(10000).astype(str), 4) for _ in range(4)]
-    credit = pa.array([" ".join(parts) for parts in zip(*cards)], pa.string()) if len(rnd) else pa.array([], pa.string())
+    cards = [rnd.next_int(10000) for _ in range(4)]
+    if len(rnd):   # (np.char.zfill fails on an empty array: a range with no person)
+        cards = [np.char.zfill(card.astype(str), 4) for card in cards]
+    credit = pa.array([" ".join(parts) for parts in zip(*cards)], pa.string())
     city = _table_strings(US_CITIES, rnd.next_int(len(US_CITIES)))
     state = _table_strings(US_STATES, rnd.next_int(len(US_STATES)))
     size = 8 + sum(pa.compute.utf8_length(a).to_numpy(zero_copy_only=False).astype(np.int64)
