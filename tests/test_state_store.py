@@ -484,3 +484,20 @@ def test_a_state_task_in_a_python_worker_leaves_its_heap_frozen(spark):
     frozen = [row.frozen for row in spark.range(0, 2, 1, 2).mapInArrow(task, "frozen LONG").collect()]
     assert len(frozen) == 2 and all(count > 10_000 for count in frozen), frozen   # pyarrow, pandas, pyspark
     assert accumulator.value == {"tasks": 2}
+
+
+def test_a_state_file_holds_values_read_back_beside_values_a_task_built():
+    """A session window's value is a list of sessions (structs). Read back from a state
+    file they are dicts; a task builds them as tuples; a snapshot writes both into one
+    file (pyarrow refuses a column mixing them: found by Nexmark's q11 after ten batches,
+    when a partition's provider reloaded in another Python worker)."""
+    from microbatch.state.files import from_struct_array, to_struct_array
+    session = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("n", pa.int64())])
+    schema = pa.schema([pa.field("sessions", pa.list_(session))])
+    written = to_struct_array([([(1, 5, 2)],)], schema)
+    read_back = from_struct_array(written)
+    assert isinstance(read_back[0][0][0], dict)
+    mixed = to_struct_array(read_back + [([(7, 9, 1), (10, 12, 3)],), None], schema)
+    assert mixed.to_pylist() == [{"sessions": [{"start": 1, "end": 5, "n": 2}]},
+                                 {"sessions": [{"start": 7, "end": 9, "n": 1}, {"start": 10, "end": 12, "n": 3}]},
+                                 None]

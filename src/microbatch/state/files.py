@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from itertools import repeat
 from operator import countOf, is_
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
@@ -89,6 +90,31 @@ def from_state_values(values: list, storage: pa.DataType, target: pa.DataType) -
     return array if storage == target else array.cast(target)
 
 
+def _nested_tuples(value: Any, kind: pa.DataType) -> Any:
+    """``value`` with its structs as tuples, at every depth (pyarrow takes a column's
+    structs as all dicts or all tuples, not a mix)."""
+    if value is None:
+        return None
+    if pa.types.is_struct(kind):
+        fields = list(kind)
+        items = [value[f.name] for f in fields] if isinstance(value, dict) else value
+        return tuple(_nested_tuples(v, f.type) for v, f in zip(items, fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return [_nested_tuples(v, kind.value_type) for v in value]
+    return value
+
+
+def _column(values, kind: pa.DataType) -> pa.Array:
+    """A column of state values. Values loaded from a state file carry their structs as
+    dicts, values a task built carry tuples; a column holding both is made uniform."""
+    try:
+        return pa.array(values, type=kind)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        if not (pa.types.is_struct(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            raise
+        return pa.array([_nested_tuples(v, kind) for v in values], type=kind)
+
+
 def to_struct_array(rows: list, schema: pa.Schema) -> pa.Array:
     """Tuples (None or ``REMOVED`` for a null struct) -> a struct array of ``schema``, column
     by column (``zip(*rows)`` transposes at C speed)."""
@@ -100,7 +126,7 @@ def to_struct_array(rows: list, schema: pa.Schema) -> pa.Array:
         empty = (None,) * len(schema)
         rows = [empty if r is None else r for r in rows]
     transposed = list(zip(*rows)) if rows else [()] * len(schema)
-    columns = [pa.array(values, type=f.type) for values, f in zip(transposed, schema)]
+    columns = [_column(values, f.type) for values, f in zip(transposed, schema)]
     if not columns:   # a struct without fields: only its length and validity
         return pa.StructArray.from_arrays([], fields=[], mask=mask if mask is not None
                                           else pa.array([False] * len(rows), type=pa.bool_()))
