@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     from microbatch.sources.nexmark.source import spark_schema
 
     names = [q for q in args.queries.split(",") if q] or sorted(QUERIES, key=lambda q: int(q[1:]))
-    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "2"})
+    # (Spark's engine keeps q3's and q20's join state, all the bids, in its JVM: 1g is not enough)
+    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "4g"})
     ss = StreamingSession(spark)
     config = NexmarkConfig(base_time_ms=BASE_TIME, events_per_second=RATE)
     per_batch = -(-args.events // args.batches)

@@ -1,0 +1,95 @@
+"""A windowed count with many groups a batch, on microbatch and on Spark's own engine.
+
+``python -m benchmarks.many_groups [--rows 400000] [--keys 1000] [--batches 8] [--reps 3]``
+
+Input: ``batches`` parquet files of ``rows`` rows: ``keys`` keys, event times advancing
+40 seconds a file, so a batch touches 4 ten-second windows of every key (about
+``4 * keys`` state rows changed a batch, and as many evicted once the watermark passes).
+Query: ``withWatermark(ts, 10 s).groupBy(window(ts, 10 s), k).count()`` in append mode into
+``noop``, ``availableNow`` one file a trigger; each engine ``reps`` times, alternating. The
+figure is the median batch duration (progress ``triggerExecution``, the first batch
+left out) and the whole run's wall time; it prints microbatch's phases
+(``durationMs``) beside Spark's and writes ``benchmarks/results/many_groups.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=400_000)
+    parser.add_argument("--keys", type=int, default=1000)
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    from pyspark.sql import functions as F
+
+    from microbatch import StreamingSession, embedded_spark
+
+    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "2"})
+    ss = StreamingSession(spark)
+    results: dict[str, dict] = {"spark": {"batch_ms": [], "wall_s": [], "phases": []},
+                                "microbatch": {"batch_ms": [], "wall_s": [], "phases": []}}
+    with tempfile.TemporaryDirectory() as root:
+        source = os.path.join(root, "in")
+        t0 = 1_700_000_000
+        for i in range(args.batches):
+            (spark.range(0, args.rows, numPartitions=2)
+             .select((F.col("id") % args.keys).cast("string").alias("k"),
+                     F.timestamp_seconds(F.lit(t0 + 40 * i) + (F.col("id") * 40 / args.rows).cast("long")).alias("ts"))
+             .coalesce(1).write.mode("append").parquet(source))
+            time.sleep(1.1)   # files ordered by modification time
+
+        def run(session, label, rep):
+            frame = (session.readStream.schema("k STRING, ts TIMESTAMP").option("maxFilesPerTrigger", 1).parquet(source)
+                     .withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds"), "k").count())
+            started = time.perf_counter()
+            query = (frame.writeStream.format("noop").outputMode("append")
+                     .option("checkpointLocation", os.path.join(root, f"{label}-{rep}")).trigger(availableNow=True).start())
+            query.awaitTermination()
+            wall = time.perf_counter() - started
+            progress = [p for p in query.recentProgress if p.numInputRows][1:]
+            results[label]["wall_s"].append(wall)
+            results[label]["batch_ms"] += [p.durationMs["triggerExecution"] for p in progress]
+            results[label]["phases"] += [dict(p.durationMs) for p in progress]
+            rows = progress[-1].stateOperators[0].numRowsUpdated if progress else 0
+            return rows
+
+        run(ss, "warm-mb", 0)
+        run(spark, "warm-spark", 0)
+        results.pop("warm-mb", None)
+        results.pop("warm-spark", None)
+        for rep in range(args.reps):
+            order = [("spark", spark), ("microbatch", ss)]
+            for label, session in (order if rep % 2 == 0 else order[::-1]):
+                updated = run(session, label, rep)
+    summary = {label: {"median_batch_ms": statistics.median(r["batch_ms"]), "median_wall_s": statistics.median(r["wall_s"])}
+               for label, r in results.items()}
+    ratio = summary["microbatch"]["median_batch_ms"] / summary["spark"]["median_batch_ms"]
+    print(f"{args.rows:,} rows a batch, {args.keys} keys, state rows updated a batch: {updated:,}")
+    for label, s in summary.items():
+        print(f"{label:11} median batch {s['median_batch_ms']:8.0f} ms   median run {s['median_wall_s']:6.1f} s")
+    print(f"ratio microbatch/Spark (median batch): {ratio:.2f}; "
+          f"(median run): {summary['microbatch']['median_wall_s'] / summary['spark']['median_wall_s']:.2f}")
+    for label in ("microbatch", "spark"):
+        phases = results[label]["phases"]
+        keys = sorted({k for p in phases for k in p})
+        print(label, "phases (median ms):", {k: statistics.median(p.get(k, 0) for p in phases) for k in keys})
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "many_groups.json"), "w") as f:
+        json.dump({"args": vars(args), "summary": summary, "ratio": ratio, "results": results}, f, indent=1)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
