@@ -158,15 +158,15 @@ def _next_exact_string(rnd: JavaRandoms, size: np.ndarray) -> tuple[np.ndarray, 
             values[:, d] = rnd.next_int_unbounded()
         else:
             values[active, d] = rnd.next_int_unbounded(where=active)
-    negative = values < 0
-    quotient = np.abs(values).astype(np.uint64)
-    letters = np.empty((n, draws, 6), dtype=np.uint8)
-    for i in range(6):   # the i-th character of each draw: truncating division, Java's signed %
-        # q // 26 for q < 2^32 as a multiply and a shift (the compilers' division by a constant)
-        next_quotient = (quotient * np.uint64(0x4EC4EC4F)) >> np.uint64(35)
-        digit = (quotient - next_quotient * np.uint64(26)).astype(np.uint8)
+    sign = np.where(values < 0, -1, 1).astype(np.int32)
+    quotient = np.abs(values).astype(np.uint32)     # (|MIN_VALUE| = 2^31 fits)
+    digits = []
+    for _ in range(6):   # each draw's characters: truncating division, Java's signed %
+        next_quotient = quotient // np.uint32(26)
+        digit = (quotient - next_quotient * np.uint32(26)).astype(np.int32)
         quotient = next_quotient
-        letters[:, :, i] = np.where(negative, np.uint8(ord("a")) - digit, np.uint8(ord("a")) + digit)
+        digits.append((ord("a") + sign * digit).astype(np.uint8))
+    letters = np.stack(digits, axis=2)
     chars = letters.reshape(n, draws * 6)[:, :width]
     keep = np.arange(width)[None, :] < size[:, None]
     return chars, keep
