@@ -3,13 +3,13 @@
 ``python -m benchmarks.many_groups [--rows 400000] [--keys 1000] [--batches 8] [--reps 3]``
 
 Input: ``batches`` parquet files of ``rows`` rows: ``keys`` keys, event times advancing
-40 seconds a file, so a batch touches 4 ten-second windows of every key (about
-``4 * keys`` state rows changed a batch, and as many evicted once the watermark passes).
+``seconds`` (400) a file, so a batch touches 40 ten-second windows of every key (about
+``40 * keys`` state rows changed a batch, and as many evicted once the watermark passes).
 Query: ``withWatermark(ts, 10 s).groupBy(window(ts, 10 s), k).count()`` in append mode into
 ``noop``, ``availableNow`` one file a trigger; each engine ``reps`` times, alternating. The
 figure is the median batch duration (progress ``triggerExecution``, the first batch
 left out) and the whole run's wall time; it prints microbatch's phases
-(``durationMs``) beside Spark's and writes ``benchmarks/results/many_groups.json``.
+(``durationMs``) and the state operator's times beside Spark's and writes ``benchmarks/results/many_groups.json``.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--seconds", type=int, default=400, help="event time a file spans")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
 
@@ -37,15 +38,16 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = embedded_spark(conf={"spark.sql.shuffle.partitions": "2"})
     ss = StreamingSession(spark)
-    results: dict[str, dict] = {"spark": {"batch_ms": [], "wall_s": [], "phases": []},
-                                "microbatch": {"batch_ms": [], "wall_s": [], "phases": []}}
+    results: dict[str, dict] = {"spark": {"batch_ms": [], "wall_s": [], "phases": [], "state": []},
+                                "microbatch": {"batch_ms": [], "wall_s": [], "phases": [], "state": []}}
     with tempfile.TemporaryDirectory() as root:
         source = os.path.join(root, "in")
         t0 = 1_700_000_000
         for i in range(args.batches):
             (spark.range(0, args.rows, numPartitions=2)
              .select((F.col("id") % args.keys).cast("string").alias("k"),
-                     F.timestamp_seconds(F.lit(t0 + 40 * i) + (F.col("id") * 40 / args.rows).cast("long")).alias("ts"))
+                     F.timestamp_seconds(F.lit(t0 + args.seconds * i)
+                                         + (F.col("id") * args.seconds / args.rows).cast("long")).alias("ts"))
              .coalesce(1).write.mode("append").parquet(source))
             time.sleep(1.1)   # files ordered by modification time
 
@@ -58,16 +60,19 @@ def main(argv: list[str] | None = None) -> int:
             query.awaitTermination()
             wall = time.perf_counter() - started
             progress = [p for p in query.recentProgress if p.numInputRows][1:]
+            if label not in results:   # a warm-up
+                return 0
             results[label]["wall_s"].append(wall)
             results[label]["batch_ms"] += [p.durationMs["triggerExecution"] for p in progress]
             results[label]["phases"] += [dict(p.durationMs) for p in progress]
+            results[label]["state"] += [{k: getattr(p.stateOperators[0], k) for k in
+                                         ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs")}
+                                        for p in progress]
             rows = progress[-1].stateOperators[0].numRowsUpdated if progress else 0
             return rows
 
         run(ss, "warm-mb", 0)
         run(spark, "warm-spark", 0)
-        results.pop("warm-mb", None)
-        results.pop("warm-spark", None)
         for rep in range(args.reps):
             order = [("spark", spark), ("microbatch", ss)]
             for label, session in (order if rep % 2 == 0 else order[::-1]):
@@ -84,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         phases = results[label]["phases"]
         keys = sorted({k for p in phases for k in p})
         print(label, "phases (median ms):", {k: statistics.median(p.get(k, 0) for p in phases) for k in keys})
+        state = results[label]["state"]
+        print(label, "state operator, summed over its tasks (median ms):",
+              {k: statistics.median(x[k] for x in state) for k in state[0]})
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "many_groups.json"), "w") as f:
         json.dump({"args": vars(args), "summary": summary, "ratio": ratio, "results": results}, f, indent=1)
