@@ -79,3 +79,33 @@ def test_the_nexmark_source_gives_the_events_the_files_hold(spark, ss, event_fil
         assert from_source == from_files
         # each view reads its own stream: numInputRows counts the events of every read
         assert [p.numInputRows for p in source_progress][:6] == [EVENTS_PER_FILE] * 6
+
+
+def test_an_endless_source_without_a_pace_or_limit_is_refused_naming_the_fix(ss, tmp_path):
+    query = (ss.readStream.format("nexmark").load().writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True).start())
+    with pytest.raises(Exception, match="numEvents' or 'pacing'='wallClock'"):
+        query.awaitTermination(60)
+
+
+def test_wall_clock_pacing_gives_the_events_whose_time_has_come(ss, tmp_path):
+    """At 1000 events/s from a base time 3 s ago, a run takes about 3000 events, none of
+    them later than the wall clock; the next run, from the checkpoint, goes on from there."""
+    import time
+    base = int(time.time() * 1000) - 3000
+    counts, latest = [], []
+
+    def run():
+        batches, _ = collect_batches(
+            ss.readStream.format("nexmark").option("pacing", "wallClock").option("eventsPerSecond", 1000)
+            .option("baseTime", base).load().select("dateTime"), tmp_path / "c",
+            rows=lambda df: (df.count(), df.agg(F.max("dateTime")).first()[0]))
+        counts.append(sum(n for _, (n, _) in batches))
+        latest.append(max(t for _, (_, t) in batches))
+        return time.time()
+    ended = run()
+    assert 3000 <= counts[0] <= ended * 1000 - base     # (one event a millisecond since the base time)
+    assert latest[0].timestamp() <= ended
+    time.sleep(1.0)
+    run()
+    assert counts[1] >= 900     # a second's worth more, continuing the stream
