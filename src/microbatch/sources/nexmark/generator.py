@@ -235,6 +235,13 @@ def _next_base0_auction_id(c, event_id, rnd, where) -> np.ndarray:
     return min_auction + _next_long(rnd, max_auction - min_auction + 1 + AUCTION_ID_LEAD, where)
 
 
+def _hot_or_drawn(rnd: JavaRandoms, ratio: int, hot: np.ndarray, draw) -> np.ndarray:
+    """Nexmark's hot/cold choice: ``nextInt(ratio) > 0`` keeps the hot id; the others
+    (``cold``) take ``draw(cold)``, which advances only their generators."""
+    cold = rnd.next_int(ratio) == 0
+    return np.where(cold, draw(cold), hot) if cold.any() else hot
+
+
 # -- URLs ------------------------------------------------------------------------------------------
 _URLS: dict[str, np.ndarray] = {}
 
@@ -296,11 +303,9 @@ def _auctions(c: NexmarkConfig, count: np.ndarray, event_id: np.ndarray, timesta
               timestamp: pa.Array) -> pa.StructArray:
     rnd = JavaRandoms(event_id)
     n = len(rnd)
-    cold = rnd.next_int(c.hot_sellers_ratio) == 0
-    seller = (_last_base0_person_id(c, event_id) // HOT_SELLER_RATIO) * HOT_SELLER_RATIO
-    if cold.any():
-        seller = np.where(cold, _next_base0_person_id(c, event_id, rnd, cold), seller)
-    seller = seller + FIRST_PERSON_ID
+    seller = _hot_or_drawn(rnd, c.hot_sellers_ratio,
+                           (_last_base0_person_id(c, event_id) // HOT_SELLER_RATIO) * HOT_SELLER_RATIO,
+                           lambda cold: _next_base0_person_id(c, event_id, rnd, cold)) + FIRST_PERSON_ID
     category = FIRST_CATEGORY_ID + rnd.next_int(NUM_CATEGORIES)
     initial_bid = _next_price(rnd)
     # nextAuctionLengthMs: twice the time the next numInFlightAuctions auctions take
@@ -324,15 +329,12 @@ def _auctions(c: NexmarkConfig, count: np.ndarray, event_id: np.ndarray, timesta
 def _bids(c: NexmarkConfig, event_id: np.ndarray, timestamp: pa.Array) -> pa.StructArray:
     rnd = JavaRandoms(event_id)
     n = len(rnd)
-    cold = rnd.next_int(c.hot_auction_ratio) == 0
-    auction = (_last_base0_auction_id(c, event_id) // HOT_AUCTION_RATIO) * HOT_AUCTION_RATIO
-    if cold.any():
-        auction = np.where(cold, _next_base0_auction_id(c, event_id, rnd, cold), auction)
-    auction = auction + FIRST_AUCTION_ID
-    cold = rnd.next_int(c.hot_bidders_ratio) == 0
-    bidder = (_last_base0_person_id(c, event_id) // HOT_BIDDER_RATIO) * HOT_BIDDER_RATIO + 1
-    if cold.any():
-        bidder = np.where(cold, _next_base0_person_id(c, event_id, rnd, cold), bidder)
+    auction = _hot_or_drawn(rnd, c.hot_auction_ratio,
+                            (_last_base0_auction_id(c, event_id) // HOT_AUCTION_RATIO) * HOT_AUCTION_RATIO,
+                            lambda cold: _next_base0_auction_id(c, event_id, rnd, cold)) + FIRST_AUCTION_ID
+    bidder = _hot_or_drawn(rnd, c.hot_bidders_ratio,
+                           (_last_base0_person_id(c, event_id) // HOT_BIDDER_RATIO) * HOT_BIDDER_RATIO + 1,
+                           lambda cold: _next_base0_person_id(c, event_id, rnd, cold))
     bidder = bidder + 2 * FIRST_PERSON_ID          # (Flink adds FIRST_PERSON_ID twice)
     price = _next_price(rnd)
     hot = rnd.next_int(2) > 0

@@ -26,6 +26,7 @@ of its number only.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -46,6 +47,7 @@ VIEWS = ("events", "person", "auction", "bid")
 PACINGS = ("none", "wallclock")
 
 
+@functools.lru_cache(maxsize=None)
 def spark_schema(view: str) -> StructType:
     """The Spark schema of ``view`` (Arrow's, with timestamps as ``TIMESTAMP``)."""
     from pyspark.sql.pandas.types import from_arrow_schema
