@@ -254,6 +254,31 @@ def test_bulk_operations_agree_with_the_contracts_key_by_key_versions(tmp_path, 
     assert contents(reloaded, 1) == \
         {("a", 1): (10,), ("b", 5): (50,), ("c", None): (None,), ("d", 9): (90,)}
 
+@each_provider
+def test_get_many_put_many_and_keys_agree_with_get_put_and_iterator(tmp_path, kind):
+    """The aggregation's batch-at-a-time calls: get_many/put_many give what get/put give,
+    with keys changed and removed in the open version, and keys() is the iterator's keys
+    in the iterator's order."""
+    from microbatch.state.store import StateStore
+    p = provider(tmp_path, kind=kind)
+    store = p.get_store(0)
+    store.put_many([("a",), ("b",), ("c",)], [(1,), (2,), (3,)])
+    assert store.get_many([("a",), ("z",), ("c",)]) == [(1,), None, (3,)]
+    store.commit()
+    store = p.get_store(1)
+    assert store.get_many([("c",), ("b",), ("q",)]) == [(3,), (2,), None]   # nothing changed yet
+    store.put(("b",), (20,))
+    store.remove(("c",))
+    store.put_many([("d",), ("a",)], [(4,), (10,)])
+    wanted = [("a",), ("b",), ("c",), ("d",), ("e",)]
+    assert store.get_many(wanted) == [store.get(k) for k in wanted] == [(10,), (20,), None, (4,), None]
+    assert store.keys() == [k for k, _ in store.iterator()] == StateStore.keys(store)
+    assert sorted(store.keys()) == [("a",), ("b",), ("d",)]
+    store.commit()
+    settle(p)
+    assert contents(p, 2) == {("a",): (10,), ("b",): (20,), ("d",): (4,)}
+
+
 def bulk_commit(provider, version, ids, times, expiries, remove_below=None):
     """One version changed a batch at a time: insert rows, then remove keys whose
     time is at or below ``remove_below``; the store's answers and metrics."""

@@ -37,7 +37,7 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.state.files import storage_type
-from microbatch.state.store import (StateStore, StateStoreConf, StateStoreId, StateStoreMetrics, end_task,
+from microbatch.state.store import (StateStore, StateStoreConf, StateStoreId, StateStoreMetrics, begin_task, end_task,
                                     load_provider, task_metrics)
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class StateTask:
     def store(self, partition: int, key_schema: pa.Schema, value_schema: pa.Schema,
               name: str = "default") -> StateStore:
         """The partition's store ``name`` at this batch's version."""
+        begin_task()
         store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
         return load_provider(store_id, key_schema, value_schema, self.conf).get_store(self.version)
 

@@ -78,6 +78,10 @@ def state_values(column: pa.Array, storage: pa.DataType | None = None, as_key: b
         column = column.cast(storage)
     if column.null_count == 0 and (pa.types.is_integer(storage) or pa.types.is_floating(storage)):
         return column.to_numpy().tolist()
+    if as_key and column.null_count == 0 and pa.types.is_struct(storage) and storage.num_fields \
+            and all(_flat(f.type) for f in storage):
+        # a struct of flat fields (a window): its tuples zipped from the fields, a column each
+        return list(zip(*[state_values(child, f.type) for child, f in zip(column.flatten(), storage)]))
     values = column.to_pylist()
     if as_key and not _flat(storage):
         values = [hashable(v) for v in values]

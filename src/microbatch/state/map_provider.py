@@ -25,7 +25,7 @@ import sys
 import time
 from collections import deque
 from itertools import compress, filterfalse, repeat
-from operator import countOf, is_, itemgetter, or_
+from operator import countOf, is_, is_not, itemgetter, or_
 from typing import Iterator
 
 import numpy as np
@@ -40,6 +40,7 @@ from microbatch.state.table_form import TableChanges, TableVersions, joinable
 log = logging.getLogger(__name__)
 
 _MISSING = REMOVED
+_UNCHANGED = object()     # get_many: a key this version did not change
 
 
 class MapStateStore(StateStore):
@@ -125,6 +126,34 @@ class MapStateStore(StateStore):
         self._use("map")
         self._check_open()
         self._pending[key] = value
+
+    def get_many(self, keys: list[Key]) -> list[Value | None]:
+        self._use("map")
+        pending, base = self._pending, self.provider.map
+        if not pending:       # (an operator's first look at a version: the usual case)
+            return list(map(base.get, keys))
+        found = list(map(pending.get, keys, repeat(_UNCHANGED)))
+        for i in compress(range(len(found)), map(is_, found, repeat(_UNCHANGED))):
+            found[i] = base.get(keys[i])
+        if self._removals:
+            found = [None if v is _MISSING else v for v in found]
+        return found
+
+    def put_many(self, keys: list[Key], values: list[Value]) -> None:
+        self._use("map")
+        self._check_open()
+        self._pending.update(zip(keys, values))
+
+    def keys(self) -> list[Key]:
+        if self._form == "table":
+            return super().keys()
+        self._use("map")
+        pending, base = self._pending, self.provider.map
+        if not pending:
+            return list(base)
+        kept = list(compress(base, map(is_not, map(pending.get, base), repeat(_MISSING)))) \
+            if self._removals else list(base)
+        return kept + [k for k, v in pending.items() if v is not _MISSING and k not in base]
 
     # The bulk operations below iterate with map/zip/compress over C functions
     # (dict.__contains__, itemgetter, ...), about 30 ns a key instead of a Python loop.

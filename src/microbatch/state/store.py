@@ -166,6 +166,20 @@ class StateStore(ABC):
         for key in keys:
             self.remove(key)
 
+    def get_many(self, keys: list[Key]) -> list[Value | None]:
+        """``get`` of each key, in order; stores may override this with a bulk version."""
+        return [self.get(key) for key in keys]
+
+    def put_many(self, keys: list[Key], values: list[Value]) -> None:
+        """``put`` of each key with its value, in order; stores may override this with a
+        bulk version."""
+        for key, value in zip(keys, values):
+            self.put(key, value)
+
+    def keys(self) -> list[Key]:
+        """Every key, this store's uncommitted changes included (``iterator``'s order)."""
+        return [key for key, _ in self.iterator()]
+
     def keys_at_or_below(self, bound: int, *, key_field: int | None = None,
                          value_field: int | None = None) -> list[Key]:
         """The keys whose ``key[key_field]`` (or ``value[value_field]``) is not null and at
@@ -323,6 +337,19 @@ FULL_COLLECTION_EVERY = 64
 _tasks_since_full_collection = 0
 
 
+def begin_task() -> None:
+    """In a Spark task that opens a state store: no automatic garbage collection until
+    ``end_task``. A state task makes a tuple or more per row; each 700 of them start a
+    collection, which walks every young object (a quarter of the whole batch's time,
+    measured by benchmarks/many_groups.py). The task leaves few cycles and ``end_task``
+    collects them (as PySpark's daemon does after a task that fails)."""
+    import gc
+
+    from pyspark import TaskContext
+    if TaskContext.get() is not None:
+        gc.disable()
+
+
 def end_task(accumulator: Any, metrics: dict) -> None:
     """The last step of every state task: its metrics to the operator's accumulator,
     then the Python worker's heap settled.
@@ -348,6 +375,7 @@ def end_task(accumulator: Any, metrics: dict) -> None:
         _unfreeze_worker_heap()
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def _unfreeze_worker_heap() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import decimal
 import time
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import pyarrow as pa
@@ -186,41 +187,32 @@ class AggregateTask(StateTask):
                 keys = [state_values(batch.column(i), key_storage[i], as_key=True) for i in range(num_keys)]
                 buffers = [state_values(batch.column(num_keys + j), value_storage[j])
                            for j in range(len(value_storage))]
-                for r in range(batch.num_rows):
-                    key = tuple(column[r] for column in keys)
-                    if check_late:
-                        event_time = self._event_time(key)
-                        if event_time is not None and event_time <= self.late_us:
-                            late += 1
-                            continue
-                    new = [column[r] for column in buffers]
-                    old = store.get(key)
-                    merged: list = []
-                    for kind, start, count, _ in self.merges:
-                        part = new[start:start + count]
-                        if old is not None:
-                            merged += merge_buffers(kind, list(old[start:start + count]), part)
-                        else:
-                            merged += [_merge_hll((), part[0])] if kind == "hll" else part
-                    value = tuple(merged)
-                    store.put(key, value)
-                    updated += 1
-                    if self.mode == "update":
-                        emitted.append((key, value))
+                rows = list(zip(*keys)) if keys else [()] * batch.num_rows
+                news = list(zip(*buffers)) if buffers else [()] * batch.num_rows
+                if check_late:
+                    on_time = [t is None or t > self.late_us for t in map(self._event_time, rows)]
+                    dropped = on_time.count(False)
+                    if dropped:
+                        late += dropped
+                        rows, news = list(compress(rows, on_time)), list(compress(news, on_time))
+                values = self._merge_into(store, rows, news)
+                updated += len(rows)
+                if self.mode == "update":
+                    emitted.extend(zip(rows, values))
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
         removed = read = 0
         if self.mode == "complete":
             emitted = list(store.iterator())
         elif self.watermark_key is not None and self.evict_us is not None:
-            for key, value in list(store.iterator()):
-                read += 1
-                event_time = self._event_time(key)
-                if event_time is not None and event_time <= self.evict_us:
-                    store.remove(key)
-                    removed += 1
-                    if self.mode == "append":
-                        emitted.append((key, value))
+            held = store.keys()
+            read = len(held)
+            due = [t is not None and t <= self.evict_us for t in map(self._event_time, held)]
+            expired = list(compress(held, due))
+            removed = len(expired)
+            if self.mode == "append" and expired:
+                emitted.extend(zip(expired, store.get_many(expired)))
+            store.remove_many(expired)
         removals_ms = (time.monotonic() - started) * 1000
         store.commit()
         m = store.metrics()
@@ -229,6 +221,39 @@ class AggregateTask(StateTask):
         self.finish(partition, m, numRowsUpdated=updated, numRowsRemoved=removed,
                     allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
                     numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read)
+
+    def _merge_into(self, store, keys: list[tuple], news: list[tuple]) -> list[tuple]:
+        """Merge each key's new buffers into the store's; the merged values, in order. A
+        batch holds each key once (Spark aggregated it per key before the state step),
+        so the store is read and written a batch at a time; a key repeated falls back to
+        one key at a time, each row seeing the rows before it."""
+        # whether a new key's value is its buffers as they came
+        as_they_came = not any(kind == "hll" for kind, *_ in self.merges) and \
+            sum(count for _, _, count, _ in self.merges) == len(self.buffer_fields)
+        if len(set(keys)) != len(keys):
+            values = []
+            for key, new in zip(keys, news):
+                value = self._merged(store.get(key), new)
+                store.put(key, value)
+                values.append(value)
+            return values
+        merged = self._merged
+        if as_they_came:
+            values = [new if old is None else merged(old, new) for old, new in zip(store.get_many(keys), news)]
+        else:
+            values = [merged(old, new) for old, new in zip(store.get_many(keys), news)]
+        store.put_many(keys, values)
+        return values
+
+    def _merged(self, old: tuple | None, new: tuple) -> tuple:
+        merged: list = []
+        for kind, start, count, _ in self.merges:
+            part = list(new[start:start + count])
+            if old is not None:
+                merged += merge_buffers(kind, list(old[start:start + count]), part)
+            else:
+                merged += [_merge_hll((), part[0])] if kind == "hll" else part
+        return tuple(merged)
 
     def _output(self, rows: list[tuple[tuple, tuple]], key_storage, value_storage) -> pa.RecordBatch:
         columns = []
