@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from helpers import collect_batches
 from microbatch.nexmark.files import write_event_files
-from microbatch.nexmark.queries import NOT_EXPRESSIBLE, QUERIES, NexmarkViews
+from microbatch.nexmark.queries import NOT_EXPRESSIBLE, QUERIES, NexmarkViews, register_views
 from microbatch.sources.nexmark.generator import NexmarkConfig
 from microbatch.sources.nexmark.source import spark_schema
 
@@ -65,6 +65,29 @@ def test_query_equals_sparks_engine_batch_by_batch(spark, ss, event_files, side_
     assert sum(len(rows) for _, rows in ours) > 0, f"{name} emitted nothing: the test input proves nothing"
 
 
+@pytest.mark.parametrize("name", sorted(QUERIES, key=lambda q: int(q[1:])))
+def test_query_as_sql_equals_sparks_engine_batch_by_batch(spark, ss, event_files, side_input, tmp_path, name):
+    """The same query as SQL over temporary views of the streams (``register_views``)."""
+    query = QUERIES[name]
+    results = {}
+    for label, session in (("mb", ss), ("spark", spark)):
+        views = file_views(session, event_files, side_input)
+        register_views(session, views)
+        frame = session.sql(query.sql)
+        assert frame.isStreaming
+        if name == "q5" and label == "spark":
+            # Spark's engine emits no row from q5's SQL, where one view is read twice (its
+            # DataFrame form, two reads, emits rows); microbatch emits the DataFrame form's
+            # rows for both (docs/nexmark.md): compare with the DataFrame form there
+            frame = query.build(views)
+        results[label] = collect_batches(frame, tmp_path / label, query.output_mode)
+    (ours, our_progress), (theirs, their_progress) = results["mb"], results["spark"]
+    if name != "q5":       # (q5's SQL reads one source where the DataFrame form reads two)
+        assert _progress(our_progress) == _progress(their_progress)
+    assert ours == theirs
+    assert sum(len(rows) for _, rows in ours) > 0, f"{name} emitted nothing: the test input proves nothing"
+
+
 def test_the_nexmark_source_gives_the_events_the_files_hold(spark, ss, event_files, tmp_path):
     """q0 and q7 over the source (4000 events a trigger) equal them over the files."""
     def source_events():
@@ -109,3 +132,30 @@ def test_wall_clock_pacing_gives_the_events_whose_time_has_come(ss, tmp_path):
     time.sleep(1.0)
     run()
     assert counts[1] >= 900     # a second's worth more, continuing the stream
+
+
+def test_events_written_to_kafka_are_the_events_the_files_hold(spark, ss, event_files, broker, tmp_path):
+    """``microbatch.nexmark.kafka``: the same events as JSON records (key: the event's
+    number, partition: number modulo partitions, timestamp: the event's time), read back
+    by the kafka source with ``EVENT_JSON_SCHEMA``, give q0's and q7's rows the files give."""
+    from microbatch.nexmark.kafka import EVENT_JSON_SCHEMA, produce_events
+    broker.create_topic("nexmark", 2)
+    produce_events(broker.bootstrap, "nexmark", CONFIG, NUM_EVENTS, 2, **{"batch.num.messages": 1})
+    assert broker.latest_offsets("nexmark") == {0: NUM_EVENTS // 2, 1: NUM_EVENTS // 2}
+    first = [m for m in broker.read_all("nexmark") if m.partition() == 1][0]
+    assert first.key() == b"1" and first.timestamp()[1] == CONFIG.event_time_ms(1)
+
+    def kafka_events():
+        raw = (ss.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+               .option("subscribe", "nexmark").option("startingOffsets", "earliest")
+               .option("maxOffsetsPerTrigger", EVENTS_PER_FILE).load())
+        return raw.select(F.from_json(F.col("value").cast("string"), EVENT_JSON_SCHEMA).alias("e")).select("e.*")
+    for name in ("q0", "q7"):
+        query = QUERIES[name]
+        from_kafka, _ = collect_batches(query.build(NexmarkViews(kafka_events)), tmp_path / f"kafka-{name}",
+                                        query.output_mode)
+        from_files, _ = collect_batches(query.build(file_views(spark, event_files, None)),
+                                        tmp_path / f"files-{name}", query.output_mode)
+        ours = sorted(row for _, rows in from_kafka for row in rows)
+        assert ours == sorted(row for _, rows in from_files for row in rows)
+        assert ours, f"{name} emitted nothing"

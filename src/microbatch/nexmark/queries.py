@@ -63,6 +63,22 @@ class NexmarkQuery:
     build: Callable[[NexmarkViews], DataFrame]
     differs: str = "as the reference"      #: how it differs from the reference SQL
 
+    @property
+    def sql(self) -> str:
+        """The query as SQL over the temporary views ``register_views`` makes: the same
+        plan as ``build`` (the differences from the reference are the same)."""
+        return SQL[self.name]
+
+
+def register_views(session, views: NexmarkViews) -> None:
+    """Make ``person``, ``auction`` and ``bid`` (and ``side_input``, when there is one)
+    temporary views of ``session`` (microbatch's ``StreamingSession`` or a
+    ``SparkSession``), each a stream of ``views`` with its watermark, for ``query.sql``."""
+    for name in ("person", "auction", "bid"):
+        getattr(views, name).createOrReplaceTempView(name)
+    if views.side_input is not None:
+        views.side_input.createOrReplaceTempView("side_input")
+
 
 def _q0(v: NexmarkViews) -> DataFrame:
     return v.bid.select("auction", "bidder", "price", "dateTime", "extra")
@@ -222,4 +238,75 @@ NOT_EXPRESSIBLE = {
     "q15": "count(DISTINCT ...): not supported in streaming aggregations by Spark's engine",
     "q16": "count(DISTINCT ...): not supported in streaming aggregations by Spark's engine",
     "q19": "ROW_NUMBER() <= 10 (top-N): Spark's engine has no streaming ROW_NUMBER",
+}
+
+
+_COUNT_PRICE_RANKS = """count(*) AS total_bids,
+           count(CASE WHEN price < 10000 THEN 1 END) AS rank1_bids,
+           count(CASE WHEN price >= 10000 AND price < 1000000 THEN 1 END) AS rank2_bids,
+           count(CASE WHEN price >= 1000000 THEN 1 END) AS rank3_bids,
+           min(price) AS min_price, max(price) AS max_price, avg(price) AS avg_price, sum(price) AS sum_price"""
+
+#: Each query as SQL (Spark's dialect) over the views of ``register_views``, written as the
+#: reference (Flink Nexmark's ``queries/q*.sql``) is, with the changes ``differs`` names.
+SQL: dict[str, str] = {
+    "q0": "SELECT auction, bidder, price, dateTime, extra FROM bid",
+    "q1": "SELECT auction, bidder, 0.908 * price AS price, dateTime, extra FROM bid",
+    "q2": "SELECT auction, price FROM bid WHERE auction % 123 = 0",
+    "q3": """SELECT P.name, P.city, P.state, A.id
+FROM (SELECT id, seller FROM auction WHERE category = 10) AS A
+INNER JOIN (SELECT id, name, city, state FROM person WHERE state IN ('OR', 'ID', 'CA')) AS P
+ON A.seller = P.id""",
+    "q5": """SELECT AuctionBids.auction, AuctionBids.num
+FROM (SELECT auction, count(*) AS num, window
+      FROM bid GROUP BY auction, window(dateTime, '10 seconds', '2 seconds')) AS AuctionBids
+JOIN (SELECT window AS max_window, max(num) AS maxn
+      FROM (SELECT count(*) AS num, window
+            FROM bid GROUP BY auction, window(dateTime, '10 seconds', '2 seconds'))
+      GROUP BY window) AS MaxBids
+ON AuctionBids.window = MaxBids.max_window
+WHERE AuctionBids.num >= MaxBids.maxn""",
+    "q7": """SELECT top.auction, top.price, top.bidder, top.dateTime, top.extra
+FROM (SELECT max(struct(price, auction, bidder, dateTime, extra)) AS top
+      FROM bid GROUP BY window(dateTime, '10 seconds'))""",
+    "q8": """SELECT P.id, P.name, P.window.start AS stime
+FROM (SELECT id, name, window, count(*) AS n FROM person GROUP BY id, name, window(dateTime, '10 seconds')) AS P
+JOIN (SELECT seller, window AS a_window FROM (
+        SELECT seller, window, count(*) AS n FROM auction GROUP BY seller, window(dateTime, '10 seconds'))) AS A
+ON P.id = A.seller AND P.window = A.a_window""",
+    "q11": """SELECT bidder, count(*) AS bid_count, session_window.start AS starttime,
+       session_window.end AS endtime
+FROM bid GROUP BY bidder, session_window(dateTime, '10 seconds')""",
+    "q13": """SELECT B.auction, B.bidder, B.price, B.dateTime, S.value
+FROM bid AS B JOIN side_input AS S ON B.auction % 10000 = S.key""",
+    "q14": """SELECT auction, bidder, 0.908 * price AS price,
+       CASE WHEN hour(dateTime) >= 8 AND hour(dateTime) <= 18 THEN 'dayTime'
+            WHEN hour(dateTime) <= 6 OR hour(dateTime) >= 20 THEN 'nightTime'
+            ELSE 'otherTime' END AS bidTimeType,
+       dateTime, extra,
+       CAST(length(extra) - length(regexp_replace(extra, 'c', '')) AS BIGINT) AS c_counts
+FROM bid
+WHERE 0.908 * price > 1000000 AND 0.908 * price < 50000000""",
+    "q17": f"""SELECT auction, date_format(dateTime, 'yyyy-MM-dd') AS day,
+           {_COUNT_PRICE_RANKS}
+FROM bid GROUP BY auction, date_format(dateTime, 'yyyy-MM-dd')""",
+    "q18": """SELECT auction, bidder, last.price, last.channel, last.url, last.dateTime, last.extra
+FROM (SELECT bidder, auction, max(struct(dateTime, price, channel, url, extra)) AS last
+      FROM bid GROUP BY bidder, auction)""",
+    "q20": """SELECT B.auction, B.bidder, B.price, B.channel, B.url, B.dateTime, B.extra,
+       A.itemName, A.description, A.initialBid, A.reserve, A.dateTime AS a_dateTime, A.expires, A.seller,
+       A.category, A.extra AS a_extra
+FROM bid AS B INNER JOIN (SELECT * FROM auction WHERE category = 10) AS A ON B.auction = A.id""",
+    "q21": """SELECT auction, bidder, price, channel,
+       CASE WHEN lower(channel) = 'apple' THEN '0'
+            WHEN lower(channel) = 'google' THEN '1'
+            WHEN lower(channel) = 'facebook' THEN '2'
+            WHEN lower(channel) = 'baidu' THEN '3'
+            ELSE regexp_extract(url, '(&|^)channel_id=([^&]*)', 2) END AS channel_id
+FROM bid
+WHERE regexp_extract(url, '(&|^)channel_id=([^&]*)', 2) <> ''
+   OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu')""",
+    "q22": """SELECT auction, bidder, price, channel,
+       get(split(url, '/'), 3) AS dir1, get(split(url, '/'), 4) AS dir2, get(split(url, '/'), 5) AS dir3
+FROM bid""",
 }
