@@ -456,8 +456,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from microbatch import StreamingSession, embedded_spark
 
+    # Spark's engine reading through the Python data source dies here after some hundred
+    # batches with a StackOverflowError in its stream execution thread (the default 1 MB
+    # thread stack); a larger stack lets it run the whole measurement.
     spark = embedded_spark(conf={"spark.sql.shuffle.partitions": str(args.partitions),
                                  "spark.sql.session.timeZone": "UTC",
+                                 "spark.driver.extraJavaOptions": "-Xss256m",
                                  **dict(c.split("=", 1) for c in args.spark_conf)})
     spark.dataSource.register(_python_data_source())
     ss = StreamingSession(spark)

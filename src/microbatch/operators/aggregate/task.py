@@ -24,6 +24,7 @@ import decimal
 import time
 from dataclasses import dataclass
 from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -160,11 +161,14 @@ class AggregateTask(StateTask):
     #: sum, count in ms; ``event_time_stats.EVENT_TIME_STATS``), to report and strip
     event_time_stats: bool = False
 
-    def _event_time(self, key: tuple):
-        value = key[self.watermark_key]
-        if value is not None and self.watermark_is_window:
-            value = value[1]       # the window's end
-        return value
+    def _event_times(self, keys: list[tuple]) -> list:
+        """Each key's event time (a window's: its end), None where it has none."""
+        values = list(map(itemgetter(self.watermark_key), keys))
+        if self.watermark_is_window:
+            if None in values:
+                return [None if w is None else w[1] for w in values]
+            return list(map(itemgetter(1), values))
+        return values
 
     def __call__(self, batches):
         from pyspark import TaskContext
@@ -190,7 +194,8 @@ class AggregateTask(StateTask):
                 rows = list(zip(*keys)) if keys else [()] * batch.num_rows
                 news = list(zip(*buffers)) if buffers else [()] * batch.num_rows
                 if check_late:
-                    on_time = [t is None or t > self.late_us for t in map(self._event_time, rows)]
+                    bound = self.late_us
+                    on_time = [t is None or t > bound for t in self._event_times(rows)]
                     dropped = on_time.count(False)
                     if dropped:
                         late += dropped
@@ -207,7 +212,8 @@ class AggregateTask(StateTask):
         elif self.watermark_key is not None and self.evict_us is not None:
             held = store.keys()
             read = len(held)
-            due = [t is not None and t <= self.evict_us for t in map(self._event_time, held)]
+            bound = self.evict_us
+            due = [t is not None and t <= bound for t in self._event_times(held)]
             expired = list(compress(held, due))
             removed = len(expired)
             if self.mode == "append" and expired:
