@@ -526,3 +526,17 @@ def test_a_state_file_holds_values_read_back_beside_values_a_task_built():
     assert mixed.to_pylist() == [{"sessions": [{"start": 1, "end": 5, "n": 2}]},
                                  {"sessions": [{"start": 7, "end": 9, "n": 1}, {"start": 10, "end": 12, "n": 3}]},
                                  None]
+
+
+def test_struct_keys_zipped_from_their_fields_equal_the_value_by_value_conversion():
+    """``state_values`` of a struct key whose fields are flat (a window) zips the fields;
+    the tuples equal ``hashable`` of each value, for a sliced array, null fields, strings
+    and a null struct (which takes the value-by-value path)."""
+    from microbatch.state.files import hashable, state_values
+    window = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("tag", pa.string())])
+    values = [{"start": i, "end": i + 10 if i % 3 else None, "tag": f"t{i}" if i % 2 else None} for i in range(9)]
+    array = pa.array(values, window).slice(2, 6)
+    assert state_values(array, window, as_key=True) == [hashable(v) for v in values[2:8]]
+    assert all(type(k) is tuple for k in state_values(array, window, as_key=True))
+    with_null = pa.array(values[:3] + [None], window)
+    assert state_values(with_null, window, as_key=True) == [hashable(v) for v in values[:3]] + [None]
