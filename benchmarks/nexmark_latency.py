@@ -320,7 +320,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_once(spark, session, engine: str, io: str, name: str, trigger_ms: int, rate: float, seconds: float,
+def run_once(session, engine: str, io: str, name: str, trigger_ms: int, rate: float, seconds: float,
              warmup_s: float, partitions: int, file_interval_ms: int, root: str) -> dict:
     from pyspark.sql import functions as F
 
@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs = [("spark", spark, int(t)) for t in args.spark_triggers.split(",") if t] + \
                            [("microbatch", ss, int(t)) for t in args.mb_triggers.split(",") if t]
                     for engine, session, trigger_ms in runs:
-                        row = run_once(spark, session, engine, io, name, trigger_ms, rate, args.seconds, args.warmup,
+                        row = run_once(session, engine, io, name, trigger_ms, rate, args.seconds, args.warmup,
                                        args.partitions, args.file_interval, root)
                         rows.append(row)
                         print(f"{rate:>8,.0f} ev/s {io:5} {name:3} {engine:10} trigger {trigger_ms:>4} ms: "

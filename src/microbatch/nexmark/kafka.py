@@ -22,17 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.sources.nexmark.generator import NexmarkConfig, generate
+from microbatch.sources.nexmark.source import spark_schema
 
-#: The Spark schema (DDL) of one event's JSON: Flink's ``datagen`` row, as the ``events`` view.
-EVENT_JSON_SCHEMA = (
-    "event_type INT, "
-    "person STRUCT<id: BIGINT, name: STRING, emailAddress: STRING, creditCard: STRING, city: STRING, "
-    "state: STRING, dateTime: TIMESTAMP, extra: STRING>, "
-    "auction STRUCT<id: BIGINT, itemName: STRING, description: STRING, initialBid: BIGINT, reserve: BIGINT, "
-    "dateTime: TIMESTAMP, expires: TIMESTAMP, seller: BIGINT, category: BIGINT, extra: STRING>, "
-    "bid STRUCT<auction: BIGINT, bidder: BIGINT, price: BIGINT, channel: STRING, url: STRING, "
-    "dateTime: TIMESTAMP, extra: STRING>, "
-    "dateTime TIMESTAMP")
+#: The Spark schema of one event's JSON: the ``events`` view's (Flink's ``datagen`` row).
+EVENT_JSON_SCHEMA = spark_schema("events")
 
 
 def _iso_text(timestamps: pa.Array) -> pa.Array:
