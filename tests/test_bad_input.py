@@ -18,11 +18,9 @@ def rate(ss, **options):
     return reader.options(**options).load()
 
 
-def test_unknown_format_and_planned_formats(ss):
+def test_unknown_format(ss):
     with pytest.raises(AnalysisException, match="DATA_SOURCE_NOT_FOUND.*nosuch"):
         ss.readStream.format("nosuch").load()
-    with pytest.raises(UnsupportedOperationError, match="'socket' is not supported by microbatch yet"):
-        ss.readStream.format("socket").load()
     with pytest.raises(AnalysisException, match="DATA_SOURCE_NOT_FOUND.*nosink"):
         rate(ss).writeStream.format("nosink").start()
 

@@ -22,9 +22,11 @@ from microbatch.sources.base import SourceProvider
 from microbatch.sources.delta import DeltaSourceProvider
 from microbatch.sources.iceberg import IcebergSourceProvider
 from microbatch.sources.file import PROVIDERS as FILE_SOURCE_PROVIDERS
+from microbatch.sources.http import HttpIngestSourceProvider
 from microbatch.sources.rate import RateSourceProvider
 from microbatch.sources.nexmark.source import NexmarkSourceProvider
 from microbatch.sources.rate_micro_batch import RateMicroBatchSourceProvider
+from microbatch.sources.socket import TextSocketSourceProvider
 
 
 class _Registry:
@@ -70,7 +72,7 @@ def _python_sink(name: str, data_source_class: type) -> SinkProvider:
     return PythonDataSourceSinkProvider(name, data_source_class)
 
 
-_SOURCES = _Registry("source", {"socket"}, _python_source, "microbatch knows")
+_SOURCES = _Registry("source", set(), _python_source, "microbatch knows")
 _SINKS = _Registry("sink", set(), _python_sink, "microbatch's sinks")
 
 
@@ -95,7 +97,8 @@ def lookup_sink(name: str, spark=None) -> SinkProvider:
 
 
 for _source in (RateSourceProvider(), RateMicroBatchSourceProvider(), NexmarkSourceProvider(), KafkaSourceProvider(),
-                DeltaSourceProvider(), IcebergSourceProvider(), *FILE_SOURCE_PROVIDERS):
+                DeltaSourceProvider(), IcebergSourceProvider(), TextSocketSourceProvider(),
+                HttpIngestSourceProvider(), *FILE_SOURCE_PROVIDERS):
     register_source(_source)
 for _sink in (ConsoleSinkProvider(), MemorySinkProvider(), ForeachBatchSinkProvider(),
               ForeachSinkProvider(), NoopSinkProvider(), KafkaSinkProvider(), DeltaSinkProvider(),

@@ -1,0 +1,528 @@
+"""Receivers: push sources made replayable by a write-ahead log of blocks.
+
+The design, and how it maps to Spark Streaming's receivers and WAL, is docs/receivers.md.
+In short:
+
+- ``BlockLog``: ``<ckpt>/sources/<id>/blocks/<first>.arrow``, one immutable Arrow IPC
+  file per block (records ``first .. first+n-1``), written through the storage layer.
+- ``BlockWriter``: the one thread that appends blocks, in order, and completes each
+  submission's future only once its block is durable (the acknowledgement). It groups
+  records by ``ackMode``: a block per record, per submission, or per ``blockInterval``.
+- ``Admission``: what a receiver may take in now: ``maxRate`` (records a second) and the
+  bound on unconsumed blocks; the answer says how long to wait.
+- ``ReceiverSource``: the Source over the log. Offsets are record indexes (Spark's socket
+  source's LongOffset: the last record's index, -1 before any), so ``offsets/N`` names
+  the records, and through them the blocks, of batch N; ``get_batch`` reads those blocks
+  in Spark tasks; ``commit`` deletes the blocks of batches older than
+  ``minBatchesToRetain``.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from microbatch import spark_internals
+from microbatch.checkpoint.fs import CheckpointFileSystem, storage_from_spec
+from microbatch.errors import AnalysisException, CheckpointError
+from microbatch.sources.base import ALL_AVAILABLE, ReadLimit, ReadMaxRows, Source, SourceContext
+from microbatch.util import CaseInsensitiveOptions, byte_size, time_string_as_ms
+
+log = logging.getLogger(__name__)
+
+BLOCK_METADATA_KEY = b"microbatch.block"
+ACK_MODES = ("record", "block", "interval")
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema blocks of a stream of ``schema`` are written in (PySpark's own
+    conversion: timestamps as microseconds in UTC, as mapInArrow hands them to Spark)."""
+    import inspect
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:   # PySpark 4.1+
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema)
+
+
+# -- the block log ---------------------------------------------------------------------
+def block_name(first: int) -> str:
+    return f"{first:020d}.arrow"
+
+
+def _block_first(name: str) -> int | None:
+    stem, dot, ext = name.partition(".")
+    return int(stem) if dot and ext == "arrow" and stem.isdigit() and len(stem) == 20 else None
+
+
+@dataclass
+class Block:
+    first: int
+    count: int
+    size: int
+    keys: tuple = ()
+
+    @property
+    def last(self) -> int:
+        return self.first + self.count - 1
+
+
+def encode_block(table: pa.Table, first: int, keys: list[str], received_ms: int) -> bytes:
+    meta = {"v": 1, "first": first, "count": table.num_rows, "receivedMs": received_ms, "keys": keys}
+    schema = table.schema.with_metadata({BLOCK_METADATA_KEY: json.dumps(meta).encode()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_table(table.replace_schema_metadata(schema.metadata))
+    return sink.getvalue().to_pybytes()
+
+
+def block_metadata(schema: pa.Schema, path: str) -> dict:
+    raw = (schema.metadata or {}).get(BLOCK_METADATA_KEY)
+    if raw is None:
+        raise CheckpointError(f"Receiver block '{path}' has no '{BLOCK_METADATA_KEY.decode()}' "
+                              "metadata: it is not a block microbatch wrote. Remove it.")
+    meta = json.loads(raw)
+    if meta.get("v") != 1:
+        raise CheckpointError(f"Receiver block '{path}' is of version {meta.get('v')}, which this "
+                              "microbatch cannot read (it reads version 1). Upgrade microbatch.")
+    return meta
+
+
+class BlockLog:
+    """The blocks of one receiver source, under ``<metadata_path>/blocks``."""
+
+    def __init__(self, fs: CheckpointFileSystem, metadata_path: str):
+        self.fs = fs
+        self.directory = f"{metadata_path}/blocks"
+
+    def path(self, first: int) -> str:
+        return f"{self.directory}/{block_name(first)}"
+
+    def write(self, first: int, data: bytes) -> None:
+        self.fs.write_bytes(self.path(first), data)
+
+    def delete(self, first: int) -> None:
+        self.fs.delete(self.path(first))
+
+    def recover(self) -> list[Block]:
+        """The blocks in the log, in order, with their counts and idempotency keys (read
+        from each block's footer). A gap (a block deleted by hand) is damage: refused."""
+        firsts = sorted(f for f in (_block_first(n) for n in self.fs.list(self.directory)) if f is not None)
+        blocks = []
+        for first in firsts:
+            path = self.path(first)
+            try:
+                with self.fs.open_input(path) as f:
+                    reader = pa.ipc.open_file(f)
+                    meta = block_metadata(reader.schema, path)
+                    size = f.seek(0, 2)
+            except (pa.ArrowInvalid, OSError, ValueError) as e:
+                raise CheckpointError(
+                    f"Receiver block '{path}' cannot be read ({str(e).splitlines()[0][:200]}): the "
+                    "write-ahead log is damaged. Restore the file, or start the query on a new "
+                    "checkpoint location.") from None
+            if meta["first"] != first:
+                raise CheckpointError(f"Receiver block '{path}' says it starts at record "
+                                      f"{meta['first']}, its name {first}: the log is damaged.")
+            if blocks and blocks[-1].first + blocks[-1].count != first:
+                raise CheckpointError(
+                    f"The receiver's write-ahead log '{self.directory}' has a gap before "
+                    f"'{block_name(first)}' (records {blocks[-1].first + blocks[-1].count} to "
+                    f"{first - 1} are missing): the log is damaged. Restore the missing blocks, "
+                    "or start the query on a new checkpoint location.")
+            blocks.append(Block(first, meta["count"], size, tuple(meta.get("keys") or ())))
+        return blocks
+
+
+def read_block_slices(spec: tuple, pieces: list[tuple[str, int, int]]) -> Iterator[pa.RecordBatch]:
+    """Executor side: the records ``[lo, hi)`` (positions within the block) of each block."""
+    fs = storage_from_spec(spec)
+    for path, lo, hi in pieces:
+        try:
+            with fs.open_input(path) as f:
+                table = pa.ipc.open_file(f).read_all()
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"Receiver block '{path}' is gone, but a batch still needs it: the write-ahead "
+                "log lost records (deleted by hand?). Restore the block, or start the query on "
+                "a new checkpoint location.") from None
+        table = table.replace_schema_metadata(None).slice(lo, hi - lo)
+        yield from table.to_batches()
+
+
+def _read_task(spec: tuple, groups: list[list[tuple[str, int, int]]]):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from read_block_slices(spec, groups[index])
+    return run
+
+
+# -- admission: rate and unconsumed blocks -------------------------------------------------
+class Backpressure(Exception):
+    """A receiver cannot take records now. ``status``: the HTTP answer (429 over the rate,
+    503 over the unconsumed bound or when the log cannot be written); ``retry_after``:
+    seconds to wait."""
+
+    def __init__(self, status: int, retry_after: float, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.retry_after = retry_after
+        self.reason = reason
+
+
+class RateLimiter:
+    """A token bucket of ``rate`` records a second (Spark Streaming's receiver RateLimiter,
+    ``spark.streaming.receiver.maxRate``), holding at most one second's worth."""
+
+    def __init__(self, rate: int, clock: Callable[[], float] = time.monotonic):
+        self.rate = rate
+        self._clock = clock
+        self._tokens = float(rate)
+        self._at = clock()
+        self._lock = threading.Lock()
+
+    def wait_time(self, n: int) -> float:
+        """Take ``n`` records if the bucket holds them (0.0); else take nothing and return
+        the seconds until it will (a request larger than a second's worth waits for a
+        full bucket and then takes it)."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(float(self.rate), self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            need = min(float(n), float(self.rate))
+            if self._tokens >= need:
+                self._tokens -= n
+                return 0.0
+            return (need - self._tokens) / self.rate
+
+
+@dataclass
+class ReceiverOptions:
+    ack_mode: str
+    block_interval_ms: int
+    max_records_per_trigger: int | None
+    max_rate: int | None
+    max_unconsumed_blocks: int
+    max_unconsumed_bytes: int
+
+    @staticmethod
+    def parse(options: CaseInsensitiveOptions, default_ack_mode: str) -> "ReceiverOptions":
+        ack_mode = options.get("ackMode", default_ack_mode).strip().lower()
+        if ack_mode not in ACK_MODES:
+            raise AnalysisException(
+                f"Invalid value '{options['ackMode']}' for option 'ackMode': use one of "
+                f"{', '.join(ACK_MODES)} (docs/receivers.md: when a sender is acknowledged).")
+        interval = time_string_as_ms(options.get("blockInterval", "200ms"))
+        if interval <= 0:
+            raise AnalysisException(
+                f"Invalid value '{options['blockInterval']}' for option 'blockInterval': it must "
+                "be positive, e.g. '200ms'.")
+
+        def positive(name: str, default: int | None) -> int | None:
+            value = options.get_int(name, default) if name in options else default
+            if value is not None and value <= 0:
+                raise AnalysisException(
+                    f"Invalid value '{options[name]}' for option '{name}': it must be a positive "
+                    "integer.")
+            return value
+
+        max_bytes = byte_size(options.get("maxUnconsumedBytes", "1g"))
+        if max_bytes <= 0:
+            raise AnalysisException("Invalid value for option 'maxUnconsumedBytes': it must be "
+                                    "positive, e.g. '1g'.")
+        return ReceiverOptions(ack_mode, interval, positive("maxRecordsPerTrigger", None),
+                               positive("maxRate", None), positive("maxUnconsumedBlocks", 10000),
+                               max_bytes)
+
+
+# -- the block writer ------------------------------------------------------------------------
+@dataclass
+class Submission:
+    table: pa.Table
+    key: str | None
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class BlockWriter:
+    """The receiver's one writer: appends blocks in order and acknowledges them.
+
+    ``submit`` queues records; the future resolves to the index of their first record
+    once the block(s) holding them are durable, or fails with ``Backpressure`` (503) when
+    the write failed: nothing of it was acknowledged, and the next block takes the same
+    index. With ``retry_failed_writes`` (a socket, whose lines cannot be refused) a failed
+    write is retried until it succeeds or the source stops."""
+
+    def __init__(self, log_: BlockLog, schema: pa.Schema, blocks: list[Block], options: ReceiverOptions,
+                 clock_ms: Callable[[], int], on_durable: Callable[[Block], None],
+                 retry_failed_writes: bool = False, name: str = "receiver"):
+        self._log = log_
+        self._schema = schema
+        self._options = options
+        self._clock_ms = clock_ms
+        self._on_durable = on_durable
+        self._retry = retry_failed_writes
+        self.next_index = blocks[-1].first + blocks[-1].count if blocks else 0
+        self._queue: collections.deque[Submission] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self.failed_writes = 0
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"{name} block writer")
+        self._thread.start()
+
+    @property
+    def queued_records(self) -> int:
+        with self._cond:
+            return sum(s.table.num_rows for s in self._queue)
+
+    def submit(self, table: pa.Table, key: str | None = None) -> Submission:
+        submission = Submission(table, key)
+        with self._cond:
+            if self._stopped:
+                submission.future.set_exception(Backpressure(503, 1.0, "the receiver is stopping"))
+                return submission
+            self._queue.append(submission)
+            self._cond.notify_all()
+        return submission
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(10)
+        for s in self._queue:
+            if not s.future.done():
+                s.future.set_exception(Backpressure(503, 1.0, "the receiver stopped"))
+
+    def _take(self) -> list[Submission] | None:
+        """The submissions of the next block (by ackMode), or None when stopping."""
+        with self._cond:
+            while not self._queue and not self._stopped:
+                self._cond.wait(0.5)
+            if self._stopped:
+                return None
+            if self._options.ack_mode != "interval":
+                return [self._queue.popleft()]
+        # interval: gather what arrives within one block interval of the first
+        deadline = time.monotonic() + self._options.block_interval_ms / 1000.0
+        with self._cond:
+            while not self._stopped and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+            taken = list(self._queue)
+            self._queue.clear()
+        return taken
+
+    def _run(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            tables = [s.table for s in taken if s.table.num_rows]
+            if not tables:
+                for s in taken:
+                    s.future.set_result(self.next_index)
+                continue
+            table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            parts = ([table.slice(i, 1) for i in range(table.num_rows)]
+                     if self._options.ack_mode == "record" else [table])
+            keys = [s.key for s in taken if s.key is not None]
+            first = self.next_index
+            try:
+                for part in parts:
+                    self._write(part, keys)
+            except Exception as e:  # noqa: BLE001 - any store error: nothing acknowledged
+                error = Backpressure(503, 1.0, f"the write-ahead log cannot be written "
+                                               f"({type(e).__name__}); nothing was accepted")
+                # blocks of this submission already written stay (they are durable and will be
+                # read); their senders hear 503 and retry: at-least-once for those records
+                for s in taken:
+                    s.future.set_exception(error)
+                continue
+            position = first
+            for s in taken:
+                s.future.set_result(position)
+                position += s.table.num_rows
+
+    def _write(self, table: pa.Table, keys: list[str]) -> None:
+        first = self.next_index
+        data = encode_block(table.cast(self._schema), first, keys, self._clock_ms())
+        delay = 0.05
+        while True:
+            try:
+                self._log.write(first, data)
+                break
+            except Exception as e:  # noqa: BLE001
+                self.failed_writes += 1
+                log.warning("Writing receiver block %s failed (%s: %s)", block_name(first),
+                            type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+                if not self._retry or self._stopped:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self.next_index = first + table.num_rows
+        self._on_durable(Block(first, table.num_rows, len(data), tuple(keys)))
+
+
+# -- the source ----------------------------------------------------------------------------
+class ReceiverSource(Source):
+    """A Source over a receiver's block log. Subclasses start their receiver (which calls
+    ``admit`` and ``writer.submit``) and stop it in ``stop_receiver``."""
+
+    default_ack_mode = "block"
+    retry_failed_writes = False
+
+    def __init__(self, context: SourceContext, options: CaseInsensitiveOptions, schema: StructType):
+        self._context = context
+        self._schema = schema
+        self.options = ReceiverOptions.parse(options, self.default_ack_mode)
+        self._arrow_schema = arrow_schema(schema)
+        self._spec = context.fs.spec()
+        self._log = BlockLog(context.fs, context.metadata_path)
+        self._lock = threading.Lock()
+        self._blocks: list[Block] = self._log.recover()
+        self._keys: dict[str, int] = {k: b.first for b in self._blocks for k in b.keys}
+        self._consumed = -1            # the last record of a planned batch
+        self._committed: collections.deque[int] = collections.deque()
+        self._retain = int(context.spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
+        self._limiter = RateLimiter(self.options.max_rate) if self.options.max_rate else None
+        self.writer = BlockWriter(self._log, self._arrow_schema, self._blocks, self.options,
+                                  context.clock.get_time_millis, self._durable,
+                                  self.retry_failed_writes, name=str(self))
+        if self._blocks:
+            log.info("%s recovered %d blocks (records %d to %d) from its write-ahead log", self,
+                     len(self._blocks), self._blocks[0].first, self._blocks[-1].last)
+
+    # -- the receiver's side
+    def _durable(self, block: Block) -> None:
+        with self._lock:
+            self._blocks.append(block)
+            for k in block.keys:
+                self._keys[k] = block.first
+
+    def durable_first(self, key: str) -> int | None:
+        """The block a request with this idempotency key went into, if it is in the log."""
+        with self._lock:
+            return self._keys.get(key)
+
+    def admit(self, records: int) -> None:
+        """Raise ``Backpressure`` if ``records`` more cannot be taken now."""
+        with self._lock:
+            unconsumed = [b for b in self._blocks if b.last > self._consumed]
+        queued = self.writer.queued_records
+        if (len(unconsumed) >= self.options.max_unconsumed_blocks
+                or sum(b.size for b in unconsumed) >= self.options.max_unconsumed_bytes):
+            raise Backpressure(503, max(1.0, self.options.block_interval_ms / 1000.0),
+                               f"{len(unconsumed)} blocks are waiting for the query "
+                               f"(maxUnconsumedBlocks {self.options.max_unconsumed_blocks}, "
+                               f"maxUnconsumedBytes {self.options.max_unconsumed_bytes})")
+        if queued >= 1_000_000:
+            raise Backpressure(503, 1.0, f"{queued} records are waiting to be written")
+        if self._limiter is not None:
+            wait = self._limiter.wait_time(records)
+            if wait > 0:
+                raise Backpressure(429, wait, f"over maxRate ({self.options.max_rate} records a second)")
+
+    def lag(self) -> dict[str, int]:
+        """Records and blocks durable but not yet in a planned batch (the receiver's lag)."""
+        with self._lock:
+            unconsumed = [b for b in self._blocks if b.last > self._consumed]
+            end = self._blocks[-1].last if self._blocks else -1
+        return {"unconsumedRecords": max(0, end - self._consumed), "unconsumedBlocks": len(unconsumed),
+                "unconsumedBytes": sum(b.size for b in unconsumed)}
+
+    # -- the Source contract
+    @property
+    def schema(self) -> StructType:
+        return self._schema
+
+    def initial_offset(self) -> Any:
+        return -1
+
+    def default_read_limit(self) -> ReadLimit:
+        if self.options.max_records_per_trigger:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        return ALL_AVAILABLE
+
+    def latest_offset(self, start: Any, limit: ReadLimit) -> Any:
+        begin = -1 if start is None else int(start)
+        with self._lock:
+            self._consumed = max(self._consumed, begin)
+            if not self._blocks:
+                return None if begin < 0 else begin
+            end = self._blocks[-1].last
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, begin + limit.rows)
+        return max(end, begin)
+
+    def report_latest_offset(self, latest: Any) -> Any:
+        with self._lock:
+            return self._blocks[-1].last if self._blocks else latest
+
+    def num_rows(self, start: Any, end: Any) -> int | None:
+        return int(end) - (-1 if start is None else int(start))
+
+    def metrics(self, consumed: Any) -> dict[str, str]:
+        return {k: str(v) for k, v in self.lag().items()}
+
+    def _pieces(self, start: int, end: int) -> list[tuple[str, int, int]]:
+        """(path, lo, hi) of each block overlapping records ``(start, end]``."""
+        with self._lock:
+            blocks = [b for b in self._blocks if b.last > start and b.first <= end]
+        if not blocks or blocks[0].first > start + 1 or blocks[-1].last < end:
+            have = f"records {blocks[0].first} to {blocks[-1].last}" if blocks else "no blocks"
+            raise CheckpointError(
+                f"{self}: the write-ahead log '{self._log.directory}' has {have} for records "
+                f"{start + 1} to {end}, which the offset log says batch (…, {end}] read. Blocks "
+                "were deleted (by hand, or a rollback past minBatchesToRetain): restore them, or "
+                "start the query on a new checkpoint location.")
+        return [(self._log.path(b.first), max(0, start + 1 - b.first), min(b.count, end + 1 - b.first))
+                for b in blocks]
+
+    def get_batch(self, start: Any, end: Any) -> DataFrame:
+        lo = -1 if start is None else int(start)
+        hi = int(end)
+        spark = self._context.spark
+        if hi <= lo:
+            return spark_internals.empty_batch(spark, self._schema)
+        pieces = self._pieces(lo, hi)
+        tasks = min(len(pieces), max(1, spark.sparkContext.defaultParallelism))
+        groups = [pieces[i * len(pieces) // tasks:(i + 1) * len(pieces) // tasks] for i in range(tasks)]
+        return spark.range(0, tasks, 1, tasks).mapInArrow(_read_task(self._spec, groups), self._schema)
+
+    def commit(self, end: Any) -> None:
+        """Batch ``(…, end]`` is committed: remember it, and delete the blocks wholly at or
+        before the end of the batch ``minBatchesToRetain`` commits back."""
+        end = int(end)
+        if self._committed and self._committed[-1] >= end:
+            return
+        self._committed.append(end)
+        if len(self._committed) <= self._retain:
+            return
+        threshold = self._committed.popleft()
+        with self._lock:
+            # never the newest block: the next record's index is known from it after a restart
+            doomed = [b for b in self._blocks[:-1] if b.last <= threshold]
+        for b in doomed:
+            self._log.delete(b.first)
+            with self._lock:
+                self._blocks.remove(b)
+                for k in b.keys:
+                    self._keys.pop(k, None)
+
+    def stop(self) -> None:
+        try:
+            self.stop_receiver()
+        finally:
+            self.writer.stop()
+
+    def stop_receiver(self) -> None:
+        pass

@@ -1,0 +1,156 @@
+"""``socket``: Spark's text socket source, made replayable by a receiver's write-ahead log.
+
+Options are Spark's: ``host``, ``port`` (both required), ``includeTimestamp`` (adds the
+time each line was read); the schema is Spark's ``value STRING`` (``, timestamp
+TIMESTAMP``). As Spark's TextSocketSource, the receiver connects to ``host:port`` as a
+client when the query starts and reads UTF-8 lines until the peer closes the
+connection. Unlike Spark's, every line goes into a block of the write-ahead log
+(docs/receivers.md) before a batch can read it, so batches are replayed after a crash
+with exactly the same lines, and a restart continues after the last logged line (and
+connects again). The socket protocol has no acknowledgements: lines read but not yet in
+a durable block when the process dies are lost; lines in a block are read exactly once.
+
+Receiver options (docs/receivers.md): ``ackMode`` (default ``interval``: one block per
+``blockInterval``), ``blockInterval``, ``maxRecordsPerTrigger``, ``maxRate`` (the reader
+reads no faster), ``maxUnconsumedBlocks``/``maxUnconsumedBytes`` (the reader stops
+reading, and TCP holds the sender back).
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pyarrow as pa
+from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+
+from microbatch import spark_internals
+from microbatch.errors import AnalysisException
+from microbatch.sources.base import SourceProvider
+from microbatch.sources.receiver import Backpressure, ReceiverOptions, ReceiverSource
+
+log = logging.getLogger(__name__)
+
+SCHEMA_REGULAR = StructType([StructField("value", StringType(), True)])
+SCHEMA_TIMESTAMP = StructType([StructField("value", StringType(), True),
+                               StructField("timestamp", TimestampType(), True)])
+
+
+def _include_timestamp(options) -> bool:
+    value = str(options.get("includeTimestamp", "false")).strip().lower()
+    if value not in ("true", "false"):
+        raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1297")
+    return value == "true"
+
+
+class TextSocketSource(ReceiverSource):
+    default_ack_mode = "interval"
+    retry_failed_writes = True     # a line read cannot be refused: retry until it is logged
+
+    def __init__(self, context, options, schema: StructType):
+        self.host = options["host"]
+        self.port = int(options["port"])
+        self.include_timestamp = _include_timestamp(options)
+        super().__init__(context, options, schema)
+        self._stopping = threading.Event()
+        try:
+            # as Spark's: the connection is made when the query starts, and a refused one fails it
+            self._socket = socket.create_connection((self.host, self.port), timeout=30)
+        except BaseException:
+            self.writer.stop()
+            raise
+        self._socket.settimeout(0.5)
+        self._thread = threading.Thread(target=self._receive, daemon=True, name=f"{self} receiver")
+        self._thread.start()
+
+    def _records(self, lines: list[str]) -> pa.Table:
+        columns = {"value": pa.array(lines, pa.string())}
+        if self.include_timestamp:
+            now_us = int(time.time() * 1_000_000)
+            columns["timestamp"] = pa.array([now_us] * len(lines), pa.timestamp("us", tz="UTC"))
+        return pa.table(columns)
+
+    def _wait_for_admission(self, n: int) -> bool:
+        """Hold the reader while the receiver cannot take ``n`` lines; False when stopping."""
+        while not self._stopping.is_set():
+            try:
+                self.admit(n)
+                return True
+            except Backpressure as e:
+                self._stopping.wait(min(e.retry_after, 0.5))
+        return False
+
+    def _receive(self) -> None:
+        buffer = b""
+        try:
+            while not self._stopping.is_set():
+                try:
+                    chunk = self._socket.recv(65536)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    if not self._stopping.is_set():
+                        log.warning("%s: the connection failed; no more lines are read", self)
+                    return
+                if not chunk:
+                    log.info("Stream closed by %s:%d", self.host, self.port)
+                    if buffer:   # Spark's readLine gives the last line without its newline
+                        self._take([buffer])
+                    return
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                if complete:
+                    self._take(complete)
+        except Exception:  # noqa: BLE001 - the reader thread must not die silently
+            log.exception("%s: the receiver failed", self)
+
+    def _take(self, raw: list[bytes]) -> None:
+        lines = [r[:-1] if r.endswith(b"\r") else r for r in raw]
+        if self.options.ack_mode == "record" or self.options.max_rate:
+            step = 1 if self.options.ack_mode == "record" else max(1, self.options.max_rate // 10)
+        else:
+            step = len(lines)
+        for i in range(0, len(lines), step):
+            part = lines[i:i + step]
+            if not self._wait_for_admission(len(part)):
+                return
+            self.writer.submit(self._records([p.decode("utf-8", errors="replace") for p in part]))
+
+    def stop_receiver(self) -> None:
+        self._stopping.set()
+        try:
+            self._socket.close()
+        except OSError:
+            pass
+        self._thread.join(5)
+
+    def __str__(self) -> str:
+        return f"TextSocketV2[host: {self.host}, port: {self.port}]"
+
+
+class TextSocketSourceProvider(SourceProvider):
+    short_name = "socket"
+
+    def resolve_schema(self, spark, options, user_schema):
+        if "host" not in options:
+            raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1295")
+        if "port" not in options:
+            raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1296")
+        if user_schema is not None:
+            raise AnalysisException(
+                "The socket source does not support a user-specified schema: its schema is "
+                "value STRING (with includeTimestamp, and timestamp TIMESTAMP). Remove the "
+                ".schema(...) call.")
+        try:
+            port = int(str(options["port"]).strip())
+        except ValueError:
+            raise AnalysisException(
+                f"Invalid value '{options['port']}' for option 'port': expected a port number.") from None
+        if not 0 < port < 65536:
+            raise AnalysisException(f"Invalid value '{port}' for option 'port': use 1 to 65535.")
+        ReceiverOptions.parse(options, TextSocketSource.default_ack_mode)
+        return SCHEMA_TIMESTAMP if _include_timestamp(options) else SCHEMA_REGULAR
+
+    def create(self, context, options, schema):
+        return TextSocketSource(context, options, schema)
