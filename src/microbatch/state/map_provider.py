@@ -8,8 +8,9 @@ the state. Maintenance (after a commit, when due) writes a snapshot once more th
 ``minDeltasForSnapshot`` deltas follow the last one, and deletes files no retained
 version needs.
 
-When the keys are types Arrow joins on and the operator changes a version a batch
-at a time (``insert_new``, ``remove_at_or_below``: deduplication), the provider
+When the keys are types Arrow joins on (or structs of them, a window) and the operator
+changes a version a batch at a time (``insert_new``, ``remove_at_or_below``:
+deduplication; ``matching_rows``, ``put_rows``, ``take_rows_at_or_below``: aggregation), the provider
 keeps its memory as Arrow tables instead (``state.table_form``): the same files,
 hash joins instead of a Python call per key. A store uses the form its first call
 asks for; the provider drops the other form's memory.
@@ -35,7 +36,7 @@ from microbatch import crash_points
 from microbatch.state.files import REMOVED, StateFiles
 from microbatch.state.store import (Key, StateStore, StateStoreConf, StateStoreId,
                                     StateStoreMetrics, StateStoreProvider, Value)
-from microbatch.state.table_form import TableChanges, TableVersions, joinable
+from microbatch.state.table_form import TableChanges, TableVersions, table_key
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,30 @@ class MapStateStore(StateStore):
         names = self._table.versions.key_names if key_field is not None else self._table.versions.value_names
         return self._table.remove_at_or_below(bound, names[key_field if key_field is not None else value_field])
 
+    def in_tables(self) -> bool:
+        return self._in_tables()
+
+    def matching_rows(self, keys: pa.Table) -> pa.Table:
+        self._use("table")
+        return self._table.matching(keys)
+
+    def put_rows(self, rows: pa.Table) -> None:
+        self._use("table")
+        self._check_open()
+        self._table.upsert(rows)
+
+    def take_rows_at_or_below(self, bound: int, *, key_field: int, struct_field: int | None = None) -> pa.Table:
+        self._use("table")
+        self._check_open()
+        return self._table.take_at_or_below(bound, self._table.versions.key_names[key_field], struct_field)
+
+    def rows(self) -> pa.Table:
+        self._use("table")
+        return self._table.rows()
+
     def num_keys(self) -> int:
-        if self._form == "table":
+        if self._in_tables():
+            self._use("table")
             return self._table.num_keys()
         self._use("map")
         base, pending = self.provider.map, self._pending
@@ -291,7 +314,7 @@ class MapStateStoreProvider(StateStoreProvider):
         self._memory_per_entry = 0
         #: whether the table form can hold this store: Arrow joins on every key type and
         #: carries every value type through a join (nested values it does not)
-        self.tables_fit = all(joinable(f.type) for f in key_schema) and \
+        self.tables_fit = len(key_schema) > 0 and all(table_key(f.type) for f in key_schema) and \
             not any(pa.types.is_nested(f.type) for f in value_schema)
         self.tables = TableVersions(self.files)
 

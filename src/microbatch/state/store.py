@@ -219,6 +219,30 @@ class StateStore(ABC):
         self.remove_many(expired)
         return len(expired)
 
+    # -- a batch at a time, as Arrow tables (an optional form) -----------------------------
+    # Rows are tables of the key schema's columns named k0.., then the value schema's,
+    # v0.., in storage types. A store offers them only where ``in_tables()`` is true.
+    def in_tables(self) -> bool:
+        """Whether this version takes the row-table calls below (in Arrow's C++)."""
+        return False
+
+    def matching_rows(self, keys: pa.Table) -> pa.Table:
+        """The rows held for the keys of ``keys`` (columns k..), in no particular order."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
+
+    def put_rows(self, rows: pa.Table) -> None:
+        """Hold ``rows``: each replaces the row of its key."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
+
+    def take_rows_at_or_below(self, bound: int, *, key_field: int, struct_field: int | None = None) -> pa.Table:
+        """Remove the rows whose key field ``key_field`` (its struct field ``struct_field``)
+        is at or below ``bound``; return them."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
+
+    def rows(self) -> pa.Table:
+        """Every row held, this version's changes included."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
+
     def num_keys(self) -> int:
         """How many keys the store holds, its uncommitted changes included."""
         return sum(1 for _ in self.iterator())

@@ -48,13 +48,40 @@ def _fill_value(kind: pa.DataType) -> pa.Scalar:
     return pa.array([0]).cast(kind)[0]
 
 
-def anti_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
-    """The rows of ``left`` whose key (columns ``names``) is not in ``right``, in no
-    particular order; a null equals a null, as in Spark's grouping."""
-    if left.num_rows == 0 or right.num_rows == 0:
-        return left
-    columns, keys = left.column_names, []
+def table_key(kind: pa.DataType) -> bool:
+    """Whether the table form holds a key column of this type: one Arrow joins and groups
+    on, or a struct of such (a window), which joins and groups field by field."""
+    if pa.types.is_struct(kind):
+        return kind.num_fields > 0 and all(joinable(f.type) for f in kind)
+    return joinable(kind)
+
+
+def flat_keys(table: pa.Table, names: list[str]) -> tuple[pa.Table, list[str]]:
+    """``table`` with a column per field of each struct key column (and a null flag where
+    the struct itself has nulls), and the names of the key columns to join or group on."""
+    keys = []
     for name in names:
+        column = table.column(name)
+        if not pa.types.is_struct(column.type):
+            keys.append(name)
+            continue
+        for i, child in enumerate(column.flatten()):
+            table = table.append_column(f"__{name}_{i}", child)
+            keys.append(f"__{name}_{i}")
+        if column.null_count:
+            table = table.append_column(f"__{name}_null", pc.is_null(column))
+            keys.append(f"__{name}_null")
+    return table, keys
+
+
+def _join_ready(left: pa.Table, right: pa.Table, names: list[str]) -> tuple[pa.Table, pa.Table, list[str]]:
+    """Both sides with the key columns a hash join compares as Spark groups: struct keys
+    field by field, and a null equal to a null (a "filled" column and an is-null flag
+    per nullable key column)."""
+    left, flat = flat_keys(left, names)
+    right, _ = flat_keys(right, names)
+    keys = []
+    for name in flat:
         if left.column(name).null_count == 0 and right.column(name).null_count == 0:
             keys.append(name)
             continue
@@ -64,13 +91,59 @@ def anti_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
         right = right.append_column(filled, pc.fill_null(right.column(name), fill)) \
                      .append_column(flag, pc.is_null(right.column(name)))
         keys += [filled, flag]
+    return left, right, keys
+
+
+def anti_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
+    """The rows of ``left`` whose key (columns ``names``) is not in ``right``, in no
+    particular order; a null equals a null, as in Spark's grouping."""
+    if left.num_rows == 0 or right.num_rows == 0:
+        return left
+    return _filtered_by_join(left, right, names, "anti")
+
+
+def semi_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
+    """The rows of ``left`` whose key (columns ``names``) is in ``right``."""
+    if left.num_rows == 0 or right.num_rows == 0:
+        return left.slice(0, 0)
+    return _filtered_by_join(left, right, names, "semi")
+
+
+def _filtered_by_join(left: pa.Table, right: pa.Table, names: list[str], kind: str) -> pa.Table:
+    # The join carries only the keys and a row number (Acero carries no struct column),
+    # then the rows are taken from ``left``.
+    numbered = left.append_column("__index", pa.array(np.arange(left.num_rows, dtype=np.int64)))
+    numbered, right, keys = _join_ready(numbered, right, names)
+    numbered, right = numbered.select(keys + ["__index"]), right.select(keys)
     # Acero builds its hash table on the right input: build on the smaller side (a
     # batch's keys against a big state: 16 ms instead of 210 ms at 12k against 1.25M)
-    if left.num_rows <= right.num_rows:
-        joined = right.select(keys).join(left, keys=keys, join_type="right anti", use_threads=False)
+    if numbered.num_rows <= right.num_rows:
+        joined = right.join(numbered, keys=keys, join_type=f"right {kind}", use_threads=False)
     else:
-        joined = left.join(right.select(keys), keys=keys, join_type="left anti", use_threads=False)
-    return joined.select(columns)
+        joined = numbered.join(right, keys=keys, join_type=f"left {kind}", use_threads=False)
+    return left.take(joined.column("__index"))
+
+
+def group_rows(table: pa.Table, names: list[str], aggregates: list[tuple[str, str]]) -> pa.Table:
+    """One row per key (columns ``names``, structs included) of ``table``: each value
+    column of ``aggregates`` (name, Arrow hash aggregate: "sum", "min", "max") folded over
+    the key's rows, nulls skipped (all null: null). Columns keep their names and types."""
+    flat, keys = flat_keys(table, names)
+    grouped = flat.group_by(keys, use_threads=False).aggregate(
+        [(name, function) for name, function in aggregates])
+    columns = []
+    for name in names:
+        kind = table.schema.field(name).type
+        if not pa.types.is_struct(kind):
+            columns.append(grouped.column(name))
+            continue
+        children = [grouped.column(f"__{name}_{i}").combine_chunks() for i in range(kind.num_fields)]
+        mask = grouped.column(f"__{name}_null").combine_chunks() if f"__{name}_null" in grouped.column_names \
+            else None
+        columns.append(pa.StructArray.from_arrays(children, fields=list(kind), mask=mask))
+    for name, function in aggregates:
+        columns.append(grouped.column(f"{name}_{function}").cast(table.schema.field(name).type))
+    return pa.Table.from_arrays(columns, names=names + [name for name, _ in aggregates])
 
 
 class TableVersions:
@@ -219,8 +292,9 @@ class TableChanges:
         table = table.append_column("__row", pa.array(np.arange(n, dtype=np.int64)))
         first = table
         if n:
-            first = table.group_by(names, use_threads=False).aggregate([("__row", "min")])
-            first = first.select(names + ["__row_min"]).rename_columns(names + ["__row"])
+            flat, keys = flat_keys(table, names)
+            firsts = flat.group_by(keys, use_threads=False).aggregate([("__row", "min")]).column("__row_min")
+            first = table.take(firsts)
         current = pa.concat_tables([self.base, self.added]) if self.added.num_rows else self.base
         new = anti_join(first, current, names)
         rows = new.column("__row")
@@ -251,6 +325,51 @@ class TableChanges:
                 count += added_count
         self.removed_count += count
         return count
+
+    def matching(self, keys: pa.Table) -> pa.Table:
+        """The rows held (key and value columns) for the keys of ``keys`` (columns ``k..``)."""
+        names = self.versions.key_names
+        held = semi_join(self.base, keys, names)
+        if self.added.num_rows:
+            held = pa.concat_tables([held, semi_join(self.added, keys, names)])
+        return held
+
+    def upsert(self, rows: pa.Table) -> None:
+        """Hold ``rows`` (the table's columns and types): each replaces its key's row."""
+        names = self.versions.key_names
+        self.base = anti_join(self.base, rows, names)
+        self.added = pa.concat_tables([anti_join(self.added, rows, names), rows]) if self.added.num_rows \
+            else rows
+        self.inserted += rows.num_rows
+
+    def take_at_or_below(self, bound: int, column: str, field: int | None = None) -> pa.Table:
+        """Remove the rows whose ``column`` (its struct field ``field``) is at or below
+        ``bound``, and return them. Unlike ``remove_at_or_below``, a row added in this
+        version is recorded as removed too: it may replace a row of the version."""
+        def due(t: pa.Table) -> pa.Array:
+            values = t.column(column)
+            if field is not None:
+                values = pc.struct_field(values, [field])
+            return pc.fill_null(pc.less_equal(values, bound), False)
+        taken = []
+        for name in ("base", "added"):
+            table = getattr(self, name)
+            if not table.num_rows:
+                continue
+            mask = due(table)
+            expired = table.filter(mask)
+            if expired.num_rows:
+                taken.append(expired)
+                setattr(self, name, table.filter(pc.invert(mask)))
+        if not taken:
+            return self.versions.empty()
+        expired = pa.concat_tables(taken)
+        self.removed = pa.concat_tables([self.removed, expired])
+        self.removed_count += expired.num_rows
+        return expired
+
+    def rows(self) -> pa.Table:
+        return pa.concat_tables([self.base, self.added]) if self.added.num_rows else self.base
 
     def num_keys(self) -> int:
         return self.base.num_rows + self.added.num_rows
