@@ -80,6 +80,11 @@ class CheckpointError(AnalysisException):
     """A checkpoint that cannot be read or does not belong to this query."""
 
 
+class StorageUnavailableError(CheckpointError):
+    """The store of a checkpoint or an output failed past its retry limits (an outage):
+    the message names the location, the attempts and the settings that bound them."""
+
+
 class ConcurrentUpdateError(CheckpointError, AssertionError):
     """Two runs wrote the same batch of one checkpoint (Spark raises an AssertionError)."""
 

@@ -15,6 +15,26 @@ writers of the same entry (``create``) exactly one wins.
 and Spark's usual settings (``spark.hadoop.fs.s3a.endpoint``, ``...access.key``, ...,
 or the environment's credentials); no secret is ever logged or put in a message.
 
+**Faults of the store** (S3). Two bounded layers, each set by the S3A name Spark's users
+already set (``spark.hadoop.`` + the name; Hadoop's S3A defaults when unset), and no
+third: s3fs's own retry loop is off (``retries=1``).
+
+- botocore's standard retry mode retries each request on a connection error, a timeout,
+  500/502/503/504 and throttling (``SlowDown``), with exponential backoff and jitter:
+  ``fs.s3a.attempts.maximum`` retries (5), ``fs.s3a.connection.establish.timeout`` to
+  connect (30 s), ``fs.s3a.connection.timeout`` to wait for an answer (200 s). (Under it
+  aiohttp sends an idempotent request once more when a kept-alive connection was reset,
+  as RFC 9112 allows: at most twice per botocore attempt.)
+- Then this layer retries the whole operation on a transient failure, as S3A's retry
+  policy does: ``fs.s3a.retry.limit`` times (7), waiting ``fs.s3a.retry.interval``
+  (500 ms) doubled each time. Past that the operation fails with a
+  ``StorageUnavailableError`` naming the location, the attempts and the settings.
+
+A create whose outcome is unknown (the connection reset after the PUT was sent, the
+store may have written it) is retried as a create; finding the key taken, it reads the
+object back: the same content is this writer's own create (True), another is a lost race
+(False). A log entry is never written twice with different contents.
+
 ``FailingFileSystem`` wraps any file system and fails chosen writes; tests use it
 to break the batch protocol at each of its steps.
 
@@ -25,13 +45,19 @@ reaches the same stores (gcs, abfs, hdfs through pyarrow) with one API.
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
 import shutil
+import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import urlparse
 
-from microbatch.errors import CheckpointError
+from microbatch.errors import CheckpointError, StorageUnavailableError
+
+_log = logging.getLogger(__name__)
 
 
 class CheckpointFileSystem:
@@ -160,6 +186,89 @@ _S3A_SETTINGS = {
     "fs.s3a.session.token": "token",
     "fs.s3a.endpoint.region": "region_name",
 }
+#: S3A's retry settings (``spark.hadoop.`` + key) and Hadoop's defaults for them.
+_S3A_RETRY_DEFAULTS = {
+    "fs.s3a.attempts.maximum": "5",                  # botocore's retries of one request
+    "fs.s3a.retry.limit": "7",                       # this layer's retries of an operation
+    "fs.s3a.retry.interval": "500ms",                # its first wait, doubled each time
+    "fs.s3a.connection.establish.timeout": "30s",    # to connect
+    "fs.s3a.connection.timeout": "200s",             # to wait for an answer
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4, "h": 3.6e6, "d": 8.64e7}
+
+
+@dataclass(frozen=True)
+class S3Retries:
+    """The retry limits and timeouts of one S3 store (see the module docstring)."""
+    attempts_maximum: int = 5
+    retry_limit: int = 7
+    retry_interval_s: float = 0.5
+    connect_timeout_s: float = 30.0
+    read_timeout_s: float = 200.0
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, str] | None) -> "S3Retries":
+        def value(key: str) -> str:
+            given = conf.get(f"spark.hadoop.{key}") if conf else None
+            return str(given) if given not in (None, "") else _S3A_RETRY_DEFAULTS[key]
+
+        def count(key: str) -> int:
+            text = value(key).strip()
+            if not text.isdigit():
+                raise CheckpointError(
+                    f"spark.hadoop.{key} is '{text}', which is not a count. Set it to a whole "
+                    f"number of at least 0 (Hadoop's default: {_S3A_RETRY_DEFAULTS[key]}).")
+            return int(text)
+
+        def seconds(key: str) -> float:
+            text = value(key)
+            found = _DURATION.match(text.lower())
+            if not found:
+                raise CheckpointError(
+                    f"spark.hadoop.{key} is '{text}', which is not a duration. Give a number "
+                    f"of milliseconds or one with a unit, as Hadoop takes it: 500ms, 30s, 2m "
+                    f"(Hadoop's default: {_S3A_RETRY_DEFAULTS[key]}).")
+            return float(found.group(1)) * _UNIT_MS[found.group(2) or "ms"] / 1000.0
+
+        return cls(count("fs.s3a.attempts.maximum"), count("fs.s3a.retry.limit"),
+                   seconds("fs.s3a.retry.interval"), seconds("fs.s3a.connection.establish.timeout"),
+                   seconds("fs.s3a.connection.timeout"))
+
+    def botocore_config(self) -> dict:
+        """s3fs's ``config_kwargs``: botocore's retries and timeouts, explicit."""
+        return {"retries": {"mode": "standard", "total_max_attempts": self.attempts_maximum + 1},
+                "connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s}
+
+    def settings_text(self) -> str:
+        return (f"spark.hadoop.fs.s3a.attempts.maximum={self.attempts_maximum}, "
+                f"spark.hadoop.fs.s3a.retry.limit={self.retry_limit}, "
+                f"spark.hadoop.fs.s3a.retry.interval={self.retry_interval_s:g}s, "
+                f"spark.hadoop.fs.s3a.connection.timeout={self.read_timeout_s:g}s")
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether a failure of an S3 operation may pass if the operation is tried again: the
+    store or the network, not the request (a missing key, a denial, a taken key)."""
+    if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
+                          NotADirectoryError)):
+        return False
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(error, OSError):
+        return error.errno in (None, errno.EIO, errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT,
+                               errno.EREMOTEIO, errno.ECONNRESET, errno.ECONNREFUSED, errno.EPIPE)
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:       # pragma: no cover - s3fs needs botocore
+        return False
+    if isinstance(error, BotoCoreError):
+        return True
+    module = type(error).__module__ or ""
+    return module.startswith(("aiohttp", "http.client")) or type(error).__name__ in (
+        "IncompleteRead", "FSTimeoutError", "ResponseParserError")
+
+
 #: Stores whose fsspec implementation writes an object only if its key is free.
 _CONDITIONAL_CREATE = {"s3"}
 
@@ -170,22 +279,46 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
     Paths are ``<scheme>://bucket/key``; an object store has no directories, so
     ``mkdirs`` does nothing and a listing is the keys under a prefix."""
 
-    def __init__(self, scheme: str, fs: Any, settings: Mapping[str, str] | None = None):
+    def __init__(self, scheme: str, fs: Any, settings: Mapping[str, str] | None = None,
+                 retries: S3Retries | None = None):
         self.scheme = scheme
         self._fs = fs
         self._settings = dict(settings or {})   # spark.hadoop.fs.s3a.*: for the executors
+        self.retries = retries or S3Retries()
+        self._sleep = time.sleep
 
     def spec(self) -> tuple[str, tuple]:
         return self.scheme, tuple(sorted(self._settings.items()))
 
+    def _retrying(self, what: str, path: str, operation: Callable[[], Any]) -> Any:
+        """``operation()``, tried again on a transient failure (the module docstring)."""
+        wait = self.retries.retry_interval_s
+        for attempt in range(self.retries.retry_limit + 1):
+            try:
+                return operation()
+            except Exception as e:       # noqa: BLE001 - sorted by _transient
+                if not _transient(e):
+                    raise
+                if attempt == self.retries.retry_limit:
+                    raise StorageUnavailableError(
+                        f"Cannot {what} '{self.resolve(path)}': the store failed "
+                        f"{attempt + 1} times, each after botocore's own retries ({_reason(e)}). "
+                        f"The store is unreachable or failing; once it answers again, restart "
+                        f"the query: it resumes from its checkpoint. The limits are "
+                        f"{self.retries.settings_text()}.") from e
+                _log.warning("S3 %s of %s failed (%s); trying again in %.2f s (%d of %d)", what,
+                             self.resolve(path), _reason(e), wait, attempt + 1, self.retries.retry_limit)
+                self._sleep(wait)
+                wait *= 2
+
     def read_bytes(self, path: str) -> bytes:
-        return self._fs.cat_file(self._key(path))
+        return self._retrying("read", path, lambda: self._fs.cat_file(self._key(path)))
 
     def open_input(self, path: str) -> Any:
-        return self._fs.open(self._key(path), "rb")
+        return self._retrying("open", path, lambda: self._fs.open(self._key(path), "rb"))
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        self._fs.pipe_file(self._key(path), bytes(data))
+        self._retrying("write", path, lambda: self._fs.pipe_file(self._key(path), bytes(data)))
 
     def _key(self, path: str) -> str:
         parsed = urlparse(path)
@@ -197,8 +330,11 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
 
     def exists(self, path: str) -> bool:
         key = self._key(path)
-        self._fs.invalidate_cache(key)
-        return self._fs.exists(key)
+
+        def exists() -> bool:
+            self._fs.invalidate_cache(key)
+            return self._fs.exists(key)
+        return self._retrying("check", path, exists)
 
     def mkdirs(self, path: str) -> None:
         pass
@@ -207,21 +343,24 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         key = self._key(path)
         try:
             return [name.rstrip("/").rsplit("/", 1)[-1]
-                    for name in self._fs.ls(key, detail=False, refresh=True)]
+                    for name in self._retrying("list", path, lambda: self._fs.ls(key, detail=False, refresh=True))]
         except FileNotFoundError:
             return []
 
     def read_text(self, path: str) -> str:
-        return self._fs.cat_file(self._key(path)).decode("utf-8")
+        return self.read_bytes(path).decode("utf-8")
 
     def find(self, path: str) -> list[str]:
         key = self._key(path).rstrip("/")
-        self._fs.invalidate_cache(key)
-        return [f"{self.scheme}://{k}" for k in self._fs.find(key)]
+
+        def find() -> list[str]:
+            self._fs.invalidate_cache(key)
+            return self._fs.find(key)
+        return [f"{self.scheme}://{k}" for k in self._retrying("list", path, find)]
 
     def stat(self, path: str) -> tuple[int, int] | None:
         try:
-            info = self._fs.info(self._key(path), refresh=True)
+            info = self._retrying("stat", path, lambda: self._fs.info(self._key(path), refresh=True))
         except FileNotFoundError:
             return None
         modified = info.get("LastModified") or info.get("mtime")
@@ -229,24 +368,39 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         return int(info.get("size") or 0), ms
 
     def write(self, path: str, text: str) -> None:
-        self._fs.pipe_file(self._key(path), text.encode("utf-8"))
+        self.write_bytes(path, text.encode("utf-8"))
 
     def create(self, path: str, text: str) -> bool:
+        """A conditional PUT. Any attempt may have written the object without this writer
+        learning it (a reset after the request was sent; botocore and this layer then
+        send it again and find the key taken), so a taken key is read back: our content
+        is our create, another is a lost race."""
+        data = text.encode("utf-8")
         try:
-            self._fs.pipe_file(self._key(path), text.encode("utf-8"), mode="create")
+            self._retrying("create", path, lambda: self._fs.pipe_file(self._key(path), data, mode="create"))
         except FileExistsError:
-            return False
+            try:
+                return self.read_bytes(path) == data
+            except FileNotFoundError:     # deleted since: a clean-up; not ours to take
+                return False
+        except StorageUnavailableError as unavailable:
+            # every attempt's answer lost: one read (botocore's retries only) may still tell
+            try:
+                found = self._fs.cat_file(self._key(path))
+            except Exception:             # noqa: BLE001 - absent or unreadable: the outage stands
+                raise unavailable from unavailable.__cause__
+            return found == data
         return True
 
     def delete(self, path: str) -> None:
         try:
-            self._fs.rm_file(self._key(path))
+            self._retrying("delete", path, lambda: self._fs.rm_file(self._key(path)))
         except FileNotFoundError:
             pass
 
     def delete_tree(self, path: str) -> None:
         try:
-            self._fs.rm(self._key(path), recursive=True)
+            self._retrying("delete", path, lambda: self._fs.rm(self._key(path), recursive=True))
         except FileNotFoundError:
             pass
 
@@ -279,7 +433,9 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
             raise CheckpointError(
                 f"{what} '{location}': access to bucket '{bucket}' is denied "
                 f"({_reason(e)}). Give these credentials read and write access to it.") from None
-        except OSError as e:
+        except Exception as e:     # noqa: BLE001 - an unreachable endpoint is botocore's error
+            if not (isinstance(e, OSError) or _transient(e)):
+                raise
             raise CheckpointError(
                 f"{what} '{location}': cannot reach the store ({_reason(e)}). "
                 "Check spark.hadoop.fs.s3a.endpoint and the credentials.") from None
@@ -314,10 +470,14 @@ def storage_for(location: str, conf: Mapping[str, str] | None = None) -> Checkpo
         client_kwargs = {k: settings.pop(k) for k in ("endpoint_url", "region_name") if k in settings}
         if "endpoint_url" in client_kwargs and "://" not in client_kwargs["endpoint_url"]:
             client_kwargs["endpoint_url"] = "https://" + client_kwargs["endpoint_url"]
-        fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, **settings)
-        spark_settings = {f"spark.hadoop.{key}": conf[f"spark.hadoop.{key}"] for key in _S3A_SETTINGS
+        retries = S3Retries.from_conf(conf)
+        fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, config_kwargs=retries.botocore_config(),
+                               **settings)
+        fs.retries = 1      # s3fs's own loop off: botocore's and this layer's are the two, bounded
+        spark_settings = {f"spark.hadoop.{key}": conf[f"spark.hadoop.{key}"]
+                          for key in [*_S3A_SETTINGS, *_S3A_RETRY_DEFAULTS]
                           if conf and conf.get(f"spark.hadoop.{key}")}
-        return ObjectStoreFileSystem(scheme, fs, spark_settings)
+        return ObjectStoreFileSystem(scheme, fs, spark_settings, retries)
     import fsspec
     try:
         fsspec.get_filesystem_class(scheme)

@@ -25,6 +25,7 @@ same port. Test tooling only: threads, no TLS, one request at a time per connect
 """
 from __future__ import annotations
 
+import random
 import re
 import socket
 import struct
@@ -75,6 +76,7 @@ class _Rule:
     times: int | None             # None: until cleared
     method: str | None
     path: re.Pattern | None
+    chance: float = 1.0
     hits: int = 0
 
 
@@ -90,8 +92,9 @@ class Request:
 
 class FaultProxy:
     def __init__(self, upstream_port: int, *, http: bool = False, upstream_host: str = "127.0.0.1",
-                 port: int = 0):
+                 port: int = 0, seed: int = 0):
         self.upstream = (upstream_host, upstream_port)
+        self._random = random.Random(seed)        # for rules with a chance
         self.http = http
         self.latency = 0.0
         self.requests: list[Request] = []
@@ -118,14 +121,16 @@ class FaultProxy:
         return f"http://{self.address}"
 
     def inject(self, fault: Fault, *, times: int | None = 1, method: str | None = None,
-               path: str | None = None) -> None:
+               path: str | None = None, chance: float = 1.0) -> None:
         """Apply ``fault`` to the next ``times`` requests (``None``: every one until
-        ``clear()``) whose method is ``method`` and whose path matches the regex ``path``."""
+        ``clear()``) whose method is ``method`` and whose path matches the regex ``path``;
+        with ``chance`` < 1, to each such request with that probability (the proxy's
+        ``seed`` draws)."""
         if not self.http:
             raise ValueError("inject() needs an HTTP proxy (FaultProxy(..., http=True))")
         with self._lock:
             self._rules.append(_Rule(fault, times, method and method.upper(),
-                                     re.compile(path) if path else None))
+                                     re.compile(path) if path else None, chance))
 
     def clear(self) -> None:
         """Remove every rule, end a blackhole and an outage; latency back to 0."""
@@ -298,7 +303,7 @@ class FaultProxy:
                     pass
                 return
             elif fault.kind == "error":
-                client.sendall(_error_response(fault.status, request.path))
+                client.sendall(_error_response(fault.status, request.path, method))
                 continue
             if server is None:
                 server = self._connect_upstream(upstream)
@@ -323,6 +328,8 @@ class FaultProxy:
                 if rule.method and rule.method != request.method:
                     continue
                 if rule.path and not rule.path.search(request.path):
+                    continue
+                if rule.chance < 1.0 and self._random.random() >= rule.chance:
                     continue
                 rule.hits += 1
                 return rule.fault
@@ -411,7 +418,7 @@ def _read_response(reader, method: str) -> tuple[bytes, bool]:
     return raw + reader.read(), False             # until the server closes
 
 
-def _error_response(status: int, path: str) -> bytes:
+def _error_response(status: int, path: str, method: str) -> bytes:
     reason, code, message = _S3_ERRORS[status]
     request_id = uuid.uuid4().hex[:16].upper()
     body = ('<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -419,4 +426,4 @@ def _error_response(status: int, path: str) -> bytes:
             f"<RequestId>{request_id}</RequestId><HostId>fault-proxy</HostId></Error>").encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
             f"Content-Length: {len(body)}\r\nx-amz-request-id: {request_id}\r\n\r\n")
-    return head.encode() + body
+    return head.encode() + (b"" if method == "HEAD" else body)     # a HEAD's answer has no body
