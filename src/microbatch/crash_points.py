@@ -13,6 +13,8 @@ The steps, in the order a batch meets them (``execution.micro_batch`` has the pr
   ``source-file-cleaned``: the file source archived or deleted a file of batch N-1
   (``cleanSource``); ``logs-purged``: old offsets and commits entries deleted.
 - ``source-get-batch``: a source returned batch N's DataFrame (driver).
+- ``receiver-block-written`` (any time, on a receiver's block-writer thread): a block of
+  a receiver source (``socket``, ``http``) is durable and its senders not yet answered.
 - In the batch's Spark tasks (the count is per Python worker): ``state-loaded`` (a
   state store at version N handed to an operator), ``state-delta-written`` (a store
   committed version N+1), ``state-snapshot-written`` and ``state-cleanup`` (maintenance);

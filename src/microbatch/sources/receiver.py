@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from microbatch import spark_internals
+from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.fs import CheckpointFileSystem, storage_from_spec
 from microbatch.errors import AnalysisException, CheckpointError
 from microbatch.sources.base import ALL_AVAILABLE, ReadLimit, ReadMaxRows, Source, SourceContext
@@ -337,8 +337,9 @@ class BlockWriter:
             keys = [s.key for s in taken if s.key is not None]
             first = self.next_index
             try:
-                for part in parts:
-                    self._write(part, keys)
+                # a key says its request is wholly in the log: only the last block carries it
+                for i, part in enumerate(parts):
+                    self._write(part, keys if i == len(parts) - 1 else [])
             except Exception as e:  # noqa: BLE001 - any store error: nothing acknowledged
                 error = Backpressure(503, 1.0, f"the write-ahead log cannot be written "
                                                f"({type(e).__name__}); nothing was accepted")
@@ -359,6 +360,7 @@ class BlockWriter:
         while True:
             try:
                 self._log.write(first, data)
+                crash_points.reached("receiver-block-written")
                 break
             except Exception as e:  # noqa: BLE001
                 self.failed_writes += 1
