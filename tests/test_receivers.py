@@ -3,6 +3,7 @@ real HTTP clients and real sockets, replay after a restart, bad input, limits, c
 The SIGKILL tests are in test_receivers_crash.py (the ``faults`` marker)."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -16,10 +17,11 @@ import requests
 from pyspark.errors import AnalysisException
 
 from helpers import wait_for
-from microbatch.checkpoint.fs import LOCAL
+from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.errors import CheckpointError
 from microbatch.sources.http import BadInput, parse_json_lines
-from microbatch.sources.receiver import BlockLog, RateLimiter, encode_block
+from microbatch.sources.receiver import (Backpressure, BlockLog, BlockWriter, RateLimiter, ReceiverOptions,
+                                         encode_block)
 
 
 def free_port() -> int:
@@ -279,3 +281,58 @@ def test_json_lines_are_refused_by_line_without_their_content():
     with pytest.raises(BadInput) as bad:
         parse_json_lines(b'{"id": 1}\n{"id": 2, "ts": "not-a-time-XYZ"}\n', schema)
     assert bad.value.line == 2 and "not-a-time-XYZ" not in bad.value.reason
+
+
+def test_http_source_with_its_checkpoint_on_s3(ss, spark, tmp_path):
+    """The blocks go through the storage layer: one PUT each on S3, read by the tasks."""
+    from helpers import s3_lake
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    got: list[int] = []
+    with s3_lake(spark, "receivers"):
+        frame = ss.readStream.format("http").schema("id INT").option("port", port).load()
+        query = (frame.writeStream.foreachBatch(lambda df, _: got.extend(r.id for r in df.collect()))
+                 .option("checkpointLocation", "s3://receivers/ckpt").start())
+        wait_listening(port)
+        assert post(url, [{"id": 1}, {"id": 2}]).json() == {"accepted": 2, "first": 0}
+        query.processAllAvailable()
+        query.stop()
+        query = (frame.writeStream.foreachBatch(lambda df, _: got.extend(r.id for r in df.collect()))
+                 .option("checkpointLocation", "s3://receivers/ckpt").start())
+        wait_listening(port)
+        assert post(url, [{"id": 3}]).json() == {"accepted": 1, "first": 2}
+        query.processAllAvailable()
+        query.stop()
+    assert sorted(got) == [1, 2, 3]
+
+
+class FullDisk(CheckpointFileSystem):
+    """Local disk whose block writes fail while ``full`` (ENOSPC), as a full disk's do."""
+
+    full = False
+
+    def write_bytes(self, path, data):
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        super().write_bytes(path, data)
+
+
+def test_a_failed_block_write_acknowledges_nothing_and_the_log_recovers(tmp_path):
+    fs = FullDisk()
+    log_ = BlockLog(fs, str(tmp_path))
+    schema = pa.schema([("v", pa.string())])
+    durable: list = []
+    options = ReceiverOptions("block", 200, None, None, 10, 1 << 30)
+    writer = BlockWriter(log_, schema, [], options, lambda: 0, durable.append)
+    try:
+        fs.full = True
+        failed = writer.submit(pa.table({"v": ["a", "b"]}, schema=schema))
+        with pytest.raises(Backpressure) as e:
+            failed.future.result(10)
+        assert e.value.status == 503 and "nothing was accepted" in e.value.reason
+        assert durable == [] and fs.list(log_.directory) == []
+        fs.full = False      # space returns: the next block takes the same index, no gap
+        assert writer.submit(pa.table({"v": ["c"]}, schema=schema)).future.result(10) == 0
+        assert [(b.first, b.count) for b in log_.recover()] == [(0, 1)]
+    finally:
+        writer.stop()
