@@ -75,3 +75,25 @@ def test_a_second_process_is_refused_and_a_killed_run_does_not_block(spark, tmp_
     for where in runs:
         values = [r.value for r in spark.read.parquet(str(tmp_path / f"out-{where}")).collect()]
         assert values and len(values) == len(set(values)), f"{where}: a batch was written twice"
+
+
+def test_a_run_of_this_process_whose_release_failed_does_not_block_the_next(tmp_path):
+    """A run ended while its store refused writes (a full disk, an outage): its lease
+    still reads as held by this live process, but this process knows the run is over."""
+    from microbatch.checkpoint.fs import FailingFileSystem
+    from microbatch.checkpoint.run_lease import RunLease
+    from microbatch.errors import ConcurrentUpdateError
+    failing = {"on": False}
+    fs = FailingFileSystem(lambda op, path: failing["on"])
+    first = RunLease(fs, str(tmp_path), "q", "first")
+    first.acquire()
+    with pytest.raises(ConcurrentUpdateError, match="its process .* on this host is running"):
+        RunLease(fs, str(tmp_path), "q", "while-first-runs").acquire()
+    failing["on"] = True
+    first.release("the disk was full")            # its write fails; the lease reads as held
+    failing["on"] = False
+    assert "released" not in json.loads(fs.read_text(f"{tmp_path}/leases/1"))
+    second = RunLease(fs, str(tmp_path), "q", "second")
+    second.acquire()
+    assert second.number == 2
+    second.release()

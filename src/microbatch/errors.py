@@ -85,6 +85,10 @@ class StorageUnavailableError(CheckpointError):
     the message names the location, the attempts and the settings that bound them."""
 
 
+class StorageFullError(CheckpointError):
+    """A checkpoint's disk is full (ENOSPC, or a quota): the message names the file."""
+
+
 class ConcurrentUpdateError(CheckpointError, AssertionError):
     """Two runs wrote the same batch of one checkpoint (Spark raises an AssertionError)."""
 

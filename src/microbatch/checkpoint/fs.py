@@ -44,6 +44,7 @@ reaches the same stores (gcs, abfs, hdfs through pyarrow) with one API.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -52,12 +53,27 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import urlparse
 
-from microbatch.errors import CheckpointError, StorageUnavailableError
+from microbatch.errors import CheckpointError, StorageFullError, StorageUnavailableError
 
 _log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _space_for(path: str) -> Iterator[None]:
+    """A full disk (ENOSPC) or quota (EDQUOT) as an error naming the file; the writes
+    here leave nothing behind when it strikes (their temporary file is removed)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise StorageFullError(
+            f"Cannot write '{path}': no space left on its device ({errno.errorcode[e.errno]}: "
+            f"{os.strerror(e.errno)}). Nothing was half written. Free space there or move the "
+            "checkpoint to a larger disk, then restart the query: it resumes from its checkpoint.") from e
 
 
 class CheckpointFileSystem:
@@ -109,9 +125,13 @@ class CheckpointFileSystem:
         directory, name = os.path.split(path)
         self.mkdirs(directory)
         tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+        except BaseException:
+            self._remove_quietly(tmp)      # a disk that filled mid-write leaves no partial file
+            raise
         return tmp
 
     def spec(self) -> tuple[str, tuple]:
@@ -128,39 +148,42 @@ class CheckpointFileSystem:
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Atomically write ``path`` (temporary file, then rename), replacing it."""
-        directory, name = os.path.split(path)
-        self.mkdirs(directory)
-        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            self._remove_quietly(tmp)
-            raise
+        with _space_for(path):
+            directory, name = os.path.split(path)
+            self.mkdirs(directory)
+            tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                self._remove_quietly(tmp)
+                raise
 
     def write(self, path: str, text: str) -> None:
         """Atomically write ``path``, replacing it if it exists."""
-        tmp = self._write_temp(path, text)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            self._remove_quietly(tmp)
-            raise
+        with _space_for(path):
+            tmp = self._write_temp(path, text)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                self._remove_quietly(tmp)
+                raise
 
     def create(self, path: str, text: str) -> bool:
         """Atomically create ``path``; return False (writing nothing) if it exists."""
         if os.path.exists(path):
             return False
-        tmp = self._write_temp(path, text)
-        try:
-            os.link(tmp, path)
-        except OSError as e:
-            if e.errno == errno.EEXIST:
-                return False
-            raise
-        finally:
-            self._remove_quietly(tmp)
+        with _space_for(path):
+            tmp = self._write_temp(path, text)
+            try:
+                os.link(tmp, path)
+            except OSError as e:
+                if e.errno == errno.EEXIST:
+                    return False
+                raise
+            finally:
+                self._remove_quietly(tmp)
         return True
 
     def delete(self, path: str) -> None:

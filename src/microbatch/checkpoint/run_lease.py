@@ -59,6 +59,12 @@ def process_start(pid: int) -> str | None:
             return ""
 
 
+#: The runs whose lease this process holds now. A run of this process that ended without
+#: marking its lease released (the write failed: a full disk, a store down) is not live,
+#: though its process is: the lease record alone cannot tell, this set can.
+_HELD_HERE: set[str] = set()
+
+
 class RunLease:
     def __init__(self, fs: CheckpointFileSystem, checkpoint_root: str, query_id: str, run_id: str,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS):
@@ -103,6 +109,8 @@ class RunLease:
         if record.get("host") == socket.gethostname():
             started = process_start(int(record.get("pid", -1)))
             if started is not None and started == record.get("processStart"):
+                if int(record["pid"]) == os.getpid() and record.get("runId") not in _HELD_HERE:
+                    return None      # ended in this process; its release could not be written
                 return f"its process {record['pid']} on this host is running"
             return None
         age_ms = int(time.time() * 1000) - int(record.get("heartbeatMs", 0))
@@ -140,6 +148,7 @@ class RunLease:
             record = self._read(newest + 1) or {}
             raise self._refusal(record, "it started at the same moment and took the lease first")
         self.number = newest + 1
+        _HELD_HERE.add(self.run_id)
         for old in numbers[:-_KEEP]:
             self.fs.delete(f"{self.path}/{old}")
         self._heartbeat = threading.Thread(target=self._beat, daemon=True,
@@ -170,6 +179,7 @@ class RunLease:
         """Mark the lease released; ``failure``: the message of the error that ended the run
         (the checkpoint's dashboard shows it)."""
         self._stop.set()
+        _HELD_HERE.discard(self.run_id)
         if self._heartbeat is not None:
             self._heartbeat.join(5)
         if self.number is None:
