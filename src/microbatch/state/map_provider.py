@@ -312,10 +312,9 @@ class MapStateStoreProvider(StateStoreProvider):
         self._undo: dict[int, dict[Key, object]] = {}   # v -> how to go from v back to v-1
         self._deltas_since_snapshot = 0
         self._memory_per_entry = 0
-        #: whether the table form can hold this store: Arrow joins on every key type and
-        #: carries every value type through a join (nested values it does not)
-        self.tables_fit = len(key_schema) > 0 and all(table_key(f.type) for f in key_schema) and \
-            not any(pa.types.is_nested(f.type) for f in value_schema)
+        #: whether the table form can hold this store: Arrow joins and groups on every key
+        #: type (joins carry only keys and row numbers, so any value type goes)
+        self.tables_fit = len(key_schema) > 0 and all(table_key(f.type) for f in key_schema)
         self.tables = TableVersions(self.files)
 
     # -- the two forms ------------------------------------------------------------------

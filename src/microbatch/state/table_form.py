@@ -124,13 +124,74 @@ def _filtered_by_join(left: pa.Table, right: pa.Table, names: list[str], kind: s
     return left.take(joined.column("__index"))
 
 
+def _hash_ordered(kind: pa.DataType) -> bool:
+    """Whether Arrow's hash min/max orders this type as Spark's min/max do."""
+    return pa.types.is_integer(kind) or pa.types.is_date(kind)
+
+
+def sort_ordered(kind: pa.DataType) -> bool:
+    """Whether a sort orders this type as Spark's min/max do (a float's NaN above every
+    number; a struct field by field, a null field first; strings by their UTF-8 bytes)."""
+    def flat(t: pa.DataType) -> bool:
+        return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+                or pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_date(t))
+    if pa.types.is_struct(kind):
+        return kind.num_fields > 0 and all(flat(f.type) for f in kind)
+    return flat(kind)
+
+
+def foldable(function: str, kind: pa.DataType) -> bool:
+    """Whether ``group_rows`` folds a column of this type with ``function`` as Spark does."""
+    if function == "sum":
+        return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    return function in ("min", "max") and (_hash_ordered(kind) or sort_ordered(kind))
+
+
+def _ranks(column: pa.ChunkedArray, function: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's place in the order of its values (ascending; a struct field by field,
+    null fields first, NaN last). Ties rank the earlier row as the one max/min keeps (the
+    first, as Spark's buffer keeps its value unless a later one is strictly greater or
+    less). A null value ranks -1 for max and n for min: never chosen unless all are null."""
+    n = len(column)
+    values = column.combine_chunks()
+    parts = values.flatten() if pa.types.is_struct(values.type) else [values]
+    columns, sort_keys = {}, []
+    for i, part in enumerate(parts):
+        if pa.types.is_floating(part.type):   # Arrow places NaN with the nulls: sort on is-NaN first
+            columns[f"nan{i}"] = pc.is_nan(part)
+            sort_keys.append((f"nan{i}", "ascending", "at_start"))
+        columns[f"f{i}"] = part
+        sort_keys.append((f"f{i}", "ascending", "at_start"))
+    columns["row"] = pa.array(np.arange(n, dtype=np.int64))
+    sort_keys.append(("row", "descending" if function == "max" else "ascending", "at_start"))
+    order = pc.sort_indices(pa.table(columns), sort_keys=sort_keys).to_numpy()
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = np.arange(n, dtype=np.int64)
+    if values.null_count:
+        ranks[values.is_null().to_numpy(zero_copy_only=False)] = -1 if function == "max" else n
+    return ranks, order
+
+
 def group_rows(table: pa.Table, names: list[str], aggregates: list[tuple[str, str]]) -> pa.Table:
     """One row per key (columns ``names``, structs included) of ``table``: each value
-    column of ``aggregates`` (name, Arrow hash aggregate: "sum", "min", "max") folded over
-    the key's rows, nulls skipped (all null: null). Columns keep their names and types."""
+    column of ``aggregates`` (name, "sum", "min" or "max"; ``foldable``) folded over the
+    key's rows, nulls skipped (all null: null). Columns keep their names and types.
+
+    Sums, and min/max of integers and dates, are Arrow's hash aggregates. Min/max of
+    other types (floats, strings, structs) rank the rows by a sort and keep the row of
+    the key's highest (lowest) rank, in the same group-by."""
     flat, keys = flat_keys(table, names)
-    grouped = flat.group_by(keys, use_threads=False).aggregate(
-        [(name, function) for name, function in aggregates])
+    ranked = {}
+    requests = []
+    for name, function in aggregates:
+        if function in ("min", "max") and not _hash_ordered(table.schema.field(name).type):
+            ranks, order = _ranks(table.column(name), function)
+            ranked[name] = order
+            flat = flat.append_column(f"__rank_{name}", pa.array(ranks))
+            requests.append((f"__rank_{name}", function))
+        else:
+            requests.append((name, function))
+    grouped = flat.group_by(keys, use_threads=False).aggregate(requests)
     columns = []
     for name in names:
         kind = table.schema.field(name).type
@@ -141,8 +202,16 @@ def group_rows(table: pa.Table, names: list[str], aggregates: list[tuple[str, st
         mask = grouped.column(f"__{name}_null").combine_chunks() if f"__{name}_null" in grouped.column_names \
             else None
         columns.append(pa.StructArray.from_arrays(children, fields=list(kind), mask=mask))
+    n = table.num_rows
     for name, function in aggregates:
-        columns.append(grouped.column(f"{name}_{function}").cast(table.schema.field(name).type))
+        kind = table.schema.field(name).type
+        if name in ranked:
+            rank = grouped.column(f"__rank_{name}_{function}").to_numpy()
+            chosen = pa.array(np.where((rank < 0) | (rank >= n), 0, rank), mask=(rank < 0) | (rank >= n))
+            by_rank = table.column(name).take(pa.array(ranked[name]))
+            columns.append(by_rank.take(chosen))
+        else:
+            columns.append(grouped.column(f"{name}_{function}").cast(kind))
     return pa.Table.from_arrays(columns, names=names + [name for name, _ in aggregates])
 
 

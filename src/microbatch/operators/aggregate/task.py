@@ -15,8 +15,15 @@ a window is behind the watermark when its end is), a key at or before the
 previous batch's watermark is late in update and append mode: dropped and counted
 as ``numRowsDroppedByWatermark``. Eviction uses this batch's watermark.
 
-Values cross the state store as plain Python values: timestamps as int64
-microseconds, structs (a window) as tuples.
+Two ways through the store, the same results:
+
+- in Arrow (``_in_tables``), where every merge is one ``table_form.group_rows`` does
+  alike (sums of numbers; min and max of numbers, strings, dates, structs of them) and
+  the store keeps tables: the batch's
+  rows and the rows held for their keys are folded by one group-by; eviction is a
+  filter. Columns keep their storage types (timestamps as int64 microseconds).
+- value by value otherwise: values cross the store as plain Python values
+  (timestamps as int64 microseconds, structs such as a window as tuples).
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ import pyarrow.compute as pc
 
 from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
-from microbatch.state.table_form import group_rows, table_key
+from microbatch.state.table_form import foldable, group_rows, table_key
 from microbatch.operators.base import StateTask
 from microbatch.operators.event_time_stats import EventTimeStats
 
@@ -234,19 +241,15 @@ class AggregateTask(StateTask):
                     numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read)
 
     def _arrow_folds(self, value_storage: list[pa.DataType]) -> list[str] | None:
-        """Each buffer's fold as Arrow's hash aggregate, when every merge is one Arrow
-        does exactly as ``merge_buffers`` does: sums of numbers, min and max of integers
-        (a float's NaN orders differently in Arrow). Otherwise None."""
+        """Each buffer's fold in ``group_rows``, when every merge is one it does exactly
+        as ``merge_buffers`` does (sums of numbers; min and max of numbers, strings, dates
+        and structs of them). Otherwise None."""
         folds = []
         for kind, start, count, _ in self.merges:
             for j in range(start, start + count):
-                kind_of = value_storage[j]
-                if kind == "sum" and (pa.types.is_integer(kind_of) or pa.types.is_floating(kind_of)):
-                    folds.append("sum")
-                elif kind in ("min", "max") and (pa.types.is_integer(kind_of) or pa.types.is_date(kind_of)):
-                    folds.append(kind)
-                else:
+                if not foldable(kind, value_storage[j]):
                     return None
+                folds.append(kind)
         return folds if len(folds) == len(value_storage) else None
 
     def _in_tables(self, batches, store, partition: int, key_storage, value_storage, folds: list[str],
