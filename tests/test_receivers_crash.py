@@ -3,24 +3,26 @@
 Real processes: a child query (receiver_child.py: http -> parquet) in its own process
 group, its JVM and Python workers, killed with SIGKILL at chosen steps (a block durable
 and its senders not yet answered; the sink's manifest written) and at random moments.
-Client threads send numbered records in requests with an ``Idempotency-Key`` and retry
-each request until it is answered 200. Afterwards every record sent is in the sink
-exactly once.
+Client threads (``microbatch.testing.ingest_clients``) send numbered records in requests
+with an ``Idempotency-Key`` and retry each request until it is answered 200. Afterwards
+every record sent is in the sink exactly once. The chaos runner's ``receiver`` kind does
+the same at random moments only, in the source's default ``ackMode`` (``block``).
 """
 from __future__ import annotations
 
 import collections
-import json
 import os
+import re
 import random
-import threading
+import subprocess
+import sys
 import time
 
 import pytest
-import requests
 
 from child_process import Child
 from helpers import wait_for
+from microbatch.testing.ingest_clients import start_senders, stop_senders
 from test_receivers import free_port
 
 pytestmark = pytest.mark.faults
@@ -28,60 +30,13 @@ pytestmark = pytest.mark.faults
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "receiver_child.py")
 
 
-class Sender(threading.Thread):
-    """Sends ids client*1_000_000 + 0, 1, ... in requests of 1-5 records until told to
-    stop, each request retried (same key, same records) until it is acknowledged."""
-
-    def __init__(self, client: int, url: str, seed: int, deadline: float):
-        super().__init__(daemon=True)
-        self.client, self.url, self.deadline = client, url, deadline
-        self.rng = random.Random(seed)
-        self.acked: list[int] = []
-        self.stop = threading.Event()
-        self.error: str | None = None
-        self.retries = 0
-        self.duplicates = 0
-
-    def run(self) -> None:
-        next_id, seq = self.client * 1_000_000, 0
-        while not self.stop.is_set():
-            ids = list(range(next_id, next_id + self.rng.randint(1, 5)))
-            body = "".join(json.dumps({"id": i, "client": self.client}) + "\n" for i in ids)
-            headers = {"Content-Type": "application/x-ndjson", "Idempotency-Key": f"c{self.client}-{seq}"}
-            while True:
-                if time.monotonic() > self.deadline:
-                    self.error = "the deadline passed with a request unacknowledged"
-                    return
-                try:
-                    answer = requests.post(self.url, data=body, headers=headers, timeout=10)
-                except requests.RequestException:
-                    self.retries += 1
-                    time.sleep(0.1)
-                    continue
-                if answer.status_code == 200:
-                    self.duplicates += bool(answer.json().get("duplicate"))
-                    break
-                if answer.status_code in (429, 503):
-                    self.retries += 1
-                    time.sleep(min(1.0, float(answer.headers.get("Retry-After", "1"))))
-                    continue
-                self.error = f"answer {answer.status_code}: {answer.text[:200]}"
-                return
-            self.acked.extend(ids)
-            next_id += len(ids)
-            seq += 1
-            time.sleep(self.rng.uniform(0.0, 0.03))
-
-
-@pytest.mark.parametrize("ack_mode", ["interval", "block"])
-def test_every_acknowledged_record_is_in_the_sink_once_across_sigkills(spark, tmp_path, ack_mode):
+def test_every_acknowledged_record_is_in_the_sink_once_across_sigkills(spark, tmp_path):
+    ack_mode = "interval"   # group commit: a block holds several clients' requests
     port, out, ckpt = free_port(), tmp_path / "out", tmp_path / "ckpt"
     url = f"http://127.0.0.1:{port}/"
     rng = random.Random(f"receivers-{ack_mode}")
     deadline = time.monotonic() + 420
-    senders = [Sender(c, url, rng.random(), deadline) for c in range(3)]
-    for s in senders:
-        s.start()
+    senders = start_senders(url, 3, rng, deadline)
     steps = ["receiver-block-written:15", "random", "sink-manifest-written:3", "random"]
     for step in steps:
         env = {} if step == "random" else {"MICROBATCH_CRASH_AT": step}
@@ -99,12 +54,7 @@ def test_every_acknowledged_record_is_in_the_sink_once_across_sigkills(spark, tm
     try:
         child.wait_for("PROGRESS", timeout=180)
         time.sleep(1.0)
-        for s in senders:
-            s.stop.set()
-        for s in senders:
-            s.join(60)
-        assert all(s.error is None and not s.is_alive() for s in senders), [s.error for s in senders]
-        acked = collections.Counter(i for s in senders for i in s.acked)
+        acked = collections.Counter(stop_senders(senders))
 
         def sink_has_all() -> bool:
             try:
@@ -124,3 +74,19 @@ def test_every_acknowledged_record_is_in_the_sink_once_across_sigkills(spark, tm
     # the first kill came after a block was durable and before its senders heard: their
     # retries found their keys in the log
     assert sum(s.duplicates for s in senders) > 0
+
+
+def test_a_short_chaos_seed_of_the_receiver_kind_is_exactly_once(tmp_path):
+    """The chaos runner's ``receiver`` kind, as users run it: three kills at random moments
+    while its clients send; its own check says every acknowledged record is in the sink once."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1")
+    done = subprocess.run([sys.executable, "-m", "microbatch.testing.chaos", "--kills", "3", "--kinds", "receiver",
+                           "--seed", "20261127", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-3000:]
+    assert len(re.findall(r"^  receiver: kill \d/3 ", out, re.M)) == 3, out
+    summary = re.search(r"^receiver: 3 kills, 3 restarts, rows in (\d+), rows out (\d+), "
+                        r"missing 0, written twice 0: EXACTLY ONCE$", out, re.M)
+    assert summary and int(summary.group(1)) > 0 and summary.group(1) == summary.group(2), out

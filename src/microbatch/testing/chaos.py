@@ -25,6 +25,12 @@ The pipeline kinds (every one reads json files, ``maxFilesPerTrigger`` 1):
 - ``delta``: filter and project into the Delta sink; the table is read back by
   ``deltalake`` and by DuckDB's delta extension, which must agree.
 
+``--kinds receiver`` (not in the default set) has no input files: an ``http`` source
+(docs/receivers.md) into the file sink, while three client threads keep POSTing numbered
+records and retry every request (with its ``Idempotency-Key``) until it is answered 200,
+across the kills. At the end the clients stop, their last requests are answered, and
+every record answered 200 must be in the sink once (``rows in``: records acknowledged).
+
 The children run with small log retention, compaction intervals and snapshot
 intervals, so that a run of a few batches passes through every step of the protocol.
 The same children serve the crash-at-every-step test (``MICROBATCH_CRASH_AT``, see
@@ -47,6 +53,8 @@ import time
 from dataclasses import dataclass, field
 
 KINDS = ("stateless", "stateful", "foreach", "delta")
+#: every kind ``--kinds`` takes: the default ones and ``receiver`` (clients of an http source)
+ALL_KINDS = KINDS + ("receiver",)
 ROWS_PER_FILE = 10
 #: Confs of the children: small retention and intervals, so a few batches reach every
 #: protocol step (log purge and compaction, state snapshots and cleanup).
@@ -88,6 +96,13 @@ def feed(root: str, first: int, count: int) -> int:
 def writer(ss, kind: str, root: str):
     """The query of ``kind`` on ``root`` (in/, archive/, out/, ckpt/), not started."""
     from pyspark.sql import functions as F
+    if kind == "receiver":   # the port is chosen once per chain (``receiver_url``)
+        with open(os.path.join(root, "port")) as f:
+            port = int(f.read())
+        return (ss.readStream.format("http").schema("id INT, client INT").option("port", port)
+                .option("maxRecordsPerTrigger", 50).load()
+                .writeStream.format("parquet").option("path", os.path.join(root, "out"))
+                .option("checkpointLocation", os.path.join(root, "ckpt")))
     reader = ss.readStream.format("json").schema("id INT, name STRING, ts LONG") \
         .option("maxFilesPerTrigger", 1)
     if kind == "stateless":
@@ -128,9 +143,14 @@ def expected_and_actual(spark, kind: str, root: str) -> tuple[collections.Counte
     """(expected output rows, output rows, input rows), rows as tuples, by vanilla Spark
     batch reads of the input and of the output."""
     from pyspark.sql import functions as F
+    out = os.path.join(root, "out")
+    if kind == "receiver":   # every record the clients were answered 200 for, once
+        with open(os.path.join(root, "acked.json")) as f:
+            acked = collections.Counter((i,) for i in json.load(f))
+        return acked, collections.Counter(tuple(r) for r in spark.read.parquet(out).select("id").collect()), \
+            sum(acked.values())
     source = _all_input(spark, root)
     rows_in = source.count()
-    out = os.path.join(root, "out")
     if kind == "delta":
         expected = source.where("id % 3 != 0").withColumn("label", F.concat_ws("-", "name", "id"))
         return (collections.Counter(tuple(r) for r in expected.select("id", "name", "ts", "label").collect()),
@@ -180,10 +200,48 @@ def _delta_rows(table: str) -> collections.Counter:
 
 def finish(ss, kind: str, root: str) -> None:
     """Run the query on ``root`` to the end of its input in this process."""
+    if kind == "receiver":
+        _finish_receiver(ss, root)
+        return
     query = writer(ss, kind, root).trigger(availableNow=True).start()
     query.awaitTermination(600)
     if query.exception() is not None:
         raise query.exception()
+
+
+#: the clients of each ``receiver`` chain, by root, from its first run to ``finish``
+_SENDERS: dict[str, list] = {}
+
+
+def _receiver_url(root: str) -> str:
+    """The chain's port, chosen once: every run listens where the clients send."""
+    import socket
+    path = os.path.join(root, "port")
+    if not os.path.exists(path):
+        os.makedirs(root, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with open(path, "w") as f:
+            f.write(str(port))
+    with open(path) as f:
+        return f"http://127.0.0.1:{int(f.read())}/"
+
+
+def _finish_receiver(ss, root: str) -> None:
+    """Run the query here while the clients stop (their last requests are answered), then
+    until every logged record is in the sink; the acknowledged ids go to acked.json."""
+    from microbatch.testing.ingest_clients import stop_senders
+    query = writer(ss, "receiver", root).start()
+    try:
+        acked = stop_senders(_SENDERS.pop(root))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        raise query.exception()
+    with open(os.path.join(root, "acked.json"), "w") as f:
+        json.dump(acked, f)
 
 
 # -- the child process -----------------------------------------------------------
@@ -335,7 +393,12 @@ def kill_chain(kind: str, root: str, kills: int, rng: random.Random, log=print) 
     """Start, kill at a random moment and restart the query of ``kind`` ``kills`` times,
     feeding input between the runs."""
     result = Result(kind)
-    next_file = feed(root, 0, 3)
+    if kind == "receiver":
+        from microbatch.testing.ingest_clients import start_senders
+        _SENDERS[root] = start_senders(_receiver_url(root), 3, rng, time.monotonic() + 600 + 60 * kills)
+        next_file = 0
+    else:
+        next_file = feed(root, 0, 3)
     for run in range(kills):
         child = Child(kind, root)
         child.wait_for("STARTED", timeout=300)
@@ -357,7 +420,8 @@ def kill_chain(kind: str, root: str, kills: int, rng: random.Random, log=print) 
         result.kills.append((run, time.monotonic() - started, where, batch))
         log(f"  {kind}: kill {run + 1}/{kills} {time.monotonic() - started:5.2f} s after start, "
             f"batch {batch}: {where}")
-        next_file = feed(root, next_file, rng.randint(1, 3))
+        if kind != "receiver":   # the receiver's clients keep sending
+            next_file = feed(root, next_file, rng.randint(1, 3))
     result.restarts += 1
     return result
 
@@ -376,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m microbatch.testing.chaos", description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=100, help="SIGKILLs per pipeline kind (default 100)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock, printed)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"pipeline kinds (default {','.join(KINDS)})")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"pipeline kinds, of {','.join(ALL_KINDS)} (default {','.join(KINDS)})")
     parser.add_argument("--workdir", default=None, help="where input, output and checkpoints go (default: a temp dir)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "ROOT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
