@@ -125,6 +125,30 @@ def test_the_page_draws_a_running_query_live_and_shows_a_failed_query(dashboard,
     page.close()
 
 
+def test_the_page_draws_a_receivers_lag(dashboard, browser, tmp_path):
+    """A receiver source (docs/receivers.md) reports the records logged beyond each
+    batch's end; the page draws them (the chart is hidden for other sources)."""
+    from test_receivers import free_port, post, wait_listening
+    port = free_port()
+    query = (dashboard.readStream.format("http").schema("id INT").option("port", port)
+             .option("maxRecordsPerTrigger", 2).load()
+             .writeStream.format("noop").queryName("ingest").option("checkpointLocation", str(tmp_path / "ingest"))
+             .trigger(processingTime="300 milliseconds").start())
+    wait_listening(port)
+    assert post(f"http://127.0.0.1:{port}/", [{"id": i} for i in range(10)]).status_code == 200
+    wait_for(lambda: len(query.recentProgress) >= 5, what="five batches of two records")
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(dashboard.ui_url)
+    row = page.locator("#queries tbody tr", has_text="ingest")
+    row.wait_for()
+    row.locator("a").click()
+    wait_for(lambda: chart_points(page, "chart-receiver-lag") >= 5, what="the receiver lag chart")
+    assert page.locator("#chart-receiver-lag").is_visible()
+    assert page.evaluate("() => document.getElementById('chart-receiver-lag').data[0].y")[:5] == [8, 6, 4, 2, 0]
+    query.stop()
+    page.close()
+
+
 def test_metrics_have_sparks_names_labelled_by_query(dashboard, tmp_path):
     query = windowed_counts(dashboard, tmp_path / "metrics", "metered")
     wait_for(lambda: len(query.recentProgress) >= 2, what="two batches")

@@ -88,6 +88,9 @@ def test_http_records_acknowledged_are_read_exactly_once_across_a_restart(ss, sp
     assert post(url, [{"id": 5, "name": "x"}, {"id": 6}], key="b").json() == {"accepted": 2, "first": 5}
     query.processAllAvailable()
     assert sink_ids(spark, out) == list(range(7))
+    source = json.loads(query.lastProgress.json)["sources"][0]
+    assert source["endOffset"] == 6     # the last record's index
+    assert source["metrics"] == {"unconsumedRecords": "0", "unconsumedBlocks": "0", "unconsumedBytes": "0"}
     # a retry of an acknowledged request is answered again, and not logged twice
     again = post(url, [{"id": 5, "name": "x"}, {"id": 6}], key="b")
     assert again.status_code == 200 and again.json()["duplicate"] is True

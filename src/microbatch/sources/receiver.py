@@ -433,12 +433,14 @@ class ReceiverSource(Source):
             if wait > 0:
                 raise Backpressure(429, wait, f"over maxRate ({self.options.max_rate} records a second)")
 
-    def lag(self) -> dict[str, int]:
-        """Records and blocks durable but not yet in a planned batch (the receiver's lag)."""
+    def lag(self, after: int | None = None) -> dict[str, int]:
+        """Records and blocks durable beyond record ``after`` (default: the end of the last
+        planned batch): the receiver's lag behind the query."""
         with self._lock:
-            unconsumed = [b for b in self._blocks if b.last > self._consumed]
+            after = self._consumed if after is None else after
+            unconsumed = [b for b in self._blocks if b.last > after]
             end = self._blocks[-1].last if self._blocks else -1
-        return {"unconsumedRecords": max(0, end - self._consumed), "unconsumedBlocks": len(unconsumed),
+        return {"unconsumedRecords": max(0, end - after), "unconsumedBlocks": len(unconsumed),
                 "unconsumedBytes": sum(b.size for b in unconsumed)}
 
     # -- the Source contract
@@ -473,7 +475,8 @@ class ReceiverSource(Source):
         return int(end) - (-1 if start is None else int(start))
 
     def metrics(self, consumed: Any) -> dict[str, str]:
-        return {k: str(v) for k, v in self.lag().items()}
+        """The progress entry's ``metrics``: the receiver's lag behind the batch's end."""
+        return {k: str(v) for k, v in self.lag(-1 if consumed is None else int(consumed)).items()}
 
     def _pieces(self, start: int, end: int) -> list[tuple[str, int, int]]:
         """(path, lo, hi) of each block overlapping records ``(start, end]``."""

@@ -99,6 +99,21 @@ function drawCharts(progress) {
   ], layout("Watermark and event-time lag", {
     yaxis: {type: "date"}, yaxis2: {overlaying: "y", side: "right", title: {text: "lag (s)"}},
   }), config);
+  // receiver sources (socket, http) report the records logged beyond each batch's end
+  const receivers = new Map();
+  progress.forEach(p => (p.sources || []).forEach((source, i) => {
+    if (source.metrics && source.metrics.unconsumedRecords !== undefined && !receivers.has(i)) {
+      receivers.set(i, source.description);
+    }
+  }));
+  const lag = document.getElementById("chart-receiver-lag");
+  lag.hidden = receivers.size === 0;
+  if (receivers.size) {
+    Plotly.react(lag, [...receivers.entries()].map(([i, name]) => ({
+      x: batches, name: name, mode: "lines+markers",
+      y: progress.map(p => Number((((p.sources || [])[i] || {}).metrics || {}).unconsumedRecords)),
+    })), layout("Receiver lag: records logged, not yet in a batch"), config);
+  }
 }
 
 function showRuns(runs) {
