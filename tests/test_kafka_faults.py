@@ -1,0 +1,189 @@
+"""The Kafka source and sink while the broker fails under them: the Tansu broker behind
+the fault proxy (it advertises the proxy's address, so every client connection goes
+through it). An outage resets every connection and refuses new ones for N seconds, then
+the broker answers again with its data: what clients see of a broker restart.
+
+(A real restart of the process is not run: the broker here keeps topics in memory, and
+with its S3 storage it reported a wrong high watermark after a restart.)
+
+- shorter than the timeouts (``fetchOffset.numRetries`` x ``retryIntervalMs`` on the
+  driver, ``kafkaConsumer.pollTimeoutMs`` in tasks, the producer's ``delivery.timeout.ms``):
+  ridden out, every record once;
+- longer: the query fails naming Kafka, the servers and the setting; the restart resumes,
+  and the exactly-once sink writes each row once across the failed batch."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
+
+from file_inputs import write_json_files
+from microbatch.testing.fault_proxy import FaultProxy
+from microbatch.testing.kafka_broker import KafkaBroker, free_port
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def proxied():
+    port = free_port()
+    with FaultProxy(port) as proxy:
+        broker = KafkaBroker(port=port, advertised_port=proxy.port)
+        try:
+            yield broker, proxy
+        finally:
+            broker.close()
+
+
+@pytest.fixture
+def broker(proxied):
+    broker, proxy = proxied
+    proxy.clear()
+    yield broker, proxy
+    proxy.clear()
+
+
+def wait_for(condition, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def kafka_to_parquet(ss, broker, topic, out, ckpt, **options):
+    reader = (ss.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+              .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 4))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return (reader.load().select(F.col("value").cast("string").alias("value"), "partition", "offset")
+            .writeStream.format("parquet").option("checkpointLocation", ckpt)
+            .trigger(processingTime="100 milliseconds").start(out))
+
+
+def test_the_source_rides_out_an_outage_shorter_than_its_retries(ss, spark, broker, tmp_path):
+    broker, proxy = broker
+    broker.create_topic("ride", 2)
+    broker.produce("ride", [(b"%d" % i, None, i % 2) for i in range(20)])
+    out = str(tmp_path / "out")
+    query = kafka_to_parquet(ss, broker, "ride", out, str(tmp_path / "ckpt"),
+                             **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
+    try:
+        wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, "two batches")
+        dropped = proxy.dropped
+        proxy.outage(3)                    # every connection reset, refused for 3 s; batches keep coming
+        assert proxy.dropped > dropped
+        time.sleep(3.5)
+        broker.produce("ride", [(b"%d" % i, None, i % 2) for i in range(20, 30)])
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 30, "every record")
+        assert query.isActive and query.exception() is None
+    finally:
+        query.stop()
+    values = sorted(int(r.value) for r in spark.read.parquet(out).collect())
+    assert values == list(range(30))       # every record once
+
+
+def test_the_source_fails_clearly_past_its_retries_and_the_restart_resumes(ss, spark, broker, tmp_path):
+    broker, proxy = broker
+    broker.create_topic("down", 2)
+    broker.produce("down", [(b"%d" % i, None, i % 2) for i in range(16)])
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    limits = {"fetchOffset.numRetries": 1, "fetchOffset.retryIntervalMs": 200, "kafkaConsumer.pollTimeoutMs": 1000}
+    query = kafka_to_parquet(ss, broker, "down", out, ckpt, **limits)
+    wait_for(lambda: query.lastProgress is not None, "a first batch")
+    dropped = proxy.dropped
+    proxy.outage(600)                      # down for good, as far as this query can wait
+    assert proxy.dropped > dropped
+    try:
+        query.awaitTermination(120)
+    except StreamingQueryException:
+        pass
+    assert not query.isActive, "the query outlived the broker's outage"
+    message = str(query.exception())
+    assert (f"from Kafka at {broker.bootstrap} after 2 attempts" in message
+            or "milliseconds (kafkaConsumer.pollTimeoutMs)" in message), message
+    proxy.clear()                          # the broker is back
+    again = kafka_to_parquet(ss, broker, "down", out, ckpt, **limits)
+    try:
+        wait_for(lambda: not again.isActive or spark.read.parquet(out).count() >= 16, "every record")
+        assert again.isActive and again.exception() is None
+    finally:
+        again.stop()
+    assert sorted(int(r.value) for r in spark.read.parquet(out).collect()) == list(range(16))
+
+
+def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batch(ss, broker, tmp_path):
+    """An outage of 1.5 s inside a batch's writes (shorter than delivery.timeout.ms): the
+    producers' retries deliver every record once. Then one of 8 s inside a batch whose
+    delivery timeout is 3 s: the batch fails naming the undelivered records; once the
+    broker is back the restart re-runs it, reads the topic back and writes only what is
+    missing: every row once."""
+    broker, proxy = broker
+    broker.create_topic("eo", 2)
+    src, flags = str(tmp_path / "in"), str(tmp_path / "flags")
+    os.makedirs(flags)
+    write_json_files(src, 0, 3, rows_per_file=20)
+
+    outages: list[int] = []
+
+    def outage_when_fired(seconds: float) -> threading.Thread:
+        """Start an outage when a task of the batch reaches the armed row."""
+        open(os.path.join(flags, "armed"), "w").close()
+
+        def watch():
+            wait_for(lambda: os.path.exists(os.path.join(flags, "fired")), "the armed row", 120)
+            dropped = proxy.dropped
+            proxy.outage(seconds)
+            outages.append(proxy.dropped - dropped)       # the live connections it reset
+            os.remove(os.path.join(flags, "armed"))
+            os.remove(os.path.join(flags, "fired"))
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        return thread
+
+    def run(delivery_timeout_ms: int):
+        def fire(i):
+            import os as _os
+            import time as _time
+            if i % 100 == 5 and _os.path.exists(_os.path.join(flags, "armed")):
+                open(_os.path.join(flags, "fired"), "w").close()
+                _time.sleep(0.5)           # the outage starts while the rest are produced
+            return i
+        firing = F.udf(fire, "int")
+        query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
+                 .select(F.to_json(F.struct(firing("id").alias("id"))).alias("value"))
+                 .writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                 .option("topic", "eo").option("microbatch.exactlyOnce", "true")
+                 .option("kafka.batch.num.messages", 1).option("kafka.delivery.timeout.ms", delivery_timeout_ms)
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(180)
+        except StreamingQueryException:
+            pass
+        assert not query.isActive, "the query did not end within its timeout"
+        return query
+
+    def ids() -> list[int]:
+        return sorted(json.loads(m.value())["id"] for m in broker.read_all("eo"))
+
+    watcher = outage_when_fired(1.5)
+    assert run(delivery_timeout_ms=30_000).exception() is None
+    watcher.join(5)
+    assert len(outages) == 1 and outages[0] > 0        # it struck inside the batch, connections open
+    assert ids() == sorted(i * 100 + j for i in range(3) for j in range(20))
+
+    write_json_files(src, 3, 2, rows_per_file=20)
+    watcher = outage_when_fired(8)
+    failed = run(delivery_timeout_ms=3000).exception()
+    watcher.join(5)
+    assert len(outages) == 2 and outages[1] > 0
+    assert failed is not None and "Kafka sink" in str(failed), failed
+    assert "not delivered within 3.0 s" in str(failed) or "was not written" in str(failed), str(failed)
+    wait_for(lambda: proxy._listener is not None, "the outage's end", 30)
+    assert run(delivery_timeout_ms=30_000).exception() is None
+    assert ids() == sorted(i * 100 + j for i in range(5) for j in range(20))    # each row once
