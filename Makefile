@@ -33,7 +33,8 @@ test-nexmark: setup
 test-connect: setup
 	$(PY) -m pytest -q -m connect
 
-# Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka
+# Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka;
+# S3, the broker and the disk failing under queries (docs/faults.md)
 test-faults: setup
 	$(PY) -m pytest -q -m faults
 
