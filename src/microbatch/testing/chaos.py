@@ -1,7 +1,7 @@
 """Seeded chaos: SIGKILL streaming queries at random moments, then check exactly-once.
 
     python -m microbatch.testing.chaos [--kills 100] [--seed 7] [--kinds stateless,stateful,foreach,delta]
-                                       [--workdir DIR]
+                                       [--workdir DIR] [--faults]
 
 For each pipeline kind the runner feeds json input files, starts the query in a child
 process of its own process group (the Python driver, Spark's JVM and its Python
@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import json
 import os
 import queue
@@ -109,7 +110,7 @@ def writer(ss, kind: str, root: str):
         reader = reader.option("cleanSource", "archive") \
             .option("sourceArchiveDir", os.path.join(root, "archive"))
     frame = reader.load(os.path.join(root, "in"))
-    out, ckpt = os.path.join(root, "out"), os.path.join(root, "ckpt")
+    out, ckpt = os.path.join(root, "out"), checkpoint_location(kind, root)
     if kind in ("stateless", "delta"):
         return (frame.where("id % 3 != 0").withColumn("label", F.concat_ws("-", "name", "id"))
                 .writeStream.format("parquet" if kind == "stateless" else "delta")
@@ -259,7 +260,7 @@ def child_main(kind: str, root: str) -> None:
             pass
 
     crash_points.arm()
-    ss = StreamingSession(conf=CHILD_CONF)
+    ss = StreamingSession(conf={**CHILD_CONF, **s3_settings()})
     ss.streams.addListener(PrintProgress())
     query = writer(ss, kind, root).trigger(processingTime="100 milliseconds").start()
     print("STARTED", flush=True)
@@ -344,8 +345,8 @@ NOTHING_YET = "before the first batch was planned"
 
 def landing(kind: str, root: str) -> tuple[str, int]:
     """Where in the batch protocol the last kill landed, and the batch."""
-    offsets = max(_ids(os.path.join(root, "ckpt", "offsets")), default=-1)
-    commits = max(_ids(os.path.join(root, "ckpt", "commits")), default=-1)
+    offsets = max(_checkpoint_ids(kind, root, "offsets"), default=-1)
+    commits = max(_checkpoint_ids(kind, root, "commits"), default=-1)
     if offsets < 0:
         return NOTHING_YET, -1
     if offsets == commits:
@@ -371,6 +372,89 @@ def _delta_txn(table: str) -> int:
                     if '"txn"' in line:
                         newest = max(newest, int(json.loads(line)["txn"]["version"]))
     return newest
+
+
+# -- faults of the store (--faults) ------------------------------------------------
+#: With ``--faults`` these kinds keep their checkpoints on S3: moto's server behind the
+#: fault proxy (microbatch.testing.fault_proxy), which fails requests at random (seeded)
+#: and goes down for 0.5-2.5 s every few seconds, shorter than the children's retry
+#: limits (FAULT_LIMITS), while the SIGKILLs go on. The output stays on local disk.
+FAULT_KINDS = ("stateless", "stateful", "foreach")
+FAULTS_ENV = "MICROBATCH_CHAOS_S3"          # the children's S3 settings, as JSON
+FAULT_BUCKET = "chaos"
+FAULT_LIMITS = {"spark.hadoop.fs.s3a.attempts.maximum": "3", "spark.hadoop.fs.s3a.retry.limit": "6",
+                "spark.hadoop.fs.s3a.retry.interval": "100ms", "spark.hadoop.fs.s3a.connection.timeout": "5s",
+                "spark.hadoop.fs.s3a.connection.establish.timeout": "2s"}
+
+
+def s3_settings() -> dict[str, str]:
+    """The S3 settings ``--faults`` gives every session (none without it)."""
+    raw = os.environ.get(FAULTS_ENV)
+    return json.loads(raw) if raw else {}
+
+
+def checkpoint_location(kind: str, root: str) -> str:
+    if os.environ.get(FAULTS_ENV) and kind in FAULT_KINDS:
+        return f"s3://{FAULT_BUCKET}/{os.path.basename(root)}/ckpt"
+    return os.path.join(root, "ckpt")
+
+
+def _checkpoint_ids(kind: str, root: str, log_name: str) -> set[int]:
+    location = checkpoint_location(kind, root)
+    if "://" not in location:
+        return _ids(os.path.join(location, log_name))
+    from microbatch.checkpoint.fs import storage_for
+    fs = storage_for(location, s3_settings())
+    return {int(n) for n in fs.list(f"{location}/{log_name}") if n.isdigit()}
+
+
+@dataclass
+class StoreFaults:
+    proxy: object
+    outages: int = 0
+
+    def summary(self) -> str:
+        faults = collections.Counter(r.fault for r in self.proxy.requests)
+        failed = sum(n for fault, n in faults.items() if fault != "pass")
+        return (f"store faults: {failed} of {sum(faults.values())} S3 requests failed "
+                f"({', '.join(f'{fault} {n}' for fault, n in sorted(faults.items()) if fault != 'pass')}), "
+                f"{self.outages} outages, connections reset {self.proxy.dropped}")
+
+
+@contextlib.contextmanager
+def store_faults(seed: int):
+    """moto's S3 behind a seeded fault proxy for the block; the children find its
+    settings in ``FAULTS_ENV``."""
+    import boto3
+
+    from microbatch.testing.fault_proxy import Fault, FaultProxy
+    from microbatch.testing.s3_server import s3_server
+    with s3_server() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="chaos", aws_secret_access_key="chaos",
+                     region_name="us-east-1").create_bucket(Bucket=FAULT_BUCKET)
+        with FaultProxy(int(endpoint.rsplit(":", 1)[1]), http=True, seed=seed) as proxy:
+            for fault in (Fault.error(503), Fault.error(500), Fault.reset(), Fault.reset_after_forward()):
+                proxy.inject(fault, times=None, chance=1 / 64)
+            faults = StoreFaults(proxy)
+            stop = threading.Event()
+
+            def outages() -> None:
+                rng = random.Random(f"{seed}-outages")
+                while not stop.wait(rng.uniform(3.0, 10.0)):
+                    proxy.outage(rng.uniform(0.5, 2.5))
+                    faults.outages += 1
+            thread = threading.Thread(target=outages, daemon=True, name="chaos store outages")
+            thread.start()
+            os.environ[FAULTS_ENV] = json.dumps({
+                "spark.hadoop.fs.s3a.endpoint": proxy.url, "spark.hadoop.fs.s3a.access.key": "chaos",
+                "spark.hadoop.fs.s3a.secret.key": "chaos", "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+                **FAULT_LIMITS})
+            try:
+                yield faults
+            finally:
+                stop.set()
+                thread.join(15)
+                os.environ.pop(FAULTS_ENV, None)
 
 
 # -- the runner ------------------------------------------------------------------
@@ -443,17 +527,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"pipeline kinds, of {','.join(ALL_KINDS)} (default {','.join(KINDS)})")
     parser.add_argument("--workdir", default=None, help="where input, output and checkpoints go (default: a temp dir)")
+    parser.add_argument("--faults", action="store_true",
+                        help=f"also fail the store: the checkpoints of {','.join(FAULT_KINDS)} on S3 behind a "
+                        "fault proxy (errors, resets, short outages), seeded (docs/faults.md)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "ROOT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child_main(*args.child)
         return 0
     import tempfile
-    from microbatch import StreamingSession
     seed = args.seed if args.seed is not None else int(time.time())
     workdir = args.workdir or tempfile.mkdtemp(prefix="microbatch-chaos-")
-    print(f"chaos: seed {seed}, {args.kills} kills per kind, workdir {workdir}", flush=True)
-    ss = StreamingSession(conf={k: v for k, v in CHILD_CONF.items() if not k.startswith("spark.driver")})
+    print(f"chaos: seed {seed}, {args.kills} kills per kind, workdir {workdir}"
+          f"{', store faults' if args.faults else ''}", flush=True)
+    with store_faults(seed) if args.faults else contextlib.nullcontext() as faults:
+        return _run_chains(args, seed, workdir, faults)
+
+
+def _run_chains(args, seed: int, workdir: str, faults: "StoreFaults | None") -> int:
+    from microbatch import StreamingSession
+    ss = StreamingSession(conf={**{k: v for k, v in CHILD_CONF.items() if not k.startswith("spark.driver")},
+                                **s3_settings()})
     kinds = args.kinds.split(",")
     # the kinds' chains run side by side (each child is a driver, a JVM and workers)
     with concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
@@ -471,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         for where, n in places.most_common():
             print(f"    {n:4d} kills {where}", flush=True)
         failed |= not result.ok
+    if faults is not None:
+        print(faults.summary(), flush=True)
     ss.spark.stop()
     return 1 if failed else 0
 
