@@ -1,7 +1,10 @@
-"""The query the receiver crash tests kill: ``python receiver_child.py PORT OUT CKPT ACKMODE``.
+"""The query the receiver crash tests kill:
+``python receiver_child.py PORT OUT CKPT ACKMODE [SOURCE]``.
 
-An http source on PORT (``id INT, client INT``) into parquet OUT, a processing-time
-trigger. Prints ``STARTED`` and ``PROGRESS <batchId>`` (child_process.PrintProgress).
+SOURCE ``http`` (default): an http source listening on PORT (``id INT, client INT``);
+``socket``: a socket source reading the line server on PORT (``value STRING``). Into
+parquet OUT, a processing-time trigger. Prints ``STARTED`` and ``PROGRESS <batchId>``
+(child_process.PrintProgress).
 """
 from __future__ import annotations
 
@@ -14,12 +17,18 @@ from child_process import PrintProgress
 
 def main() -> None:
     port, out, ckpt, ack_mode = sys.argv[1:5]
+    source = sys.argv[5] if len(sys.argv) > 5 else "http"
     crash_points.arm()
+    # the socket test reads the whole log back at the end: keep every block
+    retain = "3" if source == "http" else "1000"
     ss = StreamingSession(conf={"spark.sql.shuffle.partitions": "2",
-                                "spark.sql.streaming.minBatchesToRetain": "3"})
+                                "spark.sql.streaming.minBatchesToRetain": retain})
     ss.streams.addListener(PrintProgress())
-    frame = (ss.readStream.format("http").schema("id INT, client INT").option("port", port)
-             .option("ackMode", ack_mode).option("blockInterval", "50ms")
+    if source == "http":
+        reader = ss.readStream.format("http").schema("id INT, client INT").option("port", port)
+    else:
+        reader = ss.readStream.format("socket").option("host", "127.0.0.1").option("port", port)
+    frame = (reader.option("ackMode", ack_mode).option("blockInterval", "50ms")
              .option("maxRecordsPerTrigger", 50).load())
     query = (frame.writeStream.format("parquet").option("checkpointLocation", ckpt).option("path", out)
              .trigger(processingTime="100 milliseconds").start())
