@@ -144,7 +144,7 @@ class HttpIngestSource(ReceiverSource):
             while not self._server.started and self._thread.is_alive():
                 self._thread.join(0.02)
         except BaseException:
-            self.writer.stop()
+            self.stop_log()
             raise
         log.info("%s listening on http://%s:%d%s", self, self.host, self.port, self.path)
 

@@ -18,10 +18,12 @@ In short:
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures
 import json
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -391,7 +393,18 @@ class ReceiverSource(Source):
         self._log = BlockLog(context.fs, context.metadata_path)
         self._lock = threading.Lock()
         self._blocks: list[Block] = self._log.recover()
+        # for admission in O(log n) a request: each block's last record, and the bytes of
+        # the blocks up to each one (counted from before the oldest retained block)
+        self._lasts = [b.last for b in self._blocks]
+        self._bytes_before = 0
+        self._bytes_through: list[int] = []
+        for b in self._blocks:
+            self._bytes_through.append((self._bytes_through[-1] if self._bytes_through else 0) + b.size)
         self._keys: dict[str, int] = {k: b.first for b in self._blocks for k in b.keys}
+        # blocks of old batches are deleted off the batch's path, oldest first (no gap)
+        self._doomed: queue.Queue[int | None] = queue.Queue()
+        self._deleter = threading.Thread(target=self._delete_doomed, daemon=True, name=f"{self} clean-up")
+        self._deleter.start()
         self._consumed = -1            # the last record of a planned batch
         self._committed: collections.deque[int] = collections.deque()
         self._retain = int(context.spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
@@ -407,8 +420,19 @@ class ReceiverSource(Source):
     def _durable(self, block: Block) -> None:
         with self._lock:
             self._blocks.append(block)
+            self._lasts.append(block.last)
+            self._bytes_through.append((self._bytes_through[-1] if self._bytes_through
+                                        else self._bytes_before) + block.size)
             for k in block.keys:
                 self._keys[k] = block.first
+
+    def _unconsumed(self, after: int) -> tuple[int, int]:
+        """(blocks, bytes) holding records beyond ``after``; under the lock."""
+        i = bisect.bisect_right(self._lasts, after)
+        if i >= len(self._blocks):
+            return 0, 0
+        before = self._bytes_through[i - 1] if i else self._bytes_before
+        return len(self._blocks) - i, self._bytes_through[-1] - before
 
     def durable_first(self, key: str) -> int | None:
         """The block a request with this idempotency key went into, if it is in the log."""
@@ -418,12 +442,11 @@ class ReceiverSource(Source):
     def admit(self, records: int) -> None:
         """Raise ``Backpressure`` if ``records`` more cannot be taken now."""
         with self._lock:
-            unconsumed = [b for b in self._blocks if b.last > self._consumed]
+            blocks, size = self._unconsumed(self._consumed)
         queued = self.writer.queued_records
-        if (len(unconsumed) >= self.options.max_unconsumed_blocks
-                or sum(b.size for b in unconsumed) >= self.options.max_unconsumed_bytes):
+        if blocks >= self.options.max_unconsumed_blocks or size >= self.options.max_unconsumed_bytes:
             raise Backpressure(503, max(1.0, self.options.block_interval_ms / 1000.0),
-                               f"{len(unconsumed)} blocks are waiting for the query "
+                               f"{blocks} blocks are waiting for the query "
                                f"(maxUnconsumedBlocks {self.options.max_unconsumed_blocks}, "
                                f"maxUnconsumedBytes {self.options.max_unconsumed_bytes})")
         if queued >= 1_000_000:
@@ -438,10 +461,10 @@ class ReceiverSource(Source):
         planned batch): the receiver's lag behind the query."""
         with self._lock:
             after = self._consumed if after is None else after
-            unconsumed = [b for b in self._blocks if b.last > after]
+            blocks, size = self._unconsumed(after)
             end = self._blocks[-1].last if self._blocks else -1
-        return {"unconsumedRecords": max(0, end - after), "unconsumedBlocks": len(unconsumed),
-                "unconsumedBytes": sum(b.size for b in unconsumed)}
+        return {"unconsumedRecords": max(0, end - after), "unconsumedBlocks": blocks,
+                "unconsumedBytes": size}
 
     # -- the Source contract
     @property
@@ -514,20 +537,39 @@ class ReceiverSource(Source):
             return
         threshold = self._committed.popleft()
         with self._lock:
-            # never the newest block: the next record's index is known from it after a restart
-            doomed = [b for b in self._blocks[:-1] if b.last <= threshold]
-        for b in doomed:
-            self._log.delete(b.first)
-            with self._lock:
-                self._blocks.remove(b)
+            # a prefix of the blocks, never the newest: the next record's index is known
+            # from it after a restart
+            n = min(bisect.bisect_right(self._lasts, threshold), len(self._blocks) - 1)
+            if n <= 0:
+                return
+            doomed = self._blocks[:n]
+            self._bytes_before = self._bytes_through[n - 1]
+            del self._blocks[:n], self._lasts[:n], self._bytes_through[:n]
+            for b in doomed:
                 for k in b.keys:
                     self._keys.pop(k, None)
+        for b in doomed:
+            self._doomed.put(b.first)
+
+    def _delete_doomed(self) -> None:
+        while (first := self._doomed.get()) is not None:
+            try:
+                self._log.delete(first)
+            except Exception as e:  # noqa: BLE001 - left for the clean-up after a restart
+                log.warning("%s: deleting block %s failed (%s); it is deleted after a restart",
+                            self, block_name(first), type(e).__name__)
 
     def stop(self) -> None:
         try:
             self.stop_receiver()
         finally:
-            self.writer.stop()
+            self.stop_log()
+
+    def stop_log(self) -> None:
+        """Stop the block writer (what is queued is answered 503) and the clean-up."""
+        self.writer.stop()
+        self._doomed.put(None)
+        self._deleter.join(10)
 
     def stop_receiver(self) -> None:
         pass

@@ -58,7 +58,7 @@ class TextSocketSource(ReceiverSource):
             # as Spark's: the connection is made when the query starts, and a refused one fails it
             self._socket = socket.create_connection((self.host, self.port), timeout=30)
         except BaseException:
-            self.writer.stop()
+            self.stop_log()
             raise
         self._socket.settimeout(0.5)
         self._thread = threading.Thread(target=self._receive, daemon=True, name=f"{self} receiver")
