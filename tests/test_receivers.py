@@ -17,6 +17,7 @@ import requests
 from pyspark.errors import AnalysisException
 
 from helpers import wait_for
+from test_disk_full import fill, small_disk  # noqa: F401 - a fixture: a 2 MB tmpfs
 from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.errors import CheckpointError
 from microbatch.sources.http import BadInput, parse_json_lines
@@ -341,3 +342,34 @@ def test_a_failed_block_write_acknowledges_nothing_and_the_log_recovers(tmp_path
         assert [(b.first, b.count) for b in log_.recover()] == [(0, 1)]
     finally:
         writer.stop()
+
+
+def test_http_answers_503_while_the_disk_is_full_and_recovers_when_space_returns(ss, spark, small_disk):
+    """A real full disk (a 2 MB tmpfs, test_disk_full.py): the block cannot be written, the
+    sender hears 503 and nothing of it is logged; once space returns the next block takes
+    the same index, and the batches read exactly what was acknowledged."""
+    ckpt, port = os.path.join(small_disk, "ckpt"), free_port()
+    url = f"http://127.0.0.1:{port}/"
+    got: list[int] = []
+    frame = ss.readStream.format("http").schema("id INT").option("port", port).load()
+
+    def start(**trigger):
+        writer = (frame.writeStream.foreachBatch(lambda df, _: got.extend(r.id for r in df.collect()))
+                  .option("checkpointLocation", ckpt))
+        query = (writer.trigger(**trigger) if trigger else writer).start()
+        wait_listening(port)
+        return query
+
+    query = start(processingTime="1 hour")    # no batch writes while the disk is full
+    assert post(url, [{"id": 1}]).status_code == 200
+    filler = fill(small_disk)
+    full = post(url, [{"id": 2}])
+    assert full.status_code == 503 and int(full.headers["Retry-After"]) >= 1
+    assert "cannot be written" in full.json()["error"]
+    os.remove(filler)
+    assert post(url, [{"id": 3}]).json() == {"accepted": 1, "first": 1}
+    query.stop()
+    query = start()
+    query.processAllAvailable()
+    query.stop()
+    assert sorted(got) == [1, 3]
