@@ -12,7 +12,9 @@ generator's own rate (events generated in Spark tasks into ``noop``) and a plain
 scan of the files into ``noop``. microbatch also runs each query from the ``nexmark``
 source directly (no files), once.
 
-Prints a table (events/s of each engine, microbatch's wall time over Spark's) and writes
+Prints a table (events/s of each engine, microbatch's wall time over Spark's), and for
+each query where each engine's time goes per batch (its Spark job, ``addBatch``; the rest
+of the batch; the run outside its batches), and writes
 ``benchmarks/results/nexmark.json`` (and, with matplotlib, ``nexmark.png``).
 """
 from __future__ import annotations
@@ -29,15 +31,29 @@ RATE = 10_000_000.0        # Flink Nexmark's nexmark.yaml: 10M events/s
 BASE_TIME = 1_700_000_000_000
 
 
-def run_query(build, views, checkpoint: str, mode: str) -> float:
-    """Seconds from start to the end of an availableNow run of ``build(views)`` into noop."""
+def run_query(build, views, checkpoint: str, mode: str, phases: list | None = None) -> float:
+    """Seconds from start to the end of an availableNow run of ``build(views)`` into noop;
+    each batch's ``durationMs`` is appended to ``phases`` when given."""
     started = time.perf_counter()
     query = (build(views).writeStream.format("noop").outputMode(mode)
              .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
     query.awaitTermination()
     if query.exception() is not None:
         raise query.exception()
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    if phases is not None:
+        phases.extend(dict(p.durationMs) for p in query.recentProgress[1:])
+    return elapsed
+
+
+def phase_profile(phases: list[dict], runs: list[float], batches: int) -> dict:
+    """Where an engine's time goes, medians over the batches after the first: the
+    batch's Spark job (``addBatch``), the rest of the batch (offsets, planning, logs), and
+    the rest of the run (start, the first batch, stop) spread over the batches."""
+    add = statistics.median(p.get("addBatch", 0) for p in phases) if phases else 0
+    rest = statistics.median(p.get("triggerExecution", 0) - p.get("addBatch", 0) for p in phases) if phases else 0
+    outside = statistics.median(runs) * 1000 / batches - add - rest
+    return {"addBatch_ms": add, "rest_of_batch_ms": rest, "outside_batches_ms": round(outside, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,22 +117,28 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             query = QUERIES[name]
             spark_s, ours_s = [], []
+            phases = {"spark": [], "mb": []}
             run_query(query.build, views(ss), os.path.join(root, f"{name}-warm-mb"), query.output_mode)
             run_query(query.build, views(spark), os.path.join(root, f"{name}-warm-spark"), query.output_mode)
             for rep in range(args.reps):
                 engines = [("spark", spark, spark_s), ("mb", ss, ours_s)]
                 for label, session, sink in (engines if rep % 2 == 0 else engines[::-1]):
                     sink.append(run_query(query.build, views(session),
-                                          os.path.join(root, f"{name}-{label}-{rep}"), query.output_mode))
+                                          os.path.join(root, f"{name}-{label}-{rep}"), query.output_mode,
+                                          phases[label]))
             source_s = run_query(query.build, source_views(), os.path.join(root, f"{name}-source"), query.output_mode)
             row = {"query": name, "title": query.title, "events": args.events, "batches": args.batches,
                    "spark_s": spark_s, "microbatch_s": ours_s, "microbatch_source_s": source_s,
                    "spark_events_per_s": args.events / statistics.median(spark_s),
                    "microbatch_events_per_s": args.events / statistics.median(ours_s),
-                   "ratio": statistics.median(ours_s) / statistics.median(spark_s)}
+                   "ratio": statistics.median(ours_s) / statistics.median(spark_s),
+                   "spark_profile": phase_profile(phases["spark"], spark_s, args.batches),
+                   "microbatch_profile": phase_profile(phases["mb"], ours_s, args.batches)}
             results.append(row)
             print(f"{name:6} {row['spark_events_per_s']:>12,.0f} {row['microbatch_events_per_s']:>16,.0f} "
                   f"{row['ratio']:>6.2f} {args.events / source_s:>20,.0f}", flush=True)
+            print(f"       per batch (ms): Spark {row['spark_profile']}, microbatch {row['microbatch_profile']}",
+                  flush=True)
     for name, rate in floors.items():
         print(f"floor: {name}: {rate:,.0f} events/s")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -141,8 +163,8 @@ def _chart(results, floors, png: str) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.bar([i - 0.2 for i in x], [r["spark_events_per_s"] for r in results], 0.4, label="Spark's engine")
     ax.bar([i + 0.2 for i in x], [r["microbatch_events_per_s"] for r in results], 0.4, label="microbatch")
-    for name, rate in floors.items():
-        ax.axhline(rate, linestyle="--", linewidth=1, label=f"floor: {name}")
+    for (name, rate), (style, color) in zip(floors.items(), [("--", "tab:green"), (":", "tab:red")] * 4):
+        ax.axhline(rate, linestyle=style, color=color, linewidth=1.2, label=f"floor: {name}")
     ax.set_xticks(list(x), names)
     ax.set_ylabel("events / second")
     ax.legend(fontsize=8)
