@@ -144,3 +144,14 @@ def test_hadoop_durations_are_read_as_hadoop_reads_them():
                                    "spark.hadoop.fs.s3a.connection.establish.timeout": "5s"})
     assert (retries.retry_interval_s, retries.read_timeout_s, retries.connect_timeout_s) == (1.5, 120.0, 5.0)
     assert S3Retries.from_conf({}) == S3Retries(5, 7, 0.5, 30.0, 200.0)    # Hadoop's defaults
+
+
+def test_the_start_probe_rides_out_a_short_outage_and_names_a_long_one(proxy):
+    fs = store(proxy, retry_limit="6", retry_interval="200ms")
+    proxy.outage(1.5)
+    fs.check_reachable(f"s3://{BUCKET}/probe")               # a store down for a moment: the start goes on
+    assert any(r.path.startswith(f"/{BUCKET}/probe/.microbatch-write-probe-") for r in proxy.requests)
+    fs = store(proxy)
+    proxy.outage(60)
+    with pytest.raises(CheckpointError, match=rf"'s3://{BUCKET}/probe': cannot reach the store \(.*; tried 3 times\)"):
+        fs.check_reachable(f"s3://{BUCKET}/probe")

@@ -431,18 +431,18 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         """At start: the bucket must exist, and the credentials given must read it and
         write and delete under the location (a probe object, deleted at once)."""
         bucket = urlparse(location).netloc
-        try:
-            self._fs.ls(bucket, detail=False, refresh=True)
+        try:      # through the retries: a store failing for a moment does not fail a start
+            self._retrying("list", location, lambda: self._fs.ls(bucket, detail=False, refresh=True))
             probe = f"{self._key(location).rstrip('/')}/.microbatch-write-probe-{uuid.uuid4().hex}"
             try:
-                self._fs.pipe_file(probe, b"")
+                self._retrying("write", location, lambda: self._fs.pipe_file(probe, b""))
             except PermissionError as e:
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot write to it "
                     f"({_reason(e)}). Give them write and delete access (s3:PutObject, "
                     "s3:DeleteObject) under the location.") from None
             try:
-                self._fs.rm_file(probe)
+                self._retrying("delete", location, lambda: self._fs.rm_file(probe))
             except PermissionError as e:
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot delete objects "
@@ -456,8 +456,13 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
             raise CheckpointError(
                 f"{what} '{location}': access to bucket '{bucket}' is denied "
                 f"({_reason(e)}). Give these credentials read and write access to it.") from None
-        except Exception as e:     # noqa: BLE001 - an unreachable endpoint is botocore's error
-            if not (isinstance(e, OSError) or _transient(e)):
+        except StorageUnavailableError as e:
+            raise CheckpointError(
+                f"{what} '{location}': cannot reach the store ({_reason(e.__cause__ or e)}; "
+                f"tried {self.retries.retry_limit + 1} times). Check spark.hadoop.fs.s3a.endpoint "
+                "and the credentials.") from None
+        except Exception as e:     # noqa: BLE001 - an error botocore did not sort
+            if not isinstance(e, OSError):
                 raise
             raise CheckpointError(
                 f"{what} '{location}': cannot reach the store ({_reason(e)}). "
