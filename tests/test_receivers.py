@@ -284,6 +284,10 @@ def test_json_lines_are_refused_by_line_without_their_content():
     schema = pa.schema([("id", pa.int32()), ("ts", pa.timestamp("us", tz="UTC"))])
     table = parse_json_lines(b'{"id": 1, "ts": "2024-01-01T00:00:00Z"}\n\n{"id": 2, "extra": 1}\n', schema)
     assert table.to_pylist()[1] == {"id": 2, "ts": None}
+    assert parse_json_lines(b"", schema).num_rows == 0 and parse_json_lines(b"\n \n", schema).num_rows == 0
+    with pytest.raises(BadInput) as bad:
+        parse_json_lines(b'{"id": 1}\n[1, 2]\n', schema)
+    assert bad.value.line == 2
     with pytest.raises(BadInput) as bad:
         parse_json_lines(b'{"id": 1}\n{"id": 2, "ts": "not-a-time-XYZ"}\n', schema)
     assert bad.value.line == 2 and "not-a-time-XYZ" not in bad.value.reason

@@ -77,6 +77,8 @@ def _arrow_reason(error: Exception) -> str:
 
 
 def parse_json_lines(body: bytes, schema: pa.Schema) -> pa.Table:
+    if not body.strip():
+        return schema.empty_table()
     options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     read = pa_json.ReadOptions(use_threads=False, block_size=max(1 << 20, len(body) + 1))
     try:
