@@ -84,8 +84,8 @@ test-install-keeps-pyspark:
 	$$venv/bin/python .ci/keeps_pyspark.py
 
 # Seeded SIGKILL chaos for every pipeline kind: make chaos KILLS=100 SEED=7
-# (FAULTS=1: S3 fails under the checkpoints too, docs/faults.md)
+# (FAULTS=1: S3 and the broker fail too, docs/faults.md; KINDS=stateless,stateful,kafka)
 KILLS ?= 100
 SEED ?= $(shell date +%s)
 chaos: setup
-	$(PY) -m microbatch.testing.chaos --kills $(KILLS) --seed $(SEED)$(if $(FAULTS), --faults)
+	$(PY) -m microbatch.testing.chaos --kills $(KILLS) --seed $(SEED)$(if $(KINDS), --kinds $(KINDS))$(if $(FAULTS), --faults)

@@ -36,15 +36,16 @@ def test_a_short_chaos_seed_is_exactly_once(tmp_path):
 
 def test_a_short_chaos_seed_with_store_faults_is_exactly_once(tmp_path):
     """--faults: the checkpoints on S3 behind the fault proxy (errors, resets with the
-    outcome unknown, short outages, seeded) while the SIGKILLs go on."""
+    outcome unknown, short outages, seeded), and the kafka kind's broker behind one that
+    goes down now and then, while the SIGKILLs go on."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1")
     done = subprocess.run([sys.executable, "-m", "microbatch.testing.chaos", "--kills", "2", "--faults",
-                           "--kinds", "stateless,stateful", "--seed", "40", "--workdir", str(tmp_path)],
+                           "--kinds", "stateless,stateful,kafka", "--seed", "40", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=900)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
-    for kind in ("stateless", "stateful"):
+    for kind in ("stateless", "stateful", "kafka"):
         summary = re.search(rf"^{kind}: 2 kills, 2 restarts, rows in (\d+), rows out (\d+), "
                             r"missing 0, written twice 0: EXACTLY ONCE$", out, re.M)
         assert summary and int(summary.group(1)) > 0 and int(summary.group(2)) > 0, out

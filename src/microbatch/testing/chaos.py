@@ -31,6 +31,14 @@ records and retry every request (with its ``Idempotency-Key``) until it is answe
 across the kills. At the end the clients stop, their last requests are answered, and
 every record answered 200 must be in the sink once (``rows in``: records acknowledged).
 
+``--kinds kafka`` (not in the default set): the json files into the Kafka sink's
+exactly-once mode on a broker the runner starts; every input row must be in the topic once.
+
+``--faults`` fails the infrastructure too (docs/faults.md): the checkpoints of the
+stateless, stateful and foreach kinds go to S3 behind a seeded fault proxy (errors,
+resets, short outages), and the kafka kind's broker sits behind one that goes down for
+0.5-2.5 s every 5-15 s.
+
 The children run with small log retention, compaction intervals and snapshot
 intervals, so that a run of a few batches passes through every step of the protocol.
 The same children serve the crash-at-every-step test (``MICROBATCH_CRASH_AT``, see
@@ -55,7 +63,7 @@ from dataclasses import dataclass, field
 
 KINDS = ("stateless", "stateful", "foreach", "delta")
 #: every kind ``--kinds`` takes: the default ones and ``receiver`` (clients of an http source)
-ALL_KINDS = KINDS + ("receiver",)
+ALL_KINDS = KINDS + ("receiver", "kafka")
 ROWS_PER_FILE = 10
 #: Confs of the children: small retention and intervals, so a few batches reach every
 #: protocol step (log purge and compaction, state snapshots and cleanup).
@@ -106,6 +114,8 @@ def writer(ss, kind: str, root: str):
                 .option("checkpointLocation", os.path.join(root, "ckpt")))
     reader = ss.readStream.format("json").schema("id INT, name STRING, ts LONG") \
         .option("maxFilesPerTrigger", 1)
+    if kind == "kafka":
+        return kafka_writer(reader.load(os.path.join(root, "in")), root)
     if kind == "stateless":
         reader = reader.option("cleanSource", "archive") \
             .option("sourceArchiveDir", os.path.join(root, "archive"))
@@ -145,6 +155,8 @@ def expected_and_actual(spark, kind: str, root: str) -> tuple[collections.Counte
     batch reads of the input and of the output."""
     from pyspark.sql import functions as F
     out = os.path.join(root, "out")
+    if kind == "kafka":
+        return _kafka_expected_and_actual(spark, root)
     if kind == "receiver":   # every record the clients were answered 200 for, once
         with open(os.path.join(root, "acked.json")) as f:
             acked = collections.Counter((i,) for i in json.load(f))
@@ -374,6 +386,70 @@ def _delta_txn(table: str) -> int:
     return newest
 
 
+# -- the kafka kind (--kinds kafka) -----------------------------------------------
+#: ``kafka``: the json files into the Kafka sink's exactly-once mode (topic ``chaos``, two
+#: partitions, on a broker the runner starts: Tansu, behind the fault proxy with
+#: ``--faults``); the check reads the topic back: every input row in it once.
+KAFKA_ENV = "MICROBATCH_CHAOS_KAFKA"        # the broker's bootstrap servers, for the children
+KAFKA_TOPIC = "chaos"
+
+
+def kafka_writer(frame, root: str):
+    from pyspark.sql import functions as F
+    return (frame.select(F.to_json(F.struct("id", "name", "ts")).alias("value"))
+            .writeStream.format("kafka").option("kafka.bootstrap.servers", os.environ[KAFKA_ENV])
+            .option("topic", KAFKA_TOPIC).option("microbatch.exactlyOnce", "true")
+            .option("kafka.batch.num.messages", 1)     # the broker's quirk (testing/kafka_broker.py)
+            .option("checkpointLocation", os.path.join(root, "ckpt")))
+
+
+def _kafka_expected_and_actual(spark, root: str) -> tuple[collections.Counter, collections.Counter, int]:
+    from microbatch.testing.kafka_broker import KafkaBroker
+    source = _all_input(spark, root)
+    expected = collections.Counter(tuple(r) for r in source.select("id", "name", "ts").collect())
+    broker = KafkaBroker.__new__(KafkaBroker)      # the runner's broker, by its address only
+    broker.bootstrap = os.environ[KAFKA_ENV]
+    actual = collections.Counter()
+    for message in broker.read_all(KAFKA_TOPIC):
+        row = json.loads(message.value())
+        actual[(row["id"], row["name"], row["ts"])] += 1
+    return expected, actual, sum(expected.values())
+
+
+@contextlib.contextmanager
+def kafka_broker(seed: int, faults: bool):
+    """The broker of the ``kafka`` kind for the block (behind a fault proxy whose outages,
+    0.5-2.5 s every 5-15 s, stay under the sink's timeouts, with ``faults``)."""
+    from microbatch.testing.fault_proxy import FaultProxy
+    from microbatch.testing.kafka_broker import KafkaBroker, free_port
+    port = free_port()
+    proxy = FaultProxy(port) if faults else None
+    broker = KafkaBroker(port=port, advertised_port=proxy.port if proxy else None)
+    stop = threading.Event()
+    outages = [0]
+
+    def outage_loop() -> None:
+        rng = random.Random(f"{seed}-broker-outages")
+        while not stop.wait(rng.uniform(5.0, 15.0)):
+            proxy.outage(rng.uniform(0.5, 2.5))
+            outages[0] += 1
+    thread = threading.Thread(target=outage_loop, daemon=True, name="chaos broker outages")
+    try:
+        broker.create_topic(KAFKA_TOPIC, 2)
+        os.environ[KAFKA_ENV] = broker.bootstrap
+        if proxy is not None:
+            thread.start()
+        yield outages
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(20)
+        os.environ.pop(KAFKA_ENV, None)
+        broker.close()
+        if proxy is not None:
+            proxy.close()
+
+
 # -- faults of the store (--faults) ------------------------------------------------
 #: With ``--faults`` these kinds keep their checkpoints on S3: moto's server behind the
 #: fault proxy (microbatch.testing.fault_proxy), which fails requests at random (seeded)
@@ -540,8 +616,15 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="microbatch-chaos-")
     print(f"chaos: seed {seed}, {args.kills} kills per kind, workdir {workdir}"
           f"{', store faults' if args.faults else ''}", flush=True)
-    with store_faults(seed) if args.faults else contextlib.nullcontext() as faults:
-        return _run_chains(args, seed, workdir, faults)
+    with contextlib.ExitStack() as stack:
+        kinds = set(args.kinds.split(","))
+        faults = stack.enter_context(store_faults(seed)) if args.faults and kinds & set(FAULT_KINDS) else None
+        broker_outages = (stack.enter_context(kafka_broker(seed, args.faults))
+                          if "kafka" in kinds else None)
+        code = _run_chains(args, seed, workdir, faults)
+        if broker_outages is not None and args.faults:
+            print(f"broker faults: {broker_outages[0]} outages", flush=True)
+        return code
 
 
 def _run_chains(args, seed: int, workdir: str, faults: "StoreFaults | None") -> int:
