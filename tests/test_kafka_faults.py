@@ -129,7 +129,7 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
     os.makedirs(flags)
     write_json_files(src, 0, 3, rows_per_file=20)
 
-    outages: list[int] = []
+    outages: list[float] = []     # when each outage began
 
     def outage_when_fired(seconds: float) -> threading.Thread:
         """Start an outage when a task of the batch reaches the armed row."""
@@ -137,9 +137,9 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
 
         def watch():
             wait_for(lambda: os.path.exists(os.path.join(flags, "fired")), "the armed row", 120)
-            dropped = proxy.dropped
+            started = time.time()
             proxy.outage(seconds)
-            outages.append(proxy.dropped - dropped)       # the live connections it reset
+            outages.append(started)
             os.remove(os.path.join(flags, "armed"))
             os.remove(os.path.join(flags, "fired"))
         thread = threading.Thread(target=watch, daemon=True)
@@ -174,14 +174,16 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
     watcher = outage_when_fired(1.5)
     assert run(delivery_timeout_ms=30_000).exception() is None
     watcher.join(5)
-    assert len(outages) == 1 and outages[0] > 0        # it struck inside the batch, connections open
+    # it struck inside the first batch: before that batch's commit was written (whether a
+    # connection was open at that moment depends on the machine's pace, so it is not asked)
+    assert len(outages) == 1 and outages[0] < os.path.getmtime(str(tmp_path / "ckpt" / "commits" / "0"))
     assert ids() == sorted(i * 100 + j for i in range(3) for j in range(20))
 
     write_json_files(src, 3, 2, rows_per_file=20)
     watcher = outage_when_fired(8)
     failed = run(delivery_timeout_ms=3000).exception()
     watcher.join(5)
-    assert len(outages) == 2 and outages[1] > 0
+    assert len(outages) == 2     # and it struck inside the batch: the batch failed on it
     assert failed is not None and "Kafka sink" in str(failed), failed
     assert "not delivered within 3.0 s" in str(failed) or "was not written" in str(failed), str(failed)
     wait_for(lambda: proxy._listener is not None, "the outage's end", 30)
