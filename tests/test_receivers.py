@@ -21,8 +21,9 @@ from test_disk_full import fill, small_disk  # noqa: F401 - a fixture: a 2 MB tm
 from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.errors import CheckpointError
 from microbatch.sources.http import BadInput, parse_json_lines
-from microbatch.sources.receiver import (Backpressure, BlockLog, BlockWriter, RateLimiter, ReceiverOptions,
-                                         encode_block)
+from microbatch.sources.receiver import (Backpressure, BlockLog, BlockWriter, PIDRateEstimator, RateLimiter,
+                                         ReceiverOptions, encode_block)
+from microbatch.util import CaseInsensitiveOptions
 
 
 def free_port() -> int:
@@ -348,6 +349,67 @@ def test_a_failed_block_write_acknowledges_nothing_and_the_log_recovers(tmp_path
         writer.stop()
 
 
+class FailingWrite(CheckpointFileSystem):
+    """Local disk whose ``fail_at``-th block write fails (EIO), as a store error does."""
+
+    fail_at: int | None = None
+    writes = 0
+
+    def write_bytes(self, path, data):
+        self.writes += 1
+        if self.writes == self.fail_at:
+            raise OSError(errno.EIO, "Input/output error", path)
+        super().write_bytes(path, data)
+
+
+def test_ack_mode_record_writes_a_block_a_record_and_the_key_on_the_last(tmp_path):
+    """ackMode=record: each record is its own block, all durable before the answer; the
+    request's Idempotency-Key goes on its last block, so a key in the log means the whole
+    request is. A failure between a request's blocks answers 503 and leaves its first
+    records logged without the key: its retry logs them again (at least once)."""
+    fs = FailingWrite()
+    log_ = BlockLog(fs, str(tmp_path))
+    schema = pa.schema([("v", pa.string())])
+    durable: list = []
+    options = ReceiverOptions("record", 200, None, None, 100, 1 << 30)
+    writer = BlockWriter(log_, schema, [], options, lambda: 0, durable.append)
+    try:
+        assert writer.submit(pa.table({"v": ["a", "b", "c"]}, schema=schema), "k1").future.result(10) == 0
+        assert [(b.first, b.count, b.keys) for b in durable] == [(0, 1, ()), (1, 1, ()), (2, 1, ("k1",))]
+        assert [(b.first, b.count, b.keys) for b in log_.recover()] == [(0, 1, ()), (1, 1, ()), (2, 1, ("k1",))]
+        fs.fail_at = fs.writes + 2          # the second record's block of the next request fails
+        failed = writer.submit(pa.table({"v": ["d", "e"]}, schema=schema), "k2")
+        with pytest.raises(Backpressure) as e:
+            failed.future.result(10)
+        assert e.value.status == 503
+        assert [(b.first, b.keys) for b in log_.recover()][3:] == [(3, ())]     # "d", without its key
+        assert writer.submit(pa.table({"v": ["d", "e"]}, schema=schema), "k2").future.result(10) == 4
+        recovered = log_.recover()
+        assert [(b.first, b.count, b.keys) for b in recovered][3:] == [(3, 1, ()), (4, 1, ()), (5, 1, ("k2",))]
+        values = [pa.ipc.open_file(fs.open_input(log_.path(b.first))).read_all()["v"][0].as_py() for b in recovered]
+        assert values == ["a", "b", "c", "d", "d", "e"]      # the retried request's first record twice
+    finally:
+        writer.stop()
+
+
+def test_http_ack_mode_record_answers_once_every_record_is_a_durable_block(ss, spark, tmp_path):
+    ckpt, out, port = tmp_path / "ckpt", tmp_path / "out", free_port()
+    url = f"http://127.0.0.1:{port}/"
+    query = http_query(ss, ckpt, out, port, ackMode="record")
+    assert post(url, [{"id": i} for i in range(3)], key="r").json() == {"accepted": 3, "first": 0}
+    # durable before the answer: a block a record, the key on the request's last block
+    assert blocks(ckpt) == [f"{i:020d}.arrow" for i in range(3)]
+    recovered = BlockLog(LOCAL, str(ckpt / "sources" / "0")).recover()
+    assert [(b.first, b.count, b.keys) for b in recovered] == [(0, 1, ()), (1, 1, ()), (2, 1, ("r",))]
+    again = post(url, [{"id": i} for i in range(3)], key="r")
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert post(url, [{"id": 3}, {"id": 4}]).json() == {"accepted": 2, "first": 3}
+    assert len(blocks(ckpt)) == 5
+    query.processAllAvailable()
+    query.stop()
+    assert sink_ids(spark, out) == list(range(5))
+
+
 def test_http_answers_503_while_the_disk_is_full_and_recovers_when_space_returns(ss, spark, small_disk):
     """A real full disk (a 2 MB tmpfs, test_disk_full.py): the block cannot be written, the
     sender hears 503 and nothing of it is logged; once space returns the next block takes
@@ -377,3 +439,146 @@ def test_http_answers_503_while_the_disk_is_full_and_recovers_when_space_returns
     query.processAllAvailable()
     query.stop()
     assert sorted(got) == [1, 3]
+
+
+# -- backpressure: Spark Streaming's PID rate estimator ------------------------------------
+def test_pid_rate_estimator_computes_sparks_formula():
+    """Hand-computed with PIDRateEstimator.scala's formula: newRate = latestRate
+    - kp * error - ki * schedulingDelay * processingRate / batchInterval - kd * dError."""
+    est = PIDRateEstimator(1000, proportional=1.0, integral=0.2, derivative=0.0, min_rate=100)
+    # the first batch only sets the rate to its processing rate (2000 records/s): nothing published
+    assert est.compute(1000, 2000, 1000, 0) is None
+    assert (est.latest_rate, est.latest_error) == (2000.0, 0.0)
+    # 1000 records in 1 s, 500 ms scheduling delay: error 2000 - 1000, integral 500 * 1000 / 1000
+    assert est.compute(2000, 1000, 1000, 500) == pytest.approx(2000 - 1000 - 0.2 * 500)      # 900
+    # faster than the rate: error 900 - 1500 = -600, the rate goes up by it
+    assert est.compute(3000, 1500, 1000, 0) == pytest.approx(1500)
+    # a batch far slower, a long delay: 1500 - 1490 - 0.2 * 10000 * 10 / 1000 < minRate
+    assert est.compute(4000, 10, 1000, 10000) == 100
+    # nothing to learn: no records, no processing time, a time not after the last
+    assert est.compute(5000, 0, 1000, 0) is None
+    assert est.compute(5000, 10, 0, 0) is None
+    assert est.compute(4000, 10, 1000, 0) is None
+
+    # the derivative term, over 2 s between updates
+    est = PIDRateEstimator(500, proportional=0.5, integral=0.1, derivative=0.5, min_rate=1)
+    assert est.compute(1000, 300, 1000, 0) is None                                # rate 300
+    # processing rate 200/s; error 100; integral 250 * 200 / 500 = 100; dError (100 - 0) / 2 s
+    assert est.compute(3000, 400, 2000, 250) == pytest.approx(300 - 0.5 * 100 - 0.1 * 100 - 0.5 * 50)
+    # latestRate 215; processing rate 400; error -185; dError (-185 - 100) / 1 s
+    assert est.compute(4000, 400, 1000, 0) == pytest.approx(215 + 0.5 * 185 + 0.5 * 285)
+
+    for args, problem in (((0,), "batch interval 0"), ((1000, -1.0), "Proportional term -1.0"),
+                          ((1000, 1.0, -0.2), "Integral term"), ((1000, 1.0, 0.2, -1.0), "Derivative term"),
+                          ((1000, 1.0, 0.2, 0.0, 0), "Minimum rate")):
+        with pytest.raises(ValueError, match=problem):
+            PIDRateEstimator(*args)
+
+
+def test_rate_limiter_takes_a_new_rate():
+    now = [0.0]
+    limiter = RateLimiter(100, clock=lambda: now[0])
+    limiter.set_rate(10)            # what the bucket holds shrinks to a second of the new rate
+    assert limiter.wait_time(10) == 0.0 and limiter.wait_time(1) == pytest.approx(0.1)
+
+
+def test_backpressure_options_and_their_spark_conf_defaults():
+    def parse(options, confs=None):
+        return ReceiverOptions.parse(CaseInsensitiveOptions(options), "block", confs)
+
+    assert parse({}).backpressure is None
+    assert parse({}, {"backpressure.enabled": "false"}).backpressure is None
+    bp = parse({"backpressure.enabled": "true"}).backpressure     # Spark's defaults
+    assert (bp.initial_rate, bp.proportional, bp.integral, bp.derived, bp.min_rate) == (None, 1.0, 0.2, 0.0, 100.0)
+    # spark.streaming.backpressure.* are the defaults; an option on the source wins
+    bp = parse({"backpressure.pid.integral": "0.5"},
+               {"backpressure.enabled": "true", "backpressure.pid.integral": "0.1",
+                "backpressure.initialRate": "300", "backpressure.pid.minRate": "5"}).backpressure
+    assert (bp.initial_rate, bp.integral, bp.min_rate) == (300, 0.5, 5.0)
+    assert parse({"backpressure.enabled": "false"}, {"backpressure.enabled": "true"}).backpressure is None
+    for options, confs, message in (
+            ({"backpressure.enabled": "yes"}, {}, "'yes' for option 'backpressure.enabled': must be 'true' or 'false'"),
+            ({"backpressure.enabled": "true", "backpressure.pid.minRate": "0"}, {},
+             "'0' for option 'backpressure.pid.minRate': it must be a number greater than 0"),
+            ({"backpressure.enabled": "true", "backpressure.pid.proportional": "-1"}, {},
+             "'-1' for option 'backpressure.pid.proportional': it must be a number at least 0"),
+            ({"backpressure.enabled": "true"}, {"backpressure.initialRate": "fast"},
+             "'fast' for the Spark conf 'spark.streaming.backpressure.initialRate'"),
+            ({"backpressure.enabled": "true", "backpressure.rateEstimator": "magic"}, {},
+             "Unknown rate estimator: magic")):
+        with pytest.raises(AnalysisException, match=message):
+            parse(options, confs)
+
+
+def test_http_backpressure_admits_what_the_batches_keep_up_with(ss, spark, tmp_path):
+    """A sink slower per record than the clients send (5 ms a record: under 200 records a
+    second): the estimated rate falls below it, requests over it are answered 429 naming
+    the estimate, and every acknowledged record is read once."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    got: list[int] = []
+
+    def slow_sink(df, _):
+        ids = [r.id for r in df.collect()]
+        time.sleep(0.005 * len(ids))
+        got.extend(ids)
+
+    frame = (ss.readStream.format("http").schema("id INT").option("port", port)
+             .option("backpressure.enabled", True).option("backpressure.initialRate", 50)
+             .option("backpressure.pid.minRate", 10).option("maxRate", 100000).load())
+    query = frame.writeStream.foreachBatch(slow_sink).option("checkpointLocation", str(tmp_path / "c")).start()
+    wait_listening(port)
+    stop = threading.Event()
+    lock = threading.Lock()
+    next_id = [0]
+    acknowledged: list[int] = []
+    offered = [0]
+    refusals: list[str] = []
+    failures: list[str] = []
+
+    def client(name: str) -> None:
+        deadline = time.monotonic() + 90
+        n = 0
+        while not stop.is_set():
+            with lock:
+                ids = list(range(next_id[0], next_id[0] + 10))
+                next_id[0] += 10
+            n += 1
+            while time.monotonic() < deadline:      # sent fast: the answer's Retry-After is ignored
+                answer = post(url, [{"id": i} for i in ids], key=f"{name}-{n}")
+                with lock:
+                    offered[0] += len(ids)
+                if answer.status_code == 200:
+                    with lock:
+                        acknowledged.extend(ids)
+                    break
+                if answer.status_code != 429 or "Retry-After" not in answer.headers:
+                    failures.append(f"{answer.status_code} {answer.text}")
+                    return
+                with lock:
+                    refusals.append(answer.json()["error"])
+                time.sleep(0.02)
+            else:
+                failures.append(f"{name}: request {n} not answered 200 in time")
+                return
+
+    clients = [threading.Thread(target=client, args=(f"c{k}",), daemon=True) for k in range(3)]
+    for c in clients:
+        c.start()
+    try:
+        wait_for(lambda: failures or any("estimated by backpressure" in r for r in list(refusals)), 90,
+                 "a request refused over the estimated rate")
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(100)
+    assert not failures, failures
+    query.processAllAvailable()
+    rates = [int(p["sources"][0]["metrics"]["rateLimit"]) for p in query.recentProgress
+             if "rateLimit" in p["sources"][0].get("metrics", {})]
+    query.stop()
+    assert sorted(got) == sorted(acknowledged)          # each acknowledged record once
+    assert offered[0] > len(acknowledged)               # the admitted rate is below the send rate
+    # the estimate (a processing rate, less the backlog's share) is under the sink's 200 a second
+    assert rates and min(rates) < 200 and rates[-1] < 200, rates
+    assert all(10 <= r <= 100000 for r in rates)

@@ -25,8 +25,8 @@ for.
 Options: ``port`` (required; ``0`` picks a free one), ``host`` (default ``127.0.0.1``;
 ``0.0.0.0`` for every interface), ``path`` (default ``/``), ``maxRequestBytes`` (default
 ``16m``), and the receiver's: ``ackMode`` (default ``block``: a request is a block),
-``blockInterval``, ``maxRecordsPerTrigger``, ``maxRate``, ``maxUnconsumedBlocks``,
-``maxUnconsumedBytes``.
+``blockInterval``, ``maxRecordsPerTrigger``, ``maxRate``, ``backpressure.*`` (Spark
+Streaming's adaptive rate: 429 over it), ``maxUnconsumedBlocks``, ``maxUnconsumedBytes``.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from starlette.routing import Route
 
 from microbatch.errors import AnalysisException
 from microbatch.sources.base import SourceProvider
-from microbatch.sources.receiver import Backpressure, ReceiverOptions, ReceiverSource, arrow_schema
+from microbatch.sources.receiver import Backpressure, ReceiverOptions, backpressure_confs, ReceiverSource, arrow_schema
 from microbatch.util import byte_size
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class HttpIngestSourceProvider(SourceProvider):
         except (TypeError, ValueError) as e:
             raise AnalysisException(f"The http source cannot take records of this schema ({e}). "
                                     "Use columns of atomic types, arrays, maps or structs.") from None
-        ReceiverOptions.parse(options, HttpIngestSource.default_ack_mode)
+        ReceiverOptions.parse(options, HttpIngestSource.default_ack_mode, backpressure_confs(spark))
         return user_schema
 
     def create(self, context, options, schema):

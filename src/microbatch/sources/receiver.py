@@ -72,6 +72,7 @@ class Block:
     count: int
     size: int
     keys: tuple = ()
+    received_ms: int = 0        # when the block was written (its footer's receivedMs)
 
     @property
     def last(self) -> int:
@@ -141,7 +142,8 @@ class BlockLog:
                     f"'{block_name(first)}' (records {blocks[-1].first + blocks[-1].count} to "
                     f"{first - 1} are missing): the log is damaged. Restore the missing blocks, "
                     "or start the query on a new checkpoint location.")
-            blocks.append(Block(first, meta["count"], size, tuple(meta.get("keys") or ())))
+            blocks.append(Block(first, meta["count"], size, tuple(meta.get("keys") or ()),
+                                int(meta.get("receivedMs") or 0)))
         return blocks
 
 
@@ -193,6 +195,13 @@ class RateLimiter:
         self._at = clock()
         self._lock = threading.Lock()
 
+    def set_rate(self, rate: int) -> None:
+        """A new rate (Spark's RateLimiter.updateRate, what backpressure publishes); the
+        bucket keeps what it holds, up to one second of the new rate."""
+        with self._lock:
+            self.rate = rate
+            self._tokens = min(self._tokens, float(rate))
+
     def wait_time(self, n: int) -> float:
         """Take ``n`` records if the bucket holds them (0.0); else take nothing and return
         the seconds until it will (a request larger than a second's worth waits for a
@@ -208,6 +217,92 @@ class RateLimiter:
             return (need - self._tokens) / self.rate
 
 
+class PIDRateEstimator:
+    """Spark Streaming's PIDRateEstimator (``spark.streaming.backpressure.*``), the same
+    formula: after each batch, the rate (records a second) the stream should take in,
+    from the batch's records, processing delay and scheduling delay.
+
+    ``error`` is the last published rate minus the batch's processing rate; the integral
+    term is the backlog (``schedulingDelay * processingRate`` records) spread over one
+    batch interval; the derivative, the change of the error a second. The first batch
+    only sets the rate to its processing rate (``None``: nothing published), as Spark's.
+    ``batch_interval_ms`` is Spark's batch duration; the receiver source sets it to the
+    observed time between batches before each ``compute`` (docs/receivers.md)."""
+
+    def __init__(self, batch_interval_ms: float, proportional: float = 1.0, integral: float = 0.2,
+                 derivative: float = 0.0, min_rate: float = 100.0):
+        for name, value in (("proportional", proportional), ("integral", integral),
+                            ("derivative", derivative)):
+            if value < 0:
+                raise ValueError(f"{name.capitalize()} term {value} in PIDRateEstimator should be >= 0.")
+        if min_rate <= 0:
+            raise ValueError("Minimum rate in PIDRateEstimator should be > 0")
+        if batch_interval_ms <= 0:
+            raise ValueError(f"Specified batch interval {batch_interval_ms} in PIDRateEstimator is invalid.")
+        self.batch_interval_ms = batch_interval_ms
+        self.proportional = proportional
+        self.integral = integral
+        self.derivative = derivative
+        self.min_rate = min_rate
+        self._first_run = True
+        self.latest_time = -1
+        self.latest_rate = -1.0
+        self.latest_error = -1.0
+        self._lock = threading.Lock()
+
+    def compute(self, time_ms: int, elements: int, processing_delay_ms: int,
+                scheduling_delay_ms: int) -> float | None:
+        """The new rate, or None when the batch says nothing (no records, no time, the
+        first batch)."""
+        with self._lock:
+            if not (time_ms > self.latest_time and elements > 0 and processing_delay_ms > 0):
+                return None
+            delay_since_update = (time_ms - self.latest_time) / 1000.0          # seconds
+            processing_rate = elements / processing_delay_ms * 1000.0            # records/s
+            error = self.latest_rate - processing_rate
+            historical_error = scheduling_delay_ms * processing_rate / self.batch_interval_ms
+            d_error = (error - self.latest_error) / delay_since_update
+            new_rate = max(self.latest_rate - self.proportional * error
+                           - self.integral * historical_error
+                           - self.derivative * d_error, self.min_rate)
+            self.latest_time = time_ms
+            if self._first_run:
+                self.latest_rate = processing_rate
+                self.latest_error = 0.0
+                self._first_run = False
+                return None
+            self.latest_rate = new_rate
+            self.latest_error = error
+            return new_rate
+
+
+# the backpressure options; each also read from the Spark conf spark.streaming.<name>
+BACKPRESSURE_OPTIONS = ("backpressure.enabled", "backpressure.initialRate", "backpressure.rateEstimator",
+                        "backpressure.pid.proportional", "backpressure.pid.integral",
+                        "backpressure.pid.derived", "backpressure.pid.minRate")
+
+
+def backpressure_confs(spark: Any) -> dict[str, str]:
+    """The session's ``spark.streaming.backpressure.*`` settings, by option name: the
+    defaults of the backpressure options (an option set on the source wins)."""
+    confs = {}
+    for name in BACKPRESSURE_OPTIONS:
+        value = spark.conf.get(f"spark.streaming.{name}", None)
+        if value is not None:
+            confs[name] = str(value)
+    return confs
+
+
+@dataclass
+class BackpressureOptions:
+    """``backpressure.*``: Spark Streaming's adaptive rate (docs/receivers.md)."""
+    initial_rate: int | None = None
+    proportional: float = 1.0
+    integral: float = 0.2
+    derived: float = 0.0
+    min_rate: float = 100.0
+
+
 @dataclass
 class ReceiverOptions:
     ack_mode: str
@@ -216,9 +311,13 @@ class ReceiverOptions:
     max_rate: int | None
     max_unconsumed_blocks: int
     max_unconsumed_bytes: int
+    backpressure: BackpressureOptions | None = None     # None: backpressure.enabled false
 
     @staticmethod
-    def parse(options: CaseInsensitiveOptions, default_ack_mode: str) -> "ReceiverOptions":
+    def parse(options: CaseInsensitiveOptions, default_ack_mode: str,
+              confs: dict[str, str] | None = None) -> "ReceiverOptions":
+        """``confs``: the ``spark.streaming.backpressure.*`` settings (``backpressure_confs``),
+        the defaults of the backpressure options."""
         ack_mode = options.get("ackMode", default_ack_mode).strip().lower()
         if ack_mode not in ACK_MODES:
             raise AnalysisException(
@@ -244,7 +343,49 @@ class ReceiverOptions:
                                     "positive, e.g. '1g'.")
         return ReceiverOptions(ack_mode, interval, positive("maxRecordsPerTrigger", None),
                                positive("maxRate", None), positive("maxUnconsumedBlocks", 10000),
-                               max_bytes)
+                               max_bytes, _parse_backpressure(options, confs or {}))
+
+
+def _parse_backpressure(options: CaseInsensitiveOptions, confs: dict[str, str]) -> BackpressureOptions | None:
+    def setting(name: str) -> tuple[str, str] | None:
+        """(where it was set, its value): the source's option, else the Spark conf."""
+        if name in options:
+            return f"option '{name}'", str(options[name]).strip()
+        if name in confs:
+            return f"the Spark conf 'spark.streaming.{name}'", confs[name].strip()
+        return None
+
+    def number(name: str, default: float, minimum: float, strict: bool) -> float:
+        found = setting(name)
+        if found is None:
+            return default
+        where, raw = found
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not value == value or (value <= minimum if strict else value < minimum) or value == float("inf"):
+            bound = f"greater than {minimum:g}" if strict else f"at least {minimum:g}"
+            raise AnalysisException(f"Invalid value '{raw}' for {where}: it must be a number "
+                                    f"{bound} (docs/receivers.md: backpressure).")
+        return value
+
+    enabled = setting("backpressure.enabled")
+    if enabled is None or enabled[1].lower() == "false":
+        return None
+    if enabled[1].lower() != "true":
+        raise AnalysisException(f"Invalid value '{enabled[1]}' for {enabled[0]}: must be 'true' or 'false'.")
+    estimator = setting("backpressure.rateEstimator")
+    if estimator is not None and estimator[1] != "pid":
+        raise AnalysisException(f"Unknown rate estimator: {estimator[1]} ({estimator[0]}): the only "
+                                "estimator is 'pid' (Spark Streaming's PIDRateEstimator).")
+    initial = number("backpressure.initialRate", 0, 0, strict=True) if setting("backpressure.initialRate") else None
+    return BackpressureOptions(
+        initial_rate=max(1, int(initial)) if initial is not None else None,
+        proportional=number("backpressure.pid.proportional", 1.0, 0, strict=False),
+        integral=number("backpressure.pid.integral", 0.2, 0, strict=False),
+        derived=number("backpressure.pid.derived", 0.0, 0, strict=False),
+        min_rate=number("backpressure.pid.minRate", 100.0, 0, strict=True))
 
 
 # -- the block writer ------------------------------------------------------------------------
@@ -357,7 +498,8 @@ class BlockWriter:
 
     def _write(self, table: pa.Table, keys: list[str]) -> None:
         first = self.next_index
-        data = encode_block(table.cast(self._schema), first, keys, self._clock_ms())
+        received_ms = self._clock_ms()
+        data = encode_block(table.cast(self._schema), first, keys, received_ms)
         delay = 0.05
         while True:
             try:
@@ -373,7 +515,7 @@ class BlockWriter:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         self.next_index = first + table.num_rows
-        self._on_durable(Block(first, table.num_rows, len(data), tuple(keys)))
+        self._on_durable(Block(first, table.num_rows, len(data), tuple(keys), received_ms))
 
 
 # -- the source ----------------------------------------------------------------------------
@@ -387,7 +529,7 @@ class ReceiverSource(Source):
     def __init__(self, context: SourceContext, options: CaseInsensitiveOptions, schema: StructType):
         self._context = context
         self._schema = schema
-        self.options = ReceiverOptions.parse(options, self.default_ack_mode)
+        self.options = ReceiverOptions.parse(options, self.default_ack_mode, backpressure_confs(context.spark))
         self._arrow_schema = arrow_schema(schema)
         self._spec = context.fs.spec()
         self._log = BlockLog(context.fs, context.metadata_path)
@@ -408,7 +550,20 @@ class ReceiverSource(Source):
         self._consumed = -1            # the last record of a planned batch
         self._committed: collections.deque[int] = collections.deque()
         self._retain = int(context.spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100"))
-        self._limiter = RateLimiter(self.options.max_rate) if self.options.max_rate else None
+        # the rate admitted: maxRate, or with backpressure the smaller of maxRate and the
+        # estimated rate (before the first estimate, backpressure.initialRate)
+        self._limiter: RateLimiter | None = None
+        self._rate_reason = ""
+        bp = self.options.backpressure
+        self._estimator = (PIDRateEstimator(1, bp.proportional, bp.integral, bp.derived, bp.min_rate)
+                           if bp is not None else None)
+        self._running: tuple[int, int, int, int] | None = None   # (end, records, started ms, oldest ms)
+        self._previous_start_ms: int | None = None
+        self.estimated_rate: float | None = None
+        if bp is not None and bp.initial_rate is not None:
+            self._set_rate(bp.initial_rate, f"backpressure.initialRate ({bp.initial_rate} records a second)")
+        elif self.options.max_rate:
+            self._set_rate(self.options.max_rate, "")
         self.writer = BlockWriter(self._log, self._arrow_schema, self._blocks, self.options,
                                   context.clock.get_time_millis, self._durable,
                                   self.retry_failed_writes, name=str(self))
@@ -451,10 +606,60 @@ class ReceiverSource(Source):
                                f"maxUnconsumedBytes {self.options.max_unconsumed_bytes})")
         if queued >= 1_000_000:
             raise Backpressure(503, 1.0, f"{queued} records are waiting to be written")
-        if self._limiter is not None:
-            wait = self._limiter.wait_time(records)
+        limiter = self._limiter
+        if limiter is not None:
+            wait = limiter.wait_time(records)
             if wait > 0:
-                raise Backpressure(429, wait, f"over maxRate ({self.options.max_rate} records a second)")
+                raise Backpressure(429, wait, f"over {self._rate_reason}")
+
+    @property
+    def rate_limit(self) -> int | None:
+        """The records a second admitted now (None: no limit)."""
+        limiter = self._limiter
+        return limiter.rate if limiter is not None else None
+
+    def _set_rate(self, rate: float, reason: str) -> None:
+        max_rate = self.options.max_rate
+        if max_rate and max_rate <= rate:
+            rate, reason = max_rate, ""
+        rate = max(1, int(rate))        # Spark publishes the estimate as a Long
+        self._rate_reason = reason or f"maxRate ({max_rate} records a second)"
+        if self._limiter is None:
+            self._limiter = RateLimiter(rate)
+        else:
+            self._limiter.set_rate(rate)
+
+    def _batch_started(self, start: int, end: int) -> None:
+        """Backpressure: the batch ``(start, end]`` starts now (its processing start)."""
+        now = self._context.clock.get_time_millis()
+        with self._lock:
+            i = bisect.bisect_right(self._lasts, start)
+            oldest = self._blocks[i].received_ms if i < len(self._blocks) else now
+        self._running = (end, end - start, now, oldest)
+
+    def _batch_completed(self, end: int) -> None:
+        """Backpressure (Spark's RateController.onBatchCompleted): the batch that ended at
+        ``end`` completed now; feed the estimator and publish its rate."""
+        running, self._running = self._running, None
+        if running is None or running[0] != end or self._estimator is None:
+            return
+        _, records, started, oldest = running
+        now = self._context.clock.get_time_millis()
+        processing = now - started
+        # Spark's batch interval: here the time between the starts of batches (this one's
+        # processing time for the first); the scheduling delay: how much longer than one
+        # batch interval the batch's oldest record waited for it to start
+        previous, self._previous_start_ms = self._previous_start_ms, started
+        interval = started - previous if previous is not None and started > previous else processing
+        self._estimator.batch_interval_ms = max(1, interval)
+        waited = max(0, started - oldest - interval)
+        rate = self._estimator.compute(now, records, processing, waited)
+        log.debug("%s: batch of %d records in %d ms, oldest record waited %d ms more than the "
+                  "batch interval (%d ms); rate %s", self, records, processing, waited, interval, rate)
+        if rate is not None:
+            self.estimated_rate = rate
+            self._set_rate(rate, f"the rate the query keeps up with ({max(1, int(rate))} records a "
+                                 "second, estimated by backpressure)")
 
     def lag(self, after: int | None = None) -> dict[str, int]:
         """Records and blocks durable beyond record ``after`` (default: the end of the last
@@ -498,8 +703,15 @@ class ReceiverSource(Source):
         return int(end) - (-1 if start is None else int(start))
 
     def metrics(self, consumed: Any) -> dict[str, str]:
-        """The progress entry's ``metrics``: the receiver's lag behind the batch's end."""
-        return {k: str(v) for k, v in self.lag(-1 if consumed is None else int(consumed)).items()}
+        """The progress entry's ``metrics``: the receiver's lag behind the batch's end (and
+        with backpressure the rate admitted now). The engine asks once a batch, after its
+        commit: for backpressure, the batch's completion."""
+        if consumed is not None and self._estimator is not None:
+            self._batch_completed(int(consumed))
+        metrics = {k: str(v) for k, v in self.lag(-1 if consumed is None else int(consumed)).items()}
+        if self._estimator is not None and self.rate_limit is not None:
+            metrics["rateLimit"] = str(self.rate_limit)
+        return metrics
 
     def _pieces(self, start: int, end: int) -> list[tuple[str, int, int]]:
         """(path, lo, hi) of each block overlapping records ``(start, end]``."""
@@ -522,6 +734,8 @@ class ReceiverSource(Source):
         if hi <= lo:
             return spark_internals.empty_batch(spark, self._schema)
         pieces = self._pieces(lo, hi)
+        if self._estimator is not None:
+            self._batch_started(lo, hi)
         tasks = min(len(pieces), max(1, spark.sparkContext.defaultParallelism))
         groups = [pieces[i * len(pieces) // tasks:(i + 1) * len(pieces) // tasks] for i in range(tasks)]
         return spark.range(0, tasks, 1, tasks).mapInArrow(_read_task(self._spec, groups), self._schema)

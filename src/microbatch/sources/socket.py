@@ -11,8 +11,8 @@ connects again). The socket protocol has no acknowledgements: lines read but not
 a durable block when the process dies are lost; lines in a block are read exactly once.
 
 Receiver options (docs/receivers.md): ``ackMode`` (default ``interval``: one block per
-``blockInterval``), ``blockInterval``, ``maxRecordsPerTrigger``, ``maxRate`` (the reader
-reads no faster), ``maxUnconsumedBlocks``/``maxUnconsumedBytes`` (the reader stops
+``blockInterval``), ``blockInterval``, ``maxRecordsPerTrigger``, ``maxRate`` and ``backpressure.*`` (the
+reader reads no faster), ``maxUnconsumedBlocks``/``maxUnconsumedBytes`` (the reader stops
 reading, and TCP holds the sender back).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException
 from microbatch.sources.base import SourceProvider
-from microbatch.sources.receiver import Backpressure, ReceiverOptions, ReceiverSource
+from microbatch.sources.receiver import Backpressure, ReceiverOptions, backpressure_confs, ReceiverSource
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,11 @@ class TextSocketSource(ReceiverSource):
 
     def _take(self, raw: list[bytes]) -> None:
         lines = [r[:-1] if r.endswith(b"\r") else r for r in raw]
-        if self.options.ack_mode == "record" or self.options.max_rate:
-            step = 1 if self.options.ack_mode == "record" else max(1, self.options.max_rate // 10)
+        rate = self.rate_limit      # maxRate, or backpressure's rate: a tenth of a second a step
+        if self.options.ack_mode == "record":
+            step = 1
+        elif rate is not None:
+            step = max(1, rate // 10)
         else:
             step = len(lines)
         for i in range(0, len(lines), step):
@@ -149,7 +152,7 @@ class TextSocketSourceProvider(SourceProvider):
                 f"Invalid value '{options['port']}' for option 'port': expected a port number.") from None
         if not 0 < port < 65536:
             raise AnalysisException(f"Invalid value '{port}' for option 'port': use 1 to 65535.")
-        ReceiverOptions.parse(options, TextSocketSource.default_ack_mode)
+        ReceiverOptions.parse(options, TextSocketSource.default_ack_mode, backpressure_confs(spark))
         return SCHEMA_TIMESTAMP if _include_timestamp(options) else SCHEMA_REGULAR
 
     def create(self, context, options, schema):
