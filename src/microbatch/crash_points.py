@@ -30,14 +30,27 @@ The steps, in the order a batch meets them (``execution.micro_batch`` has the pr
 - ``commit-written``: ``commits/N`` is durable.
 
 ``microbatch.testing.chaos`` has the pipelines the crash-at-every-step test walks.
+
+**Executor loss** (a cluster's executor dying mid-task, e.g. ``local-cluster``):
+``MICROBATCH_KILL_EXECUTOR_AT="<step>:<count>[,<count>...]"`` with
+``MICROBATCH_KILL_EXECUTOR_DIR`` naming a directory every process of the cluster can
+write. Arrivals at ``step`` in the Spark tasks are counted across the whole cluster (each
+takes the next numbered file there, created exclusively), and each ``count``-th SIGKILLs
+the executor JVM it runs in and that executor's PySpark daemon and workers:
+``killed-<count>.json`` there then says which step, stage, partition and attempt it
+struck. The driver and the other executors live on, so Spark's task retry and the batch
+protocol must recover.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 CRASH_AT = "MICROBATCH_CRASH_AT"
 _GROUP = "MICROBATCH_CRASH_GROUP"
+KILL_EXECUTOR_AT = "MICROBATCH_KILL_EXECUTOR_AT"
+KILL_EXECUTOR_DIR = "MICROBATCH_KILL_EXECUTOR_DIR"
 _arrivals: dict[str, int] = {}
 
 
@@ -55,6 +68,8 @@ def armed(step: str) -> bool:
 
 
 def reached(step: str) -> None:
+    if os.environ.get(KILL_EXECUTOR_AT, "").rpartition(":")[0] == step:
+        _kill_executor_at(step)
     if not armed(step):
         return
     count = os.environ[CRASH_AT].rpartition(":")[2]
@@ -66,3 +81,50 @@ def reached(step: str) -> None:
         # (this process included) goes too, or a worker would write on after the driver died
         if os.getpgid(0) != group:
             os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _kill_executor_at(step: str) -> None:
+    directory = os.environ.get(KILL_EXECUTOR_DIR)
+    executor = _executor_jvm()
+    if not directory or executor is None:
+        return    # not in a cluster's executor: the driver, or local mode
+    counts = {int(c) for c in os.environ[KILL_EXECUTOR_AT].rpartition(":")[2].split(",")}
+    arrival = 1
+    while True:     # take the next arrival's number, cluster-wide
+        try:
+            os.close(os.open(os.path.join(directory, f"arrival-{arrival}"), os.O_CREAT | os.O_EXCL))
+            break
+        except FileExistsError:
+            arrival += 1
+    if arrival not in counts:
+        return
+    from pyspark import TaskContext
+    task = TaskContext.get()
+    record = {"step": step, "arrival": arrival, "executorPid": executor, "workerPid": os.getpid(),
+              "stageId": task.stageId() if task else None,
+              "partitionId": task.partitionId() if task else None,
+              "attemptNumber": task.attemptNumber() if task else None}
+    written = os.path.join(directory, f"killed-{arrival}.json")
+    with open(written + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(written + ".tmp", written)
+    os.kill(executor, signal.SIGKILL)
+    if os.getpgid(0) != os.getpgid(executor):
+        os.killpg(os.getpgid(0), signal.SIGKILL)    # the executor's PySpark daemon and workers
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _executor_jvm() -> int | None:
+    """The pid of the executor JVM (``CoarseGrainedExecutorBackend``) this process runs
+    under, found up the parent chain in /proc; None outside a cluster's executor."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" in f.read():
+                    return pid
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
