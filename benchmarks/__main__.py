@@ -1,7 +1,8 @@
 """microbatch against Spark's own Structured Streaming, same queries, same data, same run.
 
 ``python -m benchmarks [--short] [--sizes 10000,100000,1000000] [--batches 8] [--reps 3]``
-(``python -m benchmarks nexmark [...]``: Nexmark's queries, ``nexmark.py``)
+(``python -m benchmarks nexmark [...]``: Nexmark's queries, ``nexmark.py``;
+``python -m benchmarks soak [...]``: a stateful pipeline held for long, ``soak.py``)
 
 In one process and one local[2] SparkSession, for every query and batch size:
 
@@ -304,4 +305,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["nexmark"]:   # python -m benchmarks nexmark [...]: Nexmark's queries (nexmark.py)
         from benchmarks.nexmark import main as nexmark_main
         sys.exit(nexmark_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["soak"]:      # python -m benchmarks soak [...]: load held over time (soak.py)
+        from benchmarks.soak import main as soak_main
+        sys.exit(soak_main(sys.argv[2:]))
     sys.exit(main())
