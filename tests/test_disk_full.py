@@ -150,3 +150,36 @@ def test_a_disk_that_fills_mid_batch_fails_the_query_clearly_and_the_restart_res
     def rows(path):
         return sorted((r.window.start, r.name, r["count"]) for r in spark.read.parquet(path).collect())
     assert rows(out) == rows(str(tmp_path / "ref_out")) != []
+
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(300)
+def test_sparks_engine_on_the_same_full_disk(spark, small_disk, tmp_path):
+    """The catalogue's column for Spark's engine, run here: the same query, the same disk
+    filling inside a batch. Spark's engine fails the batch with
+    ``CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT`` (an ``FSError``: no space left on device),
+    commits nothing, leaves its state stores' partial temporary files behind (which a
+    restart ignores), and resumes once space returns."""
+    src, out, ckpt = str(tmp_path / "in"), str(tmp_path / "out"), os.path.join(small_disk, "ckpt")
+    write_json_files(src, 0, 2)
+    assert windowed_counts(spark, src, out, ckpt).exception() is None
+    committed = sorted(n for n in os.listdir(f"{ckpt}/commits") if n.isdigit())
+    write_json_files(src, 2, 2)
+    open(os.path.join(small_disk, "fill-now"), "w").close()
+    failed = windowed_counts(spark, src, out, ckpt).exception()
+    assert failed is not None
+    assert "CANNOT_WRITE_STATE_STORE.CANNOT_COMMIT" in str(failed), str(failed)[:2000]
+    assert sorted(n for n in os.listdir(f"{ckpt}/commits") if n.isdigit()) == committed
+    left = [f for f in hidden_files(ckpt) if f.endswith(".tmp")]
+    assert left and all("/state/0/" in f and ".delta." in f for f in left), left
+    os.remove(os.path.join(small_disk, "fill-now"))
+    os.remove(os.path.join(small_disk, "filler"))
+    assert windowed_counts(spark, src, out, ckpt).exception() is None
+
+    reference = windowed_counts(spark, src, str(tmp_path / "ref_out"), str(tmp_path / "ref_ckpt"))
+    assert reference.exception() is None
+
+    def rows(path):
+        return sorted((r.window.start, r.name, r["count"]) for r in spark.read.parquet(path).collect())
+    assert rows(out) == rows(str(tmp_path / "ref_out")) != []
