@@ -45,6 +45,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType
 from microbatch.errors import IllegalArgumentException
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 from microbatch.kafka.client import HEADERS_TYPE, check_client_settings, client_params
+from microbatch.kafka.pool import PRODUCER_TIMEOUT, PRODUCERS, pool_settings, settings_key
 from microbatch import crash_points, spark_internals
 
 log = logging.getLogger(__name__)
@@ -155,84 +156,107 @@ _PRODUCER_ONLY = {"partitioner", "acks", "enable.idempotence", "linger.ms", "bat
 
 
 def _write_task(config: dict, topic_option: str | None, exactly_once: dict | None,
-                flush_timeout_s: float):
-    """The ``mapInArrow`` function of each task: produce its rows, flush, report counts."""
+                flush_timeout_s: float, pooling: tuple[int, float] | None = None):
+    """The ``mapInArrow`` function of each task: produce its rows, flush, report counts.
+    ``pooling`` (capacity, idle timeout in seconds): the producer comes from this worker's
+    pool (``kafka.pool``) and goes back once every record is delivered."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka import Producer
-        from pyspark import TaskContext
-        context = TaskContext.get()
-        task = context.partitionId() if context else 0
-        attempt = context.attemptNumber() if context else 0
-        producer = Producer(config)
-        errors: list = []
+        # module-level functions: cloudpickle sends them by name, and the worker's pool
+        # is the worker's own (a closure's globals would be pickled by value)
+        yield from _write(batches, config, topic_option, exactly_once, flush_timeout_s, pooling)
+    return run
 
-        def delivered(error, message):
-            if error is not None and not errors:
-                errors.append(error)
-            elif error is None:
-                crash_points.reached("kafka-sink-record")
-        record_by_record = crash_points.armed("kafka-sink-record")
 
-        skip: set[str] = set()
-        prefix = None
-        if exactly_once is not None:
-            prefix = f"{exactly_once['query']}:{exactly_once['batch']}:{task}:"
-            if exactly_once["rerun"] or attempt > 0:
-                skip = _written_ids(config, exactly_once["topic"], exactly_once["start"], prefix,
-                                    flush_timeout_s)
-        seen: dict[str, int] = {}
-        rows = skipped = 0
-        for batch in batches:
-            columns = batch.to_pydict()
-            n = batch.num_rows
-            topics = columns.get("topic") or [None] * n
-            for i in range(n):
-                topic = topic_option if topic_option is not None else topics[i]
-                if topic is None:
-                    raise ValueError(
-                        "[KAFKA_NULL_TOPIC_IN_DATA] The Kafka message data sent to the producer "
-                        "contains a null topic. Use the `topic` option for setting a default topic.")
-                key = columns["key"][i] if "key" in columns else None
-                value = columns["value"][i]
-                partition = columns["partition"][i] if "partition" in columns else None
-                headers = [(h["key"], h["value"]) for h in (columns["headers"][i] or [])] \
-                    if "headers" in columns else []
-                if prefix is not None:
-                    digest = _record_digest(topic, partition, key, value, headers)
-                    occurrence = seen.get(digest, 0)
-                    seen[digest] = occurrence + 1
-                    record_id = f"{prefix}{digest}:{occurrence}"
-                    if record_id in skip:
-                        skipped += 1
-                        continue
-                    headers = headers + [(RECORD_HEADER, record_id.encode())]
-                extra = {"partition": partition} if partition is not None else {}
-                while True:
-                    try:
-                        producer.produce(topic, value=value, key=key, headers=headers or None,
-                                         on_delivery=delivered, **extra)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-                rows += 1
-                if record_by_record:
-                    producer.flush(flush_timeout_s)
-                if errors:
+def _write(batches, config: dict, topic_option: str | None, exactly_once: dict | None,
+           flush_timeout_s: float, pooling: tuple[int, float] | None) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import Producer
+    key = settings_key(config)
+    producer = PRODUCERS.take(key, lambda: Producer(config), *pooling) if pooling else Producer(config)
+    delivered_all = False
+    try:
+        yield from _produce(batches, producer, config, topic_option, exactly_once, flush_timeout_s)
+        delivered_all = True
+    finally:
+        if pooling and delivered_all:
+            PRODUCERS.give_back(key, producer, *pooling)
+        elif pooling:
+            PRODUCERS.discard(producer)
+
+
+def _produce(batches, producer, config: dict, topic_option: str | None, exactly_once: dict | None,
+             flush_timeout_s: float) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext
+    context = TaskContext.get()
+    task = context.partitionId() if context else 0
+    attempt = context.attemptNumber() if context else 0
+    errors: list = []
+
+    def delivered(error, message):
+        if error is not None and not errors:
+            errors.append(error)
+        elif error is None:
+            crash_points.reached("kafka-sink-record")
+    record_by_record = crash_points.armed("kafka-sink-record")
+
+    skip: set[str] = set()
+    prefix = None
+    if exactly_once is not None:
+        prefix = f"{exactly_once['query']}:{exactly_once['batch']}:{task}:"
+        if exactly_once["rerun"] or attempt > 0:
+            skip = _written_ids(config, exactly_once["topic"], exactly_once["start"], prefix,
+                                flush_timeout_s)
+    seen: dict[str, int] = {}
+    rows = skipped = 0
+    for batch in batches:
+        columns = batch.to_pydict()
+        n = batch.num_rows
+        topics = columns.get("topic") or [None] * n
+        for i in range(n):
+            topic = topic_option if topic_option is not None else topics[i]
+            if topic is None:
+                raise ValueError(
+                    "[KAFKA_NULL_TOPIC_IN_DATA] The Kafka message data sent to the producer "
+                    "contains a null topic. Use the `topic` option for setting a default topic.")
+            key = columns["key"][i] if "key" in columns else None
+            value = columns["value"][i]
+            partition = columns["partition"][i] if "partition" in columns else None
+            headers = [(h["key"], h["value"]) for h in (columns["headers"][i] or [])] \
+                if "headers" in columns else []
+            if prefix is not None:
+                digest = _record_digest(topic, partition, key, value, headers)
+                occurrence = seen.get(digest, 0)
+                seen[digest] = occurrence + 1
+                record_id = f"{prefix}{digest}:{occurrence}"
+                if record_id in skip:
+                    skipped += 1
+                    continue
+                headers = headers + [(RECORD_HEADER, record_id.encode())]
+            extra = {"partition": partition} if partition is not None else {}
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key, headers=headers or None,
+                                     on_delivery=delivered, **extra)
                     break
-            producer.poll(0)
+                except BufferError:
+                    producer.poll(0.05)
+            rows += 1
+            if record_by_record:
+                producer.flush(flush_timeout_s)
             if errors:
                 break
-        remaining = producer.flush(flush_timeout_s)
-        crash_points.reached("kafka-sink-flushed")
+        producer.poll(0)
         if errors:
-            raise RuntimeError(f"Kafka sink: a record of task {task} was not written: {errors[0]}")
-        if remaining:
-            raise RuntimeError(f"Kafka sink: {remaining} records of task {task} were not "
-                               f"delivered within {flush_timeout_s} s")
-        yield pa.RecordBatch.from_pydict({"task": pa.array([task], pa.int32()),
-                                          "rows": pa.array([rows], pa.int64()),
-                                          "skipped": pa.array([skipped], pa.int64())})
-    return run
+            break
+    remaining = producer.flush(flush_timeout_s)
+    crash_points.reached("kafka-sink-flushed")
+    if errors:
+        raise RuntimeError(f"Kafka sink: a record of task {task} was not written: {errors[0]}")
+    if remaining:
+        raise RuntimeError(f"Kafka sink: {remaining} records of task {task} were not "
+                           f"delivered within {flush_timeout_s} s")
+    yield pa.RecordBatch.from_pydict({"task": pa.array([task], pa.int32()),
+                                      "rows": pa.array([rows], pa.int64()),
+                                      "skipped": pa.array([skipped], pa.int64())})
 
 
 class KafkaSink(Sink):
@@ -305,7 +329,8 @@ class KafkaSink(Sink):
             if exactly_once["rerun"]:
                 log.info("Batch %d of the Kafka sink runs again: records already in %s since "
                          "offsets %s are skipped", batch_id, self.topic, exactly_once["start"])
-        task = _write_task(self.params, self.topic, exactly_once, self.flush_timeout_s)
+        task = _write_task(self.params, self.topic, exactly_once, self.flush_timeout_s,
+                           pool_settings(df.sparkSession.conf.get, None, PRODUCER_TIMEOUT))
         results = self._columns(df).mapInArrow(task, _RESULT_SCHEMA).collect()
         self.last_num_output_rows = sum(r["rows"] for r in results)
         self.last_skipped = sum(r["skipped"] for r in results)

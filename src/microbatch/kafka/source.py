@@ -43,6 +43,8 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType,
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.kafka.client import HEADERS_TYPE, check_client_settings, client_params
+from microbatch.kafka.pool import (CONSUMER_CAPACITY, CONSUMER_TIMEOUT, CONSUMERS, pool_settings,
+                                   settings_key)
 from microbatch.sources.base import (ALL_AVAILABLE, CompositeReadLimit, ReadAllAvailable,
                                      ReadLimit, ReadMaxRows, ReadMinRows, Source, SourceContext,
                                      SourceProvider)
@@ -445,19 +447,27 @@ _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}   # librdkafka's to Java's (CreateTime 0,
 
 def read_ranges(config: dict, ranges: list[OffsetRange], include_headers: bool,
                 fail_on_data_loss: bool, poll_timeout_ms: int,
-                batch_rows: int = 20_000) -> Iterator[pa.RecordBatch]:
+                batch_rows: int = 20_000, pooling: tuple[int, float] | None = None
+                ) -> Iterator[pa.RecordBatch]:
     """One task's read: records ``[start, until)`` of each range (each of another
     topic-partition) as Arrow batches with the source's columns, by one consumer assigned
     to all of them, so the broker serves them together. Offsets missing inside a range
     (compaction, transaction markers) are skipped. Records no longer there are data loss
     (``failOnDataLoss``): the start aged out (the consumer's offset is out of range) or
-    the partition now ends before the range does (its end-of-partition comes first)."""
+    the partition now ends before the range does (its end-of-partition comes first).
+
+    ``pooling`` (capacity, idle timeout in seconds): take the consumer from this worker's
+    pool (``kafka.pool``) and give it back, unassigned, when the read ends well."""
     from confluent_kafka import KafkaError, TopicPartition as KTP
     pending = {(r.topic, r.partition): [r.start, r.until] for r in ranges if r.size > 0}
     if not pending:
         return
     columns = {tp: _Columns(tp[0], tp[1], include_headers) for tp in pending}
-    consumer = _new_consumer({**config, "enable.partition.eof": True})
+    settings = {**config, "enable.partition.eof": True}
+    key = (settings_key(settings), tuple(sorted(pending)))
+    consumer = (CONSUMERS.take(key, lambda: _new_consumer(settings), *pooling) if pooling
+                else _new_consumer(settings))
+    finished = False
 
     def lost(tp, now: str) -> None:
         position, until = pending[tp]
@@ -517,8 +527,15 @@ def read_ranges(config: dict, ranges: list[OffsetRange], include_headers: bool,
         for c in columns.values():
             if c.rows:
                 yield c.batch()
+        finished = True
     finally:
-        consumer.close()
+        if pooling and finished:
+            consumer.unassign()     # no fetching while idle; the next read assigns its start
+            CONSUMERS.give_back(key, consumer, *pooling)
+        elif pooling:
+            CONSUMERS.discard(consumer)
+        else:
+            consumer.close()
 
 
 def task_groups(ranges: list[OffsetRange], tasks: int) -> list[list[OffsetRange]]:
@@ -575,7 +592,8 @@ class _Columns:
 
 
 def _read_ranges_task(groups: list[list[OffsetRange]], config: dict, include_headers: bool,
-                      fail_on_data_loss: bool, poll_timeout_ms: int):
+                      fail_on_data_loss: bool, poll_timeout_ms: int,
+                      pooling: tuple[int, float] | None = None):
     """The ``mapInArrow`` function: each input row is the index of the task's ranges,
     read one after another, a consumer each (one consumer assigned several partitions
     read them slower than this on the broker measured here, benchmarks/kafka.py)."""
@@ -584,7 +602,7 @@ def _read_ranges_task(groups: list[list[OffsetRange]], config: dict, include_hea
             for index in batch.column(0).to_pylist():
                 for r in groups[index]:
                     yield from read_ranges(config, [r], include_headers, fail_on_data_loss,
-                                           poll_timeout_ms)
+                                           poll_timeout_ms, pooling=pooling)
     return run
 
 
@@ -615,6 +633,9 @@ class KafkaSource(Source):
         self._executor_config.setdefault("group.id", f"{group}-executor")
         self._executor_config.update({"enable.auto.commit": False, "enable.partition.eof": False,
                                       "auto.offset.reset": "error"})
+        # a pooled consumer's first fetch after a new assignment waits for the fetch still
+        # in flight from its last read, up to this (librdkafka's default is 500 ms)
+        self._executor_config.setdefault("fetch.wait.max.ms", "10")
         self._latest: dict | None = None
         self._available_now: dict | None = None
         self._last_trigger_ms = 0          # Spark's: the first batch is never delayed
@@ -795,7 +816,8 @@ class KafkaSource(Source):
         tasks = self.min_partitions or spark.sparkContext.defaultParallelism
         groups = task_groups(ranges, max(tasks, len(ranges)) if self.min_partitions else tasks)
         read = _read_ranges_task(groups, self._executor_config, self.include_headers,
-                                 self.fail_on_data_loss, self.poll_timeout_ms)
+                                 self.fail_on_data_loss, self.poll_timeout_ms,
+                                 pool_settings(spark.conf.get, CONSUMER_CAPACITY, CONSUMER_TIMEOUT))
         return spark.range(0, len(groups), 1, len(groups)).mapInArrow(read, self._schema)
 
     def stop(self) -> None:
