@@ -104,6 +104,25 @@ def test_a_create_whose_outcome_is_unknown_is_read_back(server, proxy):
     assert set(puts(proxy, "unknown/2")) == {"reset_after_forward"}
 
 
+def test_a_listing_never_answers_for_an_object_created_after_it(server, proxy):
+    """Found by the chaos runner with --faults: a run listed ``leases/``, its create of the
+    next lease lost its first answer, and the read-back (s3fs asks the size first) was
+    answered "no such key" from the listing s3fs had cached, so the run refused to start
+    because of its own lease. Reads and stats go to the store, never to a listing."""
+    fs = store(proxy)
+    assert fs.create(f"s3://{BUCKET}/listed/leases/1", "first") is True
+    assert fs.list(f"s3://{BUCKET}/listed/leases") == ["1"]
+    proxy.inject(Fault.reset_after_forward(), method="PUT", path="/listed/leases/2$")
+    assert fs.create(f"s3://{BUCKET}/listed/leases/2", "ours") is True
+    assert fs.read_text(f"s3://{BUCKET}/listed/leases/2") == "ours"
+    # another writer's object, created after this store listed the directory
+    assert fs.list(f"s3://{BUCKET}/listed/leases") == ["1", "2"]
+    server[1].put_object(Bucket=BUCKET, Key="listed/leases/3", Body=b"theirs")
+    assert fs.exists(f"s3://{BUCKET}/listed/leases/3")
+    assert fs.read_text(f"s3://{BUCKET}/listed/leases/3") == "theirs"
+    assert fs.create(f"s3://{BUCKET}/listed/leases/3", "ours") is False
+
+
 def test_a_request_hung_past_the_read_timeout_is_sent_again(proxy):
     fs = store(proxy, connection_timeout="1s")
     fs.write(f"s3://{BUCKET}/hung/a", "before")

@@ -335,7 +335,8 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                 wait *= 2
 
     def read_bytes(self, path: str) -> bytes:
-        return self._retrying("read", path, lambda: self._fs.cat_file(self._key(path)))
+        # one GET (with max_concurrency > 1, s3fs asks the size first, a second request)
+        return self._retrying("read", path, lambda: self._fs.cat_file(self._key(path), max_concurrency=1))
 
     def open_input(self, path: str) -> Any:
         return self._retrying("open", path, lambda: self._fs.open(self._key(path), "rb"))
@@ -409,7 +410,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         except StorageUnavailableError as unavailable:
             # every attempt's answer lost: one read (botocore's retries only) may still tell
             try:
-                found = self._fs.cat_file(self._key(path))
+                found = self._fs.cat_file(self._key(path), max_concurrency=1)
             except Exception:             # noqa: BLE001 - absent or unreadable: the outage stands
                 raise unavailable from unavailable.__cause__
             return found == data
@@ -499,8 +500,11 @@ def storage_for(location: str, conf: Mapping[str, str] | None = None) -> Checkpo
         if "endpoint_url" in client_kwargs and "://" not in client_kwargs["endpoint_url"]:
             client_kwargs["endpoint_url"] = "https://" + client_kwargs["endpoint_url"]
         retries = S3Retries.from_conf(conf)
+        # no listings cache: a listing is a moment's view, and a read or stat answered
+        # from it would miss an object created since (by another process, or by a create
+        # whose first answer was lost: its read-back found "no such key" in the cache)
         fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, config_kwargs=retries.botocore_config(),
-                               **settings)
+                               use_listings_cache=False, **settings)
         fs.retries = 1      # s3fs's own loop off: botocore's and this layer's are the two, bounded
         spark_settings = {f"spark.hadoop.{key}": conf[f"spark.hadoop.{key}"]
                           for key in [*_S3A_SETTINGS, *_S3A_RETRY_DEFAULTS]

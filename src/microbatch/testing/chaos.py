@@ -561,7 +561,12 @@ def kill_chain(kind: str, root: str, kills: int, rng: random.Random, log=print) 
         next_file = feed(root, 0, 3)
     for run in range(kills):
         child = Child(kind, root)
-        child.wait_for("STARTED", timeout=300)
+        try:
+            child.wait_for("STARTED", timeout=300)
+        except RuntimeError as e:
+            log(f"  {kind}: FAILED to start run {run + 1}: {e}")
+            child.kill()
+            raise
         result.restarts += 1 if run else 0
         started = time.monotonic()
         # a random moment: a quarter of the kills during recovery (the first batch of the
@@ -637,8 +642,14 @@ def _run_chains(args, seed: int, workdir: str, faults: "StoreFaults | None") -> 
         chains = {kind: pool.submit(kill_chain, kind, os.path.join(workdir, kind), args.kills,
                                     random.Random(f"{seed}-{kind}"), lambda line: print(line, flush=True))
                   for kind in kinds}
-        results = {kind: chain.result() for kind, chain in chains.items()}
-    failed = False
+        results, broken = {}, {}
+        for kind, chain in chains.items():
+            try:
+                results[kind] = chain.result()
+            except Exception as e:  # noqa: BLE001 - one kind's failure must not hide the others' results
+                broken[kind] = e
+                print(f"{kind}: FAILED during the kills: {e}", flush=True)
+    failed = bool(broken)
     for kind, result in results.items():
         check(ss.spark, ss, result, os.path.join(workdir, kind))
         places = collections.Counter(where for _, _, where, _ in result.kills)
