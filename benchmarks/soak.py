@@ -90,10 +90,11 @@ def _python_types() -> dict[str, int]:
     return dict(collections.Counter(type(o).__qualname__ for o in gc.get_objects()))
 
 
-def child(engine: str, seconds: float, rows: int, workdir: str, events_path: str, driver_memory: str) -> int:
+def child(engine: str, seconds: float, rows: int, workdir: str, events_path: str, driver_memory: str,
+          extra_conf: list[str]) -> int:
     is_microbatch, provider = ENGINES[engine]
     from microbatch import StreamingSession, embedded_spark
-    conf = {"spark.driver.memory": driver_memory}
+    conf = {"spark.driver.memory": driver_memory, **dict(c.split("=", 1) for c in extra_conf)}
     if provider:
         conf["spark.sql.streaming.stateStore.providerClass"] = provider
     spark = embedded_spark(conf=conf)
@@ -109,6 +110,10 @@ def child(engine: str, seconds: float, rows: int, workdir: str, events_path: str
     management = jvm.java.lang.management.ManagementFactory
     memory_bean = management.getMemoryMXBean()
     old_gen = next((pool for pool in management.getMemoryPoolMXBeans() if "Old Gen" in pool.getName()), None)
+    sql_status = spark._jsparkSession.sharedState().statusStore()   # the SQL executions the UI keeps
+    classes = management.getClassLoadingMXBean()
+    nonheap_pools = [p for p in management.getMemoryPoolMXBeans() if str(p.getType().toString()) == "Non-heap memory"]
+    compilations = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
     emit("started", jvm_pid=int(jvm.java.lang.ProcessHandle.current().pid()), pid=os.getpid())
     query = build_query(session, rows, workdir)
     started = time.time()
@@ -129,7 +134,10 @@ def child(engine: str, seconds: float, rows: int, workdir: str, events_path: str
             if now >= next_heap:
                 heap, nonheap = memory_bean.getHeapMemoryUsage(), memory_bean.getNonHeapMemoryUsage()
                 emit("heap", used=heap.getUsed(), committed=heap.getCommitted(), max=heap.getMax(),
-                     nonheap=nonheap.getUsed(), old=old_gen.getUsage().getUsed() if old_gen else 0)
+                     nonheap=nonheap.getUsed(), old=old_gen.getUsage().getUsed() if old_gen else 0,
+                     executions=sql_status.executionsCount(), classes_loaded=classes.getTotalLoadedClassCount(),
+                     classes_unloaded=classes.getUnloadedClassCount(), codegen_compilations=compilations.getCount(),
+                     pools={p.getName(): p.getUsage().getUsed() for p in nonheap_pools})
                 next_heap = now + 2.0
             if dump.is_set():
                 dump.clear()
@@ -253,7 +261,7 @@ def run_engine(engine: str, args, root_dir: str) -> dict:
     # the child runs on past the measured span, for the last histogram (a full GC) to fall outside it
     cmd = [sys.executable, "-m", "benchmarks.soak", "--child", engine, "--seconds", str(seconds + GRACE),
            "--rows", str(args.rows), "--workdir", workdir, "--events", events_path,
-           "--driver-memory", args.driver_memory]
+           "--driver-memory", args.driver_memory, *(f"--conf={c}" for c in args.conf)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")]))}
     print(f"\n== {engine}: {args.minutes:g} min, {args.rows:,} rows a batch", flush=True)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -288,11 +296,12 @@ def run_engine(engine: str, args, root_dir: str) -> dict:
         raise RuntimeError(f"{engine}: child exited {proc.returncode}: {errors}")
     start = next(e["t"] for e in events if e["kind"] == "started")
     batches = [e for e in events if e["kind"] == "batch" and e["end"] < start + seconds]
-    heap = [e for e in events if e["kind"] == "heap" and e["t"] < start + seconds]
+    heap_all = [e for e in events if e["kind"] == "heap"]
+    heap = [e for e in heap_all if e["t"] < start + seconds]
     samples = [s for s in samples if s["t"] < start + seconds]
     pytypes = [e["counts"] for e in events if e["kind"] == "pytypes"]
     result = {"engine": engine, "start": start, "seconds": seconds, "batches": batches,
-              "samples": samples, "heap": heap}
+              "samples": samples, "heap": heap, "heap_after": [e for e in heap_all if e["t"] >= start + seconds]}
     if "early" in histograms and "late" in histograms:
         (t0, early, early_total), (t1, late, late_total) = histograms["early"], histograms["late"]
         result["jvm_live_heap"] = {"early": early_total, "late": late_total,
@@ -349,6 +358,15 @@ def summarize(r: dict) -> dict:
     old_gen = tenths(start, seconds, heap, lambda h: h["old"] / 2**20)
     # the lowest old-gen use in a tenth: about the live set after the tenth's mixed collections
     old_floor = tenths(start, seconds, heap, lambda h: h["old"] / 2**20, reduce=min)
+    executions = tenths(start, seconds, heap, lambda h: h.get("executions", 0))
+    metaspace = tenths(start, seconds, heap, lambda h: h.get("pools", {}).get("Metaspace", 0) / 2**20)
+    # per batch after the first tenth: Spark's code generations, classes loaded and unloaded
+    steady = [h for h in heap if h["t"] >= start + seconds / 10]
+    per_batch = {}
+    if len(steady) >= 2:
+        n = sum(1 for b in batches if steady[0]["t"] <= b["end"] < steady[-1]["t"]) or 1
+        per_batch = {k: (steady[-1].get(k, 0) - steady[0].get(k, 0)) / n
+                     for k in ("codegen_compilations", "classes_loaded", "classes_unloaded", "executions")}
     state = tenths(start, seconds, batches, lambda b: sum(b["stateRows"]), at="end")
     workers = tenths(start, seconds, samples, lambda s: s["roles"]["workers"]["n"])
     after_first = [b for b in batches if b["end"] >= start + seconds / 10]
@@ -365,7 +383,8 @@ def summarize(r: dict) -> dict:
         "rss_ratio_by_role": {role: _ratio(v) for role, v in by_role.items() if any(x == x and x for x in v)},
         "heap_used_mib_tenths": heap_used, "heap_committed_mib_tenths": heap_committed,
         "old_gen_mib_tenths": old_gen, "old_gen_floor_mib_tenths": old_floor, "heap_used_ratio": _ratio(heap_used), "heap_committed_ratio": _ratio(heap_committed),
-        "state_rows_tenths": state, "workers_tenths": workers,
+        "state_rows_tenths": state, "executions_tenths": executions, "metaspace_mib_tenths": metaspace,
+        "jvm_per_batch": per_batch, "workers_tenths": workers,
         "cpu_s_by_role": {role: v["cpu"] for role, v in cpu_end.items()},
     }
 
@@ -390,8 +409,12 @@ def report(r: dict) -> None:
     print(_row("JVM old gen used MiB", s["old_gen_mib_tenths"], ".0f") + f"   {_ratio(s['old_gen_mib_tenths']):.2f}")
     print(_row("JVM old gen lowest MiB", s["old_gen_floor_mib_tenths"], ".0f")
           + f"   {_ratio(s['old_gen_floor_mib_tenths']):.2f}")
+    print(_row("JVM metaspace MiB", s["metaspace_mib_tenths"], ".0f") + f"   {_ratio(s['metaspace_mib_tenths']):.2f}")
+    print(_row("SQL executions kept", s["executions_tenths"], ".0f"))
     print(_row("state rows (k)", [v / 1000 for v in s["state_rows_tenths"]], ".0f"))
     print(_row("Python workers", s["workers_tenths"], ".1f"))
+    if s["jvm_per_batch"]:
+        print("  JVM per batch after the first tenth: " + ", ".join(f"{k} {v:.2f}" for k, v in s["jvm_per_batch"].items()))
     print("  CPU s by role: " + ", ".join(f"{k} {v:.0f}" for k, v in s["cpu_s_by_role"].items() if v))
     live = r.get("jvm_live_heap")
     if live:
@@ -430,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=float, default=1.5, help="seconds between memory samples")
     parser.add_argument("--no-histograms", action="store_true",
                         help="no jcmd class histogram (a full GC) nor driver object count at 10%% and the end")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark conf for every engine's session (repeatable), e.g. "
+                             "spark.driver.extraJavaOptions='-Xms2g -XX:+AlwaysPreTouch'")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "soak.json"))
     # the child's own arguments
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -440,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if args.child:
-        return child(args.child, args.seconds, args.rows, args.workdir, args.events, args.driver_memory)
+        return child(args.child, args.seconds, args.rows, args.workdir, args.events, args.driver_memory, args.conf)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
@@ -458,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as f:
         json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "machine": f"{os.cpu_count()} cores, local[2], driver memory {args.driver_memory}",
-                   "load_at_end": load, "minutes_per_engine": args.minutes, "rows_per_batch": args.rows,
+                   "load_at_end": load, "conf": args.conf, "minutes_per_engine": args.minutes, "rows_per_batch": args.rows,
                    "ratios": ratios, "engines": results}, f)
     print(f"\nwrote {args.out}")
     return 0
