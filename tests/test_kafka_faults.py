@@ -3,8 +3,10 @@ the fault proxy (it advertises the proxy's address, so every client connection g
 through it). An outage resets every connection and refuses new ones for N seconds, then
 the broker answers again with its data: what clients see of a broker restart.
 
-(A real restart of the process is not run: the broker here keeps topics in memory, and
-with its S3 storage it reported a wrong high watermark after a restart.)
+A real restart too: the broker with persistent storage (Tansu's S3 engine on a moto
+server, ``KafkaBroker(persistent=True)``) is killed with SIGKILL and started again on the
+same port and storage, mid-query and mid-batch; the source and the exactly-once sink go on,
+every record once.
 
 - shorter than the timeouts (``fetchOffset.numRetries`` x ``retryIntervalMs`` on the
   driver, ``kafkaConsumer.pollTimeoutMs`` in tasks, the producer's ``delivery.timeout.ms``):
@@ -38,6 +40,17 @@ def proxied():
             yield broker, proxy
         finally:
             broker.close()
+
+
+@pytest.fixture(scope="module")
+def restartable():
+    """A broker whose topics survive ``restart()`` (SIGKILL, a new process, same port and
+    storage); no proxy: its clients see the real process go and come back."""
+    broker = KafkaBroker(persistent=True)
+    try:
+        yield broker
+    finally:
+        broker.close()
 
 
 @pytest.fixture
@@ -189,3 +202,92 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
     wait_for(lambda: proxy._listener is not None, "the outage's end", 30)
     assert run(delivery_timeout_ms=30_000).exception() is None
     assert ids() == sorted(i * 100 + j for i in range(5) for j in range(20))    # each row once
+
+
+def test_the_source_reads_every_record_once_across_a_broker_restart(ss, spark, restartable, tmp_path):
+    """The broker process SIGKILLed and started again while the query runs: the records
+    still unread at that moment are read from the new process's storage, the ones produced
+    after it too, and the query never stops; every record once."""
+    broker = restartable
+    broker.create_topic("restart-source", 2)
+    broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(40)])
+    out = str(tmp_path / "out")
+    query = kafka_to_parquet(ss, broker, "restart-source", out, str(tmp_path / "ckpt"),
+                             **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
+    try:
+        wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, "two batches")
+        away = broker.restart()
+        read_before = spark.read.parquet(out).count()
+        batch_at_restart = query.lastProgress.batchId
+        assert away < 10 and read_before < 40, (away, read_before)   # the rest come after the restart
+        assert broker.latest_offsets("restart-source") == {0: 20, 1: 20}     # the new process has them
+        broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(40, 50)])
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 50, "every record")
+        assert query.isActive and query.exception() is None
+        assert query.lastProgress.batchId > batch_at_restart
+    finally:
+        query.stop()
+    values = sorted(int(r.value) for r in spark.read.parquet(out).collect())
+    assert values == list(range(50))       # every record once
+
+
+def test_the_exactly_once_sink_stays_exactly_once_across_a_broker_restart_mid_batch(ss, restartable, tmp_path):
+    """The broker SIGKILLed and started again inside the second batch's writes (every
+    connection to it cut, the pooled producers' too): the idempotent producer reconnects
+    and delivers the rest within delivery.timeout.ms; every row once, none lost with the
+    killed process. Then a restart between runs: the next run's batch finds its offsets
+    on the new process and writes only its new rows."""
+    broker = restartable
+    broker.create_topic("eo-restart", 2)
+    src, flags = str(tmp_path / "in"), str(tmp_path / "flags")
+    os.makedirs(flags)
+    write_json_files(src, 0, 3, rows_per_file=20)
+    restarts: list[float] = []     # when each restart began
+
+    def restart_when_fired() -> threading.Thread:
+        def watch():
+            wait_for(lambda: os.path.exists(os.path.join(flags, "fired")), "the armed row", 120)
+            started = time.time()
+            broker.restart()
+            restarts.append(started)
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        return thread
+
+    def run():
+        def fire(i):
+            import os as _os
+            import time as _time
+            if i == 105 and not _os.path.exists(_os.path.join(flags, "fired")):
+                open(_os.path.join(flags, "fired"), "w").close()
+                _time.sleep(0.5)           # the restart happens while the rest are produced
+            return i
+        firing = F.udf(fire, "int")
+        query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
+                 .select(F.to_json(F.struct(firing("id").alias("id"))).alias("value"))
+                 .writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                 .option("topic", "eo-restart").option("microbatch.exactlyOnce", "true")
+                 .option("kafka.batch.num.messages", 1).option("kafka.delivery.timeout.ms", 30_000)
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(180)
+        except StreamingQueryException:
+            pass
+        assert not query.isActive, "the query did not end within its timeout"
+        return query
+
+    def ids() -> list[int]:
+        return sorted(json.loads(m.value())["id"] for m in broker.read_all("eo-restart"))
+
+    watcher = restart_when_fired()
+    assert run().exception() is None
+    watcher.join(15)
+    commits = tmp_path / "ckpt" / "commits"
+    # it struck inside the second batch: after the first batch's commit, before the second's
+    assert len(restarts) == 1 and os.path.getmtime(commits / "0") < restarts[0] < os.path.getmtime(commits / "1")
+    assert ids() == sorted(i * 100 + j for i in range(3) for j in range(20))
+
+    broker.restart()                       # between runs: the next run finds its offsets again
+    write_json_files(src, 3, 1, rows_per_file=20)
+    assert run().exception() is None
+    assert ids() == sorted(i * 100 + j for i in range(4) for j in range(20))    # each row once
