@@ -2,7 +2,9 @@
 memory of every process of the query sampled as it runs (issue 40).
 
 ``python -m benchmarks soak [--minutes 10] [--rows 50000] [--engines mb-map,mb-rocksdb,spark]
-[--driver-memory 2g] [--sample 1.5] [--no-histograms]``
+[--driver-memory 2g] [--sample 1.5] [--no-histograms] [--conf KEY=VALUE ...]``
+(an hour: ``--minutes 60``; the control of RESULTS.md's "Soak": ``--conf
+"spark.driver.extraJavaOptions=-Xms2g -XX:+AlwaysPreTouch" --conf spark.sql.ui.retainedExecutions=50``)
 
 Pipeline (the same on every engine): ``rate-micro-batch`` (``rows`` rows a batch, event
 time advancing 1 s a batch, so the watermark evicts as fast as state comes in) ->
