@@ -415,6 +415,9 @@ def report(r: dict) -> None:
     print(_row("SQL executions kept", s["executions_tenths"], ".0f"))
     print(_row("state rows (k)", [v / 1000 for v in s["state_rows_tenths"]], ".0f"))
     print(_row("Python workers", s["workers_tenths"], ".1f"))
+    state = s["state_rows_tenths"]
+    if not state[1] >= 0.95 * state[-1]:    # (nan too: no batch ended in the second tenth)
+        print("  the state was still filling in the second tenth: last/2nd measures that, run longer")
     if s["jvm_per_batch"]:
         print("  JVM per batch after the first tenth: " + ", ".join(f"{k} {v:.2f}" for k, v in s["jvm_per_batch"].items()))
     print("  CPU s by role: " + ", ".join(f"{k} {v:.0f}" for k, v in s["cpu_s_by_role"].items() if v))
