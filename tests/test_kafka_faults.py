@@ -69,14 +69,16 @@ def wait_for(condition, what: str, timeout_s: float = 120) -> None:
         time.sleep(0.1)
 
 
-def kafka_to_parquet(ss, broker, topic, out, ckpt, **options):
+def kafka_to_parquet(ss, broker, topic, out, ckpt, interval="100 milliseconds", **options):
     reader = (ss.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
-              .option("subscribe", topic).option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 4))
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 4))
+    if "assign" not in options:
+        reader = reader.option("subscribe", topic)
     for key, value in options.items():
         reader = reader.option(key, value)
     return (reader.load().select(F.col("value").cast("string").alias("value"), "partition", "offset")
             .writeStream.format("parquet").option("checkpointLocation", ckpt)
-            .trigger(processingTime="100 milliseconds").start(out))
+            .trigger(processingTime=interval).start(out))
 
 
 def test_the_source_rides_out_an_outage_shorter_than_its_retries(ss, spark, broker, tmp_path):
@@ -205,30 +207,64 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
 
 
 def test_the_source_reads_every_record_once_across_a_broker_restart(ss, spark, restartable, tmp_path):
-    """The broker process SIGKILLed and started again while the query runs: the records
-    still unread at that moment are read from the new process's storage, the ones produced
-    after it too, and the query never stops; every record once."""
+    """The broker process SIGKILLed and started again while the query runs, between two
+    batches (a trigger every 3 s, the kill right after a batch ends: no request of the
+    driver in flight, its connections and the pooled task consumers' cut): the records
+    still unread then are read from the new process's storage, the ones produced after it
+    too, and the query never stops; every record once."""
     broker = restartable
     broker.create_topic("restart-source", 2)
-    broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(40)])
+    broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(16)])
     out = str(tmp_path / "out")
-    query = kafka_to_parquet(ss, broker, "restart-source", out, str(tmp_path / "ckpt"),
+    query = kafka_to_parquet(ss, broker, "restart-source", out, str(tmp_path / "ckpt"), interval="3 seconds",
                              **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
     try:
         wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, "two batches")
+        batch_at_restart = query.lastProgress.batchId
         away = broker.restart()
         read_before = spark.read.parquet(out).count()
-        batch_at_restart = query.lastProgress.batchId
-        assert away < 10 and read_before < 40, (away, read_before)   # the rest come after the restart
-        assert broker.latest_offsets("restart-source") == {0: 20, 1: 20}     # the new process has them
-        broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(40, 50)])
-        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 50, "every record")
+        assert away < 10 and read_before < 16, (away, read_before)   # the rest come after the restart
+        assert broker.latest_offsets("restart-source") == {0: 8, 1: 8}     # the new process has them
+        broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(16, 24)])
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 24, "every record")
         assert query.isActive and query.exception() is None
         assert query.lastProgress.batchId > batch_at_restart
     finally:
         query.stop()
     values = sorted(int(r.value) for r in spark.read.parquet(out).collect())
-    assert values == list(range(50))       # every record once
+    assert values == list(range(24))       # every record once
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a broker killed while the driver's ListOffsets is in flight: librdkafka's admin answers "
+    "offset -1001 (OFFSET_INVALID) without an error, and the source takes it for the latest "
+    "offset and fails with KAFKA_DATA_LOSS.PARTITION_OFFSET_CHANGED; Spark's Java admin "
+    "client retries the request and its fetchLatestOffsets fetches again an offset lower "
+    "than the known one (fetchOffset.numRetries); see docs/faults.md, Open"))
+def test_the_source_rides_out_a_broker_killed_during_its_offset_request(ss, spark, restartable, tmp_path):
+    """Every record read, the query idle (each trigger only lists the offsets: with
+    ``assign`` there is no metadata request), the broker is paused so that the next
+    ListOffsets waits on it, then SIGKILLed and started again: the request's connection is
+    cut while it is in flight. The query should go on and read what comes next."""
+    broker = restartable
+    broker.create_topic("restart-inflight", 2)
+    broker.produce("restart-inflight", [(b"%d" % i, None, i % 2) for i in range(8)])
+    out = str(tmp_path / "out")
+    query = kafka_to_parquet(ss, broker, "restart-inflight", out, str(tmp_path / "ckpt"),
+                             **{"assign": json.dumps({"restart-inflight": [0, 1]}),
+                                "fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
+    try:
+        wait_for(lambda: sum(p.numInputRows for p in query.recentProgress) >= 8, "the first records")
+        time.sleep(1)                      # idle: only the triggers' ListOffsets now
+        broker.stop()
+        time.sleep(1)                      # the next one waits on the paused broker
+        broker.restart()
+        broker.produce("restart-inflight", [(b"%d" % i, None, i % 2) for i in range(8, 12)])
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 12, "every record")
+        assert query.isActive and query.exception() is None, query.exception()
+    finally:
+        query.stop()
+    assert sorted(int(r.value) for r in spark.read.parquet(out).collect()) == list(range(12))
 
 
 def test_the_exactly_once_sink_stays_exactly_once_across_a_broker_restart_mid_batch(ss, restartable, tmp_path):
