@@ -235,17 +235,14 @@ def test_the_source_reads_every_record_once_across_a_broker_restart(ss, spark, r
     assert values == list(range(24))       # every record once
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a broker killed while the driver's ListOffsets is in flight: librdkafka's admin answers "
-    "offset -1001 (OFFSET_INVALID) without an error, and the source takes it for the latest "
-    "offset and fails with KAFKA_DATA_LOSS.PARTITION_OFFSET_CHANGED; Spark's Java admin "
-    "client retries the request and its fetchLatestOffsets fetches again an offset lower "
-    "than the known one (fetchOffset.numRetries); see docs/faults.md, Open"))
 def test_the_source_rides_out_a_broker_killed_during_its_offset_request(ss, spark, restartable, tmp_path):
     """Every record read, the query idle (each trigger only lists the offsets: with
     ``assign`` there is no metadata request), the broker is paused so that the next
     ListOffsets waits on it, then SIGKILLed and started again: the request's connection is
-    cut while it is in flight. The query should go on and read what comes next."""
+    cut while it is in flight: librdkafka's admin answers offset -1001 (OFFSET_INVALID)
+    with no error, which the source asks again instead of taking it for the latest offset
+    (it failed with KAFKA_DATA_LOSS.PARTITION_OFFSET_CHANGED before). The query goes on
+    and reads what comes next."""
     broker = restartable
     broker.create_topic("restart-inflight", 2)
     broker.produce("restart-inflight", [(b"%d" % i, None, i % 2) for i in range(8)])

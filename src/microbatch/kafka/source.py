@@ -340,11 +340,35 @@ class KafkaOffsetReader:
                                                         "enable.partition.eof")})
             futures = self._admin.list_offsets({KTP(t, p): spec for t, p in tps},
                                                request_timeout=self.timeout_s)
-            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            found = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+            invalid = sorted(tp for tp, offset in found.items() if offset is None or offset < 0)
+            if invalid:
+                # a broker that went away under the request: librdkafka answers -1001
+                # (OFFSET_INVALID) with no error; asked again, as Spark's reader asks again
+                # for offsets it finds wrong (fetchOffset.numRetries)
+                raise RuntimeError(f"the brokers answered no {which} offset for "
+                                   f"{_partitions_text(invalid)}")
+            return found
         return self._retrying("fetch offsets", fetch)
 
-    def latest(self, tps=None) -> dict[tuple[str, int], int]:
-        return self._list_offsets(self.partitions() if tps is None else tps, "latest")
+    def latest(self, tps=None, known: dict | None = None) -> dict[tuple[str, int], int]:
+        """The latest offsets; with ``known`` (offsets already read to), a latest offset
+        below its known one is fetched again, ``fetchOffset.numRetries`` times
+        ``fetchOffset.retryIntervalMs`` apart, as Spark's ``fetchLatestOffsets`` does (a
+        broker that just restarted may answer an older offset); what it still answers
+        then is the source's to judge (data loss)."""
+        tps = self.partitions() if tps is None else tps
+        found = self._list_offsets(tps, "latest")
+        for attempt in range(self.num_retries):
+            behind = sorted(tp for tp, offset in found.items() if known and offset < known.get(tp, offset))
+            if not behind:
+                break
+            log.warning("Latest offsets of %s are below the offsets already read (attempt %d of %d), "
+                        "fetching them again in %d ms", _partitions_text(behind), attempt + 1,
+                        self.num_retries, self.retry_interval_ms)
+            time.sleep(self.retry_interval_ms / 1000)
+            found = self._list_offsets(tps, "latest")
+        return found
 
     def earliest(self, tps) -> dict[tuple[str, int], int]:
         return self._list_offsets(tps, "earliest")
@@ -728,7 +752,7 @@ class KafkaSource(Source):
     def latest_offset(self, start: Any, limit: ReadLimit) -> Any:
         start_offsets = parse_offsets(start, "start offset")
         latest = (dict(self._available_now) if self._available_now is not None
-                  else self.reader.latest())
+                  else self.reader.latest(known=start_offsets))
         self._latest = latest
         limits = limit.limits if isinstance(limit, CompositeReadLimit) else (limit,)
         if any(isinstance(x, ReadAllAvailable) for x in limits):
