@@ -216,10 +216,19 @@ def finish(ss, kind: str, root: str) -> None:
     if kind == "receiver":
         _finish_receiver(ss, root)
         return
+    # the backlog the kills left (1-3 files fed after each, a batch each) is run here,
+    # slowly under --faults: wait for it, then fail loudly rather than check a half-run
+    pending = len([n for n in os.listdir(os.path.join(root, "in")) if not n.startswith(".")]) \
+        if os.path.isdir(os.path.join(root, "in")) else 0
+    timeout = max(600, 15 * pending)
     query = writer(ss, kind, root).trigger(availableNow=True).start()
-    query.awaitTermination(600)
+    query.awaitTermination(timeout)
     if query.exception() is not None:
         raise query.exception()
+    if query.isActive:
+        query.stop()
+        raise RuntimeError(f"the {kind} query's last run (availableNow, in the runner) did not reach "
+                           f"the end of its input within {timeout} s: its output is not checked")
 
 
 #: the clients of each ``receiver`` chain, by root, from its first run to ``finish``
@@ -650,8 +659,13 @@ def _run_chains(args, seed: int, workdir: str, faults: "StoreFaults | None") -> 
                 broken[kind] = e
                 print(f"{kind}: FAILED during the kills: {e}", flush=True)
     failed = bool(broken)
-    for kind, result in results.items():
-        check(ss.spark, ss, result, os.path.join(workdir, kind))
+    for kind, result in list(results.items()):
+        try:
+            check(ss.spark, ss, result, os.path.join(workdir, kind))
+        except Exception as e:  # noqa: BLE001 - named, and the other kinds still checked
+            print(f"{kind}: FAILED at the check: {e}", flush=True)
+            failed = True
+            continue
         places = collections.Counter(where for _, _, where, _ in result.kills)
         print(f"{kind}: {len(result.kills)} kills, {result.restarts} restarts, rows in {result.rows_in}, "
               f"rows out {result.rows_out}, missing {result.missing}, written twice {result.twice}: "
