@@ -23,7 +23,9 @@ its ``kafka`` sink. Spark's Kafka connector is a JVM jar that cannot be installe
 Spark's engine reads the topic through a PySpark Python streaming data source on the same
 client library (confluent-kafka), ``KafkaStreamReader`` below, and writes through
 ``foreachBatch`` (``mapInArrow`` tasks that produce with confluent-kafka, as microbatch's
-sink does). Tansu costs about 100 us of CPU a request when each request holds one record,
+sink does). Both keep their Kafka clients in each Python worker between tasks, as Spark's
+connector keeps its executors' (consumer pool, cached producers) and microbatch's
+``kafka.pool`` does. Tansu costs about 100 us of CPU a request when each request holds one record,
 so both sides produce in batches (``linger.ms`` 2); Tansu then reports a latest offset
 that lags the last request's records, which both engines see the same way.
 
@@ -107,9 +109,16 @@ def _python_data_source():
         def read(self, partition):
             import pyarrow as pa
             from confluent_kafka import Consumer, TopicPartition
-            consumer = Consumer({"bootstrap.servers": partition.bootstrap, "group.id": "bench-spark-task",
-                                 "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+            # Spark's Kafka connector keeps its executors' consumers between tasks
+            # (KafkaDataConsumer's pool), as microbatch's workers do: so does this reader
+            import confluent_kafka    # idle clients kept on a module every worker imports
+            pool = confluent_kafka.__dict__.setdefault("_bench_idle", {})
+            idle = pool.setdefault(("consumer", partition.bootstrap, partition.topic, partition.partition), [])
+            consumer = idle.pop() if idle else Consumer({
+                "bootstrap.servers": partition.bootstrap, "group.id": "bench-spark-task",
+                "enable.auto.commit": False, "fetch.wait.max.ms": 5})
             keys, values, offsets = [], [], []
+            ok = False
             try:
                 consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
                 next_offset = partition.start
@@ -122,8 +131,13 @@ def _python_data_source():
                         values.append(m.value())
                         offsets.append(m.offset())
                         next_offset = m.offset() + 1
+                ok = True
             finally:
-                consumer.close()
+                if ok:
+                    consumer.unassign()
+                    idle.append(consumer)
+                else:
+                    consumer.close()
             yield pa.RecordBatch.from_pydict({"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary()),
                                               "partition": pa.array([partition.partition] * len(offsets), pa.int32()),
                                               "offset": pa.array(offsets, pa.int64())})
@@ -150,7 +164,10 @@ def _produce_task(bootstrap: str, topic: str):
     def produce(batches):
         import pyarrow as pa
         from confluent_kafka import Producer
-        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": OUTPUT_LINGER_MS})
+        # kept between tasks, as Spark's CachedKafkaProducer (and microbatch's sink) keep theirs
+        import confluent_kafka    # idle clients kept on a module every worker imports
+        idle = confluent_kafka.__dict__.setdefault("_bench_idle", {}).setdefault(("producer", bootstrap), [])
+        producer = idle.pop() if idle else Producer({"bootstrap.servers": bootstrap, "linger.ms": OUTPUT_LINGER_MS})
         sent = 0
         for batch in batches:
             for value in batch.column(0).to_pylist():
@@ -163,8 +180,10 @@ def _produce_task(bootstrap: str, topic: str):
                 sent += 1
         if producer.flush(60) != 0:
             raise RuntimeError("output records not delivered")
+        idle.append(producer)
         yield pa.RecordBatch.from_pydict({"n": pa.array([sent], pa.int64())})
     return produce
+
 
 
 # -- the measuring side, in processes of their own --------------------------------------------------------
