@@ -5,6 +5,7 @@ range of its partition, earlier ones too; a read that fails closes its consumer;
 clients go past the timeout or the capacity."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import pyarrow as pa
@@ -75,6 +76,17 @@ def test_idle_clients_go_past_the_timeout_and_past_the_capacity():
     assert pool.take("a", lambda: "new", 2, 300) == "client2"  # the same key's idle client
     pool.give_back("a", "client2", 2, 0.0)                     # timeout 0: every idle one is stale
     assert sorted(closed) == ["client0", "client1", "client2"] and pool.idle() == 0
+
+
+def test_the_evictor_closes_idle_clients_past_the_timeout_without_another_task():
+    closed = []
+    pool = ClientPool(closed.append, evict_every_s=0.05)
+    pool.give_back("a", pool.take("a", lambda: "client", 64, 0.2), 64, 0.2)
+    assert closed == [] and pool.idle() == 1
+    deadline = time.monotonic() + 5
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert closed == ["client"] and pool.idle() == 0
 
 
 def test_the_sinks_tasks_share_a_producer_and_a_failed_write_drops_it(broker):

@@ -12,7 +12,10 @@ paid by every task of every batch without the pool. PySpark reuses its Python wo
 A client is taken out of the pool for one task and given back when the task is done
 with it; a client whose task failed is closed instead (its state is unknown, as Spark
 marks such a consumer for close). Idle clients past the timeout are closed, and past the
-capacity the longest idle first, whenever a client is taken or given back.
+capacity the longest idle first, whenever a client is taken or given back, and by an
+evictor thread every minute (Spark's ``evictorThreadRunInterval``, 1m), so a worker that
+runs no more Kafka tasks does not keep them: an idle librdkafka client whose broker has
+gone tries to reconnect (and logs it) many times a second.
 """
 from __future__ import annotations
 
@@ -31,10 +34,13 @@ PRODUCER_TIMEOUT = ("spark.kafka.producer.cache.timeout", "10m")
 class ClientPool:
     """Idle clients by key, each with the time it was given back."""
 
-    def __init__(self, close: Callable[[Any], None]):
+    def __init__(self, close: Callable[[Any], None], evict_every_s: float = 60.0):
         self._close = close
         self._idle: dict[Hashable, list[tuple[Any, float]]] = {}
         self._lock = threading.Lock()
+        self._evict_every_s = evict_every_s
+        self._limits = (1 << 30, float("inf"))     # the last (capacity, timeout) given
+        self._evictor: threading.Thread | None = None
         #: clients made and clients taken from the pool, for tests and metrics
         self.created = 0
         self.reused = 0
@@ -56,8 +62,20 @@ class ClientPool:
     def give_back(self, key: Hashable, client: Any, capacity: int, timeout_s: float) -> None:
         with self._lock:
             self._idle.setdefault(key, []).append((client, time.monotonic()))
+            self._limits = (capacity, timeout_s)
             stale = self._expired(capacity, timeout_s)
+            if self._evictor is None:
+                self._evictor = threading.Thread(target=self._evict, name="kafka client pool evictor",
+                                                 daemon=True)
+                self._evictor.start()
         self._close_all(stale)
+
+    def _evict(self) -> None:
+        while True:
+            time.sleep(self._evict_every_s)
+            with self._lock:
+                stale = self._expired(*self._limits)
+            self._close_all(stale)
 
     def discard(self, client: Any) -> None:
         self._close_all([client])
