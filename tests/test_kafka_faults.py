@@ -81,6 +81,25 @@ def kafka_to_parquet(ss, broker, topic, out, ckpt, interval="100 milliseconds", 
             .trigger(processingTime=interval).start(out))
 
 
+
+def exactly_once_to_kafka(ss, src: str, bootstrap: str, topic: str, checkpoint: str, fire,
+                          delivery_timeout_ms: int):
+    """The json files' ids, each through ``fire`` (a UDF that can set a fault off from a
+    task), into the exactly-once Kafka sink, run to the end of its input (availableNow)."""
+    firing = F.udf(fire, "int")
+    query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
+             .select(F.to_json(F.struct(firing("id").alias("id"))).alias("value"))
+             .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("topic", topic).option("microbatch.exactlyOnce", "true")
+             .option("kafka.batch.num.messages", 1).option("kafka.delivery.timeout.ms", delivery_timeout_ms)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(180)
+    except StreamingQueryException:
+        pass
+    assert not query.isActive, "the query did not end within its timeout"
+    return query
+
 def test_the_source_rides_out_an_outage_shorter_than_its_retries(ss, spark, broker, tmp_path):
     broker, proxy = broker
     broker.create_topic("ride", 2)
@@ -169,19 +188,8 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
                 open(_os.path.join(flags, "fired"), "w").close()
                 _time.sleep(0.5)           # the outage starts while the rest are produced
             return i
-        firing = F.udf(fire, "int")
-        query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
-                 .select(F.to_json(F.struct(firing("id").alias("id"))).alias("value"))
-                 .writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
-                 .option("topic", "eo").option("microbatch.exactlyOnce", "true")
-                 .option("kafka.batch.num.messages", 1).option("kafka.delivery.timeout.ms", delivery_timeout_ms)
-                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
-        try:
-            query.awaitTermination(180)
-        except StreamingQueryException:
-            pass
-        assert not query.isActive, "the query did not end within its timeout"
-        return query
+        return exactly_once_to_kafka(ss, src, broker.bootstrap, "eo", str(tmp_path / "ckpt"), fire,
+                                     delivery_timeout_ms)
 
     def ids() -> list[int]:
         return sorted(json.loads(m.value())["id"] for m in broker.read_all("eo"))
@@ -295,19 +303,8 @@ def test_the_exactly_once_sink_stays_exactly_once_across_a_broker_restart_mid_ba
                 open(_os.path.join(flags, "fired"), "w").close()
                 _time.sleep(0.5)           # the restart happens while the rest are produced
             return i
-        firing = F.udf(fire, "int")
-        query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(src)
-                 .select(F.to_json(F.struct(firing("id").alias("id"))).alias("value"))
-                 .writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
-                 .option("topic", "eo-restart").option("microbatch.exactlyOnce", "true")
-                 .option("kafka.batch.num.messages", 1).option("kafka.delivery.timeout.ms", 30_000)
-                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
-        try:
-            query.awaitTermination(180)
-        except StreamingQueryException:
-            pass
-        assert not query.isActive, "the query did not end within its timeout"
-        return query
+        return exactly_once_to_kafka(ss, src, broker.bootstrap, "eo-restart", str(tmp_path / "ckpt"), fire,
+                                     30_000)
 
     def ids() -> list[int]:
         return sorted(json.loads(m.value())["id"] for m in broker.read_all("eo-restart"))
