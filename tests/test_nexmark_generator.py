@@ -351,3 +351,25 @@ def test_events_view_has_flinks_datagen_columns_and_one_struct_per_row():
         structs = events.column(name).filter(pc.is_valid(events.column(name)))
         assert structs.field("dateTime").equals(
             events.column("dateTime").filter(pc.is_valid(events.column(name))))
+
+
+def test_scatter_spreads_rows_without_copying_strings_and_equals_a_take():
+    """``_scatter`` (the ``events`` view's struct columns) gives what a ``take`` with nulls
+    gives, for the fields it spreads by hand (strings, int32/int64, timestamps) and for any
+    other (a double, a string slice: the ``take`` path)."""
+    from microbatch.sources.nexmark.generator import _scatter
+    strings = pa.array(["x", "", "yz", "héllo", "w"])
+    rows = pa.StructArray.from_arrays(
+        [strings, pa.array([1, 2, 3, 4, 5], pa.int32()), pa.array([10, 20, 30, 40, 50], pa.int64()),
+         pa.array([1, 2, 3, 4, 5], pa.timestamp("us", tz="UTC")), pa.array([0.5, 1.5, 2.5, 3.5, 4.5]),
+         pa.array(["", "a", "b", "c", "d", "e"])[1:]],
+        names=["s", "i", "l", "t", "d", "sliced"])
+    pick = np.array([False, True, True, False, False, True, False, True, True, False])
+    positions = np.full(len(pick), -1)
+    positions[pick] = np.arange(5)
+    want = rows.take(pa.array(positions, mask=~pick))
+    got = _scatter(rows, pick, rows.type)
+    assert got.equals(want)
+    assert got.to_pylist()[1] == {"s": "x", "i": 1, "l": 10, "t": want[1]["t"].as_py(), "d": 0.5, "sliced": "a"}
+    assert got.field(0).buffers()[2].address == strings.buffers()[2].address   # the strings were not copied
+    assert _scatter(rows.slice(0, 0), np.zeros(3, dtype=bool), rows.type).null_count == 3

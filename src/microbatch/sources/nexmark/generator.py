@@ -147,26 +147,28 @@ def _next_string(rnd: JavaRandoms, max_length: int, special: str = " ") -> tuple
 
 def _next_exact_string(rnd: JavaRandoms, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``nextExactString(random, size)``: six characters from each ``nextInt()``, the
-    remainders of Java's truncating division by 26 (negative ones give 'H'..'`')."""
+    remainders of Java's truncating division by 26 (negative ones give 'H'..'`').
+
+    It is every event's last draw (the ``extra`` padding), so every generator draws as
+    many ``nextInt()`` as the longest string needs: the draws a shorter string does not
+    use only advance its own generator past the event's end, and are never read."""
     n = len(rnd)
     width = int(size.max()) if n else 0
     draws = (width + 5) // 6
-    values = np.zeros((n, draws), dtype=np.int64)
-    for d in range(draws):
-        active = size > 6 * d
-        if active.all():
-            values[:, d] = rnd.next_int_unbounded()
-        else:
-            values[active, d] = rnd.next_int_unbounded(where=active)
-    sign = np.where(values < 0, -1, 1).astype(np.int32)
-    quotient = np.abs(values).astype(np.uint32)     # (|MIN_VALUE| = 2^31 fits)
-    digits = []
-    for _ in range(6):   # each draw's characters: truncating division, Java's signed %
-        next_quotient = quotient // np.uint32(26)
-        digit = (quotient - next_quotient * np.uint32(26)).astype(np.int32)
+    values = rnd.next_ints_unbounded(draws)                  # (n, draws) int32
+    unsigned = values.view(np.uint32)
+    negative = values < 0
+    quotient = np.where(negative, -unsigned, unsigned)         # |value|: 2^31 fits in uint32
+    # 'a' + digit, or 'a' - digit for a negative value: in uint8, -d is (d ^ 0xFF) + 1
+    flip = negative.astype(np.uint8) * np.uint8(0xFF)
+    base = np.uint8(ord("a")) + negative.astype(np.uint8)
+    letters = np.empty((n, draws, 6), dtype=np.uint8)
+    twenty_six = np.uint32(26)
+    for k in range(6):   # each draw's characters, lowest digit first
+        next_quotient = quotient // twenty_six
+        digit = (quotient - next_quotient * twenty_six).astype(np.uint8)
         quotient = next_quotient
-        digits.append((ord("a") + sign * digit).astype(np.uint8))
-    letters = np.stack(digits, axis=2)
+        letters[:, :, k] = (digit ^ flip) + base
     chars = letters.reshape(n, draws * 6)[:, :width]
     keep = np.arange(width)[None, :] < size[:, None]
     return chars, keep
@@ -270,6 +272,20 @@ def _channel_urls() -> tuple[np.ndarray, np.ndarray]:
     return _URLS["hot"], _URLS["channels"]
 
 
+_CHANNEL_TABLES: list[pa.Array] = []
+
+
+def _channel_tables() -> tuple[pa.Array, pa.Array]:
+    """(channel names, URLs) as Arrow arrays: the channel numbers 0 .. 9999, then the hot
+    channels (index ``CHANNELS_NUMBER + i``): a bid's channel and URL are a ``take``."""
+    if not _CHANNEL_TABLES:
+        hot_urls, channel_urls = _channel_urls()
+        names = [f"channel-{number}" for number in range(CHANNELS_NUMBER)] + list(HOT_CHANNELS)
+        _CHANNEL_TABLES.extend([pa.array(names, pa.string()),
+                                pa.array(list(channel_urls) + list(hot_urls), pa.string())])
+    return _CHANNEL_TABLES[0], _CHANNEL_TABLES[1]
+
+
 def _reverse_int(value: int) -> int:
     """Java's ``Integer.reverse`` (as a signed int); ``Math.abs`` of MIN_VALUE stays negative."""
     bits = int(f"{value & 0xFFFFFFFF:032b}"[::-1], 2)
@@ -338,20 +354,17 @@ def _bids(c: NexmarkConfig, event_id: np.ndarray, timestamp: pa.Array) -> pa.Str
     bidder = bidder + 2 * FIRST_PERSON_ID          # (Flink adds FIRST_PERSON_ID twice)
     price = _next_price(rnd)
     hot = rnd.next_int(2) > 0
-    hot_urls, channel_urls = _channel_urls()
-    hot_index = np.zeros(n, dtype=np.int64)
-    channel_number = np.zeros(n, dtype=np.int64)
+    channel_index = np.zeros(n, dtype=np.int64)
     if hot.any():
-        hot_index[hot] = rnd.next_int(len(HOT_CHANNELS), where=hot)
+        channel_index[hot] = CHANNELS_NUMBER + rnd.next_int(len(HOT_CHANNELS), where=hot)
     if (~hot).any():
-        channel_number[~hot] = rnd.next_int(CHANNELS_NUMBER, where=~hot)
-    channel = np.where(hot, np.asarray(HOT_CHANNELS, dtype=object)[hot_index],
-                       np.char.add("channel-", channel_number.astype(str)).astype(object))
-    url = np.where(hot, hot_urls[hot_index], channel_urls[channel_number])
+        channel_index[~hot] = rnd.next_int(CHANNELS_NUMBER, where=~hot)
+    channel_names, channel_urls = _channel_tables()
+    channel, url = channel_names.take(channel_index), channel_urls.take(channel_index)
     extra = _next_extra(rnd, np.full(n, 32), c.avg_bid_bytes)
     return pa.StructArray.from_arrays(
-        [pa.array(auction), pa.array(bidder), pa.array(price), pa.array(channel, pa.string()),
-         pa.array(url, pa.string()), timestamp, extra], fields=list(BID_TYPE))
+        [pa.array(auction), pa.array(bidder), pa.array(price), channel, url, timestamp, extra],
+        fields=list(BID_TYPE))
 
 
 def event_types(c: NexmarkConfig, first: int, end: int) -> np.ndarray:
@@ -394,8 +407,30 @@ def generate(c: NexmarkConfig, first: int, end: int, view: str = "events") -> pa
 
 
 def _scatter(rows: pa.StructArray, pick: np.ndarray, struct_type: pa.StructType) -> pa.Array:
-    """``rows`` at the positions ``pick`` selects, null elsewhere."""
-    positions = np.full(len(pick), -1, dtype=np.int64)
-    positions[pick] = np.arange(int(pick.sum()))
-    indices = pa.array(positions, mask=~pick)
-    return rows.take(indices) if len(rows) else pa.nulls(len(pick), struct_type)
+    """``rows`` at the positions ``pick`` selects, null elsewhere. No string is copied: a
+    string field keeps its data buffer and gets offsets that give the null rows empty
+    strings; a number or time field is spread with numpy."""
+    if not len(rows):
+        return pa.nulls(len(pick), struct_type)
+    positions = np.flatnonzero(pick)
+    children = []
+    for i, field in enumerate(struct_type):
+        child = rows.field(i)
+        buffers = child.buffers()
+        if pa.types.is_string(field.type) and not child.null_count and not child.offset:
+            offsets = np.frombuffer(buffers[1], dtype=np.int32, count=len(child) + 1)
+            spread = np.zeros(len(pick) + 1, dtype=np.int32)
+            spread[positions + 1] = offsets[1:]
+            np.maximum.accumulate(spread, out=spread)      # a null row: the previous row's end
+            children.append(pa.StringArray.from_buffers(len(pick), pa.py_buffer(spread), buffers[2]))
+        elif ((pa.types.is_integer(field.type) or pa.types.is_timestamp(field.type))
+              and field.type.bit_width in (32, 64) and not child.null_count and not child.offset):
+            dtype = np.int32 if field.type.bit_width == 32 else np.int64
+            spread = np.zeros(len(pick), dtype=dtype)
+            spread[positions] = np.frombuffer(buffers[1], dtype=dtype, count=len(child))
+            children.append(pa.Array.from_buffers(field.type, len(pick), [None, pa.py_buffer(spread)]))
+        else:   # (not met by the generator's own fields)
+            taken = np.full(len(pick), -1, dtype=np.int64)
+            taken[positions] = np.arange(len(positions))
+            children.append(child.take(pa.array(taken, mask=~pick)))
+    return pa.StructArray.from_arrays(children, fields=list(struct_type), mask=pa.array(~pick))

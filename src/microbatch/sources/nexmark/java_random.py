@@ -66,6 +66,17 @@ class JavaRandoms:
         """``nextInt()``: 32 bits, signed."""
         return self._next(32, where)
 
+    def next_ints_unbounded(self, count: int) -> np.ndarray:
+        """``count`` calls of ``nextInt()`` on every generator: an (n, count) int32 matrix."""
+        out = np.empty((len(self._state), count), dtype=np.uint32)
+        state = self._state
+        shift = np.uint64(16)
+        for k in range(count):
+            state = (state * _MULTIPLIER + _ADDEND) & _MASK
+            out[:, k] = state >> shift
+        self._state = state
+        return out.view(np.int32)
+
     def next_long(self, where: np.ndarray | None = None) -> np.ndarray:
         """``nextLong()``: ``((long) next(32) << 32) + next(32)``, wrapping as Java's long."""
         high = self._next(32, where)
