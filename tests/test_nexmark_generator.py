@@ -373,3 +373,16 @@ def test_scatter_spreads_rows_without_copying_strings_and_equals_a_take():
     assert got.to_pylist()[1] == {"s": "x", "i": 1, "l": 10, "t": want[1]["t"].as_py(), "d": 0.5, "sliced": "a"}
     assert got.field(0).buffers()[2].address == strings.buffers()[2].address   # the strings were not copied
     assert _scatter(rows.slice(0, 0), np.zeros(3, dtype=bool), rows.type).null_count == 3
+
+
+def test_scatter_keeps_strings_whose_offsets_do_not_start_at_zero():
+    """A string field built over a shared data buffer (offsets from 3, not 0), and one whose
+    strings are all empty (an empty data buffer)."""
+    from microbatch.sources.nexmark.generator import _scatter
+    shifted = pa.StringArray.from_buffers(2, pa.py_buffer(np.array([3, 5, 6], dtype=np.int32)),
+                                          pa.py_buffer(b"abcdef"))
+    empty = pa.array(["", ""])
+    rows = pa.StructArray.from_arrays([shifted, empty], names=["s", "e"])
+    pick = np.array([False, True, False, True])
+    got = _scatter(rows, pick, rows.type)
+    assert got.to_pylist() == [None, {"s": "de", "e": ""}, None, {"s": "f", "e": ""}]

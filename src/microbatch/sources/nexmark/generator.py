@@ -417,9 +417,11 @@ def _scatter(rows: pa.StructArray, pick: np.ndarray, struct_type: pa.StructType)
     for i, field in enumerate(struct_type):
         child = rows.field(i)
         buffers = child.buffers()
-        if pa.types.is_string(field.type) and not child.null_count and not child.offset:
+        if (pa.types.is_string(field.type) and not child.null_count and not child.offset
+                and buffers[2] is not None):
             offsets = np.frombuffer(buffers[1], dtype=np.int32, count=len(child) + 1)
             spread = np.zeros(len(pick) + 1, dtype=np.int32)
+            spread[0] = offsets[0]
             spread[positions + 1] = offsets[1:]
             np.maximum.accumulate(spread, out=spread)      # a null row: the previous row's end
             children.append(pa.StringArray.from_buffers(len(pick), pa.py_buffer(spread), buffers[2]))
