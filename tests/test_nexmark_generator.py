@@ -386,3 +386,14 @@ def test_scatter_keeps_strings_whose_offsets_do_not_start_at_zero():
     pick = np.array([False, True, False, True])
     got = _scatter(rows, pick, rows.type)
     assert got.to_pylist() == [None, {"s": "de", "e": ""}, None, {"s": "f", "e": ""}]
+
+
+def test_next_ints_unbounded_is_count_calls_of_next_int():
+    seeds = np.array([0, 1, -5, 2**40 + 7, -(2**62)], dtype=np.int64)
+    one_by_one = JavaRandoms(seeds)
+    want = np.stack([one_by_one.next_int_unbounded() for _ in range(4)], axis=1)
+    at_once = JavaRandoms(seeds)
+    got = at_once.next_ints_unbounded(4)
+    assert got.dtype == np.int32 and (got == want).all()
+    assert (got < 0).any()                                   # the signed cast is exercised
+    assert (at_once.next_int(1000) == one_by_one.next_int(1000)).all()   # the states agree after
