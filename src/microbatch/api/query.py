@@ -70,7 +70,7 @@ class StreamingQuery:
         """The exception that ended the query, built as PySpark's ``exception()`` builds
         it (message and stack trace of the JVM exception, its cause converted)."""
         execution = self._execution
-        je = execution.stream_death_cause_jvm
+        je = execution.stream_death_cause_spark
         if je is None:
             return execution.reported_fallback_cause   # None, or one built without a JVM
         exception = spark_internals.query_exception(je)

@@ -114,7 +114,7 @@ class _StreamFormatter(SQLStringFormatter):
 
 def _may_read_stream(session: Any, query: str) -> bool:
     """Whether the text names a view of a stream, or says STREAM (parsing it and walking the
-    parsed plan costs py4j calls per node and expression)."""
+    parsed plan costs calls into Spark per node and expression)."""
     text = query.lower()
     names = list(session._stream_views) + [n.rsplit(".", 1)[-1] for n in session._global_stream_views()]
     return "stream" in text or any(name in text for name in names)

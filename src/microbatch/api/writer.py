@@ -216,7 +216,7 @@ class DataStreamWriter:
         elif (root := spark.conf.get("spark.sql.streaming.checkpointLocation", None)):
             location = root.rstrip("/") + "/" + (self._query_name or str(uuid.uuid4()))
         if location is not None:
-            # (reading every Spark setting through py4j costs about 20 ms: only for a remote store)
+            # (reading every Spark setting costs about 20 ms of calls into Spark: only for a remote store)
             self._checkpoint_fs = self._fs or storage_for(
                 location, None if is_local(location) else self._spark_settings())
             resolved = self._checkpoint_fs.resolve(location)

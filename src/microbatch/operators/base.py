@@ -169,7 +169,7 @@ class StatefulStep:
         self.state_root = state_root            # <checkpoint>/state
         self.num_partitions = num_partitions    # the run's shuffle partitions
         #: what does not change from batch to batch, made once: Column objects (building
-        #: one costs a py4j round trip or more) and the steps analysed once (``bind``)
+        #: one costs a round trip into Spark or more) and the steps analysed once (``bind``)
         self._cache: dict = {}
         self._columns_keys = spark_internals.ColumnsKeys()
 

@@ -407,7 +407,7 @@ class IncrementalExecution:
 
     def explain_string(self, run_id: str, batch_id: int) -> str:
         """The plan, each stateful operator with its state info as Spark prints it. The
-        tree is printed once per run (a step's Columns print through py4j, and the progress
+        tree is printed once per run (a step's Columns print through a call into Spark, and the progress
         log writes the plan with every batch); a batch puts in its version."""
         if self._explained is None or self._explained[0] != run_id:
             def state_info(node: PlanNode) -> str:

@@ -86,7 +86,7 @@ class StreamExecution:
         self.lease = RunLease(fs, checkpoint_root, self.id, self.run_id,
                               conf_ms(spark, LEASE_TIMEOUT_CONF, DEFAULT_LEASE_TIMEOUT_MS))
         self.state = State.INITIALIZING
-        self.stream_death_cause_jvm: Any = None    # the JVM StreamingQueryException
+        self.stream_death_cause_spark: Any = None    # Spark's own StreamingQueryException object
         self._error_class_on_exception: str | None = None
         self._job_tags: set[str] = set()
         self.progress = ProgressReporter(
@@ -122,15 +122,15 @@ class StreamExecution:
 
     @property
     def failed(self) -> bool:
-        return self.stream_death_cause_jvm is not None or self._fallback_cause is not None
+        return self.stream_death_cause_spark is not None or self._fallback_cause is not None
 
     @property
     def stream_death_cause(self) -> StreamingQueryException | None:
-        """The exception that ended the query, as PySpark raises it from a py4j call
+        """The exception that ended the query, as PySpark raises it from a call into Spark
         (chained to the Python error behind it, for Python tracebacks)."""
-        if self.stream_death_cause_jvm is None:
+        if self.stream_death_cause_spark is None:
             return self._fallback_cause
-        exception = spark_internals.captured(self.stream_death_cause_jvm)
+        exception = spark_internals.captured(self.stream_death_cause_spark)
         exception.__cause__ = self._python_cause
         return exception
 
@@ -199,7 +199,7 @@ class StreamExecution:
             self._error_class_on_exception = failure.error_class
             return failure.message
         try:
-            return self._fail_in_jvm(error)
+            return self._fail_through_spark(error)
         except Exception:  # noqa: BLE001 - e.g. the SparkContext stopped under the query
             log.warning("Cannot build the JVM exception of query %s", self.pretty_id, exc_info=True)
             message = str(error)
@@ -211,21 +211,21 @@ class StreamExecution:
             self.reported_fallback_cause = self._fallback_cause
             return message
 
-    def _fail_in_jvm(self, error: BaseException) -> str:
+    def _fail_through_spark(self, error: BaseException) -> str:
         jerror = spark_internals.jvm_throwable(error)
         message = spark_internals.exception_message(jerror)
         # Spark unwraps a foreach/foreachBatch user function's error, so that the cause
         # users get is their own; the error class stays FOREACH_BATCH_USER_FUNCTION_ERROR.
         cause = spark_internals.user_error_cause(jerror)
         committed, available = self.offsets_description()
-        self.stream_death_cause_jvm = spark_internals.streaming_query_exception(
+        self.stream_death_cause_spark = spark_internals.streaming_query_exception(
             self.debug_string(), cause, committed, available, self.id, self.run_id, message)
         self._error_class_on_exception = spark_internals.error_condition(jerror)
         return message
 
     def _terminated_exception_text(self) -> str | None:
-        if self.stream_death_cause_jvm is not None:
-            return spark_internals.cause_string(self.stream_death_cause_jvm)
+        if self.stream_death_cause_spark is not None:
+            return spark_internals.cause_string(self.stream_death_cause_spark)
         if self._fallback_cause is not None:
             return str(self._python_cause)
         return None

@@ -186,7 +186,7 @@ class IcebergSource(Source):
             paths.append(found.path)
         if paths and urlparse(paths[0]).scheme.lower() in ("s3", "s3a", "s3n"):
             scheme = urlparse(paths[0]).scheme.lower()
-            if scheme not in self._object_store:     # (made once: the settings are a py4j call, s3fs a client)
+            if scheme not in self._object_store:     # (made once: the settings are a call into Spark, s3fs a client)
                 self._object_store[scheme] = storage_for(
                     paths[0], spark_internals.session_settings(self._spark)).spec()
             return read_parquet_files(self._spark, [ParquetFile(p) for p in paths], self._schema,
