@@ -261,6 +261,8 @@ def _produce(batches, producer, config: dict, topic_option: str | None, exactly_
 
 class KafkaSink(Sink):
     reads_batch_through = READS_SQL
+    #: a kept batch DataFrame gets its producing DataFrame once (``_writing``)
+    runs_kept_plans = True
 
     def __init__(self, context: SinkContext):
         options = context.options
@@ -281,6 +283,7 @@ class KafkaSink(Sink):
             self.params.setdefault("enable.idempotence", "true")
             self.params.setdefault("acks", "all")
         self._names = [f.name for f in context.schema.fields]
+        self._kept: tuple[DataFrame, DataFrame] | None = None   # (batch DataFrame, its writing)
 
     def _columns(self, df: DataFrame) -> DataFrame:
         cols = []
@@ -329,11 +332,21 @@ class KafkaSink(Sink):
             if exactly_once["rerun"]:
                 log.info("Batch %d of the Kafka sink runs again: records already in %s since "
                          "offsets %s are skipped", batch_id, self.topic, exactly_once["start"])
-        task = _write_task(self.params, self.topic, exactly_once, self.flush_timeout_s,
-                           pool_settings(df.sparkSession.conf.get, None, PRODUCER_TIMEOUT))
-        results = self._columns(df).mapInArrow(task, _RESULT_SCHEMA).collect()
+        results = self._writing(df, exactly_once).collect()
         self.last_num_output_rows = sum(r["rows"] for r in results)
         self.last_skipped = sum(r["skipped"] for r in results)
+
+    def _writing(self, df: DataFrame, exactly_once: dict | None) -> DataFrame:
+        """The DataFrame whose tasks produce ``df``'s rows. A batch's task carries its
+        exactly-once record, so it is made for each batch; otherwise the one made for a
+        kept batch DataFrame (the same object again) is kept with it, planned once."""
+        if exactly_once is None and self._kept is not None and self._kept[0] is df:
+            return self._kept[1]
+        task = _write_task(self.params, self.topic, exactly_once, self.flush_timeout_s,
+                           pool_settings(df.sparkSession.conf.get, None, PRODUCER_TIMEOUT))
+        writing = self._columns(df).mapInArrow(task, _RESULT_SCHEMA)
+        self._kept = (df, writing) if exactly_once is None else None
+        return writing
 
     def progress_metrics(self) -> dict[str, str]:
         if not self.exactly_once:

@@ -45,7 +45,7 @@ from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.kafka.client import HEADERS_TYPE, check_client_settings, client_params
 from microbatch.kafka.pool import (CONSUMER_CAPACITY, CONSUMER_TIMEOUT, CONSUMERS, pool_settings,
                                    settings_key)
-from microbatch.sources.base import (ALL_AVAILABLE, CompositeReadLimit, ReadAllAvailable,
+from microbatch.sources.base import (ALL_AVAILABLE, BoundBatch, CompositeReadLimit, ReadAllAvailable,
                                      ReadLimit, ReadMaxRows, ReadMinRows, Source, SourceContext,
                                      SourceProvider)
 from microbatch.util import CaseInsensitiveOptions, time_string_as_ms
@@ -630,6 +630,27 @@ def _read_ranges_task(groups: list[list[OffsetRange]], config: dict, include_hea
     return run
 
 
+def _read_bound_ranges_task(key: str, config: dict, include_headers: bool, fail_on_data_loss: bool,
+                            poll_timeout_ms: int, pooling: tuple[int, float] | None, rows: Any):
+    """The ``mapInArrow`` function of a kept batch plan: the task's ranges come from the
+    local property ``key`` (each task's list, as JSON: ``[[topic, partition, start,
+    until], ...]``), and the rows read go to the accumulator ``rows``."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+        groups = json.loads(TaskContext.get().getLocalProperty(key))
+        read = 0
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                for topic, partition, start, until in groups[index]:
+                    for records in read_ranges(config, [OffsetRange(topic, partition, start, until)],
+                                               include_headers, fail_on_data_loss, poll_timeout_ms,
+                                               pooling=pooling):
+                        read += records.num_rows
+                        yield records
+        rows.add(read)
+    return run
+
+
 # -- the source --------------------------------------------------------------------------
 class KafkaSource(Source):
     supports_available_now = True
@@ -661,6 +682,8 @@ class KafkaSource(Source):
         # in flight from its last read, up to this (librdkafka's default is 500 ms)
         self._executor_config.setdefault("fetch.wait.max.ms", "10")
         self._latest: dict | None = None
+        self._bound_key = f"microbatch.kafka.{uuid.uuid4().hex}"   # (a kept plan's local property)
+        self._bound_rows: Any = None
         self._available_now: dict | None = None
         self._last_trigger_ms = 0          # Spark's: the first batch is never delayed
         self._initial: dict | None = None
@@ -829,20 +852,52 @@ class KafkaSource(Source):
             ranges.append(OffsetRange(tp[0], tp[1], begin, until))
         return split_ranges(ranges, self.min_partitions)
 
+    def _task_groups(self, ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
+        # Spark runs a task per range; a Python task costs tens of ms more than a JVM one,
+        # so ranges share tasks up to the cores (each task one consumer for its ranges),
+        # unless minPartitions asks for more
+        tasks = self.min_partitions or spark_internals.default_parallelism(self._context.spark)
+        return task_groups(ranges, max(tasks, len(ranges)) if self.min_partitions else tasks)
+
     def get_batch(self, start: Any, end: Any) -> DataFrame:
         spark = self._context.spark
         ranges = self.offset_ranges(start, end)
         if not ranges:
             return spark_internals.empty_batch(spark, self._schema)
-        # Spark runs a task per range; a Python task costs tens of ms more than a JVM one,
-        # so ranges share tasks up to the cores (each task one consumer for its ranges),
-        # unless minPartitions asks for more
-        tasks = self.min_partitions or spark.sparkContext.defaultParallelism
-        groups = task_groups(ranges, max(tasks, len(ranges)) if self.min_partitions else tasks)
+        groups = self._task_groups(ranges)
         read = _read_ranges_task(groups, self._executor_config, self.include_headers,
                                  self.fail_on_data_loss, self.poll_timeout_ms,
                                  pool_settings(spark.conf.get, CONSUMER_CAPACITY, CONSUMER_TIMEOUT))
         return spark.range(0, len(groups), 1, len(groups)).mapInArrow(read, self._schema)
+
+    def bound_batch(self, start: Any, end: Any) -> BoundBatch | None:
+        """The batch as a kept frame: one task per group of ranges, each reading its
+        ranges from the local property (the frame of a number of groups is the same for
+        every batch of that many)."""
+        spark = self._context.spark
+        if spark_internals.is_connect(spark):
+            return None
+        ranges = self.offset_ranges(start, end)
+        if not ranges:
+            return None
+        groups = self._task_groups(ranges)
+        value = json.dumps([[[r.topic, r.partition, r.start, r.until] for r in group] for group in groups],
+                           separators=(",", ":"))
+
+        def frame() -> DataFrame:
+            if self._bound_rows is None:
+                self._bound_rows = spark_internals.row_accumulator(spark)
+            read = _read_bound_ranges_task(self._bound_key, self._executor_config, self.include_headers,
+                                           self.fail_on_data_loss, self.poll_timeout_ms,
+                                           pool_settings(spark.conf.get, CONSUMER_CAPACITY, CONSUMER_TIMEOUT),
+                                           self._bound_rows)
+            return spark.range(0, len(groups), 1, len(groups)).mapInArrow(read, self._schema)
+        return BoundBatch(("kafka", len(groups)), self._bound_key, value, frame, self._bound_rows_read)
+
+    def _bound_rows_read(self) -> int:
+        """The rows the kept frame's tasks read since the last call."""
+        rows, self._bound_rows.value = self._bound_rows.value, 0
+        return rows
 
     def stop(self) -> None:
         self.reader.close()

@@ -46,10 +46,16 @@ class BatchMetrics:
         #: (its ``Observation`` keeps a map, not the row)
         self._rows_in_executions = not spark_internals.observation_has_row()
         self._observed: dict[str, Any] = {}
+        self._counted_by: dict[int, Any] = {}
+        #: this batch runs a kept plan: its observations were filled by an earlier batch,
+        #: so what it observed is read from the executions that ran it
+        self.kept_plan = False
         self._collecting = False
 
     def start_batch(self) -> None:
         self._rows, self._observations, self._scanned, self._observed = {}, {}, {}, {}
+        self._counted_by = {}
+        self.kept_plan = False
         self.batch_df = None
 
     def no_input(self, i: int) -> None:
@@ -68,6 +74,11 @@ class BatchMetrics:
             df = df.observe(self._observations[i], F.count(F.lit(1)).alias("rows"))
         return df
 
+    def input_counted_by(self, i: int, rows: Any) -> None:
+        """Source ``i``'s rows are what ``rows()`` says once the sink ran (a kept batch
+        frame counts its own: ``BoundBatch.rows``)."""
+        self._counted_by[i] = rows
+
     def _scan_keys(self, df: DataFrame) -> dict | None:
         """How to find ``df``'s scans in the sink's executions, if its rows can be counted
         there; None: count them with an Observation."""
@@ -83,8 +94,12 @@ class BatchMetrics:
             self._scan_counting_failed = True
             return None
 
+    def _observed_in_executions(self) -> bool:
+        return self._rows_in_executions or self.kept_plan
+
     def sink_starts(self) -> None:
-        self._collecting = (self._scanned or self._rows_in_executions) and self.sink.reads_batch_through != READS_RDD
+        self._collecting = (self._scanned or self._observed_in_executions()) \
+            and self.sink.reads_batch_through != READS_RDD
         if self._collecting:
             if self._scan_counter is None:
                 self._scan_counter = spark_internals.ScanRowCounter(self.session)
@@ -93,11 +108,12 @@ class BatchMetrics:
     def sink_ended(self) -> None:
         """Count what the sink's executions scanned (they ran the batch); before Spark 4.1,
         keep what they observed."""
-        if not (self._scanned or self._rows_in_executions):
+        self._rows.update({i: rows() for i, rows in self._counted_by.items()})
+        if not (self._scanned or self._observed_in_executions()):
             return
         reads_through = self.sink.reads_batch_through
         executions = self._scan_counter.finish() if self._collecting else []
-        if self._rows_in_executions:
+        if self._observed_in_executions():
             self._observed = spark_internals.observed_rows(executions)
         if not self._scanned:
             return
@@ -116,9 +132,9 @@ class BatchMetrics:
         """The JVM row of an ``Observation`` of the batch, or None if the sink never ran
         the batch's DataFrame."""
         reads_through = self.sink.reads_batch_through
-        if self._rows_in_executions and observation._name in self._observed:
+        if self._observed_in_executions() and observation._name in self._observed:
             return self._observed[observation._name]
-        if reads_through != READS_RDD and not self._rows_in_executions:
+        if reads_through != READS_RDD and not self._observed_in_executions():
             row = spark_internals.observation_row(observation, wait_s=0.5)
             if row is not None:
                 return row

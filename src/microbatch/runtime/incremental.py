@@ -32,6 +32,12 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
   observes their event time, or leaves it to the operator above), an ``observe`` gets its
   ``Observation``, and a stateful operator's step builds its part. It returns the batch's
   DataFrame with what to collect once the sink ran (``PlannedBatch``).
+- **A plan kept across batches** (``keeps_batch_plan``): a query without state,
+  ``observe`` or current time has nothing in its plan that changes from batch to batch but
+  its inputs (a watermark's statistics are read from each run's executions, by the name of
+  the first batch's ``Observation``); when its sources bind their batches at run time
+  (``Source.bound_batch``), the batch runner keeps the batch's DataFrame, which Spark
+  planned once, and runs it again.
 - **shouldRunAnotherBatch**, per operator, with Spark's rule for each: a watermark below
   it that would move its eviction watermark, and something that evicts (an aggregation
   in append or update mode, a deduplication, a join with a watermarked key or a state
@@ -243,6 +249,10 @@ class IncrementalExecution:
         self.operator = {op.node: op for op in self.operators}
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
         self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
+        #: nothing in a batch's DataFrame but its inputs changes from batch to batch (a
+        #: watermark's event-time statistics are read from each run's executed plan)
+        self.keeps_batch_plan = not (self.operators or self.needs_batch_time
+                                     or any(isinstance(n, Observe) for n in nodes))
         self._explained: tuple[str, str] | None = None    # (run id, the plan's tree)
 
     # -- rewrites, once per run ------------------------------------------------

@@ -57,6 +57,12 @@ from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
 
+#: Whether a stateless query over sources that bind their batches at run time plans its
+#: batch once and runs that plan for each batch ("a plan kept across batches", below)
+KEEP_BATCH_PLAN_CONF = "spark.sql.streaming.microbatch.keepBatchPlan.enabled"
+#: the most plans a run keeps, the oldest dropped first
+KEPT_PLANS = 8
+
 class AvailableNowPin:
     """Spark's AvailableNow wrapper for sources without native support: the first
     latest offset seen is the end of the run."""
@@ -109,6 +115,9 @@ class MicroBatchExecution(StreamExecution):
         self._recorded_conf: dict[str, str] = {}     # the confs of the checkpoint's last batch
         self._last_batch_stats: dict | None = None
         self.last_batch_df: DataFrame | None = None
+        #: plans kept across batches: the batch planned for each tuple of the sources' shapes
+        self._kept_plans: dict[tuple, PlannedBatch] = {}
+        self._keeps_plans = False
         self._described_batch: int | None = None
         self.stateful = [n for n in plan.nodes() if isinstance(n, StatefulNode)]
         self._requires_another_batch = False
@@ -327,6 +336,10 @@ class MicroBatchExecution(StreamExecution):
             shuffle_partitions=int(conf.get(SHUFFLE_PARTITIONS)), output_mode=self.output_mode,
             empty_inputs=empty_inputs, store_conf=store_conf)
         self.stateful = [op.node for op in planner.operators]
+        self._keeps_plans = (planner.keeps_batch_plan and self.sink.runs_kept_plans
+                             and not spark_internals.is_connect(self._batch_session)
+                             and conf_bool(self._batch_session, KEEP_BATCH_PLAN_CONF, True))
+        self._kept_plans = {}
         # (the policy is one of the checkpoint's confs: read once they are pinned)
         self.watermarks.policy = conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min").lower()
         self.watermarks.plan(planner.watermark_nodes, self.stateful)
@@ -444,9 +457,17 @@ class MicroBatchExecution(StreamExecution):
         inputs: dict[StreamingRelation, DataFrame] = {}
         metrics.start_batch()
         with progress.time_phase("getBatch"):
+            bound = self._bound_batches()
+            kept = self._kept_plans.get(tuple(b.shape for b in bound)) if bound is not None else None
             for i, (relation, source) in enumerate(zip(self.relations, self.sources)):
                 end = self.available_offsets.get(i)
                 start = self.committed_offsets.get(i)
+                if bound is not None:
+                    spark_internals.set_local_property(self.jobs_session(), bound[i].key, bound[i].value)
+                    metrics.input_counted_by(i, bound[i].rows)
+                    if kept is None:
+                        inputs[relation] = bound[i].frame()
+                    continue
                 if end is None or end == start:
                     inputs[relation] = self._empty_batch(i)
                     metrics.no_input(i)
@@ -457,9 +478,17 @@ class MicroBatchExecution(StreamExecution):
                 df = source.get_batch(start, end)
                 crash_points.reached("source-get-batch")
                 inputs[relation] = metrics.input(i, source, start, end, df)
+            if bound is not None:
+                metrics.kept_plan = kept is not None
+                crash_points.reached("source-get-batch")
         with progress.time_phase("queryPlanning"):
-            planned = self._incremental.batch(inputs, batch_id, self.offset_seq_metadata.batch_timestamp_ms,
-                                              self.watermarks, self.offset_seq_metadata.batch_watermark_ms)
+            if kept is not None:
+                planned = dataclasses.replace(kept, batch_id=batch_id)
+            else:
+                planned = self._incremental.batch(inputs, batch_id, self.offset_seq_metadata.batch_timestamp_ms,
+                                                  self.watermarks, self.offset_seq_metadata.batch_watermark_ms)
+                if bound is not None:
+                    self._keep_plan(tuple(b.shape for b in bound), planned)
             self.last_batch_df = metrics.batch_df = batch_df = planned.df
         if self.stateful and not self._state_schemas.written:
             self._state_schemas.write()
@@ -501,6 +530,41 @@ class MicroBatchExecution(StreamExecution):
         log.debug("Completed batch %d", batch_id)
         with self.await_progress:
             self.await_progress.notify_all()
+
+    # -- a plan kept across batches -------------------------------------------
+    def _bound_batches(self) -> list | None:
+        """Every source's batch bound at run time (``Source.bound_batch``), or None: the
+        batch gets DataFrames of its own. Only for a plan that keeps (``keeps_batch_plan``),
+        a sink that may run one DataFrame again (``Sink.runs_kept_plans``), and a batch
+        where every source has rows."""
+        if not self._keeps_plans:
+            return None
+        bound = []
+        for i, source in enumerate(self.sources):
+            end, start = self.available_offsets.get(i), self.committed_offsets.get(i)
+            if end is None or end == start:
+                return None
+            binding = source.bound_batch(source.initial_offset() if start is None else start, end)
+            if binding is None:
+                return None
+            bound.append(binding)
+        return bound
+
+    def _keep_plan(self, shapes: tuple, planned: PlannedBatch) -> None:
+        """Keep the batch's DataFrame for the next batches of these shapes (up to
+        ``KEPT_PLANS`` shapes: a source's partitions without new rows make a batch of
+        another shape), if Spark's plan of it gives a new batch when run again
+        (``spark_internals.runs_again_alike``); if not, no batch of this run keeps one."""
+        if spark_internals.runs_again_alike(planned.df):
+            if len(self._kept_plans) >= KEPT_PLANS:
+                self._kept_plans.pop(next(iter(self._kept_plans)))
+            self._kept_plans[shapes] = planned
+            log.info("Batch %d's plan is kept for the next batches of %s", planned.batch_id, shapes)
+        else:
+            self._keeps_plans = False
+            self._kept_plans = {}
+            log.info("Batch %d's plan cannot run again alike (an exchange, a subquery or a scan "
+                     "of its own): every batch is planned anew", planned.batch_id)
 
     def _complete_state_commits(self, planned: PlannedBatch) -> None:
         """Every state partition must commit version N+1, even if the sink read only part

@@ -38,6 +38,13 @@ class Sink(ABC):
     #: ``READS_ANY`` (the default, e.g. user code): either, so the engine looks at both.
     reads_batch_through: str = READS_ANY
 
+    #: Whether the sink may be given the same DataFrame object for several batches (a plan
+    #: kept across batches, ``runtime.micro_batch``), each run binding that batch's inputs:
+    #: it runs it through that object's own plan each time (or through a DataFrame it
+    #: derived from it once and keeps), so Spark plans it once. Off by default: user code
+    #: (``foreachBatch``) or a sink that caches a batch must get a DataFrame of its own.
+    runs_kept_plans: bool = False
+
     def progress_metrics(self) -> dict[str, str]:
         """Extra figures for the progress ``sink.metrics`` map (Spark omits it when empty)."""
         return {}

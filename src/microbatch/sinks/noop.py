@@ -13,6 +13,7 @@ from microbatch.sinks.base import READS_RDD, Sink, SinkContext, SinkProvider
 
 class NoopSink(Sink):
     reads_batch_through = READS_RDD
+    runs_kept_plans = True      # (the DataFrame's own executed plan, run again)
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         self.last_num_output_rows = spark_internals.run_to_end(df)

@@ -10,6 +10,12 @@ Modelled on Spark's MicroBatchStream / PySpark's DataSourceStreamReader:
   (replayable); a source that cannot says so in its docstring.
 - ``commit(end)``: everything up to ``end`` is processed and may be forgotten.
 - ``stop()``: release resources.
+- ``bound_batch(start, end)``, optional: the batch as a DataFrame that does not change
+  from batch to batch, whose tasks read the batch's range at run time from a Spark local
+  property (``BoundBatch``). A stateless query whose every source offers one keeps its
+  batch's DataFrame, planned once, and runs it again for each batch
+  (``runtime.micro_batch``, "a plan kept across batches"): Spark's analysis, optimisation
+  and physical planning of the batch are not paid again.
 
 Offsets are JSON values (numbers or objects) because they go to the offset log
 as JSON text; a source never pickles anything into a checkpoint.
@@ -72,6 +78,21 @@ class ReadMaxBytes(ReadLimit):
 ALL_AVAILABLE = ReadAllAvailable()
 
 
+@dataclass(frozen=True)
+class BoundBatch:
+    """A batch of a source as a DataFrame kept across batches: ``frame()`` makes it (once
+    for each ``shape``: batches of the same shape share it), and its tasks read this
+    batch's range from the Spark local property ``key``, which the engine sets to
+    ``value`` before the batch's jobs run. ``value`` is text (JSON): local properties go
+    to every task of a job. ``rows()`` gives the rows the frame's tasks read since it was
+    last asked (a kept frame cannot carry a new ``Observation`` each batch)."""
+    shape: Any
+    key: str
+    value: str
+    frame: Any                  # () -> DataFrame
+    rows: Any                   # () -> int
+
+
 class Source(ABC):
     """A replayable streaming source (see the module docstring for the contract)."""
 
@@ -94,6 +115,11 @@ class Source(ABC):
 
     def default_read_limit(self) -> ReadLimit:
         return ALL_AVAILABLE
+
+    def bound_batch(self, start: Any, end: Any) -> BoundBatch | None:
+        """``(start, end]`` as a ``BoundBatch`` (see the module's docstring), or None: the
+        engine then asks ``get_batch`` for a DataFrame of its own."""
+        return None
 
     def num_rows(self, start: Any, end: Any) -> int | None:
         """Rows in ``(start, end]`` if the offsets tell it; None makes the engine count."""

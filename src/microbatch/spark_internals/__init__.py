@@ -23,7 +23,7 @@ from microbatch.spark_internals.analysis import (
 )
 from microbatch.spark_internals.binding import (
     BatchInput, BindablePlan, ColumnsKeys, PythonFunctionRef, map_in_arrow_function,
-    projected_function, with_batch_timestamp,
+    projected_function, runs_again_alike, with_batch_timestamp,
 )
 from microbatch.spark_internals.catalog import (
     CatalogTableInfo, catalog_table, managed_table_location, python_data_source, schema_ddl, temp_view_exists,
@@ -74,7 +74,7 @@ __all__ = [
     "python_proxy_error", "python_row", "query_exception", "query_execution", "row_json",
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
-    "with_batch_timestamp", "nullable_output",
+    "with_batch_timestamp", "nullable_output", "runs_again_alike",
 ]
 
 # -- Spark Connect: the same names, chosen by the kind of their first argument ---------------
@@ -118,6 +118,8 @@ describe_batch = _by_kind(_session.describe_batch, _c_session.describe_batch)
 static_conf = _by_kind(_session.static_conf, _c_session.static_conf)
 app_name = _by_kind(_session.app_name, _c_session.app_name)
 default_parallelism = _by_kind(_session.default_parallelism, _c_session.default_parallelism)
+set_local_property = _by_kind(_session.set_local_property, _refused("A kept batch plan"))
+row_accumulator = _by_kind(_session.row_accumulator, _refused("A kept batch plan"))
 # relations
 empty_batch = _by_kind(empty_batch, _c_relations.empty_batch)
 empty_dataframe = _by_kind(empty_dataframe, _c_relations.empty_dataframe)
@@ -127,6 +129,7 @@ RangeBatches = _by_kind(RangeBatches, _refused("The rate-micro-batch source"))
 aggregation_parts = _by_kind(aggregation_parts, _c_analysis.aggregation_parts)
 column_sql = _by_kind(column_sql, _c_analysis.column_sql)
 uses_current_time = _by_kind(uses_current_time, _c_analysis.uses_current_time)
+runs_again_alike = _by_kind(runs_again_alike, _c_analysis.never)
 filter_can_skip_column = _by_kind(filter_can_skip_column, _c_analysis.never)
 filter_passes_projection = _by_kind(filter_passes_projection, _c_analysis.never)
 filter_passes_filter = _by_kind(filter_passes_filter, _c_analysis.never)

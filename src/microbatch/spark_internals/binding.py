@@ -236,3 +236,23 @@ class BindablePlan:
         env, includes, python_exec, python_ver, accumulator = context
         return self._simple_function(bytearray(pickled), env, includes, python_exec, python_ver,
                                      self._no_broadcasts, accumulator)
+
+
+#: Executed-plan leaves a kept batch plan may have: they read nothing outside the plan
+#: (the sources' own frames, ``spark.range(tasks).mapInArrow(...)``, and literal rows).
+_RERUNNABLE_LEAVES = {"RangeExec", "LocalTableScanExec"}
+
+
+def runs_again_alike(df: Any) -> bool:
+    """Whether ``df``'s executed plan, planned once, gives a new batch's rows when run
+    again: no exchange (a shuffle's map output, a broadcast's relation are kept by the
+    plan and would be read again instead of made anew), no subquery (its result is kept
+    too), and only leaves that read nothing outside the plan (a file scan keeps its
+    listing). Plans it; the sink's action reuses that planning."""
+    plan = df._jdf.queryExecution().executedPlan()
+    leaves = plan.collectLeaves()
+    for i in range(leaves.size()):
+        if leaves.apply(i).getClass().getSimpleName() not in _RERUNNABLE_LEAVES:
+            return False
+    text = plan.toString()
+    return "Exchange" not in text and "Subquery" not in text

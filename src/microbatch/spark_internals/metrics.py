@@ -59,8 +59,11 @@ def observation_row(observation: Any, wait_s: float) -> Any:
 
 def run_to_end(df: Any) -> int:
     """Runs ``df``'s own executed plan to the end, dropping its rows; how many there were
-    (the executed plan keeps its metrics and observations, as for an RDD action)."""
-    return int(df._jdf.queryExecution().toRdd().count())
+    (the executed plan keeps its metrics and observations, as for an RDD action; they
+    start from zero, as each SQL action's, when the plan runs again)."""
+    qe = df._jdf.queryExecution()
+    qe.executedPlan().resetMetrics()
+    return int(qe.toRdd().count())
 
 
 def executed_observation_row(df: Any, name: str) -> Any:

@@ -97,3 +97,15 @@ def map_state_task(df: Any, task: Any, output: Any) -> Any:
 def binds_plans(df: Any) -> bool:
     """Whether batches bind a plan analysed once (classic) instead of being rebuilt."""
     return True
+
+
+def set_local_property(spark: SparkSession, key: str, value: str | None) -> None:
+    """A Spark local property of the calling thread: every task of the jobs it starts
+    sees it (``TaskContext.getLocalProperty``), as ``streaming.sql.batchId``."""
+    spark.sparkContext.setLocalProperty(key, value)
+
+
+def row_accumulator(spark: SparkSession) -> Any:
+    """An accumulator of rows that tasks add to (a kept batch plan's source counts its
+    rows with one, since an ``Observation`` is filled once)."""
+    return spark.sparkContext.accumulator(0)
