@@ -26,8 +26,14 @@ client library (confluent-kafka), ``KafkaStreamReader`` below, and writes throug
 sink does). Both keep their Kafka clients in each Python worker between tasks, as Spark's
 connector keeps its executors' (consumer pool, cached producers) and microbatch's
 ``kafka.pool`` does. Tansu costs about 100 us of CPU a request when each request holds one record,
-so both sides produce in batches (``linger.ms`` 2); Tansu then reports a latest offset
-that lags the last request's records, which both engines see the same way.
+so both sides produce in batches; Tansu then reports a latest offset that lags the last
+request's records, which both engines see the same way. Tansu's in-memory storage keeps
+each record batch as an object and lists a partition's objects on each fetch, so a fetch
+slows as the partition's batches grow: past about 13,000 batches in a partition, reading
+the newest 2,000 records took seconds, then minutes (both engines stalled alike). The
+paced producer therefore lingers ``INPUT_LINGER_MS`` (10 ms: about 100 batches a second
+a partition, so a run stays far below that), which every event's latency includes on both
+engines; the sinks' batches are each a batch's rows, a few a second.
 
 **Files in, files out.** The producer writes a JSON-lines file of the events due in each
 ``--file-interval`` (written aside and renamed in, as a file source expects); both engines
@@ -59,6 +65,7 @@ from datetime import datetime
 HERE = os.path.dirname(os.path.abspath(__file__))
 WATERMARK_DELAY_MS = 4000
 OUTPUT_LINGER_MS = 2
+INPUT_LINGER_MS = 10
 TAIL_S = 8.0
 MAX_WAIT_S = 60.0
 DEBUG_DUES = [] if os.environ.get("NEXMARK_LATENCY_DEBUG") else None
@@ -276,7 +283,7 @@ def produce_kafka(bootstrap: str, topic: str, base_ms: int, rate: float, events:
     from microbatch.nexmark.kafka import produce_paced
     from microbatch.sources.nexmark.generator import NexmarkConfig
     lateness = produce_paced(bootstrap, topic, NexmarkConfig(base_ms, rate), events, partitions,
-                             **{"linger.ms": 2})
+                             **{"linger.ms": INPUT_LINGER_MS})
     results.put(("lateness", lateness))
 
 
