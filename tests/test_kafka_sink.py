@@ -111,7 +111,21 @@ def test_sink_refuses_serializers_and_exactly_once_without_a_topic(ss, broker, t
                                              "microbatch.exactlyOnce": "true"})
 
 
-def test_sink_writing_and_source_reading_it_back(ss, broker, tmp_path):
+@pytest.fixture
+def own_broker():
+    """A broker of the test's own. In the full suite, on the session's broker, Tansu once
+    in a while answered this test's new topic with earliest = latest = 1 for a partition
+    the sink had written two records to (keys 0 and 2 never read back; twice in 16-minute
+    runs, never when the Kafka tests ran alone): a broker and producers (pooled by their
+    settings, which name the broker) that no earlier test used."""
+    from microbatch.testing.kafka_broker import KafkaBroker
+    b = KafkaBroker()
+    yield b
+    b.close()
+
+
+def test_sink_writing_and_source_reading_it_back(ss, own_broker, tmp_path):
+    broker = own_broker
     broker.create_topic("roundtrip", 2)
     out = rate(ss, 5).selectExpr("CAST(value AS STRING) AS key", "CAST(value * 10 AS STRING) AS value")
     query = write_once(out, tmp_path / "w", topic="roundtrip", **{"kafka.bootstrap.servers": broker.bootstrap,

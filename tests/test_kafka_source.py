@@ -305,7 +305,7 @@ def test_a_topic_deleted_mid_query_follows_fail_on_data_loss(ss, broker, tmp_pat
             with pytest.raises(StreamingQueryException) as failure:
                 query.processAllAvailable()
             message = str(failure.value)
-            assert "KAFKA_DATA_LOSS.PARTITIONS_DELETED" in message
+            assert "KAFKA_DATA_LOSS.PARTITIONS_DELETED" in message, message[:3000]
             assert f"Partitions {gone}-0, {gone}-1 have been deleted." in message
             assert "set the source option failOnDataLoss to false" in message
             assert values(sink) == [b"g0", b"g1", b"k0"]     # the failed batch wrote nothing

@@ -151,3 +151,20 @@ def test_a_watermark_reads_each_batchs_event_times_from_the_kept_plans_runs(ss, 
     finally:
         query.stop()
     assert query.exception() is None
+
+
+def test_the_nexmark_source_binds_its_batches_and_each_counts_its_own_events(ss, tmp_path):
+    from microbatch.sources.nexmark.generator import BID, NexmarkConfig, event_types
+    frame = (ss.readStream.format("nexmark").option("view", "bid").option("numEvents", 2000)
+             .option("maxEventsPerTrigger", 500).option("baseTime", 1_700_000_000_000).load())
+    query = (frame.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    batches = [json.loads(p.json) for p in query.recentProgress if p.numInputRows]
+    types = event_types(NexmarkConfig(1_700_000_000_000, 10_000.0), 0, 2000)
+    expected = [int((types[i * 500:(i + 1) * 500] == BID).sum()) for i in range(4)]
+    assert [(p["numInputRows"], p["sink"]["numOutputRows"]) for p in batches] == [(n, n) for n in expected]
+    # four batches of one shape (500 events, two tasks): one plan, run four times
+    kept = list(query._execution._kept_plans.values())
+    assert len(kept) == 1 and query._execution.last_batch_df is kept[0].df

@@ -27,6 +27,8 @@ of its number only.
 from __future__ import annotations
 
 import functools
+import json
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -37,7 +39,8 @@ from pyspark.sql.types import StructType
 from microbatch import spark_internals
 from microbatch.checkpoint.metadata_log import MetadataLog, parse_version
 from microbatch.errors import AnalysisException
-from microbatch.sources.base import ReadAllAvailable, ReadLimit, ReadMaxRows, Source, SourceContext, SourceProvider
+from microbatch.sources.base import (BoundBatch, ReadAllAvailable, ReadLimit, ReadMaxRows, Source, SourceContext,
+                                     SourceProvider)
 from microbatch.sources.nexmark.generator import VIEW_SCHEMAS, NexmarkConfig, generate
 from microbatch.util import CaseInsensitiveOptions
 
@@ -88,12 +91,43 @@ class GenerateTask:
                 yield generate(self.config, start, min(start + self.chunk_events, self.end), self.view)
 
 
+@dataclass(frozen=True)
+class BoundGenerateTask:
+    """A kept batch plan's task: like ``GenerateTask``, with the batch's first and end
+    event and chunk size read from the local property ``key`` (JSON ``[first, end,
+    size]``), and the rows it made added to the accumulator ``rows``."""
+    config: NexmarkConfig
+    view: str
+    key: str
+    rows: Any
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import json
+
+        from pyspark import TaskContext
+        first, end, size = json.loads(TaskContext.get().getLocalProperty(self.key))
+        made = 0
+        for batch in batches:
+            for chunk in batch.column(0).to_pylist():
+                start = first + chunk * size
+                events = generate(self.config, start, min(start + size, end), self.view)
+                made += events.num_rows
+                yield events
+        self.rows.add(made)
+
+
+def _chunks(first: int, end: int, partitions: int) -> tuple[int, int]:
+    """(chunks, events a chunk) of events ``first`` .. ``end - 1``: chunks of at most
+    ``CHUNK_EVENTS``, at least one a task of ``partitions``."""
+    chunks = max(min(partitions, end - first), -(-(end - first) // CHUNK_EVENTS))
+    size = -(-(end - first) // chunks)
+    return -(-(end - first) // size), size
+
+
 def generated(spark, config: NexmarkConfig, first: int, end: int, view: str, partitions: int) -> DataFrame:
     """Events ``first`` .. ``end - 1`` of ``view``, generated in up to ``partitions`` Spark
     tasks (chunks of at most ``CHUNK_EVENTS``, at least one a task)."""
-    chunks = max(min(partitions, end - first), -(-(end - first) // CHUNK_EVENTS))
-    size = -(-(end - first) // chunks)
-    chunks = -(-(end - first) // size)
+    chunks, size = _chunks(first, end, partitions)
     task = GenerateTask(config, first, end, view, size)
     return spark.range(0, chunks, 1, min(partitions, chunks)).mapInArrow(task, spark_schema(view))
 
@@ -114,6 +148,8 @@ class NexmarkSource(Source):
             log.add(0, recorded)
         self.config = NexmarkConfig(**{**config.__dict__, "base_time_ms": recorded})
         self._available_now_target: int | None = None   # Trigger.AvailableNow: what existed at start
+        self._bound_key = f"microbatch.nexmark.{uuid.uuid4().hex}"   # (a kept plan's local property)
+        self._bound_rows: Any = None
 
     @property
     def schema(self) -> StructType:
@@ -158,6 +194,28 @@ class NexmarkSource(Source):
         if first == last:
             return spark_internals.empty_batch(self._spark, self.schema)
         return generated(self._spark, self.config, first, last, self.view, self.num_partitions)
+
+    def bound_batch(self, start: Any, end: Any) -> BoundBatch | None:
+        """The batch as a kept frame: as ``generated``, with the batch's events from the
+        local property (the frame of a number of chunks is the same for every batch of
+        that many)."""
+        first, last = (_events(start) if start is not None else 0), _events(end)
+        if first >= last or spark_internals.is_connect(self._spark):
+            return None
+        chunks, size = _chunks(first, last, self.num_partitions)
+        spark = self._spark
+
+        def frame() -> DataFrame:
+            if self._bound_rows is None:
+                self._bound_rows = spark_internals.row_accumulator(spark)
+            task = BoundGenerateTask(self.config, self.view, self._bound_key, self._bound_rows)
+            return spark.range(0, chunks, 1, min(self.num_partitions, chunks)).mapInArrow(task, self.schema)
+        return BoundBatch(("nexmark", chunks, min(self.num_partitions, chunks)), self._bound_key,
+                          json.dumps([first, last, size]), frame, self._bound_rows_made)
+
+    def _bound_rows_made(self) -> int:
+        rows, self._bound_rows.value = self._bound_rows.value, 0
+        return rows
 
     def num_rows(self, start: Any, end: Any) -> int | None:
         if self.view != "events":
