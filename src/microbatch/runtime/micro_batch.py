@@ -16,7 +16,10 @@ The batch protocol (Spark's, step by step; each step is safe to crash in):
    A crash before the write: nothing happened. After it: step 1 re-runs N.
 3. run_batch. ``get_batch(start, end]`` per source, build the batch's DataFrame
    (IncrementalExecution; stateful steps read state version N and commit N+1
-   inside the sink's Spark job), ``sink.add_batch(N, df)``, make sure every state
+   inside the sink's Spark job) -- or, for a stateless query whose sources bind
+   their batch at run time, set each source's range as a local property and take
+   the DataFrame kept from an earlier batch of the same shape (planned by Spark
+   once) --, ``sink.add_batch(N, df)``, make sure every state
    partition committed, move the watermark from the batch's event times, then
    write ``commits/N`` with the next batch's watermark.
    A crash before ``commits/N``: step 1 re-runs N with the same offsets, so an
@@ -467,6 +470,7 @@ class MicroBatchExecution(StreamExecution):
                     metrics.input_counted_by(i, bound[i].rows)
                     if kept is None:
                         inputs[relation] = bound[i].frame()
+                    crash_points.reached("source-get-batch")
                     continue
                 if end is None or end == start:
                     inputs[relation] = self._empty_batch(i)
@@ -478,9 +482,7 @@ class MicroBatchExecution(StreamExecution):
                 df = source.get_batch(start, end)
                 crash_points.reached("source-get-batch")
                 inputs[relation] = metrics.input(i, source, start, end, df)
-            if bound is not None:
-                metrics.kept_plan = kept is not None
-                crash_points.reached("source-get-batch")
+            metrics.kept_plan = kept is not None
         with progress.time_phase("queryPlanning"):
             if kept is not None:
                 planned = dataclasses.replace(kept, batch_id=batch_id)
