@@ -341,6 +341,7 @@ class KafkaSink(Sink):
         exactly-once record, so it is made for each batch; otherwise the one made for a
         kept batch DataFrame (the same object again) is kept with it, planned once."""
         if exactly_once is None and self._kept is not None and self._kept[0] is df:
+            spark_internals.reset_observations(self._kept[1])
             return self._kept[1]
         task = _write_task(self.params, self.topic, exactly_once, self.flush_timeout_s,
                            pool_settings(df.sparkSession.conf.get, None, PRODUCER_TIMEOUT))

@@ -15,7 +15,13 @@ class NoopSink(Sink):
     reads_batch_through = READS_RDD
     runs_kept_plans = True      # (the DataFrame's own executed plan, run again)
 
+    def __init__(self):
+        self._last: DataFrame | None = None
+
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        if df is self._last:        # a kept plan, run again
+            spark_internals.reset_observations(df)
+        self._last = df
         self.last_num_output_rows = spark_internals.run_to_end(df)
 
     def __str__(self) -> str:

@@ -38,7 +38,7 @@ from microbatch.spark_internals.jvm import (
 )
 from microbatch.spark_internals.metrics import (
     ScanRowCounter, executed_observation_row, observation_row, observed_rows, python_row, query_execution,
-    row_json, run_to_end,
+    reset_observations, row_json, run_to_end,
 )
 from microbatch.spark_internals.relations import (
     FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
@@ -74,7 +74,7 @@ __all__ = [
     "python_proxy_error", "python_row", "query_exception", "query_execution", "row_json",
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
-    "with_batch_timestamp", "nullable_output", "runs_again_alike",
+    "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
 ]
 
 # -- Spark Connect: the same names, chosen by the kind of their first argument ---------------

@@ -57,6 +57,20 @@ def observation_row(observation: Any, wait_s: float) -> Any:
     return observation._jo.getRow() if future.isCompleted() else None
 
 
+def reset_observations(df: Any) -> None:
+    """Zero what the ``observe`` nodes of ``df``'s executed plan collected, before that
+    plan runs again (a plan kept across batches): each run then observes its own rows.
+    Spark 4's ``resetMetrics`` of an action does this; 3.5's leaves a ``CollectMetricsExec``'s
+    accumulator as it was, so a kept plan's event-time minimum stayed the first batch's."""
+    pending = [df._jdf.queryExecution().executedPlan()]
+    while pending:
+        node = pending.pop()
+        if node.getClass().getSimpleName() == "CollectMetricsExec":
+            node.accumulator().reset()
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+
+
 def run_to_end(df: Any) -> int:
     """Runs ``df``'s own executed plan to the end, dropping its rows; how many there were
     (the executed plan keeps its metrics and observations, as for an RDD action; they
