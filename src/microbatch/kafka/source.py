@@ -639,15 +639,17 @@ def _read_bound_ranges_task(key: str, config: dict, include_headers: bool, fail_
         from pyspark import TaskContext
         groups = json.loads(TaskContext.get().getLocalProperty(key))
         read = 0
-        for batch in batches:
-            for index in batch.column(0).to_pylist():
-                for topic, partition, start, until in groups[index]:
-                    for records in read_ranges(config, [OffsetRange(topic, partition, start, until)],
-                                               include_headers, fail_on_data_loss, poll_timeout_ms,
-                                               pooling=pooling):
-                        read += records.num_rows
-                        yield records
-        rows.add(read)
+        try:
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    for topic, partition, start, until in groups[index]:
+                        for records in read_ranges(config, [OffsetRange(topic, partition, start, until)],
+                                                   include_headers, fail_on_data_loss, poll_timeout_ms,
+                                                   pooling=pooling):
+                            read += records.num_rows
+                            yield records
+        finally:        # (also when the plan above stops reading early, as a limit does)
+            rows.add(read)
     return run
 
 

@@ -107,13 +107,15 @@ class BoundGenerateTask:
         from pyspark import TaskContext
         first, end, size = json.loads(TaskContext.get().getLocalProperty(self.key))
         made = 0
-        for batch in batches:
-            for chunk in batch.column(0).to_pylist():
-                start = first + chunk * size
-                events = generate(self.config, start, min(start + size, end), self.view)
-                made += events.num_rows
-                yield events
-        self.rows.add(made)
+        try:
+            for batch in batches:
+                for chunk in batch.column(0).to_pylist():
+                    start = first + chunk * size
+                    events = generate(self.config, start, min(start + size, end), self.view)
+                    made += events.num_rows
+                    yield events
+        finally:        # (also when the plan above stops reading early, as a limit does)
+            self.rows.add(made)
 
 
 def _chunks(first: int, end: int, partitions: int) -> tuple[int, int]:
