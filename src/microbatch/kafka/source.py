@@ -45,7 +45,7 @@ from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.kafka.client import HEADERS_TYPE, check_client_settings, client_params
 from microbatch.kafka.pool import (CONSUMER_CAPACITY, CONSUMER_TIMEOUT, CONSUMERS, pool_settings,
                                    settings_key)
-from microbatch.sources.base import (ALL_AVAILABLE, BoundBatch, CompositeReadLimit, ReadAllAvailable,
+from microbatch.sources.base import (ALL_AVAILABLE, BoundBatch, CompositeReadLimit, ReadAllAvailable, RowsRead,
                                      ReadLimit, ReadMaxRows, ReadMinRows, Source, SourceContext,
                                      SourceProvider)
 from microbatch.util import CaseInsensitiveOptions, time_string_as_ms
@@ -685,7 +685,7 @@ class KafkaSource(Source):
         self._executor_config.setdefault("fetch.wait.max.ms", "10")
         self._latest: dict | None = None
         self._bound_key = f"microbatch.kafka.{uuid.uuid4().hex}"   # (a kept plan's local property)
-        self._bound_rows: Any = None
+        self._bound_rows = RowsRead()
         self._available_now: dict | None = None
         self._last_trigger_ms = 0          # Spark's: the first batch is never delayed
         self._initial: dict | None = None
@@ -887,19 +887,13 @@ class KafkaSource(Source):
                            separators=(",", ":"))
 
         def frame() -> DataFrame:
-            if self._bound_rows is None:
-                self._bound_rows = spark_internals.row_accumulator(spark)
             read = _read_bound_ranges_task(self._bound_key, self._executor_config, self.include_headers,
                                            self.fail_on_data_loss, self.poll_timeout_ms,
                                            pool_settings(spark.conf.get, CONSUMER_CAPACITY, CONSUMER_TIMEOUT),
-                                           self._bound_rows)
+                                           self._bound_rows.for_tasks(spark))
             return spark.range(0, len(groups), 1, len(groups)).mapInArrow(read, self._schema)
-        return BoundBatch(("kafka", len(groups)), self._bound_key, value, frame, self._bound_rows_read)
+        return BoundBatch(("kafka", len(groups)), self._bound_key, value, frame, self._bound_rows.take)
 
-    def _bound_rows_read(self) -> int:
-        """The rows the kept frame's tasks read since the last call."""
-        rows, self._bound_rows.value = self._bound_rows.value, 0
-        return rows
 
     def stop(self) -> None:
         self.reader.close()

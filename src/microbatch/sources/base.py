@@ -93,6 +93,24 @@ class BoundBatch:
     rows: Any                   # () -> int
 
 
+class RowsRead:
+    """What a source's kept frames read: an accumulator their tasks add to, made with the
+    first frame (``for_tasks``); ``take()`` gives the rows since the last call (a
+    ``BoundBatch.rows``)."""
+
+    def __init__(self):
+        self.accumulator: Any = None
+
+    def for_tasks(self, spark: SparkSession) -> Any:
+        if self.accumulator is None:
+            self.accumulator = spark_internals.row_accumulator(spark)
+        return self.accumulator
+
+    def take(self) -> int:
+        rows, self.accumulator.value = self.accumulator.value, 0
+        return rows
+
+
 class Source(ABC):
     """A replayable streaming source (see the module docstring for the contract)."""
 

@@ -39,7 +39,7 @@ from pyspark.sql.types import StructType
 from microbatch import spark_internals
 from microbatch.checkpoint.metadata_log import MetadataLog, parse_version
 from microbatch.errors import AnalysisException
-from microbatch.sources.base import (BoundBatch, ReadAllAvailable, ReadLimit, ReadMaxRows, Source, SourceContext,
+from microbatch.sources.base import (BoundBatch, ReadAllAvailable, ReadLimit, ReadMaxRows, RowsRead, Source, SourceContext,
                                      SourceProvider)
 from microbatch.sources.nexmark.generator import VIEW_SCHEMAS, NexmarkConfig, generate
 from microbatch.util import CaseInsensitiveOptions
@@ -151,7 +151,7 @@ class NexmarkSource(Source):
         self.config = NexmarkConfig(**{**config.__dict__, "base_time_ms": recorded})
         self._available_now_target: int | None = None   # Trigger.AvailableNow: what existed at start
         self._bound_key = f"microbatch.nexmark.{uuid.uuid4().hex}"   # (a kept plan's local property)
-        self._bound_rows: Any = None
+        self._bound_rows = RowsRead()
 
     @property
     def schema(self) -> StructType:
@@ -208,16 +208,11 @@ class NexmarkSource(Source):
         spark = self._spark
 
         def frame() -> DataFrame:
-            if self._bound_rows is None:
-                self._bound_rows = spark_internals.row_accumulator(spark)
-            task = BoundGenerateTask(self.config, self.view, self._bound_key, self._bound_rows)
+            task = BoundGenerateTask(self.config, self.view, self._bound_key, self._bound_rows.for_tasks(spark))
             return spark.range(0, chunks, 1, min(self.num_partitions, chunks)).mapInArrow(task, self.schema)
         return BoundBatch(("nexmark", chunks, min(self.num_partitions, chunks)), self._bound_key,
-                          json.dumps([first, last, size]), frame, self._bound_rows_made)
+                          json.dumps([first, last, size]), frame, self._bound_rows.take)
 
-    def _bound_rows_made(self) -> int:
-        rows, self._bound_rows.value = self._bound_rows.value, 0
-        return rows
 
     def num_rows(self, start: Any, end: Any) -> int | None:
         if self.view != "events":
