@@ -19,6 +19,9 @@ from microbatch.runtime.clock import ManualClock, SystemClock
 from microbatch.runtime.events import (QueryIdleEvent, QueryProgressEvent, QueryStartedEvent,
                                          QueryTerminatedEvent, StreamingQueryListener)
 from microbatch.runtime.triggers import Trigger
+from microbatch import python_worker
+
+python_worker.install()
 
 __version__ = "0.1.0"
 
