@@ -17,8 +17,10 @@ for this: Python's documentation suggests it for long-lived objects of forked wo
 Later collections walk only what the tasks made since. An object that survived and only
 later becomes garbage in a reference cycle is not freed; freezing happens only when
 modules were imported since the last time, so that is bounded by the imports a process
-makes, not by the tasks it runs. Objects freed by their reference count (nearly all) are
-freed as before.
+makes, not by the tasks it runs (and by the whole collections state tasks make now and
+then: ``state.store.end_task`` unfreezes every 64 tasks and after dropping a provider, and
+the next full collection freezes again). Objects freed by their reference count (nearly
+all) are freed as before.
 
 Only in PySpark's worker processes (run as ``pyspark.daemon`` or ``pyspark.worker``),
 never in the driver. ``install`` is called when microbatch is imported, which in a worker
@@ -41,9 +43,11 @@ def in_pyspark_worker() -> bool:
 
 def _freeze_survivors(phase: str, info: dict) -> None:
     """A ``gc.callbacks`` entry: after a full collection, if modules were imported since
-    the last freeze, freeze what survived it."""
+    the last freeze or nothing is frozen (a state task's periodic ``gc.unfreeze``,
+    ``state.store``), freeze what survived it."""
     global _modules_at_freeze
-    if phase == "stop" and info.get("generation") == 2 and len(sys.modules) != _modules_at_freeze:
+    if phase == "stop" and info.get("generation") == 2 and (
+            len(sys.modules) != _modules_at_freeze or gc.get_freeze_count() == 0):
         _modules_at_freeze = len(sys.modules)
         gc.freeze()
 
