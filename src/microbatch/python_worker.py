@@ -8,7 +8,7 @@ them all: about 50 ms of CPU here, after every task of every worker. A stateless
 over Kafka runs two Python workers in each of its tasks (the source's read, the sink's
 write), so on two cores four collections a batch took about 200 of the 500 ms of CPU a
 batch of 3,000 records cost, and batches took 260 ms where they take 160 ms without them
-(benchmarks/RESULTS.md, "Nexmark latency").
+(benchmarks/RESULTS.md, "Nexmark latency: the workers' heap").
 
 Nearly all of those objects live as long as the process: modules, classes, functions,
 the Kafka clients' pool. So after a full collection that follows new imports, the
