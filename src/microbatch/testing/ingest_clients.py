@@ -9,6 +9,7 @@ Standard library only (``urllib``), so the runner needs nothing the engine does 
 """
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import threading
@@ -53,7 +54,8 @@ class Sender(threading.Thread):
                     return
                 try:
                     status, answer, retry_after = self._post(body, key)
-                except (OSError, ValueError):     # refused, reset, timed out: the query is down
+                # refused, reset, timed out, an answer cut off (IncompleteRead): the query is down
+                except (OSError, ValueError, http.client.HTTPException):
                     self.retries += 1
                     time.sleep(0.1)
                     continue
