@@ -40,6 +40,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from microbatch import python_worker
 from microbatch.errors import IllegalArgumentException
 
 Key = tuple
@@ -407,6 +408,7 @@ def _unfreeze_worker_heap() -> None:
     global _tasks_since_full_collection
     import gc
     gc.unfreeze()
+    python_worker.unfrozen()
     _tasks_since_full_collection = 0
 
 
