@@ -141,6 +141,7 @@ class MicroBatchExecution(StreamExecution):
         self._batch_session = spark_internals.cloned_session(spark)
         self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
         self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
+        spark_internals.arrow_batches_by_rows(self._batch_session)
         super().start()
 
     def jobs_session(self) -> Any:
@@ -331,6 +332,8 @@ class MicroBatchExecution(StreamExecution):
     def _plan_run(self) -> None:
         """The run's planner, once the checkpoint's confs are fixed (populate_start_offsets)."""
         conf = self._batch_session.conf
+        # (the batches' jobs run on this thread: their tasks read the batch session's confs)
+        spark_internals.jobs_see_session_confs(self._batch_session)
         empty_inputs = {r: self._empty_batch(i) for i, r in enumerate(self.relations)}
         store_conf = dataclasses.replace(StateStoreConf.from_session(self._batch_session),
                                          run_id=self.run_id, storage=self.fs.spec())

@@ -44,7 +44,7 @@ from microbatch.spark_internals.relations import (
     FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
 )
 from microbatch.spark_internals.session import (
-    cloned_session, job_tags, session_settings,
+    arrow_batches_by_rows, cloned_session, job_tags, session_settings,
 )
 from microbatch.spark_internals.versions import (
     CHECKPOINTED_CONF_SINCE, FEATURES, OLDEST_SUPPORTED, SparkVersion, arrow_schema, arrow_type, check_supported, dataframe_of_arrow, has_arrow_udf,
@@ -63,7 +63,7 @@ __all__ = [
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
-    "cloned_session", "column_sql", "conjuncts_without_column", "empty_batch", "empty_dataframe",
+    "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "empty_batch", "empty_dataframe",
     "conjunct_sides", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
@@ -110,6 +110,7 @@ check_supported_classic = check_supported
 check_supported = _by_kind(check_supported_classic, _c_session.check_supported)
 # sessions and threads
 cloned_session = _by_kind(cloned_session, _c_session.cloned_session)
+jobs_see_session_confs = _by_kind(_session.jobs_see_session_confs, _c_session.jobs_see_session_confs)
 job_tags = _by_kind(job_tags, _c_session.job_tags)
 session_settings = _by_kind(session_settings, _c_session.session_settings)
 enter_query_thread = _by_kind(_session.enter_query_thread, _c_session.enter_query_thread)

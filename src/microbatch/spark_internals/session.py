@@ -1,7 +1,7 @@
 """The sessions and threads queries run in: job tags, settings."""
 from __future__ import annotations
 
-
+import logging
 from typing import Any
 
 from pyspark import SparkContext
@@ -21,6 +21,45 @@ def cloned_session(spark: SparkSession) -> SparkSession:
     """A new session with ``spark``'s confs, temporary views and functions, as Spark's
     StreamExecution clones the user's session for a query."""
     return SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+
+
+#: Spark 4 ends an Arrow batch to a Python worker at this many bytes (64 MB unless set;
+#: and at ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows), measuring the batch
+#: after every row.
+ARROW_MAX_BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
+#: the value at which Spark's Arrow input does not measure batches at all
+UNMEASURED_ARROW_BYTES = str(2**31 - 1)
+
+log = logging.getLogger(__name__)
+
+
+def arrow_batches_by_rows(spark: Any) -> None:
+    """Batches to Python workers bounded by rows only, as in Spark 3.5, where nobody set a
+    byte bound: Spark 4's Arrow writer measures its batch after every row it adds (the
+    size of every column vector), about a third of the JVM's work in a state task's input
+    (``benchmarks/RESULTS.md``, "many groups"). ``Int.MaxValue`` turns the measure off.
+    A session that set its own bound keeps it (PySpark 3.5 has no such conf: setting it
+    changes nothing there)."""
+    if spark.conf.get(ARROW_MAX_BYTES_CONF, None) is not None:    # (None: not set)
+        return
+    try:
+        spark.conf.set(ARROW_MAX_BYTES_CONF, UNMEASURED_ARROW_BYTES)
+    except Exception:  # noqa: BLE001 (a Spark whose check refuses Int.MaxValue: its bound stays)
+        log.debug("Spark keeps its Arrow batch byte bound", exc_info=True)
+
+
+def jobs_see_session_confs(spark: SparkSession) -> None:
+    """Every job the calling thread starts from now on carries ``spark``'s SQL confs to
+    its tasks (as local properties, which a task's ``SQLConf`` reads): what Spark's
+    ``SQLExecution.withSQLConfPropagated`` does around each SQL action, and an RDD action
+    on a DataFrame's plan (the ``noop`` sink's) does not do. Without it such a batch's
+    tasks read Spark's defaults, not the session's (the Python runner's Arrow batch
+    bounds among them)."""
+    sc = spark.sparkContext
+    confs = spark.conf.getAll if hasattr(spark.conf, "getAll") else _jvm_runtime_conf(spark)   # 4.0+ / 3.5
+    for key, value in confs.items():
+        if key.startswith("spark"):
+            sc.setLocalProperty(key, value)
 
 
 def session_settings(spark: SparkSession) -> dict[str, str]:

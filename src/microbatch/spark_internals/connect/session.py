@@ -37,6 +37,10 @@ def cloned_session(spark: Any) -> Any:
     return spark.cloneSession()
 
 
+def jobs_see_session_confs(spark: Any) -> None:
+    """The server runs every operation with its session's confs: nothing to do."""
+
+
 def job_tags(spark: Any) -> set[str]:
     """The calling thread's operation tags."""
     return set(spark.getTags())
