@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from microbatch.operators.aggregate.task import merge_buffers
-from microbatch.state.table_form import foldable, group_rows
+from microbatch.state.table_form import _ranges_apart, anti_join, foldable, group_rows, semi_join
 
 WINDOW = pa.struct([("start", pa.int64()), ("end", pa.int64())])
 TOP = pa.struct([("time", pa.int64()), ("price", pa.float64()), ("name", pa.string())])
@@ -80,3 +80,45 @@ def test_what_the_fold_does_not_take():
     assert not foldable("sum", pa.decimal128(10, 2))     # Python sums decimals exactly
     assert not foldable("max", pa.struct([("a", pa.list_(pa.int64()))]))
     assert not foldable("first", pa.int64()) and not foldable("hll", pa.int64())
+
+
+# -- the joins' shortcut: key ranges that cannot meet ------------------------------------------
+def _keys(table: pa.Table) -> list:
+    return sorted((repr(row["k0"]), repr(row["k1"])) for row in table.to_pylist())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_semi_and_anti_joins_equal_a_key_by_key_reference(seed):
+    """Window keys (a struct) and int keys with nulls, in ranges that overlap, touch or lie
+    apart: the joins (and their shortcut where some field's ranges are disjoint) keep
+    exactly the rows a key-by-key comparison keeps, a null equal to a null."""
+    rng = random.Random(seed)
+
+    def table(low: int, n: int) -> pa.Table:
+        starts = [None if rng.random() < 0.1 else rng.randint(low, low + 4) * 10 for _ in range(n)]
+        window = pa.array([None if s is None and rng.random() < 0.5 else
+                           {"start": s, "end": None if s is None else s + 10} for s in starts], WINDOW)
+        ints = pa.array([None if rng.random() < 0.2 else rng.randint(low, low + 3) for _ in range(n)], pa.int64())
+        return pa.table({"k0": window, "k1": ints, "v0": pa.array(range(n), pa.int64())})
+
+    left = table(rng.choice([0, 3, 10]), rng.randint(1, 12))
+    right = table(rng.choice([0, 5, 20]), rng.randint(1, 12))
+    right_keys = {(repr(r["k0"]), repr(r["k1"])) for r in right.select(["k0", "k1"]).to_pylist()}
+    inside = [r for r in left.to_pylist() if (repr(r["k0"]), repr(r["k1"])) in right_keys]
+    outside = [r for r in left.to_pylist() if (repr(r["k0"]), repr(r["k1"])) not in right_keys]
+    assert _keys(semi_join(left, right, ["k0", "k1"])) == _keys(pa.Table.from_pylist(inside, left.schema))
+    assert _keys(anti_join(left, right, ["k0", "k1"])) == _keys(pa.Table.from_pylist(outside, left.schema))
+
+
+def test_disjoint_windows_skip_the_join_and_null_keys_still_meet():
+    old = pa.table({"k0": pa.array([{"start": 0, "end": 10}, {"start": 10, "end": 20}], WINDOW),
+                    "k1": pa.array([1, None], pa.int64())})
+    new = pa.table({"k0": pa.array([{"start": 20, "end": 30}, {"start": 10, "end": 20}], WINDOW),
+                    "k1": pa.array([1, None], pa.int64())})
+    assert _ranges_apart(old.slice(0, 1), new.slice(0, 1), ["k0", "k1"])        # windows apart
+    assert not _ranges_apart(old, new, ["k0", "k1"])                          # window 10-20 in both
+    assert semi_join(old, new, ["k0", "k1"]).to_pylist() == [{"k0": {"start": 10, "end": 20}, "k1": None}]
+    nulls = pa.table({"k1": pa.array([None, None], pa.int64())})
+    assert not _ranges_apart(nulls, old.select(["k1"]), ["k1"])               # null meets null
+    assert _ranges_apart(nulls, new.slice(0, 1).select(["k1"]), ["k1"])       # null never meets 1
+    assert anti_join(nulls, new.slice(0, 1).select(["k1"]), ["k1"]).num_rows == 2

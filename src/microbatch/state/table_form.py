@@ -56,9 +56,10 @@ def table_key(kind: pa.DataType) -> bool:
     return joinable(kind)
 
 
-def flat_keys(table: pa.Table, names: list[str]) -> tuple[pa.Table, list[str]]:
+def flat_keys(table: pa.Table, names: list[str], null_flags: frozenset = frozenset()) -> tuple[pa.Table, list[str]]:
     """``table`` with a column per field of each struct key column (and a null flag where
-    the struct itself has nulls), and the names of the key columns to join or group on."""
+    the struct itself has nulls, or is named in ``null_flags``: a join's two sides need
+    the same columns), and the names of the key columns to join or group on."""
     keys = []
     for name in names:
         column = table.column(name)
@@ -68,7 +69,7 @@ def flat_keys(table: pa.Table, names: list[str]) -> tuple[pa.Table, list[str]]:
         for i, child in enumerate(column.flatten()):
             table = table.append_column(f"__{name}_{i}", child)
             keys.append(f"__{name}_{i}")
-        if column.null_count:
+        if column.null_count or name in null_flags:
             table = table.append_column(f"__{name}_null", pc.is_null(column))
             keys.append(f"__{name}_null")
     return table, keys
@@ -78,8 +79,10 @@ def _join_ready(left: pa.Table, right: pa.Table, names: list[str]) -> tuple[pa.T
     """Both sides with the key columns a hash join compares as Spark groups: struct keys
     field by field, and a null equal to a null (a "filled" column and an is-null flag
     per nullable key column)."""
-    left, flat = flat_keys(left, names)
-    right, _ = flat_keys(right, names)
+    flags = frozenset(n for n in names if pa.types.is_struct(left.schema.field(n).type)
+                      and (left.column(n).null_count or right.column(n).null_count))
+    left, flat = flat_keys(left, names, flags)
+    right, _ = flat_keys(right, names, flags)
     keys = []
     for name in flat:
         if left.column(name).null_count == 0 and right.column(name).null_count == 0:
@@ -109,7 +112,36 @@ def semi_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
     return _filtered_by_join(left, right, names, "semi")
 
 
+def _leaves(column: pa.ChunkedArray) -> list[pa.ChunkedArray]:
+    """A key column's values compared one by one: a struct's fields (none where the struct
+    itself is null somewhere: that is left to the join), else the column."""
+    if not pa.types.is_struct(column.type):
+        return [column]
+    if column.null_count:
+        return []
+    return [pc.struct_field(column, [i]) for i in range(column.type.num_fields)]
+
+
+def _ranges_apart(left: pa.Table, right: pa.Table, names: list[str]) -> bool:
+    """Whether some integer or date key field takes values in ``left`` and in ``right``
+    that lie in disjoint ranges, so that no key of the one equals a key of the other (a
+    null equals only a null: a field with nulls on both sides says nothing). A
+    windowed aggregation's new windows against the windows it holds, most batches."""
+    for name in names:
+        for a, b in zip(_leaves(left.column(name)), _leaves(right.column(name))):
+            if not (pa.types.is_integer(a.type) or pa.types.is_date(a.type)) or (a.null_count and b.null_count):
+                continue
+            x, y = pc.min_max(a), pc.min_max(b)
+            if not (x["min"].is_valid and y["min"].is_valid):   # all null against no null
+                return True
+            if x["max"].as_py() < y["min"].as_py() or y["max"].as_py() < x["min"].as_py():
+                return True
+    return False
+
+
 def _filtered_by_join(left: pa.Table, right: pa.Table, names: list[str], kind: str) -> pa.Table:
+    if _ranges_apart(left, right, names):
+        return left if kind == "anti" else left.slice(0, 0)
     # The join carries only the keys and a row number (Acero carries no struct column),
     # then the rows are taken from ``left``.
     numbered = left.append_column("__index", pa.array(np.arange(left.num_rows, dtype=np.int64)))
@@ -350,6 +382,8 @@ class TableChanges:
         self.removed = versions.empty()
         self.inserted = 0
         self.removed_count = 0
+        #: rows were added after rows were removed: a key may be in both (see ``commit``)
+        self._added_after_removal = False
 
     def insert_new(self, keys: pa.Table, values: pa.Table | None) -> np.ndarray:
         """``StateStore.insert_new``: a group-by finds each key's first row, an anti join
@@ -373,6 +407,7 @@ class TableChanges:
             new = new.append_column(name, column.cast(field.type))
         self.added = pa.concat_tables([self.added, new]) if self.added.num_rows else new
         self.inserted += new.num_rows
+        self._added_after_removal = self._added_after_removal or bool(self.removed.num_rows)
         keep = np.zeros(n, bool)
         keep[rows.to_numpy()] = True
         return keep
@@ -410,6 +445,7 @@ class TableChanges:
         self.added = pa.concat_tables([anti_join(self.added, rows, names), rows]) if self.added.num_rows \
             else rows
         self.inserted += rows.num_rows
+        self._added_after_removal = self._added_after_removal or bool(self.removed.num_rows)
 
     def take_at_or_below(self, bound: int, column: str, field: int | None = None) -> pa.Table:
         """Remove the rows whose ``column`` (its struct field ``field``) is at or below
@@ -447,6 +483,8 @@ class TableChanges:
         """Commit version ``version + 1``: the new table and the commit time in ms."""
         following = pa.concat_tables([self.base, self.added]).combine_chunks()
         removed = self.removed
-        if removed.num_rows and self.added.num_rows:   # a key removed, then added again: added
+        if removed.num_rows and self.added.num_rows and self._added_after_removal:
+            # a key removed, then added again: added (a removal takes its key out of the
+            # added rows too, so without an addition after it none is in both)
             removed = anti_join(removed, self.added, self.versions.key_names)
         return following, self.versions.commit(self.version, following, self.added, removed)
