@@ -55,7 +55,7 @@ UPGRADE_FROM ?= 3.5
 VERSION_TESTS := tests/test_differential_rate.py tests/test_aggregation_differential.py \
 	tests/test_dedup_differential.py tests/test_stream_join_differential.py tests/test_file_differential.py \
 	tests/test_file_sink.py tests/test_kafka_source.py tests/test_stream_engine.py tests/test_spark_versions.py \
-	tests/test_kept_batch_plan.py tests/test_python_worker.py
+	tests/test_kept_batch_plan.py tests/test_python_worker.py tests/test_batch_session_confs.py
 test-versions: setup
 	set -e; for v in $(SPARK_VERSIONS); do \
 	  venv=.venvs/pyspark-$$v; \
