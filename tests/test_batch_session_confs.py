@@ -76,4 +76,3 @@ def test_a_session_s_own_arrow_byte_bound_is_kept(ss, tmp_path, session_confs):
     assert sum(b["rows"] for b in seen) == 10
     assert {b["bytes"] for b in seen} == {"30"}
     assert max(b["rows"] for b in seen) < 10      # 30 bytes hold a few INT rows, not ten
-

@@ -49,12 +49,13 @@ def arrow_batches_by_rows(spark: Any) -> None:
 
 
 def jobs_see_session_confs(spark: SparkSession) -> None:
-    """Every job the calling thread starts from now on carries ``spark``'s SQL confs to
-    its tasks (as local properties, which a task's ``SQLConf`` reads): what Spark's
-    ``SQLExecution.withSQLConfPropagated`` does around each SQL action, and an RDD action
-    on a DataFrame's plan (the ``noop`` sink's) does not do. Without it such a batch's
-    tasks read Spark's defaults, not the session's (the Python runner's Arrow batch
-    bounds among them)."""
+    """Every job the calling thread starts from now on carries ``spark``'s confs (those
+    set on it or on the SparkConf it started from) to its tasks as local properties, which
+    a task's ``SQLConf`` reads: what Spark's ``SQLExecution.withSQLConfPropagated`` does
+    around each SQL action, and an RDD action on a DataFrame's plan (the ``noop`` sink's)
+    does not do. Without it such a batch's tasks read Spark's defaults, not the
+    session's (the Python runner's Arrow batch bounds among them). A SQL action on the
+    thread sets the same properties again and puts these back after it."""
     sc = spark.sparkContext
     if hasattr(spark.conf, "getAll"):   # 4.0+: in the JVM, three calls (one a conf costs ~1 ms)
         sc._jsc.sc().getLocalProperties().putAll(spark._jsparkSession.conf().getAllAsJava())
