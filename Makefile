@@ -8,7 +8,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos
+.PHONY: setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos fuzz
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -90,3 +90,11 @@ KILLS ?= 100
 SEED ?= $(shell date +%s)
 chaos: setup
 	$(PY) -m microbatch.testing.chaos --kills $(KILLS) --seed $(SEED)$(if $(KINDS), --kinds $(KINDS))$(if $(FAULTS), --faults)
+
+# The differential query fuzzer: generated queries on Spark's engine and on microbatch,
+# batch by batch; what differs is minimised and printed as PySpark code:
+# make fuzz SEEDS=50 START=1 (PLANT=join-no-evict: with a planted bug it must find)
+SEEDS ?= 20
+START ?= 1
+fuzz: setup
+	$(PY) -m microbatch.testing.fuzz --seeds $(SEEDS) --start $(START)$(if $(PLANT), --plant $(PLANT))
