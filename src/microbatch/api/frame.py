@@ -4,8 +4,11 @@ Each method records a step in the stream's logical plan and also applies it to
 an empty *template* DataFrame, so a wrong column or a bad expression fails where
 it is written, as in Spark, and ``schema``/``columns``/``explain`` are exact.
 
-Columns: ``frame["x"]`` and ``frame.x`` give ``F.col("x")``, an unbound column
-that means the same thing in every batch.
+Columns: ``frame["x"]`` and ``frame.x`` give the frame's own column, as PySpark's do: Spark
+resolves it by its attribute, not its name, so it means that frame's ``x`` (the left side's
+of a join, the column before ``withWatermark``, which carries no watermark); each batch
+binds it to the column in the same position (``plan.logical.rebound``). Over Spark Connect
+they are ``F.col("x")``.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pyspark.sql.types import StructType
 from microbatch import spark_internals
 from microbatch.api.writer import DataStreamWriter
 from microbatch.errors import AnalysisException, IllegalArgumentException, pyspark_error
+from microbatch.planted_bugs import planted
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.operators.aggregate.spec import Grouping, plan_aggregation
 from microbatch.plan.logical import (WATERMARK_DELAY, Aggregate, Apply, Deduplicate, Observe, PlanNode,
@@ -48,6 +52,28 @@ def _may_be_window_function(args: tuple, kwargs: dict) -> bool:
     of the analysed plan."""
     texts = [str(a) for a in args] + [str(v) for v in kwargs.values()]
     return any(" over " in t.lower() or "over(" in t.lower() or "windowspec" in t.lower() for t in texts)
+
+
+def _marked_fields(plan: PlanNode, fields: list, spark: Any) -> list:
+    """The fields that carry a watermark's mark (``spark.watermarkDelayMs``), in order."""
+    marked = [f for f in fields if WATERMARK_DELAY in f.metadata]
+    if planted(spark, "rename-drops-watermark"):   # (a test-only planted bug: microbatch.planted_bugs)
+        named = {n.event_time.lower() for n in plan.nodes() if isinstance(n, Watermark)} | {"window", "session_window"}
+        marked = [f for f in marked if f.name.lower() in named]
+    return marked
+
+
+def _positions(template: DataFrame, values: Any) -> dict:
+    """Where the Columns in ``values`` that are bound to a frame's attributes (``frame.ts``)
+    find them in ``template``'s output: ``{attribute id: index}``; empty when none is."""
+    ids = spark_internals.bound_attribute_ids(values)
+    if not ids:
+        return {}
+    return {i: n for n, i in enumerate(spark_internals.output_attribute_ids(template)) if i in ids}
+
+
+def _same(values: Any) -> Any:
+    return values
 
 
 class StreamFrame:
@@ -100,7 +126,7 @@ class StreamFrame:
             if item not in self.columns and "." not in item and item != "*":
                 raise AnalysisException(
                     f"Cannot resolve column name \"{item}\" among ({', '.join(self.columns)})")
-            return F.col(item)
+            return self._column(item)
         if isinstance(item, Column):
             return self.filter(item)
         if isinstance(item, (list, tuple)):
@@ -112,8 +138,15 @@ class StreamFrame:
             raise AttributeError(name)
         template = self.__dict__.get("_template")
         if template is not None and name in template.columns:
-            return F.col(name)
+            return self._column(name)
         raise AttributeError(f"'StreamFrame' object has no attribute '{name}'")
+
+    def _column(self, name: str) -> Column:
+        """This frame's column ``name`` (bound to its attribute; by name over Connect, and for
+        ``*`` and nested fields)."""
+        if name == "*" or "." in name or spark_internals.is_connect(self._template):
+            return F.col(name)
+        return self._template[name]
 
     # -- stateless steps --------------------------------------------------------
     def _derive(self, method: str, *args: Any, **kwargs: Any) -> "StreamFrame":
@@ -121,11 +154,16 @@ class StreamFrame:
             if isinstance(a, (StreamFrame, DataFrame)):
                 raise AnalysisException(f"{method}() does not take a DataFrame argument on a stream.")
         template = getattr(self._template, method)(*args, **kwargs)
+        if method in ("select", "selectExpr") and spark_internals.is_global_aggregation(template):
+            # (an aggregate function in a projection: Spark's analysis makes it an aggregation
+            # of the whole stream, ``select(count("*"))`` as ``agg(count("*"))``)
+            return self.agg(*(F.expr(a) if method == "selectExpr" else a for a in args))
         if method in _MAY_ADD_WINDOWS and _may_be_window_function(args, kwargs):
             refused = spark_internals.window_function_error(template, self._template)
             if refused is not None:    # (as Spark's engine refuses it when the query starts)
                 raise refused
-        return StreamFrame(self._session, Transform(self._plan, method, args, kwargs), template)
+        node = Transform(self._plan, method, args, kwargs, positions=_positions(self._template, (args, kwargs)))
+        return StreamFrame(self._session, node, template)
 
     def select(self, *cols: Any) -> "StreamFrame":
         return self._derive("select", *cols)
@@ -240,7 +278,8 @@ class StreamFrame:
                 "a StreamingQueryListener and get the metric for each microbatch in "
                 "QueryProgressEvent.progress, or use query.lastProgress or query.recentProgress.")
         template = self._template.observe(observation, *exprs)   # PySpark's argument checks
-        return StreamFrame(self._session, Observe(self._plan, observation, tuple(exprs)), template)
+        node = Observe(self._plan, observation, tuple(exprs), positions=_positions(self._template, exprs))
+        return StreamFrame(self._session, node, template)
 
     # -- combining --------------------------------------------------------------
     def _require_stream(self, other: Any, what: str) -> "StreamFrame":
@@ -284,7 +323,7 @@ class StreamFrame:
                 f"{_UNSUPPORTED_STREAM_LEFT[kind]} join with a streaming DataFrame/Dataset on the "
                 "left and a static DataFrame/Dataset on the right not supported")
         template = self._template.join(other, on, how)
-        node = StaticJoin(self._plan, other, on, how or "inner", "left")
+        node = StaticJoin(self._plan, other, on, how or "inner", "left", positions=_positions(self._template, on))
         return StreamFrame(self._session, node, template)
 
     def _joined_by_static(self, static: DataFrame, on: Any = None, how: str | None = None) -> "StreamFrame":
@@ -300,7 +339,7 @@ class StreamFrame:
                 f"{refused[kind]} join with a streaming DataFrame/Dataset on the right and a static "
                 "DataFrame/Dataset on the left is not supported")
         template = static.join(self._template, on, how or "inner")
-        node = StaticJoin(self._plan, static, on, how or "inner", "right")
+        node = StaticJoin(self._plan, static, on, how or "inner", "right", positions=_positions(self._template, on))
         return StreamFrame(self._session, node, template)
 
     def _stream_join(self, other: "StreamFrame", on: Any, how: str | None) -> "StreamFrame":
@@ -314,7 +353,6 @@ class StreamFrame:
         for side in (self, other):
             if any(isinstance(n, (StreamJoin, StreamingLimit)) for n in side._plan.nodes()):
                 raise not_yet("A stream-stream join of a join or of a limit (chained stateful operators)")
-        times = (self._watermarked_column(), other._watermarked_column())
         template = self._template.join(other._template, on, how or "inner")   # Spark's analysis
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))
@@ -322,7 +360,9 @@ class StreamFrame:
                       spark_internals.output_qualifiers(other._template))
         if names is not None and all(isinstance(n, str) for n in names):
             left = {c.lower(): c for c in self.columns}
-            node = StreamJoin(self._plan, other._plan, tuple(left[n.lower()] for n in names), kind,
+            keys = tuple(left[n.lower()] for n in names)
+            times = (self._watermarked_column(keys), other._watermarked_column(keys))
+            node = StreamJoin(self._plan, other._plan, keys, kind,
                               side_columns=columns, side_times=times, side_qualifiers=qualifiers)
         else:
             try:
@@ -334,27 +374,28 @@ class StreamFrame:
             if not pairs:
                 raise AnalysisException(
                     "Stream-stream join without equality predicate is not supported;")
-            node = StreamJoin(self._plan, other._plan, tuple(columns[0][i] for i, _ in pairs), kind,
-                              right_keys=tuple(columns[1][j] for _, j in pairs),
+            keys = (tuple(columns[0][i] for i, _ in pairs), tuple(columns[1][j] for _, j in pairs))
+            times = (self._watermarked_column(keys[0]), other._watermarked_column(keys[1]))
+            node = StreamJoin(self._plan, other._plan, keys[0], kind, right_keys=keys[1],
                               comparisons=tuple(comparisons), condition=on, side_columns=columns,
-                              side_times=times, side_qualifiers=qualifiers)
+                              side_times=times, side_qualifiers=qualifiers,
+                              positions=(_positions(self._template, on), _positions(other._template, on)))
         check_source_names(node)
         return StreamFrame(self._session, node, template)
 
-    def _watermarked_column(self) -> str | None:
-        """The column of this stream that carries its watermark, as Spark marks it: the
-        watermark's own column, else a time window computed over it; above an
-        aggregation, the aggregation's event-time key (a window, or the column)."""
-        columns = {c.lower(): c for c in self.columns}
-        for node in self._plan.nodes():
-            if isinstance(node, Aggregate):
-                key = node.watermark_column()
-                return columns.get(key.lower()) if key else None
-            if isinstance(node, Watermark):
-                if node.event_time.lower() in columns:
-                    return columns[node.event_time.lower()]
-                return next((f.name for f in self._template.schema.fields
-                             if "spark.timeWindow" in f.metadata or "spark.sessionWindow" in f.metadata), None)
+    def _watermarked_column(self, keys: tuple[str, ...] = ()) -> str | None:
+        """The column of this stream that carries its watermark, as Spark's analysis marks
+        it (``spark.watermarkDelayMs`` in the column's metadata, kept through aliases and
+        renames, onto windows over the column and an aggregation's keys): one of ``keys``
+        (a join's, which Spark looks at first), else a marked column that is no window,
+        else a marked window."""
+        marked = _marked_fields(self._plan, self._template.schema.fields, self._session.spark)
+        lowered = [k.lower() for k in keys]
+        for candidates in ([f for f in marked if f.name.lower() in lowered],
+                           [f for f in marked if "spark.timeWindow" not in f.metadata
+                            and "spark.sessionWindow" not in f.metadata], marked):
+            if candidates:
+                return candidates[0].name
         return None
 
     def crossJoin(self, other: Any) -> "StreamFrame":
@@ -368,7 +409,9 @@ class StreamFrame:
             delay_ms = interval_to_ms(delayThreshold, "delay threshold")
         except ValueError as e:
             raise IllegalArgumentException(str(e)) from None
-        template = self._template.withWatermark(eventTime, delayThreshold)
+        template = self._template.withWatermark(eventTime, delayThreshold)   # PySpark's checks
+        # (a batch plan drops the watermark: the template marks the column as a stream's plan does)
+        template = spark_internals.event_time_marked(template, eventTime, delay_ms)
         node = Watermark(self._plan, eventTime, delayThreshold, delay_ms)
         return StreamFrame(self._session, node, template)
 
@@ -417,7 +460,8 @@ class StreamFrame:
         template = self._template.dropDuplicates(list(subset) if subset is not None else None)
         by_lower = {c.lower(): c for c in self.columns}
         keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
-        return StreamFrame(self._session, Deduplicate(self._plan, keys), template)
+        return StreamFrame(self._session, Deduplicate(self._plan, keys, marked_event_time=self._marked_event_time()),
+                           template)
 
     drop_duplicates = dropDuplicates
 
@@ -432,7 +476,14 @@ class StreamFrame:
         template = self._template.dropDuplicatesWithinWatermark(list(subset) if subset is not None else None)
         by_lower = {c.lower(): c for c in self.columns}
         keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)
-        return StreamFrame(self._session, Deduplicate(self._plan, keys, within_watermark=True), template)
+        return StreamFrame(self._session, Deduplicate(self._plan, keys, within_watermark=True,
+                                                      marked_event_time=self._marked_event_time()), template)
+
+    def _marked_event_time(self) -> tuple[str, int] | None:
+        """The first column carrying a watermark's mark, and its delay (Spark's
+        WatermarkSupport.findEventTimeColumn)."""
+        return next(((f.name, int(f.metadata[WATERMARK_DELAY]))
+                     for f in _marked_fields(self._plan, self._template.schema.fields, self._session.spark)), None)
 
     def distinct(self) -> "StreamFrame":
         return self.dropDuplicates()
@@ -512,7 +563,9 @@ class GroupedStream:
         self._keys = keys
         self._grouping = grouping
 
-    def _aggregate(self, apply: Callable[[Any], DataFrame]) -> StreamFrame:
+    def _aggregate(self, apply: Callable[..., DataFrame], exprs: tuple = ()) -> StreamFrame:
+        """``apply(grouped, rebind)``: the aggregation over a GroupedData, its Columns
+        ``exprs`` (those that may be bound to the frame's attributes) through ``rebind``."""
         frame = self._frame
         grouping = self._grouping or Grouping()
         template = apply(grouping.of(frame._template, self._keys))
@@ -520,7 +573,7 @@ class GroupedStream:
         session = self._session_key(template, spec.key_names)
         key_index, is_window = self._event_time_key(template, spec.key_names, session)
         node = Aggregate(frame._plan, self._keys, apply, spec, key_index, is_window,
-                         grouping=self._grouping)
+                         grouping=self._grouping, positions=_positions(frame._template, (self._keys, exprs)))
         if session is not None:
             node.session_index, node.session_time_column = session
         return StreamFrame(frame._session, node, template)
@@ -541,32 +594,17 @@ class GroupedStream:
 
     def _event_time_key(self, template: DataFrame, key_names: tuple,
                         session: tuple | None) -> tuple[int | None, bool]:
-        """The first grouping key that carries a watermark's event time: the column
-        itself, or a window or session over it (Spark keeps the watermark on all). Over an
-        earlier aggregation, its event-time key carries the watermark on: that window, or a
-        window over its ``window_time``."""
-        nodes = list(self._frame._plan.nodes())
-        event_times = [n.event_time for n in nodes if isinstance(n, Watermark)]
-        event_times += [n.event_time_column for n in nodes
-                        if isinstance(n, TransformWithState) and n.event_time_column is not None]
-        event_times += [n.spec.key_names[n.event_time_key] for n in nodes
-                        if isinstance(n, Aggregate) and n.event_time_key is not None]
-        by_name = {f.name: f for f in template.schema.fields}
-        for index, (name, key) in enumerate(zip(key_names, self._keys)):
-            field = by_name[name]
-            is_window = "spark.timeWindow" in field.metadata or "spark.sessionWindow" in field.metadata
-            for event_time in event_times:
-                if session is not None and index == session[0]:
-                    uses = session[1].lower() == event_time.lower()
-                elif isinstance(key, str):
-                    uses = key.lower() == event_time.lower()
-                else:  # the column (or the window) is written over the event-time column
-                    text = spark_internals.column_sql(key)
-                    uses = re.search(r"(?<![\w.`])`?" + re.escape(event_time) + r"`?(?![\w`.])", text,
-                                     re.IGNORECASE) is not None
-                    uses = uses and (is_window or name.lower() == event_time.lower())
-                if uses:
-                    return index, is_window
+        """The first grouping key that carries a watermark's event time, as Spark's
+        analysis marks it (``spark.watermarkDelayMs`` on the key's output column): the
+        watermarked column itself (renamed or aliased or not), or a window or session over
+        it, or, over an earlier aggregation, its window or a window over its
+        ``window_time``. An expression over the column carries no mark, as in Spark."""
+        frame = self._frame
+        marked = {f.name: f for f in _marked_fields(frame._plan, template.schema.fields, frame._session.spark)}
+        for index, name in enumerate(key_names):
+            field = marked.get(name)
+            if field is not None:
+                return index, "spark.timeWindow" in field.metadata or "spark.sessionWindow" in field.metadata
         return None, False
 
     def agg(self, *exprs: Any) -> StreamFrame:
@@ -574,11 +612,11 @@ class GroupedStream:
             raise AnalysisException("agg() needs at least one aggregate expression")
         if len(exprs) == 1 and isinstance(exprs[0], dict):
             columns = tuple(F.expr(f"{fn}(`{c}`)") for c, fn in exprs[0].items())
-            return self._aggregate(lambda g: g.agg(*columns))
-        return self._aggregate(lambda g: g.agg(*exprs))
+            return self._aggregate(lambda g, rebind=_same: g.agg(*columns))
+        return self._aggregate(lambda g, rebind=_same: g.agg(*rebind(exprs)), exprs)
 
     def count(self) -> StreamFrame:
-        return self._aggregate(lambda g: g.count())
+        return self._aggregate(lambda g, rebind=_same: g.count())
 
     def _key_columns(self, pyspark_method: Callable[[Any], Any]) -> tuple[StreamFrame, tuple[str, ...], int]:
         """The stream a function of keyed state reads, its grouping columns, and how many of
@@ -737,15 +775,15 @@ class GroupedStream:
         return names[column.lower()]
 
     def sum(self, *cols: str) -> StreamFrame:
-        return self._aggregate(lambda g: g.sum(*cols))
+        return self._aggregate(lambda g, rebind=_same: g.sum(*cols))
 
     def min(self, *cols: str) -> StreamFrame:
-        return self._aggregate(lambda g: g.min(*cols))
+        return self._aggregate(lambda g, rebind=_same: g.min(*cols))
 
     def max(self, *cols: str) -> StreamFrame:
-        return self._aggregate(lambda g: g.max(*cols))
+        return self._aggregate(lambda g, rebind=_same: g.max(*cols))
 
     def avg(self, *cols: str) -> StreamFrame:
-        return self._aggregate(lambda g: g.avg(*cols))
+        return self._aggregate(lambda g, rebind=_same: g.avg(*cols))
 
     mean = avg

@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
+from microbatch.planted_bugs import planted
 from microbatch.state.files import storage_type
 from microbatch.state.store import (StateStore, StateStoreConf, StateStoreId, StateStoreMetrics, begin_task, end_task,
                                     load_provider, task_metrics)
@@ -82,6 +83,14 @@ def committed_partitions(metrics: dict) -> set[int]:
 
 
 # -- the task --------------------------------------------------------------------------------
+def task_partition() -> int:
+    """The state partition of the running Spark task: its partition number (the planner
+    ends a stage with an exchange where a union would offset it: ``_own_stage``)."""
+    from pyspark import TaskContext
+    partition = TaskContext.get().partitionId()
+    return partition + 1 if planted(None, "partition-shift") else partition
+
+
 @dataclass(frozen=True)
 class StateTask:
     """What every state task carries (shipped to Spark's Python workers by cloudpickle):

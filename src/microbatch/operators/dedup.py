@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
 from microbatch import spark_internals
-from microbatch.operators.base import (KEEP_COLUMN, OperatorBatch, StatefulStep, StateTask, quoted,
+from microbatch.operators.base import (KEEP_COLUMN, OperatorBatch, StatefulStep, StateTask, quoted, task_partition,
                                        row_filter_udf, store_field)
 from microbatch.operators.event_time_stats import EventTimeStats
 
@@ -55,9 +55,7 @@ class DedupTask(StateTask):
     def __call__(self, batches: Iterator[Any]) -> Iterator[pa.Array]:
         """The whole partition at once, through the store's batch calls: a row is kept
         when ``insert_new`` finds its key new; then ``remove_at_or_below`` evicts."""
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         store = self.store(partition, self.key_schema, self.value_schema)
         started = time.monotonic()
         lengths, chunks = [], []

@@ -39,7 +39,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from microbatch.errors import pyspark_error
 from microbatch import spark_internals
-from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted, store_field
+from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted, store_field, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
 
 NO_TIMESTAMP = -1
@@ -69,9 +69,7 @@ class GroupStateTask(StateTask):
     event_time_stats_index: int | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         store = self.store(partition, self.key_schema, self.value_schema)
         started = time.monotonic()
         table = _table(list(batches))

@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType, TimestampNTZType, TimestampType
 
 from microbatch import spark_internals
-from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted
+from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
 from microbatch.plan.logical import NullFilter, PlanNode, StreamJoin, Watermark
 from microbatch.state.files import from_state_values, state_values, storage_type
@@ -134,9 +134,7 @@ class JoinTask(StateTask):
         return True
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         started = time.monotonic()
         batches = list(batches)
         stores = self._stores(partition)

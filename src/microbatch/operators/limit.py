@@ -17,7 +17,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import LongType, NullType, StructField, StructType
 
 from microbatch import spark_internals
-from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask
+from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, task_partition
 
 KEY_SCHEMA = pa.schema([pa.field("key", pa.null())])
 VALUE_SCHEMA = pa.schema([pa.field("value", pa.int64())])
@@ -31,9 +31,7 @@ class LimitTask(StateTask):
     limit: int = 0
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         started = time.monotonic()
         store = self.store(partition, KEY_SCHEMA, VALUE_SCHEMA)
         before = (store.get(KEY) or (0,))[0]

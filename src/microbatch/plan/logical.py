@@ -27,6 +27,15 @@ from microbatch import spark_internals
 _relation_ids = itertools.count()
 
 
+def rebound(values: Any, sides: list[tuple[DataFrame, dict]]) -> Any:
+    """``values`` (a step's arguments) over the DataFrames ``sides`` pairs with the
+    positions of the attributes the step's Columns were bound to when it was defined
+    (``spark_internals.rebound``); unchanged when none was."""
+    if not any(positions for _, positions in sides):
+        return values
+    return spark_internals.rebound(values, [(df, positions) for df, positions in sides if positions])
+
+
 class PlanNode:
     children: tuple["PlanNode", ...] = ()
 
@@ -107,13 +116,18 @@ class Transform(PlanNode):
     method: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    #: where the Columns of ``args`` taken from a frame (``frame.ts``) are bound: their
+    #: attribute ids' positions in the child's output (empty: none is)
+    positions: dict = field(default_factory=dict)
 
     @property
     def children(self):
         return (self.child,)
 
     def build(self, inputs):
-        return getattr(self.child.build(inputs), self.method)(*self.args, **self.kwargs)
+        df = self.child.build(inputs)
+        args, kwargs = rebound((self.args, self.kwargs), [(df, self.positions)])
+        return getattr(df, self.method)(*args, **kwargs)
 
     def describe(self) -> str:
         shown = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
@@ -181,6 +195,7 @@ class StaticJoin(PlanNode):
     on: Any
     how: str
     stream_side: str = "left"
+    positions: dict = field(default_factory=dict)   # (Transform's: of the stream side)
 
     @property
     def children(self):
@@ -188,9 +203,10 @@ class StaticJoin(PlanNode):
 
     def build(self, inputs):
         stream = self.child.build(inputs)
+        on = rebound(self.on, [(stream, self.positions)])
         if self.stream_side == "left":
-            return stream.join(self.static, self.on, self.how)
-        return self.static.join(stream, self.on, self.how)
+            return stream.join(self.static, on, self.how)
+        return self.static.join(stream, on, self.how)
 
     def describe(self) -> str:
         return f"Join {self.how}, stream on the {self.stream_side}, on {self.on!r} with a static DataFrame"
@@ -236,13 +252,15 @@ class Observe(PlanNode):
     child: PlanNode
     name: str
     exprs: tuple
+    positions: dict = field(default_factory=dict)   # (Transform's)
 
     @property
     def children(self):
         return (self.child,)
 
     def build(self, inputs):
-        return self.child.build(inputs).observe(self.name, *self.exprs)
+        df = self.child.build(inputs)
+        return df.observe(self.name, *rebound(self.exprs, [(df, self.positions)]))
 
     def describe(self) -> str:
         return f"CollectMetrics {self.name}, [{', '.join(str(e) for e in self.exprs)}]"
@@ -281,9 +299,14 @@ class Deduplicate(StatefulNode):
     child: PlanNode
     keys: tuple[str, ...]
     within_watermark: bool = False
+    #: the input's event-time column and its delay, as Spark's analysis marks it (the first
+    #: column with ``spark.watermarkDelayMs``: a renamed event time too), found at definition
+    marked_event_time: tuple[str, int] | None = None
 
     def event_time(self) -> tuple[str, int] | None:
         """The event-time column and delay of the watermark below this node."""
+        if self.marked_event_time is not None:
+            return self.marked_event_time
         for node in self.child.nodes():
             if isinstance(node, Watermark):
                 return node.event_time, node.delay_ms
@@ -320,16 +343,19 @@ class Aggregate(StatefulNode):
     session_index: int | None = None          # the session_window key, if any
     session_time_column: str | None = None    # session_window(column, gap)
     grouping: Any = None                      # plan.aggregation.Grouping: groupBy, rollup, ...
+    positions: dict = field(default_factory=dict)   # (Transform's: of the keys' and aggregates' Columns)
 
     def grouped(self, df: DataFrame):
         """``df`` grouped by the keys as the user grouped them (PySpark's GroupedData)."""
-        return df.groupBy(*self.keys) if self.grouping is None else self.grouping.of(df, self.keys)
+        keys = rebound(self.keys, [(df, self.positions)])
+        return df.groupBy(*keys) if self.grouping is None else self.grouping.of(df, keys)
 
     def watermark_column(self) -> str | None:
         return None if self.event_time_key is None else self.spec.key_names[self.event_time_key]
 
     def build(self, inputs):
-        return self.apply(self.grouped(self.child.build(inputs)))
+        df = self.child.build(inputs)
+        return self.apply(self.grouped(df), lambda values: rebound(values, [(df, self.positions)]))
 
     def describe(self) -> str:
         outputs = ", ".join(name for name, _ in self.spec.outputs)
@@ -438,6 +464,7 @@ class StreamJoin(StatefulNode):
     side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
     side_times: tuple = (None, None)       # each side's watermarked event-time column
     side_qualifiers: tuple = ((), ())      # each side's columns' qualifiers (``l`` of ``l.id``)
+    positions: tuple = ({}, {})            # (Transform's: of the condition's Columns, per side)
 
     def __post_init__(self):
         if not self.right_keys:
@@ -516,8 +543,9 @@ class StreamJoin(StatefulNode):
         return None if index is None else self.keys[index]
 
     def build(self, inputs):
-        on = list(self.keys) if self.using else self.condition
-        return self.left.build(inputs).join(self.right.build(inputs), on, self.how)
+        left, right = self.left.build(inputs), self.right.build(inputs)
+        on = list(self.keys) if self.using else rebound(self.condition, list(zip((left, right), self.positions)))
+        return left.join(right, on, self.how)
 
     def describe(self) -> str:
         on = ", ".join(self.keys) if self.using else str(self.condition)

@@ -4,7 +4,9 @@ Made once per query run, when the checkpoint's confs are fixed (Spark's
 IncrementalExecution, which Spark re-creates every batch; here the analysis is done
 once and a batch binds its inputs, its batch timestamp and its watermarks):
 
-- **Rewrites, once.** In append mode a limit above a stateful operator becomes the
+- **Rewrites, once.** A step that occurs more than once (a stream branched into two paths
+  that meet again, as Nexmark's q5 joins counts with their maximum) is copied, so each
+  occurrence is an operator of its own with its own state, as in Spark's plan. In append mode a limit above a stateful operator becomes the
   streaming limit (whose count is state). A stream-stream join's sides get the "not
   null" filters Spark infers for its condition (``operators.join.with_null_filters``). A
   deterministic filter right above ``withWatermark`` that does not use the event time is
@@ -27,6 +29,10 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
   watermark); an operator's input is the smallest of its children's. Rows are late
   against the propagation of the previous batch's watermark, state is evicted against
   that of this batch's.
+- **A state task's partition** is its Spark task's partition number. Inside a union (a
+  stream-stream join's two sides, a union of streams) that number is offset by the
+  partitions of the union's inputs before it, so an input whose last stage may run a state
+  task ends with an exchange first (``_own_stage``).
 - **A batch** (``batch``): the planner walks the plan over the batch's inputs: a prepared
   segment binds its holes, a watermark's rows go to the ``WatermarkTracker`` (which
   observes their event time, or leaves it to the operator above), an ``observe`` gets its
@@ -45,6 +51,7 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -63,7 +70,8 @@ from microbatch.operators.limit import LimitStep
 from microbatch.operators.transform_with_state.step import TransformWithStateStep
 from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, NullFilter, Observe,
                                      PlanNode, StatefulNode, StaticJoin, StreamingLimit, StreamingRelation,
-                                     StreamJoin, Transform, TransformWithState, Watermark)
+                                     StreamJoin, Transform, TransformWithState, Union, Watermark)
+from microbatch.planted_bugs import planted
 from microbatch.runtime.segments import PreparedSegment, children_replaced, segments_prepared
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.state.store import StateStoreConf
@@ -138,6 +146,21 @@ class PlannedBatch:
     operators: dict = field(default_factory=dict)
     #: ``observe(name, ...)`` -> its Observation
     user_observations: dict = field(default_factory=dict)
+
+
+def _each_occurrence_its_own(plan: PlanNode, seen: set[int] | None = None) -> PlanNode:
+    """The plan with every step that occurs more than once (a stream branched into two
+    paths that meet again: ``counts.join(counts.groupBy(...))``) copied, so that each
+    occurrence is an operator of its own, with its own id and state, as in Spark's plan.
+    A source read in several places stays one source."""
+    seen = set() if seen is None else seen
+    if isinstance(plan, StreamingRelation):
+        return plan
+    node = children_replaced(plan, [_each_occurrence_its_own(c, seen) for c in plan.children])
+    if node is plan and id(plan) in seen:
+        node = copy.copy(plan)
+    seen.add(id(node))
+    return node
 
 
 def _limits_over_appends(plan: PlanNode) -> PlanNode:
@@ -228,9 +251,11 @@ class IncrementalExecution:
         self.output_mode = output_mode
         self.shuffle_partitions = shuffle_partitions
         self.store_conf = store_conf or StateStoreConf()
+        self._joins_never_evict = planted(spark, "join-no-evict")   # (test-only: microbatch.planted_bugs)
         #: Spark 4.3 makes a stateful operator's output nullable (as the checkpoint fixed it)
         self.nullable_output = (spark_internals.records_conf(ALWAYS_NULLABLE_OUTPUT)
                                 and spark.conf.get(ALWAYS_NULLABLE_OUTPUT, "true").lower() == "true")
+        plan = _each_occurrence_its_own(plan)
         if output_mode == "append":
             plan = _limits_over_appends(plan)
         plan = _joins_null_filtered(_filters_pushed_into_joins(plan, empty_inputs), empty_inputs)
@@ -330,7 +355,10 @@ class IncrementalExecution:
             if isinstance(node, StreamingRelation):
                 return inputs[node]
             if isinstance(node, PreparedSegment):
-                return node.bind([build(hole) for hole in node.holes])
+                built = [build(hole) for hole in node.holes]
+                if any(isinstance(n, Union) for n in node.template.nodes()):
+                    built = [self._own_stage(hole, df) for hole, df in zip(node.holes, built)]
+                return node.bind(built)
             if isinstance(node, Watermark):
                 return watermarks.observe(node, build(node.child), batch_id, planned.watermark_observations)
             if isinstance(node, Observe):
@@ -340,6 +368,8 @@ class IncrementalExecution:
             if isinstance(node, StatefulNode):
                 op = self.operator[node]
                 built = [build(child) for child in node.children]
+                if len(built) > 1:   # (a join: its sides meet in one stage, unioned)
+                    built = [self._own_stage(child, df) for child, df in zip(node.children, built)]
                 marks = operator_watermarks[node]
                 given = OperatorBatch(batch_id, batch_timestamp_ms, marks.late_ms, marks.eviction_ms,
                                       self.output_mode, self.store_conf, op.metrics,
@@ -357,6 +387,15 @@ class IncrementalExecution:
             df = spark_internals.with_batch_timestamp(self.spark, df, batch_timestamp_ms)
         planned.df = df
         return planned
+
+    def _own_stage(self, node: PlanNode, df: DataFrame) -> DataFrame:
+        """``df`` (built from ``node``) ended by an exchange when a stateful operator's tasks
+        may run in its last stage: a state task knows its partition by the Spark task's
+        partition number, which inside a union (a join's two sides, a union of streams) is
+        offset by the partitions of the union's inputs before it."""
+        if any(isinstance(n, StatefulNode) for n in node.nodes()):
+            return df.repartition(self.shuffle_partitions)
+        return df
 
     def operator_metrics(self, op: StatefulOperator, late_rows: dict | None = None) -> dict:
         """An operator's metrics from its tasks, plus rows dropped in Spark before it
@@ -380,6 +419,8 @@ class IncrementalExecution:
         """Each operator's watermarks, given the query's watermark of the previous batch
         (``late_ms``) and of this batch (``eviction_ms``)."""
         late, evict = self.input_watermarks(late_ms), self.input_watermarks(eviction_ms)
+        if self._joins_never_evict:
+            evict = {node: None if isinstance(node, StreamJoin) else ms for node, ms in evict.items()}
         return {op.node: OperatorWatermarks(late.get(op.node) or 0, evict.get(op.node) or 0)
                 for op in self.operators}
 

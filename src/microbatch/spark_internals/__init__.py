@@ -15,7 +15,8 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 # relations, session, versions).
 from microbatch.spark_internals.analysis import (
     AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, analyzed_plan, column_sql, conjunct_sides,
-    conjuncts_without_column, filter_can_skip_column, filter_passes_filter,
+    bound_attribute_ids, conjuncts_without_column, event_time_marked, is_global_aggregation,
+    output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column,
     qualified_alias, requalified, schema_string, window_function_error,
@@ -64,7 +65,8 @@ __all__ = [
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
     "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "empty_batch", "empty_dataframe",
-    "conjunct_sides", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
+    "conjunct_sides", "event_time_marked", "is_global_aggregation", "bound_attribute_ids",
+    "output_attribute_ids", "rebound", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
     "foreach_batch_user_error", "grouping_column_names", "grouping_columns", "hyperloglog_tables",
@@ -132,6 +134,7 @@ column_sql = _by_kind(column_sql, _c_analysis.column_sql)
 uses_current_time = _by_kind(uses_current_time, _c_analysis.uses_current_time)
 runs_again_alike = _by_kind(runs_again_alike, _c_analysis.never)
 filter_can_skip_column = _by_kind(filter_can_skip_column, _c_analysis.never)
+is_global_aggregation = _by_kind(is_global_aggregation, _c_analysis.never)
 filter_passes_projection = _by_kind(filter_passes_projection, _c_analysis.never)
 filter_passes_filter = _by_kind(filter_passes_filter, _c_analysis.never)
 projections_keep_column = _by_kind(projections_keep_column, _c_analysis.never)
@@ -141,6 +144,8 @@ join_condition = _by_kind(join_condition, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
 output_qualifiers = _by_kind(output_qualifiers, _refused("A join"))
 requalified = _by_kind(requalified, _refused("A join"))
+event_time_marked = _by_kind(event_time_marked, lambda df, column, delay_ms: df.withMetadata(
+    column, {"spark.watermarkDelayMs": int(delay_ms)}))
 grouping_columns = _by_kind(grouping_columns, _refused("applyInPandasWithState or transformWithState"))
 grouping_column_names = _by_kind(grouping_column_names, _refused("applyInPandasWithState or transformWithState"))
 grouped_dataframe = _by_kind(grouped_dataframe, _refused("applyInPandasWithState or transformWithState"))

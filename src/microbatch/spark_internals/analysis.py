@@ -9,7 +9,8 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from microbatch.spark_internals.jvm import _jvm, jvm_class
-from microbatch.spark_internals.versions import column_of_expression, dataframe_of_plan, expression_of_column
+from microbatch.spark_internals.versions import (column_of_expression, dataframe_of_plan, expression_of_column,
+                                                running_version)
 
 
 def schema_string(schema: StructType) -> str:
@@ -461,6 +462,117 @@ def qualified_alias(column: Any, name: str, qualifier: tuple[str, ...]) -> Any:
         expression, name, jvm_class("org.apache.spark.sql.catalyst.expressions.NamedExpression").newExprId(),
         to_seq(list(qualifier)), jvm_class("scala.None$"), to_seq([]))
     return column_of_expression(alias)
+
+
+def _attribute_references(expression: Any) -> list:
+    """The ``AttributeReference`` s in a Catalyst expression (resolved columns of a frame)."""
+    found, pending = [], [expression]
+    while pending:
+        node = pending.pop()
+        if node.getClass().getSimpleName() == "AttributeReference":
+            found.append(node)
+            continue
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    return found
+
+
+def _catalyst_expression(column: Any) -> Any:
+    """The Catalyst expression of a classic Column, its column nodes converted (Spark 4
+    keeps a Column as nodes until a session converts them)."""
+    if running_version().at_least_4:
+        return jvm_class("org.apache.spark.sql.SparkSession").active().expression(column._jc)
+    return column._jc.expr()
+
+
+def _columns_in(value: Any) -> list:
+    """The classic PySpark Columns in ``value`` (a Column, or lists, tuples and dicts of them)."""
+    from pyspark.sql import Column
+    if isinstance(value, Column):
+        return [value] if hasattr(value, "_jc") else []
+    if isinstance(value, (list, tuple)):
+        return [c for v in value for c in _columns_in(v)]
+    if isinstance(value, dict):
+        return [c for v in value.values() for c in _columns_in(v)]
+    return []
+
+
+def bound_attribute_ids(values: Any) -> set[int]:
+    """The attribute ids the Columns in ``values`` are bound to: a column taken from a frame
+    (``frame.ts``, ``frame["ts"]``) is that frame's attribute, which Spark resolves by its id,
+    not its name (none for ``F.col("ts")``, resolved by name where it is used)."""
+    return {a.exprId().id() for c in _columns_in(values)
+            for a in _attribute_references(_catalyst_expression(c))}
+
+
+def output_attribute_ids(df: Any) -> tuple[int, ...]:
+    """The ids of ``df``'s output attributes, in order."""
+    output = analyzed_plan(df).output()
+    return tuple(output.apply(i).exprId().id() for i in range(output.size()))
+
+
+def rebound(values: Any, sides: list[tuple[Any, dict[int, int]]]) -> Any:
+    """``values`` with every Column bound to an attribute of the frames a step was defined
+    on bound instead to the attribute in the same position of the DataFrame the step is
+    applied to now: ``sides`` pairs each such DataFrame with the positions of the ids
+    (``{attribute id: output index}`` of the frame's template). So a step that names a
+    column through a frame (the left side's ``id`` of a join, a column of the frame before
+    ``withWatermark``) means the same column in every batch, as Spark's binding of a batch
+    into its analysed query keeps attribute ids."""
+    from pyspark.sql import Column
+    outputs = [(analyzed_plan(df).output(), positions) for df, positions in sides]
+    to_map = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap
+
+    def one(value: Any) -> Any:
+        if isinstance(value, Column) and hasattr(value, "_jc"):
+            expression = _catalyst_expression(value)
+            replaced = jvm_class("java.util.HashMap")()
+            for attribute in _attribute_references(expression):
+                key = attribute.exprId().id()
+                for output, positions in outputs:
+                    if key in positions:
+                        replaced.put(attribute, output.apply(positions[key]))
+                        break
+            return column_of_expression(expression.transform(to_map(replaced))) if not replaced.isEmpty() else value
+        if isinstance(value, list):
+            return [one(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(one(v) for v in value)
+        if isinstance(value, dict):
+            return {k: one(v) for k, v in value.items()}
+        return value
+
+    return one(values)
+
+
+def is_global_aggregation(df: Any) -> bool:
+    """Whether Spark's analysis made ``df``'s last projection an aggregation over all its
+    rows (``select(count("*"))``, SQL's ``SELECT count(*) FROM t``: an aggregate function
+    in a projection without a grouping)."""
+    plan = analyzed_plan(df)
+    return plan.getClass().getSimpleName() == "Aggregate" and plan.groupingExpressions().isEmpty()
+
+
+def event_time_marked(df: Any, column: str, delay_ms: int) -> Any:
+    """``df`` with ``column`` marked as Spark's EventTimeWatermark marks its event time: the
+    same attribute (its id kept) with the delay in its metadata (``spark.watermarkDelayMs``).
+    A batch plan drops ``withWatermark`` in analysis, so a stream's template marks it here;
+    Spark's analysis of the steps above then carries the mark as it does on a stream:
+    through aliases and renames, onto windows over the column and the grouping keys of an
+    aggregation, and not onto expressions over it or onto a column of an earlier frame."""
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    plan = analyzed_plan(df)
+    output = _scala_list(plan.output())
+    resolver = plan.conf().resolver()
+    marked = []
+    for attribute in output:
+        if resolver.apply(attribute.name(), column):
+            metadata = (jvm_class("org.apache.spark.sql.types.MetadataBuilder")().withMetadata(attribute.metadata())
+                        .putLong("spark.watermarkDelayMs", int(delay_ms)).build())
+            attribute = attribute.withMetadata(metadata)
+        marked.append(attribute)
+    project = jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")(to_seq(marked), plan)
+    return dataframe_of_plan(df.sparkSession, project)
 
 
 def requalified(df: Any, qualifiers: tuple[tuple[str, ...], ...]) -> Any:

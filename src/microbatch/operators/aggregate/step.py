@@ -12,6 +12,7 @@ from microbatch.operators.aggregate.spec import final_columns, finalize, grouped
 from microbatch.operators.aggregate.task import AggregateTask, SessionAggregateTask
 from microbatch.operators.base import OperatorBatch, StatefulStep, ms_column, quoted, us_column
 from microbatch.operators.event_time_stats import EVENT_TIME_STATS
+from microbatch.plan.logical import rebound
 
 #: A row's session end, for the late-row filter of a session window aggregation.
 SESSION_END_COLUMN = "__microbatch_session_end"
@@ -43,6 +44,7 @@ class AggregateStep(StatefulStep):
             # sessions form. Spark's session_window rule drops rows whose gap is not positive.
             end = self.cached("session end", lambda: (
                 node.keys[node.session_index].getField("end").alias(SESSION_END_COLUMN)))
+            end = rebound(end, [(df, node.positions)])   # (a key bound to the frame's column)
             late = us_column(SESSION_END_COLUMN) <= F.lit(batch.late_ms * 1000)
             observation = Observation(f"microbatch_late_rows_{op}_{batch.batch_id}")
             batch.late_rows = observation
@@ -87,7 +89,7 @@ class AggregateStep(StatefulStep):
         nullable = batch.nullable_output
 
         def build(inputs: list[DataFrame], task: AggregateTask | SessionAggregateTask):
-            partial = grouped_partial(inputs[0], node.keys, spec.calls, spec.buffer_names, extra, buffers,
+            partial = grouped_partial(inputs[0], rebound(node.keys, [(inputs[0], node.positions)]), spec.calls, spec.buffer_names, extra, buffers,
                                       **({} if node.grouping is None else {"grouping": node.grouping}))
             if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
                 partial = partial.repartition(partitions, *partition_columns)

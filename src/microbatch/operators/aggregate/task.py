@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
 from microbatch.state.table_form import foldable, group_rows, table_key
-from microbatch.operators.base import StateTask
+from microbatch.operators.base import StateTask, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
 
 
@@ -179,9 +179,7 @@ class AggregateTask(StateTask):
         return values
 
     def __call__(self, batches):
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         if self.event_time_stats:
             batches = event_time_statistics(batches, partition, self.metrics)
         key_storage = [storage_type(f.type) for f in self.key_fields]
@@ -387,9 +385,7 @@ class SessionAggregateTask(StateTask):
     evict_us: int | None = None
 
     def __call__(self, batches):
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         key_storage = [storage_type(f.type) for f in self.key_fields]
         value_storage = [storage_type(f.type) for f in self.buffer_fields]
         group_fields = [pa.field(f.name, t) for i, (f, t) in enumerate(zip(self.key_fields, key_storage))

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 
 from microbatch.errors import pyspark_error
-from microbatch.operators.base import StateTask
+from microbatch.operators.base import StateTask, task_partition
 from microbatch.operators.group_state import PandasConversion, _python, _storage_value, _table, without_late_rows
 from microbatch.operators.transform_with_state.state import _Counts, _handle_class
 from microbatch.operators.transform_with_state.variables import LIST, MAP, TIMERS_STORE, VALUE
@@ -74,10 +74,9 @@ class TransformWithStateTask(StateTask):
     output_late_us: int | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
         from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-        partition = TaskContext.get().partitionId()
+        partition = task_partition()
         stores = {}
         for name, schema in list(self.store_schemas.items()):
             stores[name] = self.store(partition, self.key_schema, schema, name)

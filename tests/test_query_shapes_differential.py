@@ -1,0 +1,158 @@
+"""Query shapes the other differential tests never composed, each found by trying Nexmark's
+queries and public jobs as a new user writes them (issue 57), on microbatch next to Spark's
+own engine, batch by batch: rows, progress (state rows of every operator included) and
+watermarks.
+
+- One stream branched into two stateful paths that join again (Nexmark q5): the same
+  aggregation appears twice in the plan, and Spark runs it twice, each with its own state.
+- An aggregation joined back to its own input (Nexmark q7): the aggregation's state tasks
+  run in the same Spark stage as the other side's scan, whose partitions come first.
+- A watermarked column renamed or aliased before a stream-stream join (Nexmark q3, q8):
+  Spark keeps the event-time mark on the column through projections, so the join evicts.
+"""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from helpers import collect_batches, json_stream
+from stream_events import comparable, watermarks, write_event_files
+
+SCHEMA = "id INT, ts TIMESTAMP, price INT"
+
+#: (id, second of the minute, price) per file: out of order, a late row, an empty file
+EVENTS = [
+    [(1, 1, 10), (2, 3, 20), (1, 4, 30)],
+    [(2, 12, 5), (3, 11, 40), (1, 2, 7)],
+    [],
+    [(1, 25, 30), (3, 23, 10), (2, 27, 50)],
+    [(2, 41, 60), (1, 44, 60), (3, 5, 99)],
+    [(3, 58, 1)],
+]
+
+
+@pytest.fixture
+def events(tmp_path):
+    return write_event_files(tmp_path / "events", EVENTS,
+                             lambda i, s, p: {"id": i, "ts": f"2026-01-01 00:00:{s:02d}", "price": p})
+
+
+def q5_hot_items(bids):
+    """Nexmark q5: bids per auction in a sliding window; the windows' largest count, a
+    second aggregation over the first, joined back to the counts."""
+    counts = (bids.withWatermark("ts", "5 seconds")
+              .groupBy(F.window("ts", "10 seconds", "5 seconds"), "id").count())
+    maxes = (counts.groupBy("window").agg(F.max("count").alias("maxn"))
+             .withColumnRenamed("window", "mwindow"))
+    return counts.join(maxes, F.expr("window = mwindow AND count = maxn")).select("window", "id", "count")
+
+
+def q7_highest_bid(bids):
+    """Nexmark q7: the highest price per tumbling window, joined back to the bids."""
+    bids = bids.withWatermark("ts", "5 seconds")
+    maxes = (bids.groupBy(F.window("ts", "10 seconds")).agg(F.max("price").alias("maxprice"))
+             .select(F.window_time("window").alias("wtime"), "maxprice"))
+    return bids.join(maxes, F.expr("price = maxprice AND ts > wtime - interval 10 seconds AND ts <= wtime")) \
+        .select("id", "price", "ts")
+
+
+def q3_renamed_times(bids):
+    """The event time aliased on each side (Nexmark q3's ``p_time``), then a time-range join."""
+    left = bids.withWatermark("ts", "5 seconds").select(F.col("id"), F.col("ts").alias("l_time"))
+    right = bids.withWatermark("ts", "5 seconds").select(F.col("id").alias("rid"), F.col("ts").alias("r_time"),
+                                                         "price")
+    return left.join(right, F.expr("id = rid AND r_time BETWEEN l_time AND l_time + interval 3 seconds"))
+
+
+def q8_renamed_windows(bids):
+    """Two windowed counts, their windows renamed (Nexmark q8's ``pwindow``), joined on the windows."""
+    stream = bids.withWatermark("ts", "5 seconds")
+    people = stream.groupBy(F.window("ts", "10 seconds"), "id").count().withColumnRenamed("window", "pwindow")
+    auctions = (stream.groupBy(F.window("ts", "10 seconds"), F.col("id").alias("aid")).agg(F.sum("price").alias("p"))
+                .withColumnRenamed("window", "awindow"))
+    return people.join(auctions, F.expr("pwindow = awindow AND id = aid")).select("pwindow", "id", "count", "p")
+
+
+SHAPES = {"q5 branched aggregations joined": q5_hot_items, "q7 aggregation joined to its input": q7_highest_bid,
+          "q3 aliased event times joined": q3_renamed_times, "q8 renamed windows joined": q8_renamed_windows}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_shape_matches_spark_batch_by_batch(spark, ss, events, tmp_path, shape):
+    query = SHAPES[shape]
+    theirs, their_progress = collect_batches(query(json_stream(spark, events, SCHEMA)), tmp_path / "spark", "append")
+    ours, our_progress = collect_batches(query(json_stream(ss, events, SCHEMA)), tmp_path / "microbatch", "append")
+    assert ours == theirs
+    assert sum(len(rows) for _, rows in ours) > 0
+    if shape.startswith("q5"):
+        # Spark counts the source's rows twice here (its two identical branches share one
+        # exchange, whose rows its progress adds to the scan's); microbatch counts each
+        # input row once, as Spark does for q3 and q7 (a known difference: docs/design.md)
+        ours_p, theirs_p = ([c[:-1] for c in comparable(p)] for p in (our_progress, their_progress))
+        assert ours_p == theirs_p
+        assert [c[-1] for c in comparable(their_progress)] == [2 * c[-1] for c in comparable(our_progress)]
+    else:
+        assert comparable(our_progress) == comparable(their_progress)
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+@pytest.mark.parametrize("how", ["sql", "select"])
+def test_global_count_of_a_stream_view_in_complete_mode_matches_spark(spark, ss, events, tmp_path, how):
+    """``select count(*) from updates`` over a stream's view (as Spark's programming guide
+    writes it): Spark's analysis makes the projection an aggregation of the whole stream."""
+    def query(session, name):
+        frame = json_stream(session, events, SCHEMA)
+        if how == "select":
+            return frame.select(F.count("*").alias("n"), F.max("price"))
+        frame.createOrReplaceTempView(name)
+        return session.sql(f"select count(*), max(price) from {name}")
+
+    theirs, their_progress = collect_batches(query(spark, "spark_updates"), tmp_path / "spark", "complete")
+    ours, our_progress = collect_batches(query(ss, "updates"), tmp_path / "microbatch", "complete")
+    assert ours == theirs and ours[-1][1] == [(13, 99)]
+    assert comparable(our_progress) == comparable(their_progress)
+
+
+def guide_windowed_counts(words):
+    """The programming guide's windowed count as printed: the window is over ``words.ts``,
+    the column of the frame *before* ``withWatermark``, which carries no watermark, so Spark
+    drops no late rows and evicts nothing (and refuses append mode)."""
+    return (words.withWatermark("ts", "5 seconds")
+            .groupBy(F.window(words.ts, "10 seconds", "5 seconds"), words.id).count())
+
+
+def test_a_column_of_the_frame_before_the_watermark_carries_none(spark, ss, events, tmp_path):
+    theirs, their_progress = collect_batches(guide_windowed_counts(json_stream(spark, events, SCHEMA)),
+                                             tmp_path / "spark", "update")
+    ours, our_progress = collect_batches(guide_windowed_counts(json_stream(ss, events, SCHEMA)),
+                                         tmp_path / "microbatch", "update")
+    assert ours == theirs
+    assert comparable(our_progress) == comparable(their_progress)
+    assert all(p["stateOperators"][0]["numRowsRemoved"] == 0 for p in our_progress)   # nothing evicted
+    with pytest.raises(Exception) as spark_refusal:
+        collect_batches(guide_windowed_counts(json_stream(spark, events, SCHEMA)), tmp_path / "spark-append", "append")
+    with pytest.raises(Exception) as our_refusal:
+        collect_batches(guide_windowed_counts(json_stream(ss, events, SCHEMA)), tmp_path / "mb-append", "append")
+    assert our_refusal.value.getCondition() == spark_refusal.value.getCondition()
+    assert "STREAMING_OUTPUT_MODE" in str(our_refusal.value.getCondition())
+
+
+def joined_then_one_side_dropped(left, right):
+    """A join of two streams with a column of the same name on each side, then the left
+    side's dropped through its frame (``drop(left.id)``), as public jobs write it."""
+    left = left.withWatermark("ts", "5 seconds")
+    right = right.withWatermark("ts", "5 seconds").select("id", F.col("ts").alias("rts"), "price")
+    joined = left.join(right, (left.id == right.id) & (right.rts >= left.ts)
+                       & (right.rts <= left.ts + F.expr("interval 5 seconds")))
+    return joined.drop(left.id).drop(left.price)
+
+
+def test_a_column_dropped_through_one_side_of_a_join(spark, ss, events, tmp_path):
+    def query(session):
+        return joined_then_one_side_dropped(json_stream(session, events, SCHEMA), json_stream(session, events, SCHEMA))
+
+    theirs, their_progress = collect_batches(query(spark), tmp_path / "spark", "append")
+    ours, our_progress = collect_batches(query(ss), tmp_path / "microbatch", "append")
+    assert query(ss).columns == query(spark).columns == ["ts", "id", "rts", "price"]
+    assert ours == theirs and sum(len(rows) for _, rows in ours) > 0
+    assert comparable(our_progress) == comparable(their_progress)
