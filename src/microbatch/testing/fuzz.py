@@ -825,7 +825,7 @@ def _clause(text: str) -> str:
     """A message's first clause, without Spark's condition and the plan after it."""
     import re
     text = re.sub(r"^\s*\[[A-Z][A-Z0-9_.]+\]\s*", "", text.strip()).split("\n")[0]
-    return re.split(r"[;:]", text, maxsplit=1)[0][:160]
+    return re.split(r"[;:]", text, maxsplit=1)[0][:200]
 
 
 def _same_refusal(theirs: BaseException, ours: BaseException) -> tuple[bool, str]:
@@ -1011,11 +1011,11 @@ def _judge(spark, ss, seed: int, query: Query, theirs: EngineRun, ours: EngineRu
             return Result(seed, query, "both-refused", kind=kind, detail=_first_line(theirs.error))
         a, b = kind, _error_kind(ours.error)
         return Result(seed, query, "differs", aspect="refusal",
-                      detail=f"Spark ({theirs.stage}): {a}: {_first_line(theirs.error)}\n  "
-                             f"microbatch ({ours.stage}): {b}: {_first_line(ours.error)}")
+                      detail=f"Spark ({theirs.stage}) [{a}]: {_first_line(theirs.error)}\n  "
+                             f"microbatch ({ours.stage}) [{b}]: {_first_line(ours.error)}")
     if theirs.error is not None:
         return Result(seed, query, "spark-refuses-microbatch-runs", aspect="refusal",
-                      detail=f"Spark ({theirs.stage}): {_error_kind(theirs.error)}: {_first_line(theirs.error)}")
+                      detail=f"Spark ({theirs.stage}) [{_error_kind(theirs.error)}]: {_first_line(theirs.error)}")
     if ours.error is not None:
         if ours.refused_early:
             return Result(seed, query, "microbatch-refuses", kind=_first_line(ours.error),
