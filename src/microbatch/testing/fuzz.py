@@ -825,6 +825,8 @@ def _clause(text: str) -> str:
     """A message's first clause, without Spark's condition and the plan after it."""
     import re
     text = re.sub(r"^\s*\[[A-Z][A-Z0-9_.]+\]\s*", "", text.strip()).split("\n")[0]
+    text = re.sub(r"#\d+(-T\d+ms)?", "", text)                 # expression ids differ run to run
+    text = re.sub(r"[^\s;]*fuzz-\d+-[^/\s;]+[^\s;]*", "<path>", text)   # ... and the temporary directory
     return re.split(r"[;:]", text, maxsplit=1)[0][:200]
 
 
@@ -869,6 +871,7 @@ class Result:
     batch: int | None = None      # the first batch that differs
     detail: str = ""
     kind: str = ""                # a refusal's kind
+    errors: tuple = ()            # the error classes of a failure that is an error
     state_compared: int = 0       # operators whose state rows per partition were compared
     state_skipped: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -1010,18 +1013,18 @@ def _judge(spark, ss, seed: int, query: Query, theirs: EngineRun, ours: EngineRu
         if same:
             return Result(seed, query, "both-refused", kind=kind, detail=_first_line(theirs.error))
         a, b = kind, _error_kind(ours.error)
-        return Result(seed, query, "differs", aspect="refusal",
+        return Result(seed, query, "differs", aspect="refusal", errors=(a, b),
                       detail=f"Spark ({theirs.stage}) [{a}]: {_first_line(theirs.error)}\n  "
                              f"microbatch ({ours.stage}) [{b}]: {_first_line(ours.error)}")
     if theirs.error is not None:
         return Result(seed, query, "spark-refuses-microbatch-runs", aspect="refusal",
-                      detail=f"Spark ({theirs.stage}) [{_error_kind(theirs.error)}]: {_first_line(theirs.error)}")
+                      errors=(_error_kind(theirs.error),), detail=f"Spark ({theirs.stage}) [{_error_kind(theirs.error)}]: {_first_line(theirs.error)}")
     if ours.error is not None:
         if ours.refused_early:
             return Result(seed, query, "microbatch-refuses", kind=_first_line(ours.error),
                           detail=_first_line(ours.error))
         return Result(seed, query, "differs", aspect=f"microbatch's run failed ({ours.stage})",
-                      batch=max(ours.batches, default=None), detail=_first_line(ours.error))
+                      errors=(_error_kind(ours.error),), batch=max(ours.batches, default=None), detail=_first_line(ours.error))
     found = _diff_batches(theirs, ours)
     result = Result(seed, query, "ok")
     if found is not None:
@@ -1038,7 +1041,10 @@ def _judge(spark, ss, seed: int, query: Query, theirs: EngineRun, ours: EngineRu
 
 
 def _same_failure(a: Result, b: Result) -> bool:
-    return b.status == a.status and b.aspect == a.aspect
+    """Whether ``b`` fails as ``a`` does: the same status, the same first difference, and
+    for an error the same classes (a smaller query both engines refuse for another reason
+    is not the same failure)."""
+    return b.status == a.status and b.aspect == a.aspect and b.errors == a.errors
 
 
 def minimise(spark, case: Case, failed: Result, plant: str | None = None, seconds: float = 120.0,
