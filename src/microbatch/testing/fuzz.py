@@ -863,7 +863,8 @@ def _first_line(error: BaseException) -> str:
 @dataclass
 class Result:
     """What one query did. ``status``: ok, differs, both-refused, microbatch-refuses,
-    spark-refuses-microbatch-runs (the last two: the one that ran is the other engine)."""
+    spark-refuses-microbatch-runs (a failure, as differs is), or skipped (Spark's own
+    run did not end)."""
     seed: int
     query: Query
     status: str
@@ -1008,6 +1009,8 @@ def run_case(spark, case: Case, plant: str | None = None, query: Query | None = 
 
 
 def _judge(spark, ss, seed: int, query: Query, theirs: EngineRun, ours: EngineRun, compare_state: bool) -> Result:
+    if theirs.stage == "timeout":   # nothing to compare with (not a refusal)
+        return Result(seed, query, "skipped", detail=f"Spark's engine: {theirs.error}")
     if theirs.error is not None and ours.error is not None:
         same, kind = _same_refusal(theirs.error, ours.error)
         if same:
