@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from helpers import collect_batches, json_stream
+from microbatch.testing.fuzz import FuzzRunningCount   # (importable by Spark's Python workers)
 from stream_events import comparable, watermarks, write_event_files
 
 SCHEMA = "id INT, ts TIMESTAMP, price INT"
@@ -154,5 +155,71 @@ def test_a_column_dropped_through_one_side_of_a_join(spark, ss, events, tmp_path
     theirs, their_progress = collect_batches(query(spark), tmp_path / "spark", "append")
     ours, our_progress = collect_batches(query(ss), tmp_path / "microbatch", "append")
     assert query(ss).columns == query(spark).columns == ["ts", "id", "rts", "price"]
+    assert ours == theirs and sum(len(rows) for _, rows in ours) > 0
+    assert comparable(our_progress) == comparable(their_progress)
+
+
+def _refusal(session, events, tmp_path, mode, query) -> str:
+    """The error Spark's engine or microbatch gives ``query``, at start or when its run
+    fails (its text)."""
+    try:
+        collect_batches(query(session, json_stream(session, events, SCHEMA)), tmp_path, mode)
+    except Exception as e:   # noqa: BLE001 - the refusal is what is compared
+        return str(e)
+    raise AssertionError("the query ran")
+
+
+#: shapes Spark's engine refuses (found by the fuzzer), with the words both must say
+REFUSED = {
+    "inner stream-stream join in complete mode": (
+        "complete", "Inner join between two streaming DataFrames/Datasets is not supported in Complete output mode",
+        lambda session, s: s.withWatermark("ts", "5 seconds").join(
+            s.withWatermark("ts", "5 seconds").select(F.col("id").alias("rid"), F.col("ts").alias("rts")),
+            F.expr("id = rid AND rts = ts")).groupBy("id").count()),
+    "a watermark over a watermark": (
+        "append", "Redefining watermark is disallowed",
+        lambda session, s: s.withWatermark("ts", "5 seconds").withWatermark("ts", "10 seconds")
+        .groupBy(F.window("ts", "10 seconds")).count()),
+    "a session window without other keys": (
+        "complete", "Global aggregation with session window in streaming query is not supported",
+        lambda session, s: s.withWatermark("ts", "5 seconds").groupBy(F.session_window("ts", "5 seconds")).count()),
+    "a stream right outer joined with a static DataFrame": (
+        "append", "RightOuter join with a streaming DataFrame/Dataset on the left and a static DataFrame/DataSet",
+        lambda session, s: s.join((session.spark if hasattr(session, "spark") else session).range(3)
+                                  .withColumnRenamed("id", "key"), F.expr("id = key"), "right_outer")),
+}
+
+
+@pytest.mark.parametrize("shape", list(REFUSED))
+def test_refused_as_spark_refuses_it(spark, ss, events, tmp_path, shape):
+    mode, words, query = REFUSED[shape]
+    assert words in _refusal(spark, events, tmp_path / "spark", mode, query)
+    assert words in _refusal(ss, events, tmp_path / "microbatch", mode, query)
+
+
+#: shapes whose runs differed from Spark's (found by the fuzzer)
+RUNS = {
+    # the event time computed anew carries no watermark: the deduplication never evicts
+    "dedup on an event time computed anew": (
+        "append", lambda s: s.withWatermark("ts", "5 seconds").selectExpr("ts + INTERVAL 1 SECOND AS ts", "id")
+        .dropDuplicates(["id", "ts"])),
+    # Spark runs a batch without data when the watermark moves, in every time mode but processing time
+    "transformWithState without time mode after a watermark": (
+        "update", lambda s: s.withWatermark("ts", "5 seconds").groupBy("id").transformWithStateInPandas(
+            FuzzRunningCount("id"), "id INT, n LONG", "update", "None")),
+}
+
+
+@pytest.mark.parametrize("shape", list(RUNS))
+def test_runs_as_spark_runs_it(spark, ss, events, tmp_path, shape):
+    mode, query = RUNS[shape]
+    if "transformWithState" in shape:   # (Spark's runs only on its RocksDB store; microbatch's on its own)
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    try:
+        theirs, their_progress = collect_batches(query(json_stream(spark, events, SCHEMA)), tmp_path / "spark", mode)
+        ours, our_progress = collect_batches(query(json_stream(ss, events, SCHEMA)), tmp_path / "microbatch", mode)
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
     assert ours == theirs and sum(len(rows) for _, rows in ours) > 0
     assert comparable(our_progress) == comparable(their_progress)

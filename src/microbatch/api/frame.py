@@ -39,7 +39,6 @@ _STATIC_JOIN_TYPES = {
     "right": "right", "rightouter": "right", "right_outer": "right", "semi": "semi",
     "leftsemi": "semi", "left_semi": "semi", "anti": "anti", "leftanti": "anti", "left_anti": "anti",
 }
-_UNSUPPORTED_STREAM_LEFT = {"full": "FullOuter", "right": "RightOuter"}
 
 
 #: the stateless steps that may add a window function (``OVER (...)``) to a stream
@@ -317,11 +316,6 @@ class StreamFrame:
         how_key = (how or "inner").lower()
         if how_key not in _STATIC_JOIN_TYPES:
             raise IllegalArgumentException(f"Unsupported join type '{how}'.")
-        kind = _STATIC_JOIN_TYPES[how_key]
-        if kind in _UNSUPPORTED_STREAM_LEFT:
-            raise AnalysisException(
-                f"{_UNSUPPORTED_STREAM_LEFT[kind]} join with a streaming DataFrame/Dataset on the "
-                "left and a static DataFrame/Dataset on the right not supported")
         template = self._template.join(other, on, how)
         node = StaticJoin(self._plan, other, on, how or "inner", "left", positions=_positions(self._template, on))
         return StreamFrame(self._session, node, template)

@@ -38,8 +38,8 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
     (the event-time column or a window over it), or no row could ever be final.
     Sorting needs an aggregation in complete mode.
     """
-    from microbatch.plan.logical import (Aggregate, FlatMapGroupsWithState, StreamingLimit, StreamJoin,
-                                         Transform)
+    from microbatch.plan.logical import (Aggregate, FlatMapGroupsWithState, StaticJoin, StreamingLimit,
+                                         StreamJoin, Transform)
     aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
     if mode == "complete" and not aggregates:
         raise _mode_error("complete", "no streaming aggregations")
@@ -48,8 +48,9 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
     if mode == "append" and any(a.event_time_key is None for a in aggregates):
         raise _mode_error("append", "streaming aggregations without watermark")
     for join in (n for n in plan.nodes() if isinstance(n, StreamJoin)):
-        if join.how in ("left", "right", "full") and mode != "append":
-            named = f"{_JOIN_NAMES[join.how]} join" if spark_internals.running_version().at_least(4, 2) else "Join"
+        if (join.how in ("left", "right", "full") and mode != "append") or mode == "complete":
+            named = f"{_JOIN_NAMES.get(join.how, 'Inner')} join" \
+                if spark_internals.running_version().at_least(4, 2) else "Join"
             raise AnalysisException(
                 f"{named} between two streaming DataFrames/Datasets is not "
                 f"supported in {mode.capitalize()} output mode, only in Append output mode;")
@@ -61,6 +62,14 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
                 "is not supported without a watermark in the join keys, or a watermark on the "
                 "nullable side and an appropriate range condition;")
     for node in plan.nodes():
+        if isinstance(node, StaticJoin) and node.stream_side == "left" \
+                and node.how.lower().replace("_", "") in ("right", "rightouter", "full", "fullouter", "outer"):
+            full = node.how.lower().replace("_", "") in ("full", "fullouter", "outer")
+            raise AnalysisException(
+                "FullOuter joins with streaming DataFrames/Datasets on the left and a static DataFrame/Dataset "
+                "on the right is not supported;" if full else
+                "RightOuter join with a streaming DataFrame/Dataset on the left and a static DataFrame/DataSet "
+                "on the right not supported;")
         if isinstance(node, FlatMapGroupsWithState):
             if node.timeout == "EventTimeTimeout" and node.watermarked_input() is None:
                 raise AnalysisException(

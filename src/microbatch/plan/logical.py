@@ -300,17 +300,13 @@ class Deduplicate(StatefulNode):
     keys: tuple[str, ...]
     within_watermark: bool = False
     #: the input's event-time column and its delay, as Spark's analysis marks it (the first
-    #: column with ``spark.watermarkDelayMs``: a renamed event time too), found at definition
+    #: column with ``spark.watermarkDelayMs``: a renamed event time too; none when the
+    #: column was computed anew, ``ts + INTERVAL 1 SECOND AS ts``), found at definition
     marked_event_time: tuple[str, int] | None = None
 
     def event_time(self) -> tuple[str, int] | None:
-        """The event-time column and delay of the watermark below this node."""
-        if self.marked_event_time is not None:
-            return self.marked_event_time
-        for node in self.child.nodes():
-            if isinstance(node, Watermark):
-                return node.event_time, node.delay_ms
-        return None
+        """The event-time column of this node's input and its watermark's delay."""
+        return self.marked_event_time
 
     def watermark_column(self) -> str | None:
         found = self.event_time()

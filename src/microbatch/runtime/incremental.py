@@ -61,6 +61,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
+from microbatch.errors import AnalysisException
 from microbatch.operators.aggregate.step import AggregateStep
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
 from microbatch.operators.dedup import DedupStep
@@ -117,8 +118,8 @@ class StatefulOperator:
             return node.evicts()
         if isinstance(node, FlatMapGroupsWithState):
             return node.timeout == "EventTimeTimeout"
-        if isinstance(node, TransformWithState):
-            return node.time_mode == "eventtime"
+        if isinstance(node, TransformWithState):   # (in processing time: every batch, below)
+            return True
         return isinstance(node, Deduplicate)
 
 
@@ -272,6 +273,12 @@ class IncrementalExecution:
                                                    state_partitions(node, shuffle_partitions), step,
                                                    spark_internals.operator_accumulator(spark, DictSum())))
         self.operator = {op.node: op for op in self.operators}
+        for op in self.operators:
+            if isinstance(op.node, Aggregate) and op.node.session_index is not None \
+                    and len(op.node.spec.key_names) == 1:
+                raise AnalysisException("Global aggregation with session window in streaming query is not supported.")
+        if spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true").lower() == "true":
+            self._check_watermarks_not_redefined()
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
         self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
         #: nothing in a batch's DataFrame but its inputs changes from batch to batch (a
@@ -279,6 +286,24 @@ class IncrementalExecution:
         self.keeps_batch_plan = not (self.operators or self.needs_batch_time
                                      or any(isinstance(n, Observe) for n in nodes))
         self._explained: tuple[str, str] | None = None    # (run id, the plan's tree)
+
+    def _check_watermarks_not_redefined(self) -> None:
+        """Spark's watermark propagation refuses a ``withWatermark`` whose input already has a
+        watermark (one below it, directly or through other operators)."""
+        def watermarked(node: PlanNode) -> bool:
+            below = [watermarked(c) for c in node.children]
+            if isinstance(node, Watermark):
+                if any(below):
+                    raise AnalysisException(
+                        "Redefining watermark is disallowed. You can set the config "
+                        "'spark.sql.streaming.statefulOperator.allowMultiple' to 'false' to restore the previous "
+                        "behavior. Note that multiple stateful operators will be disallowed.")
+                return True
+            if isinstance(node, FlatMapGroupsWithState) or (
+                    isinstance(node, TransformWithState) and not node.output_watermarked()):
+                return False    # (their output carries no watermark in Spark)
+            return any(below)
+        watermarked(self.plan)
 
     # -- rewrites, once per run ------------------------------------------------
     def _push_filters_below_watermarks(self, plan: PlanNode,
