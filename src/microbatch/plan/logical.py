@@ -340,6 +340,9 @@ class Aggregate(StatefulNode):
     session_time_column: str | None = None    # session_window(column, gap)
     grouping: Any = None                      # plan.aggregation.Grouping: groupBy, rollup, ...
     positions: dict = field(default_factory=dict)   # (Transform's: of the keys' and aggregates' Columns)
+    #: over grouping sets: the filter Spark's optimizer runs on the expanded rows before the
+    #: aggregation (a Column over the keys, the grouping id among them), set by the planner
+    key_filter: Any = None
 
     def grouped(self, df: DataFrame):
         """``df`` grouped by the keys as the user grouped them (PySpark's GroupedData)."""

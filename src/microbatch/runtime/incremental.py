@@ -234,6 +234,27 @@ def _joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation
     return plan
 
 
+def _grouping_set_filters(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
+    """Each aggregation over grouping sets with the filter Spark's optimizer runs between its
+    expansion and its aggregation (``spark_internals.grouping_set_filters``), read from the
+    query's template: a filter above on its keys, such as the ``isnotnull`` of a time window
+    over its window (a cube's rows with a null window never reach its state in Spark)."""
+    sets = [n for n in plan.nodes() if isinstance(n, Aggregate) and n.grouping is not None and n.grouping.has_sets]
+    if not sets:
+        return plan
+    try:
+        filters = spark_internals.grouping_set_filters(plan.build(empty_inputs), [n.spec.key_names for n in sets])
+    except Exception:  # noqa: BLE001 - a plan Spark's optimizer refuses here: no filter moves
+        log.debug("No filters read for the grouping sets of %s", plan.describe(), exc_info=True)
+        return plan
+    found = {n: f for n, f in zip(sets, filters or ()) if f is not None}
+
+    def with_filters(node: PlanNode) -> PlanNode:
+        replaced = children_replaced(node, [with_filters(c) for c in node.children])
+        return dataclasses.replace(replaced, key_filter=found[node]) if node in found else replaced
+    return with_filters(plan) if found else plan
+
+
 #: Where a batch's version goes in the printed plan.
 _VERSION = "\x00version\x00"
 
@@ -260,7 +281,7 @@ class IncrementalExecution:
         if output_mode == "append":
             plan = _limits_over_appends(plan)
         plan = _joins_null_filtered(_filters_pushed_into_joins(plan, empty_inputs), empty_inputs)
-        plan = self._push_filters_below_watermarks(plan, empty_inputs)
+        plan = _grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         self.plan = segments_prepared(plan)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())

@@ -309,6 +309,61 @@ def conjunct_sides(filtered: Any, left_width: int) -> list[tuple[str, int | None
     return found
 
 
+def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any] | None:
+    """What Spark's optimizer filters between each expansion into grouping sets (rollup,
+    cube, groupingSets) and its aggregation in ``df``'s plan: a filter above an aggregation
+    that reads only its keys is pushed through it (PushPredicateThroughNonJoin), but not
+    through the Expand that makes the keys, so a grouping set's row it rejects never
+    reaches the aggregation, or its state in a stream. The filter may be the user's or a
+    step's (the ``isnotnull`` of a time window over a key of the aggregation below).
+
+    ``key_names``: the grouping columns (the grouping id last) of each such aggregation, in
+    plan order (top down, left first). Per aggregation, the filter as a Column over those
+    names, or None; None when the optimized plan's aggregations over grouping sets do not
+    pair with ``key_names`` one for one."""
+    plan = df._jdf.queryExecution().optimizedPlan()
+    found = []   # (aggregation, the conditions of the filters between it and its Expand)
+    pending = [plan]
+    while pending:
+        node = pending.pop()
+        if node.getClass().getSimpleName() == "Aggregate":
+            below, conditions = node.child(), []
+            while below.getClass().getSimpleName() == "Filter":
+                conditions.append(below.condition())
+                below = below.child()
+            if below.getClass().getSimpleName() == "Expand":
+                found.append((node, conditions))
+        children = node.children()
+        pending.extend(children.apply(i) for i in reversed(range(children.size())))
+    if len(found) != len(key_names):
+        return None
+    unresolved = jvm_class("org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")
+    conjunction = jvm_class("org.apache.spark.sql.catalyst.expressions.And")
+    to_map = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap
+    filters: list[Any] = []
+    for (aggregate, conditions), names in zip(found, key_names):
+        grouping = _scala_list(aggregate.groupingExpressions())
+        if len(grouping) != len(names) or any(g.getClass().getSimpleName() != "AttributeReference"
+                                              for g in grouping):
+            return None
+        if not conditions:
+            filters.append(None)
+            continue
+        condition = conditions[0]
+        for other in conditions[1:]:
+            condition = conjunction(condition, other)
+        position = {g.exprId().id(): i for i, g in enumerate(grouping)}
+        used = _attribute_references(condition)
+        if not condition.deterministic() or any(a.exprId().id() not in position for a in used):
+            filters.append(None)
+            continue
+        replaced = jvm_class("java.util.HashMap")()
+        for attribute in used:
+            replaced.put(attribute, unresolved.quoted(names[position[attribute.exprId().id()]]))
+        filters.append(column_of_expression(condition.transform(to_map(replaced))))
+    return filters
+
+
 @dataclass(frozen=True)
 class AggregateCall:
     """An aggregate function call of an analysed aggregation, in Python terms."""

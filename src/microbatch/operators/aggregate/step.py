@@ -26,6 +26,23 @@ def event_time_statistics_columns(event_time: str) -> tuple:
     return tuple(c.alias(f"__microbatch_event_time_{n}") for c, n in zip(columns, EVENT_TIME_STATS))
 
 
+#: Whether a row of a batch's buffers passes the aggregation's key filter, for its task.
+KEPT_COLUMN = "__microbatch_kept"
+
+
+def key_filtered(partial: DataFrame, key_filter, statistics: int) -> DataFrame:
+    """``partial`` (a batch's buffers per key) without the keys ``key_filter`` rejects, as
+    Spark filters the rows of grouping sets before their aggregation. With the event-time
+    statistics (its last ``statistics`` columns, computed over every row, as Spark's
+    watermark counts them below the filter), the task drops them after reading those: a
+    boolean column before the statistics says which it keeps."""
+    if not statistics:
+        return partial.where(key_filter)
+    columns = [F.col(quoted(c)) for c in partial.columns]
+    kept = F.coalesce(key_filter, F.lit(False)).alias(KEPT_COLUMN)
+    return partial.select(*columns[:-statistics], kept, *columns[-statistics:])
+
+
 class AggregateStep(StatefulStep):
     """``groupBy(keys).agg(...)`` (Spark's StateStoreSaveExec, or
     SessionWindowStateStoreSaveExec for a session window)."""
@@ -58,6 +75,7 @@ class AggregateStep(StatefulStep):
             batch.reported[watermark] = ""
         buffers, results = self.cached("aggregate", lambda: (
             partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
+        key_filter = node.key_filter if node.session_index is None else None
         partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
         partition_columns = self.cached("partition", lambda: [F.col(quoted(k)) for k in partition_keys])
         arrow = [pa.field(f.name, spark_internals.arrow_type(f.dataType))
@@ -84,13 +102,15 @@ class AggregateStep(StatefulStep):
                 watermark_is_window=node.event_time_is_window,
                 late_us=batch.late_ms * 1000 if has_watermark else None,
                 evict_us=batch.eviction_ms * 1000 if has_watermark else None,
-                event_time_stats=watermark is not None)
+                event_time_stats=watermark is not None, key_filtered=key_filter is not None and bool(extra))
         partitions = self.num_partitions
         nullable = batch.nullable_output
 
         def build(inputs: list[DataFrame], task: AggregateTask | SessionAggregateTask):
             partial = grouped_partial(inputs[0], rebound(node.keys, [(inputs[0], node.positions)]), spec.calls, spec.buffer_names, extra, buffers,
                                       **({} if node.grouping is None else {"grouping": node.grouping}))
+            if key_filter is not None:
+                partial = key_filtered(partial, key_filter, len(extra))
             if partition_keys:   # the state partition of a key is fixed: hash of the key, mod N
                 partial = partial.repartition(partitions, *partition_columns)
             elif node.session_index is not None:

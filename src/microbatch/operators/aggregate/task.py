@@ -152,6 +152,16 @@ def event_time_statistics(batches, partition: int, metrics):
     stats.report(metrics, partition)
 
 
+def rows_kept(batches):
+    """Pass ``batches`` on without their last column, a boolean: only the rows where it is
+    true (the keys a filter Spark runs before the aggregation lets through, whose rows'
+    event-time statistics were read first)."""
+    for batch in batches:
+        width = batch.num_columns - 1
+        rows = pa.RecordBatch.from_arrays(batch.columns[:width], schema=pa.schema(list(batch.schema)[:width]))
+        yield rows.filter(batch.column(width))
+
+
 @dataclass(frozen=True)
 class AggregateTask(StateTask):
     """The per-partition function of a streaming aggregation (shipped by cloudpickle)."""
@@ -168,6 +178,9 @@ class AggregateTask(StateTask):
     #: whether each row ends with the event-time statistics of its group (max, min,
     #: sum, count in ms; ``event_time_stats.EVENT_TIME_STATS``), to report and strip
     event_time_stats: bool = False
+    #: whether each row ends (before its statistics) with whether its key passes the
+    #: aggregation's key filter (``Aggregate.key_filter``): a row that does not is dropped
+    key_filtered: bool = False
 
     def _event_times(self, keys: list[tuple]) -> list:
         """Each key's event time (a window's: its end), None where it has none."""
@@ -182,6 +195,8 @@ class AggregateTask(StateTask):
         partition = task_partition()
         if self.event_time_stats:
             batches = event_time_statistics(batches, partition, self.metrics)
+        if self.key_filtered:
+            batches = rows_kept(batches)
         key_storage = [storage_type(f.type) for f in self.key_fields]
         value_storage = [storage_type(f.type) for f in self.buffer_fields]
         store = self.store(partition, pa.schema([pa.field(f.name, t) for f, t in zip(self.key_fields, key_storage)]),
