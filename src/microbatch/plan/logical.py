@@ -147,6 +147,27 @@ class NullFilter(Transform):
 
 
 @dataclass(eq=False)
+class ScanFilter(PlanNode):
+    """The filter Spark's engine gives the scan of a file source where the plan reads it
+    (``runtime.scan_filters``), right above that read: part of the source's batch, not a
+    step of the plan (a segment's hole, as the source is)."""
+
+    child: "StreamingRelation"
+    sql: str
+    condition: Any = None                  # the Column of ``sql``
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs):
+        return self.child.build(inputs).where(self.condition)
+
+    def describe(self) -> str:
+        return f"Filter pushed to the scan: {self.sql}"
+
+
+@dataclass(eq=False)
 class Apply(PlanNode):
     """``frame.transform(fn)`` style steps that take a DataFrame and return one."""
 

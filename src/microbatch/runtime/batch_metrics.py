@@ -3,7 +3,8 @@
 
 A source's rows are counted, cheapest first: the source knows them up front
 (``Source.num_rows``: a range's, a Kafka offset range's); or they are the file scans'
-own ``numOutputRows`` in the sink's executions (``spark_internals.ScanRowCounter``); or
+own ``numOutputRows`` in the sink's executions (``spark_internals.ScanRowCounter``), after
+the filters Spark's engine pushes into those scans (``runtime.scan_filters``); or
 an ``Observation`` of the source's DataFrame counts them (a node that stops Spark's code
 generation).
 

@@ -47,6 +47,7 @@ from microbatch.runtime.batch_metrics import BatchMetrics
 from microbatch.runtime.checkpoint_checks import (StateSchemas, check_commits_have_offsets, check_source_count,
                                                   check_state_operators, torn_last_entry)
 from microbatch.runtime.confs import SHUFFLE_PARTITIONS, pin_confs
+from microbatch.runtime.scan_filters import with_scan_filters
 from microbatch.runtime.spark_state import adopt_spark_state, written_by_spark
 from microbatch.runtime.incremental import IncrementalExecution, PlannedBatch
 from microbatch.runtime.stream_execution import StreamExecution, conf_ms
@@ -337,8 +338,10 @@ class MicroBatchExecution(StreamExecution):
         empty_inputs = {r: self._empty_batch(i) for i, r in enumerate(self.relations)}
         store_conf = dataclasses.replace(StateStoreConf.from_session(self._batch_session),
                                          run_id=self.run_id, storage=self.fs.spec())
+        # (the filters Spark's engine gives the file sources' scans: runtime.scan_filters)
+        plan = with_scan_filters(self._batch_session, self.plan, empty_inputs)
         self._incremental = planner = IncrementalExecution(
-            self._batch_session, self.plan, checkpoint_root=self.checkpoint_root,
+            self._batch_session, plan, checkpoint_root=self.checkpoint_root,
             shuffle_partitions=int(conf.get(SHUFFLE_PARTITIONS)), output_mode=self.output_mode,
             empty_inputs=empty_inputs, store_conf=store_conf)
         self.stateful = [op.node for op in planner.operators]

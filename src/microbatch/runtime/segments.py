@@ -20,7 +20,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 
 from microbatch import spark_internals
-from microbatch.plan.logical import Apply, PlanNode, StaticJoin, StreamingRelation, Transform, Union, Watermark
+from microbatch.plan.logical import (Apply, PlanNode, ScanFilter, StaticJoin, StreamingRelation, Transform, Union,
+                                     Watermark)
 
 
 def children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
@@ -91,11 +92,12 @@ class PreparedSegment(PlanNode):
     def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
         """The steps analysed over empty placeholders with the columns of ``built``: a
         source read directly (or under its watermark, which a batch's plan does not show)
-        stands as its own empty batch, so its hidden columns (``_metadata``) resolve."""
+        stands as its own empty batch, so its hidden columns (``_metadata``) resolve (under
+        the filter Spark's engine gives its scan too, ``ScanFilter``)."""
         empties = []
         for hole, df in zip(self.holes, built):
             source = hole
-            while isinstance(source, Watermark):
+            while isinstance(source, (Watermark, ScanFilter)):
                 source = source.child
             empty = source.empty_batch(df.sparkSession) if isinstance(source, StreamingRelation) else None
             if empty is None or empty.schema != df.schema:

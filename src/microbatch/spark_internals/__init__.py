@@ -19,7 +19,7 @@ from microbatch.spark_internals.analysis import (
     output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column,
-    qualified_alias, requalified, schema_string, window_function_error,
+    qualified_alias, reads_only_files, requalified, scan_filters, schema_string, window_function_error,
     schema_tree, uses_current_time,
 )
 from microbatch.spark_internals.binding import (
@@ -77,6 +77,7 @@ __all__ = [
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
+    "reads_only_files", "scan_filters",
 ]
 
 # -- Spark Connect: the same names, chosen by the kind of their first argument ---------------
@@ -138,6 +139,7 @@ is_global_aggregation = _by_kind(is_global_aggregation, _c_analysis.never)
 filter_passes_projection = _by_kind(filter_passes_projection, _c_analysis.never)
 filter_passes_filter = _by_kind(filter_passes_filter, _c_analysis.never)
 projections_keep_column = _by_kind(projections_keep_column, _c_analysis.never)
+reads_only_files = _by_kind(reads_only_files, _c_analysis.never)   # (over Connect: no scan filters added)
 conjuncts_without_column = _by_kind(conjuncts_without_column, _c_analysis.no_conjuncts)
 grouping_set_filters = _by_kind(grouping_set_filters, _c_analysis.no_conjuncts)
 schema_tree = _by_kind(schema_tree, _c_analysis.schema_tree)

@@ -682,3 +682,65 @@ def window_function_error(stepped: Any, before: Any) -> Exception | None:
     errors = jvm_class("org.apache.spark.sql.errors.QueryExecutionErrors")
     return convert_exception(errors.nonTimeWindowNotSupportedInStreamingError(
         to_seq(functions), to_seq(columns), to_seq(specs), window.origin()))
+
+
+# -- the filters Spark's optimizer pushes down to a stream's scans ---------------------------
+def reads_only_files(df: Any) -> bool:
+    """Whether every leaf of ``df``'s analysed plan is a file relation (a file source's
+    batch: its scan's ``numOutputRows`` are the source's input rows)."""
+    leaves = analyzed_plan(df).collectLeaves()
+    return leaves.size() > 0 and all(
+        leaves.apply(i).getClass().getSimpleName() == "LogicalRelation"
+        and leaves.apply(i).relation().getClass().getSimpleName() == "HadoopFsRelation"
+        for i in range(leaves.size()))
+
+
+def scan_filters(query: Any, relations: list[Any]) -> dict[int, list[str]]:
+    """What Spark's optimizer filters each of ``relations``' rows by before anything else
+    reads them, in ``query``: a streaming DataFrame over ``relations`` (streaming
+    DataFrames of one source each), optimized as Spark's engine optimizes a batch of it.
+    Per relation (by index), the conjuncts (SQL text, columns unqualified) of the filters
+    between each of its leaves and the first node above that is neither a filter nor a
+    projection that are deterministic, hold no subquery and read the leaf's columns only:
+    those found above every leaf of the relation (a self-join reads it twice). Spark's
+    file scan is handed these (its ``PushedFilters``: a JSON or CSV scan returns only the
+    rows that pass them). A relation the optimized plan does not read has none."""
+    identity = jvm_class("java.lang.System").identityHashCode
+    sources: dict[int, list[tuple[int, Any]]] = {}
+    for i, relation in enumerate(relations):
+        leaves = analyzed_plan(relation).collectLeaves()
+        if leaves.size() == 1 and leaves.apply(0).getClass().getSimpleName() == "StreamingRelation":
+            source = leaves.apply(0).dataSource()
+            sources.setdefault(identity(source), []).append((i, source))
+    subquery = jvm_class("org.apache.spark.sql.catalyst.expressions.SubqueryExpression$")
+    # (the optimizer's rules run as for a batch of the stream; QueryExecution.optimizedPlan
+    # refuses a streaming plan outside a query)
+    optimized = query.sparkSession._jsparkSession.sessionState().optimizer().execute(analyzed_plan(query))
+    found: dict[int, list[list[str]]] = {}
+    pending = [(optimized, [])]     # a node, and the filters and projections right above it
+    while pending:
+        node, above = pending.pop()
+        kind = node.getClass().getSimpleName()
+        children = node.children()
+        if kind == "StreamingRelation":
+            source = node.dataSource()
+            index = next((i for i, known in sources.get(identity(source), []) if known.equals(source)), None)
+            if index is None:
+                continue
+            output = node.output()
+            ids = {output.apply(j).exprId().id() for j in range(output.size())}
+            parts = []
+            for filtered in above:
+                if filtered.getClass().getSimpleName() != "Filter":
+                    continue
+                for part in _conjuncts(filtered.condition()):
+                    used = part.references().toSeq()
+                    if part.deterministic() and not subquery.hasSubquery(part) and all(
+                            used.apply(j).exprId().id() in ids for j in range(used.size())):
+                        parts.append(_unqualified(part).sql())
+            found.setdefault(index, []).append(parts)
+            continue
+        chain = [node] + above if kind in ("Filter", "Project") else []
+        pending.extend((children.apply(j), chain) for j in range(children.size()))
+    return {i: [part for part in dict.fromkeys(each[0]) if all(part in other for other in each[1:])]
+            for i, each in found.items()}

@@ -208,8 +208,13 @@ class BindablePlan:
         """The batch's plan under the placeholder's columns and its hidden ones, as Spark's
         AddMetadataColumns exposes them: the batch's file relation (under the projection
         that orders its partition columns, if any) with its metadata columns added. A batch
-        without such a relation (none of the source's files) has no rows: nulls stand in."""
-        plan, found = given.plan, {}
+        without such a relation (none of the source's files) has no rows: nulls stand in.
+        A filter over the batch (the one Spark's engine gives the scan: ``ScanFilter``)
+        stays over it."""
+        plan, found, filters = given.plan, {}, []
+        while plan.getClass().getSimpleName() == "Filter":
+            filters.append(plan)
+            plan = plan.child()
         relation = plan.children().apply(0) if plan.getClass().getSimpleName() == "Project" else plan
         if relation.getClass().getSimpleName() == "LogicalRelation" and relation.metadataOutput().nonEmpty():
             metadata = relation.metadataOutput()
@@ -217,6 +222,8 @@ class BindablePlan:
             exposed = relation.withMetadataColumns()
             plan = exposed if relation is plan else self._project(
                 plan.projectList().appendedAll(metadata), exposed)
+        for filtered in reversed(filters):
+            plan = filtered.withNewChildren(self._utils.toSeq([plan]))
         literal = jvm_class("org.apache.spark.sql.catalyst.expressions.Literal")
         columns = [self._alias(found[name] if name in found else literal.create(None, data_type), name, expr_id,
                                self._no_names, self._none, self._no_names)
