@@ -13,11 +13,12 @@ sees only the rows that pass them all.
 microbatch's batch plan is not Spark's (an ``Observation`` at a watermark, which Spark's
 optimizer does not push a filter through; a join run as a task; a SQL step over a rename),
 so its scans would get fewer filters and count more rows. Once per run, ``with_scan_filters``
-builds the query as Spark's engine runs it (a Spark streaming DataFrame with a stand-in
-source wherever the plan reads a source, and ``withWatermark`` where it has a watermark),
-has Spark's optimizer push its filters down, and puts what ends right above each stand-in
-of a file source right above that read of the source in microbatch's plan (a
-``ScanFilter``). microbatch's scans then get Spark's pushed filters and count the rows
+builds the query as a batch whose filters Spark's optimizer pushes as it pushes those of a
+batch of the stream (a relation over no files wherever the plan reads a source, and a
+generator of the event time where it has a watermark, which keeps the parts of a filter
+that read the event time above it, as Spark's EventTimeWatermark does; no streaming
+DataFrame: microbatch never asks Spark's streaming engine), and puts what ends right above
+each read of a file source right above that read in microbatch's plan (a ``ScanFilter``). microbatch's scans then get Spark's pushed filters and count the rows
 Spark's count (``spark_internals.ScanRowCounter``), and the rows they drop are rows Spark's
 engine never reads. Where microbatch's plan applies the same filter there already, Spark's
 optimizer merges the two (``CombineFilters``): the batch runs as before; a query without
@@ -26,7 +27,6 @@ filters gets none.
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.plan.logical import PlanNode, ScanFilter, StreamingRelation, Transform, Watermark
+from microbatch.plan.logical import Apply, PlanNode, ScanFilter, StreamingRelation, Watermark
 from microbatch.runtime.segments import children_replaced
 
 log = logging.getLogger(__name__)
@@ -44,18 +44,18 @@ def with_scan_filters(spark: SparkSession, plan: PlanNode,
                       empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
     """``plan`` with a ``ScanFilter`` over each read of a file source that Spark's engine
     would filter in its scan; ``plan`` itself when there is none, or when the query does not
-    build as Spark's streaming query (or reads the current time, which Spark's optimizer would
+    build as a batch (or reads the current time, which Spark's optimizer would
     fix into the filters)."""
     if not any(spark_internals.reads_only_files(empty_inputs[r]) for r in plan.relations()):
         return plan
     reads: list[_Read] = []
     try:
-        query = _as_spark_query(plan, spark, empty_inputs, reads)
+        query = _as_batch_query(plan, spark, reads)
         if spark_internals.uses_current_time(query):
             return plan
         found = spark_internals.scan_filters(query, [read.df for read in reads])
-    except Exception:  # noqa: BLE001 - a query Spark's engine would not analyse alike: its scans stay as they are
-        log.debug("No filters pushed to the scans: the query does not build as Spark's", exc_info=True)
+    except Exception:  # noqa: BLE001 - a query that does not build as a batch: its scans stay as they are
+        log.debug("No filters pushed to the scans: the query does not build as a batch", exc_info=True)
         return plan
     filters: list[str | None] = []
     for k, read in enumerate(reads):
@@ -76,7 +76,7 @@ def with_scan_filters(spark: SparkSession, plan: PlanNode,
 
 @dataclass(eq=False)
 class _Read(PlanNode):
-    """One place the plan reads a source, as a stand-in of it in Spark's streaming query."""
+    """One place the plan reads a source, as a relation of its own in the batch query."""
 
     relation: StreamingRelation
     df: DataFrame
@@ -88,23 +88,22 @@ class _Read(PlanNode):
         return f"Stand-in of {self.relation.describe()}"
 
 
-def _as_spark_query(node: PlanNode, spark: SparkSession, empty_inputs: Mapping[StreamingRelation, DataFrame],
-                    reads: list[_Read]) -> DataFrame:
-    """The plan as a Spark streaming DataFrame: each read of a source (in plan order,
-    appended to ``reads``) a streaming DataFrame of its columns over no files (a glob of a
-    directory that does not exist: Spark checks no path it globs), each watermark a
-    ``withWatermark`` (a batch's plan leaves them to the engine)."""
-    def spark_plan(node: PlanNode) -> PlanNode:
+def _as_batch_query(node: PlanNode, spark: SparkSession, reads: list[_Read]) -> DataFrame:
+    """The plan as a batch DataFrame Spark's optimizer can push filters through as it does
+    through a batch of the stream: each read of a source (in plan order, appended to
+    ``reads``) a relation of its own over no files, each watermark a generator of its event
+    time (``spark_internals.event_time_barrier``: the parts of a filter that read the event
+    time stay above it, as above Spark's EventTimeWatermark)."""
+    def batch_plan(node: PlanNode) -> PlanNode:
         if isinstance(node, StreamingRelation):
-            stand_in = spark.readStream.schema(empty_inputs[node].schema).format("json") \
-                .load(f"file:/microbatch-stand-in-{uuid.uuid4().hex}/*")
-            reads.append(_Read(node, stand_in))
+            reads.append(_Read(node, node.empty_batch(spark)))
             return reads[-1]
-        node = children_replaced(node, [spark_plan(child) for child in node.children])
+        node = children_replaced(node, [batch_plan(child) for child in node.children])
         if isinstance(node, Watermark):
-            return Transform(node.child, "withWatermark", (node.event_time, node.delay))
+            return Apply(node.child, lambda df, column=node.event_time: spark_internals.event_time_barrier(df, column),
+                         "watermark")
         return node
-    return spark_plan(node).build({})
+    return batch_plan(node).build({})
 
 
 def _filtered(node: PlanNode, filters) -> PlanNode:

@@ -695,41 +695,32 @@ def reads_only_files(df: Any) -> bool:
         for i in range(leaves.size()))
 
 
-def scan_filters(query: Any, relations: list[Any]) -> dict[int, list[str]]:
-    """What Spark's optimizer filters each of ``relations``' rows by before anything else
-    reads them, in ``query``: a streaming DataFrame over ``relations`` (streaming
-    DataFrames of one source each), optimized as Spark's engine optimizes a batch of it.
-    Per relation (by index), the conjuncts (SQL text, columns unqualified) of the filters
-    between each of its leaves and the first node above that is neither a filter nor a
-    projection that are deterministic, hold no subquery and read the leaf's columns only:
-    those found above every leaf of the relation (a self-join reads it twice). Spark's
-    file scan is handed these (its ``PushedFilters``: a JSON or CSV scan returns only the
-    rows that pass them). A relation the optimized plan does not read has none."""
-    identity = jvm_class("java.lang.System").identityHashCode
-    sources: dict[int, list[tuple[int, Any]]] = {}
-    for i, relation in enumerate(relations):
-        leaves = analyzed_plan(relation).collectLeaves()
-        if leaves.size() == 1 and leaves.apply(0).getClass().getSimpleName() == "StreamingRelation":
-            source = leaves.apply(0).dataSource()
-            sources.setdefault(identity(source), []).append((i, source))
+def scan_filters(query: Any, reads: list[Any]) -> dict[int, list[str]]:
+    """What Spark's optimizer filters each of ``reads``' rows by before anything else reads
+    them, in ``query``: a batch DataFrame over ``reads`` (a relation of its own each, over
+    no files), optimized. Per read (by index), the conjuncts (SQL text, columns unqualified)
+    of the filters between its leaf and the first node above that is neither a filter nor a
+    projection that are deterministic, hold no subquery and read the leaf's columns only.
+    Spark's file scan is handed these (its ``PushedFilters``: a JSON or CSV scan returns
+    only the rows that pass them). A read the optimized plan does not read has none."""
+    owner: dict[int, int] = {}     # an attribute id of a read's relation -> the read
+    for i, read in enumerate(reads):
+        output = analyzed_plan(read).output()
+        owner.update((output.apply(j).exprId().id(), i) for j in range(output.size()))
     subquery = jvm_class("org.apache.spark.sql.catalyst.expressions.SubqueryExpression$")
-    # (the optimizer's rules run as for a batch of the stream; QueryExecution.optimizedPlan
-    # refuses a streaming plan outside a query)
-    optimized = query.sparkSession._jsparkSession.sessionState().optimizer().execute(analyzed_plan(query))
-    found: dict[int, list[list[str]]] = {}
+    optimized = query._jdf.queryExecution().optimizedPlan()
+    found: dict[int, list[str]] = {}
     pending = [(optimized, [])]     # a node, and the filters and projections right above it
     while pending:
         node, above = pending.pop()
-        kind = node.getClass().getSimpleName()
         children = node.children()
-        if kind == "StreamingRelation":
-            source = node.dataSource()
-            index = next((i for i, known in sources.get(identity(source), []) if known.equals(source)), None)
-            if index is None:
-                continue
+        if children.size() == 0:
             output = node.output()
             ids = {output.apply(j).exprId().id() for j in range(output.size())}
-            parts = []
+            index = next((owner[i] for i in ids if i in owner), None)
+            if index is None:
+                continue
+            parts = found.setdefault(index, [])
             for filtered in above:
                 if filtered.getClass().getSimpleName() != "Filter":
                     continue
@@ -738,9 +729,17 @@ def scan_filters(query: Any, relations: list[Any]) -> dict[int, list[str]]:
                     if part.deterministic() and not subquery.hasSubquery(part) and all(
                             used.apply(j).exprId().id() in ids for j in range(used.size())):
                         parts.append(_unqualified(part).sql())
-            found.setdefault(index, []).append(parts)
             continue
+        kind = node.getClass().getSimpleName()
         chain = [node] + above if kind in ("Filter", "Project") else []
         pending.extend((children.apply(j), chain) for j in range(children.size()))
-    return {i: [part for part in dict.fromkeys(each[0]) if all(part in other for other in each[1:])]
-            for i, each in found.items()}
+    return {i: list(dict.fromkeys(parts)) for i, parts in found.items()}
+
+
+def event_time_barrier(df: Any, column: str) -> Any:
+    """``df`` with ``column`` made anew by a generator (``explode_outer(array(column))``): in a
+    batch plan it stands for a watermark on ``column``, through which Spark's optimizer
+    pushes the parts of a filter that do not read ``column`` and keeps the others above
+    (as it does through EventTimeWatermark, which a batch plan drops)."""
+    from pyspark.sql import functions as F
+    return df.withColumn(column, F.explode_outer(F.array(F.col(f"`{column}`"))))
