@@ -76,10 +76,14 @@ def _same(values: Any) -> Any:
 
 
 class StreamFrame:
-    def __init__(self, session: Any, plan: PlanNode, template: DataFrame):
+    def __init__(self, session: Any, plan: PlanNode, template: DataFrame, sides: dict | None = None):
         self._session = session
         self._plan = plan
         self._template = template
+        #: a stream-stream join's frame: the attribute ids of its sides' frames -> their
+        #: position in the join's output (Spark's analysis of a join may give a side's
+        #: attributes new ids, where a source is read on both sides; Spark's engine keeps them)
+        self._sides = sides or {}
 
     @classmethod
     def from_relation(cls, session: Any, relation: StreamingRelation) -> "StreamFrame":
@@ -140,6 +144,13 @@ class StreamFrame:
             return self._column(name)
         raise AttributeError(f"'StreamFrame' object has no attribute '{name}'")
 
+    def _own(self, values: Any) -> Any:
+        """``values`` with a join side's Columns bound to the join's own columns (where
+        Spark's analysis of the join gave the side's attributes new ids)."""
+        if self._sides and spark_internals.bound_attribute_ids(values):
+            return spark_internals.rebound(values, [(self._template, self._sides)])
+        return values
+
     def _column(self, name: str) -> Column:
         """This frame's column ``name`` (bound to its attribute; by name over Connect, and for
         ``*`` and nested fields)."""
@@ -152,6 +163,7 @@ class StreamFrame:
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, (StreamFrame, DataFrame)):
                 raise AnalysisException(f"{method}() does not take a DataFrame argument on a stream.")
+        args, kwargs = self._own((args, kwargs))
         template = getattr(self._template, method)(*args, **kwargs)
         if method in ("select", "selectExpr") and spark_internals.is_global_aggregation(template):
             # (an aggregate function in a projection: Spark's analysis makes it an aggregation
@@ -375,7 +387,14 @@ class StreamFrame:
                               side_times=times, side_qualifiers=qualifiers,
                               positions=(_positions(self._template, on), _positions(other._template, on)))
         check_source_names(node)
-        return StreamFrame(self._session, node, template)
+        sides = {}
+        if not node.using and not spark_internals.is_connect(template):
+            left = spark_internals.output_attribute_ids(self._template)
+            sides = {i: n for n, i in enumerate(left)}
+            if kind != "semi":
+                sides.update({i: len(left) + n for n, i in enumerate(spark_internals.output_attribute_ids(other._template))
+                              if i not in sides})
+        return StreamFrame(self._session, node, template, sides)
 
     def _watermarked_column(self, keys: tuple[str, ...] = ()) -> str | None:
         """The column of this stream that carries its watermark, as Spark's analysis marks
@@ -414,6 +433,7 @@ class StreamFrame:
         """Group for a streaming aggregation (``agg``, ``count``, ``sum``, ...)."""
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
             cols = tuple(cols[0])
+        cols = self._own(cols)
         self._template.groupBy(*cols).count()   # a wrong column fails here, as in Spark
         return GroupedStream(self, tuple(cols))
 
@@ -436,6 +456,7 @@ class StreamFrame:
     def _grouped_sets(self, grouping: Any, cols: tuple) -> "GroupedStream":
         if len(cols) == 1 and isinstance(cols[0], (list, tuple)):
             cols = tuple(cols[0])
+        cols = self._own(cols)
         grouping.of(self._template, cols).count()   # PySpark's and Spark's checks, here
         return GroupedStream(self, tuple(cols), grouping)
 
@@ -607,6 +628,7 @@ class GroupedStream:
         if len(exprs) == 1 and isinstance(exprs[0], dict):
             columns = tuple(F.expr(f"{fn}(`{c}`)") for c, fn in exprs[0].items())
             return self._aggregate(lambda g, rebind=_same: g.agg(*columns))
+        exprs = self._frame._own(exprs)
         return self._aggregate(lambda g, rebind=_same: g.agg(*rebind(exprs)), exprs)
 
     def count(self) -> StreamFrame:

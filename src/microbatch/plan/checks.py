@@ -24,6 +24,15 @@ def normalize_output_mode(mode: str) -> str:
     return m
 
 
+def unsupported_operation(message: str) -> Exception:
+    """Spark's refusal of a streaming query's shape, as its UnsupportedOperationChecker (and
+    its planner) raise it: an AnalysisException of class ``_LEGACY_ERROR_TEMP_3102`` with the
+    message (on 3.5, the message alone)."""
+    if not spark_internals.running_version().at_least_4:
+        return AnalysisException(message)
+    return spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_3102", msg=message)
+
+
 def _mode_error(mode: str, what: str) -> Exception:
     return spark_internals.spark_error("AnalysisException",
                                        "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
@@ -51,9 +60,11 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
         if (join.how in ("left", "right", "full") and mode != "append") or mode == "complete":
             named = f"{_JOIN_NAMES.get(join.how, 'Inner')} join" \
                 if spark_internals.running_version().at_least(4, 2) else "Join"
-            raise AnalysisException(
+            allowed = "Append and Update output modes" if join.how in ("inner", "semi") \
+                and spark_internals.running_version().at_least(4, 2) else "Append output mode"
+            raise unsupported_operation(
                 f"{named} between two streaming DataFrames/Datasets is not "
-                f"supported in {mode.capitalize()} output mode, only in Append output mode;")
+                f"supported in {mode.capitalize()} output mode, only in {allowed};")
         nullable = {"left": (1,), "semi": (1,), "right": (0,), "full": (0, 1)}.get(join.how, ())
         ranged = all(join.value_watermark_ms(1 - side, 0) is not None for side in nullable)
         if join.how != "inner" and join.watermark_key() is None and not ranged:
@@ -65,7 +76,7 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
         if isinstance(node, StaticJoin) and node.stream_side == "left" \
                 and node.how.lower().replace("_", "") in ("right", "rightouter", "full", "fullouter", "outer"):
             full = node.how.lower().replace("_", "") in ("full", "fullouter", "outer")
-            raise AnalysisException(
+            raise unsupported_operation(
                 "FullOuter joins with streaming DataFrames/Datasets on the left and a static DataFrame/Dataset "
                 "on the right is not supported;" if full else
                 "RightOuter join with a streaming DataFrame/Dataset on the left and a static DataFrame/DataSet "

@@ -125,7 +125,10 @@ class Transform(PlanNode):
         return (self.child,)
 
     def build(self, inputs):
-        df = self.child.build(inputs)
+        return self.over(self.child.build(inputs))
+
+    def over(self, df: DataFrame) -> DataFrame:
+        """The step applied to ``df`` (its child's DataFrame)."""
         args, kwargs = rebound((self.args, self.kwargs), [(df, self.positions)])
         return getattr(df, self.method)(*args, **kwargs)
 

@@ -61,7 +61,6 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.errors import AnalysisException
 from microbatch.operators.aggregate.step import AggregateStep
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
 from microbatch.operators.dedup import DedupStep
@@ -72,6 +71,7 @@ from microbatch.operators.transform_with_state.step import TransformWithStateSte
 from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, NullFilter, Observe,
                                      PlanNode, StatefulNode, StaticJoin, StreamingLimit, StreamingRelation,
                                      StreamJoin, Transform, TransformWithState, Union, Watermark)
+from microbatch.plan.checks import unsupported_operation
 from microbatch.planted_bugs import planted
 from microbatch.runtime.segments import PreparedSegment, children_replaced, segments_prepared
 from microbatch.runtime.watermarks import WatermarkTracker
@@ -297,7 +297,7 @@ class IncrementalExecution:
         for op in self.operators:
             if isinstance(op.node, Aggregate) and op.node.session_index is not None \
                     and len(op.node.spec.key_names) == 1:
-                raise AnalysisException("Global aggregation with session window in streaming query is not supported.")
+                raise unsupported_operation("Global aggregation with session window in streaming query is not supported.")
         if spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true").lower() == "true":
             self._check_watermarks_not_redefined()
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
@@ -315,7 +315,7 @@ class IncrementalExecution:
             below = [watermarked(c) for c in node.children]
             if isinstance(node, Watermark):
                 if any(below):
-                    raise AnalysisException(
+                    raise unsupported_operation(
                         "Redefining watermark is disallowed. You can set the config "
                         "'spark.sql.streaming.statefulOperator.allowMultiple' to 'false' to restore the previous "
                         "behavior. Note that multiple stateful operators will be disallowed.")

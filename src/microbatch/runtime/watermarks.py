@@ -151,7 +151,7 @@ class WatermarkTracker:
         if steps:
             projected = df
             for step in reversed(steps):
-                projected = getattr(projected, step.method)(*step.args, **step.kwargs)
+                projected = step.over(projected)
             if not spark_internals.projections_keep_column(projected, df, node.event_time):
                 return False
         if not any(isinstance(op, StreamJoin) and node in (op.side_watermark(0), op.side_watermark(1))
