@@ -389,11 +389,14 @@ class StreamFrame:
         check_source_names(node)
         sides = {}
         if not node.using and not spark_internals.is_connect(template):
+            # (only the side attributes the join's output does not keep: a column kept is used as
+            # it is, so Spark's analysis sees what it sees on its engine)
+            own = set(spark_internals.output_attribute_ids(template))
             left = spark_internals.output_attribute_ids(self._template)
-            sides = {i: n for n, i in enumerate(left)}
+            sides = {i: n for n, i in enumerate(left) if i not in own}
             if kind != "semi":
                 sides.update({i: len(left) + n for n, i in enumerate(spark_internals.output_attribute_ids(other._template))
-                              if i not in sides})
+                              if i not in own and i not in sides})
         return StreamFrame(self._session, node, template, sides)
 
     def _watermarked_column(self, keys: tuple[str, ...] = ()) -> str | None:
