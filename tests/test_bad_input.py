@@ -52,8 +52,8 @@ def test_definition_errors_come_where_the_step_is_written(ss):
     with pytest.raises(PySparkAnalysisException):  # an unknown dedup key fails where it is written
         frame.dropDuplicates(["no_such_column"])
     with pytest.raises(AnalysisException, match="dropDuplicatesWithinWatermark is not supported .* without watermark"):
-        frame.dropDuplicatesWithinWatermark(["value"])
-    with pytest.raises(UnsupportedOperationError, match="stream-stream anti join"):
+        frame.dropDuplicatesWithinWatermark(["value"]).writeStream.format("noop").start()   # at start, as Spark
+    with pytest.raises(AnalysisException, match="LeftAnti joins with a streaming DataFrame/Dataset on the right"):
         frame.join(rate(ss), "value", "left_anti")
     with pytest.raises(UnsupportedOperationError, match="chained stateful operators"):
         frame.limit(3).join(rate(ss), "value")

@@ -24,7 +24,7 @@ from microbatch import spark_internals
 from microbatch.api.writer import DataStreamWriter
 from microbatch.errors import AnalysisException, IllegalArgumentException, pyspark_error
 from microbatch.planted_bugs import planted
-from microbatch.plan.checks import check_source_names, not_yet, streaming_action
+from microbatch.plan.checks import check_source_names, not_yet, streaming_action, unsupported_operation
 from microbatch.operators.aggregate.spec import Grouping, plan_aggregation
 from microbatch.plan.logical import (WATERMARK_DELAY, Aggregate, Apply, Deduplicate, Observe, PlanNode,
                                      StaticJoin, StreamingLimit, StreamJoin, StreamingRelation,
@@ -354,7 +354,9 @@ class StreamFrame:
         kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
         if kind is None:
             raise IllegalArgumentException(f"Unsupported join type '{how}'.")
-        if kind in ("cross", "anti"):
+        if kind == "anti":   # (as Spark's checker refuses it)
+            raise unsupported_operation("LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported;")
+        if kind == "cross":
             raise not_yet(f"A stream-stream {kind} join", "more stream-stream join types")
         for side in (self, other):
             if any(isinstance(n, (StreamJoin, StreamingLimit)) for n in side._plan.nodes()):
@@ -488,9 +490,6 @@ class StreamFrame:
         a key is kept until the watermark passes its first row's event time + delay."""
         if subset is not None and not isinstance(subset, (list, tuple)):
             raise IllegalArgumentException("subset should be a list or tuple of column names")
-        if not any(isinstance(n, Watermark) for n in self._plan.nodes()):
-            raise AnalysisException("dropDuplicatesWithinWatermark is not supported on streaming "
-                                    "DataFrames/DataSets without watermark;")
         template = self._template.dropDuplicatesWithinWatermark(list(subset) if subset is not None else None)
         by_lower = {c.lower(): c for c in self.columns}
         keys = tuple(by_lower[str(c).lower()] for c in subset) if subset is not None else tuple(self.columns)

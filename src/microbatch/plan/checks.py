@@ -47,8 +47,8 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
     (the event-time column or a window over it), or no row could ever be final.
     Sorting needs an aggregation in complete mode.
     """
-    from microbatch.plan.logical import (Aggregate, FlatMapGroupsWithState, StaticJoin, StreamingLimit,
-                                         StreamJoin, Transform)
+    from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, StaticJoin,
+                                         StreamingLimit, StreamJoin, Transform)
     aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
     if mode == "complete" and not aggregates:
         raise _mode_error("complete", "no streaming aggregations")
@@ -81,16 +81,19 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
                 "on the right is not supported;" if full else
                 "RightOuter join with a streaming DataFrame/Dataset on the left and a static DataFrame/DataSet "
                 "on the right not supported;")
-        if isinstance(node, FlatMapGroupsWithState):
+        if isinstance(node, FlatMapGroupsWithState):   # (the modes first, as Spark's checker)
+            if not aggregates and node.func_mode != mode:
+                raise unsupported_operation(
+                    f"applyInPandasWithState in {node.func_mode} mode is not supported with "
+                    f"{mode.capitalize()} output mode on a streaming DataFrame/Dataset;")
             if node.timeout == "EventTimeTimeout" and node.watermarked_input() is None:
-                raise AnalysisException(
+                raise unsupported_operation(
                     "Watermark must be specified in the query using '[Dataset/DataFrame].withWatermark()' "
                     "for using event-time timeout in a applyInPandasWithState. Event-time timeout not "
                     "supported without watermark.;")
-            if not aggregates and node.func_mode != mode:
-                raise AnalysisException(
-                    f"applyInPandasWithState in {node.func_mode} mode is not supported with "
-                    f"{mode.capitalize()} output mode on a streaming DataFrame/Dataset;")
+        if isinstance(node, Deduplicate) and node.within_watermark and node.event_time() is None:
+            raise unsupported_operation(
+                "dropDuplicatesWithinWatermark is not supported on streaming DataFrames/DataSets without watermark;")
     _check_global_watermark_limit(plan, mode, check_correctness)
     limits = [n for n in plan.nodes() if isinstance(n, StreamingLimit)
               or (isinstance(n, Transform) and n.method == "limit")]
