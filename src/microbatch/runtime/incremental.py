@@ -344,6 +344,11 @@ class IncrementalExecution:
     def _sink_filter(self, filtered: Transform,
                      empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode | None:
         """``filtered`` moved below the watermark under it, or None if it cannot move."""
+        under = filtered.child
+        while isinstance(under, Transform) and under.method != "limit":
+            under = under.child
+        if not isinstance(under, Watermark):   # (no watermark under the steps: nothing to try, no analysis)
+            return None
         below = filtered.child
         moved = dataclasses.replace(filtered, child=below.child) if len(below.children) == 1 else None
         if isinstance(below, Watermark):
