@@ -1,5 +1,6 @@
 """What the tests share: running a query to the end and collecting its batches, recording
-listener events, and waiting for a condition with a deadline."""
+listener events, waiting for a condition with a deadline, and setting Spark confs for a
+block."""
 from __future__ import annotations
 
 import contextlib
@@ -88,18 +89,43 @@ class EventRecorder(StreamingQueryListener):
                     if getattr(e, "id", None) == wanted or getattr(getattr(e, "progress", None), "id", None) == wanted]
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "the condition",
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str | Callable[[], str] = "the condition",
              every: float = 0.05) -> Any:
     """``condition()``'s first true value, polled every ``every`` seconds; an
-    AssertionError naming ``what`` after ``timeout`` seconds."""
+    AssertionError naming ``what`` (or ``what()``, told then: a log's tail) after
+    ``timeout`` seconds. ``condition`` may raise (an assertion that the query still runs)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(every)
+
+
+@contextlib.contextmanager
+def confs(spark, settings: dict[str, Any] | None = None, /, **more: Any):
+    """Sets Spark confs for the block: ``confs(spark, {"spark.sql.x": "1"})`` (or as
+    keywords, ``**{...}``), on ``spark`` (a SparkSession, a Connect session or a
+    StreamingSession: its ``conf`` is its SparkSession's); a value None unsets the key for
+    the block. On exit each key is back to its value before (unset if it was unset), so a
+    conf the session was started with (``MICROBATCH_TEST_STATE_STORE``) survives."""
+    wanted = {**(settings or {}), **more}
+    before = {key: spark.conf.get(key, None) for key in wanted}
+    try:
+        for key, value in wanted.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 @contextlib.contextmanager
@@ -116,11 +142,6 @@ def s3_lake(spark, bucket: str = "lake"):
         settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "moto",
                     "spark.hadoop.fs.s3a.secret.key": "moto-secret",
                     "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
-        for key, value in settings.items():
-            spark.conf.set(key, value)
-        try:
+        with confs(spark, settings):
             yield {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto-secret",
                    "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
-        finally:
-            for key in settings:
-                spark.conf.unset(key)

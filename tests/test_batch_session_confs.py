@@ -9,8 +9,8 @@ import os
 import sys
 
 from pyspark import cloudpickle
-import pytest
 
+from helpers import confs
 from microbatch import MemoryStream
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -51,28 +51,15 @@ def _run_noop(ss, directory, checkpoint, rows: int) -> list[dict]:
     return seen
 
 
-@pytest.fixture
-def session_confs(ss):
-    """Set confs on the user's session for one test."""
-    set_keys = []
-
-    def setter(key, value):
-        ss.spark.conf.set(key, value)
-        set_keys.append(key)
-    yield setter
-    for key in set_keys:
-        ss.spark.conf.unset(key)
-
-
 def test_arrow_batches_to_python_are_not_measured_in_bytes_unless_the_session_says(ss, tmp_path):
     seen = _run_noop(ss, tmp_path / "seen", tmp_path / "checkpoint", 5)
     assert seen and {b["bytes"] for b in seen} == {str(2**31 - 1)}   # Spark's Int.MaxValue: no measure
     assert ss.spark.conf.get(MAX_BYTES, None) is None                  # (the user's session unchanged)
 
 
-def test_a_session_s_own_arrow_byte_bound_is_kept(ss, tmp_path, session_confs):
-    session_confs(MAX_BYTES, "30")
-    seen = _run_noop(ss, tmp_path / "seen", tmp_path / "checkpoint", 10)
+def test_a_session_s_own_arrow_byte_bound_is_kept(ss, tmp_path):
+    with confs(ss.spark, {MAX_BYTES: "30"}):
+        seen = _run_noop(ss, tmp_path / "seen", tmp_path / "checkpoint", 10)
     assert sum(b["rows"] for b in seen) == 10
     assert {b["bytes"] for b in seen} == {"30"}
     assert max(b["rows"] for b in seen) < 10      # 30 bytes hold a few INT rows, not ten

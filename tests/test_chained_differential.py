@@ -7,7 +7,7 @@ import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, confs, json_stream
 from stream_events import comparable, watermarks, write_event_files
 from test_dedup_differential import EVENTS
 
@@ -99,6 +99,7 @@ def test_an_aggregation_after_an_aggregation_matches_spark_batch_by_batch(spark,
     Spark runs them when its correctness check is turned off (the second aggregation then
     counts the first one's updated rows again: the issue Spark's check warns about)."""
     CASES["window of windows"] = (mode, counts_per_window)
+    check_off = {}
     if mode != "append":
         with pytest.raises(AnalysisException) as theirs:
             run(spark, events, tmp_path / "spark-refused", "window of windows")
@@ -107,12 +108,10 @@ def test_an_aggregation_after_an_aggregation_matches_spark_batch_by_batch(spark,
         assert str(ours.value).split(";")[0] == str(theirs.value).split(";")[0]
         assert "possible 'correctness' issue" in str(ours.value)
         assert not (tmp_path / "microbatch-refused").exists()
-        spark.conf.set("spark.sql.streaming.statefulOperator.checkCorrectness.enabled", "false")
-    try:
+        check_off = {"spark.sql.streaming.statefulOperator.checkCorrectness.enabled": "false"}
+    with confs(spark, check_off):
         theirs, their_progress = run(spark, events, tmp_path / "spark", "window of windows")
         ours, our_progress = run(ss, events, tmp_path / "microbatch", "window of windows")
-    finally:
-        spark.conf.unset("spark.sql.streaming.statefulOperator.checkCorrectness.enabled")
     assert ours == theirs
     assert any(rows for _, rows in ours)
     assert comparable(our_progress) == comparable(their_progress)

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from helpers import confs
 from microbatch.checkpoint.commits import CommitLog, CommitMetadata
 from microbatch.checkpoint.fs import CheckpointFileSystem, FailingFileSystem, InjectedFailure
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog, OffsetSeqMetadata
@@ -131,10 +132,7 @@ def test_a_deleted_metadata_file_is_refused_as_spark_refuses_it(ss, spark, tmp_p
         assert error.value.getCondition() == "STREAMING_CHECKPOINT_MISSING_METADATA_FILE", engine
         assert "the metadata file is missing but offset and/or commit logs contain data" in str(error.value)
         assert _checkpoint_files(ckpt) == before, engine
-        spark.conf.set("spark.sql.streaming.checkpoint.verifyMetadataExists.enabled", "false")
-        try:
+        with confs(spark, {"spark.sql.streaming.checkpoint.verifyMetadataExists.enabled": "false"}):
             q = start()
             q.awaitTermination(60)
             assert q.exception() is None
-        finally:
-            spark.conf.unset("spark.sql.streaming.checkpoint.verifyMetadataExists.enabled")

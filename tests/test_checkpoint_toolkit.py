@@ -17,6 +17,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
+from helpers import confs
 from microbatch.cli.main import main
 from test_damage_catalogue import tree_digest, truncate, window_counts
 
@@ -44,11 +45,8 @@ def healthy(ss, tmp_path_factory):
     snapshots every 2 versions), and a pristine copy."""
     root = tmp_path_factory.mktemp("toolkit")
     write_json_files(root / "live/in", 0, 4, rows_per_file=5)
-    ss.conf.set("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
-    try:
+    with confs(ss, {"spark.sql.streaming.stateStore.minDeltasForSnapshot": "2"}):
         run_to_end(ss, root / "live")
-    finally:
-        ss.conf.unset("spark.sql.streaming.stateStore.minDeltasForSnapshot")
     shutil.copytree(root / "live", root / "pristine")
     return root
 

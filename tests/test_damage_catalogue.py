@@ -19,6 +19,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
+from helpers import confs
 
 
 def window_counts(ss, src, out, ckpt, trigger=None):
@@ -57,15 +58,12 @@ def healthy(ss, tmp_path_factory):
     closes the last window; state versions 1..5), and a pristine copy of them."""
     root = tmp_path_factory.mktemp("damage")
     write_json_files(root / "live/in", 0, 4, rows_per_file=5)
-    ss.conf.set(SNAPSHOTS, "2")   # a snapshot at version 3, so deltas 4 and 5 build on it
-    try:
+    with confs(ss, {SNAPSHOTS: "2"}):   # a snapshot at version 3, so deltas 4 and 5 build on it
         query = window_counts(ss, root / "live/in", root / "live/out", root / "live/ckpt").start()
         query.awaitTermination(120)
         assert query.exception() is None
         shutil.copytree(root / "live", root / "pristine")
         yield root
-    finally:
-        ss.conf.unset(SNAPSHOTS)
 
 
 @pytest.fixture

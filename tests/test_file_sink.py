@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
+from helpers import confs
 from microbatch.checkpoint.fs import FailingFileSystem, InjectedFailure
 from microbatch.spark_internals import running_version
 from pyspark.errors import AnalysisException, IllegalArgumentException, StreamingQueryException
@@ -128,12 +129,9 @@ def test_failed_log_write_leaves_output_as_it_was_and_restart_resumes(ss, spark,
 def test_compaction_and_log_size_in_progress(ss, spark, tmp_path):
     src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
     rows = write_json_files(src, 0, 7)
-    spark.conf.set("spark.sql.streaming.fileSink.log.compactInterval", "3")
-    try:
+    with confs(spark, {"spark.sql.streaming.fileSink.log.compactInterval": "3"}):
         query = start_json_to_parquet(ss, src, out, ckpt, max_files=1)
         run_to_end(query)
-    finally:
-        spark.conf.unset("spark.sql.streaming.fileSink.log.compactInterval")
     assert sorted(os.listdir(out / "_spark_metadata"), key=lambda n: int(n.split(".")[0])) == [
         "0", "1", "2.compact", "3", "4", "5.compact", "6"]
     metrics = [p["sink"]["metrics"] for p in query.recentProgress]
@@ -146,14 +144,11 @@ def test_compaction_and_log_size_in_progress(ss, spark, tmp_path):
 def test_retention_drops_expired_entries_at_compaction(ss, spark, tmp_path):
     src, out, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
     write_json_files(src, 0, 3)
-    spark.conf.set("spark.sql.streaming.fileSink.log.compactInterval", "3")
-    try:
+    with confs(spark, {"spark.sql.streaming.fileSink.log.compactInterval": "3"}):
         frame = ss.readStream.format("json").schema("id INT, name STRING").option("maxFilesPerTrigger", 1).load(str(src))
         query = (frame.writeStream.format("parquet").option("retention", "1ms")
                  .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(str(out)))
         run_to_end(query)
-    finally:
-        spark.conf.unset("spark.sql.streaming.fileSink.log.compactInterval")
     with open(out / "_spark_metadata" / "1") as f:
         assert f.read().count("\n") >= 1, "batch 1 listed its files"
     with open(out / "_spark_metadata" / "2.compact") as f:

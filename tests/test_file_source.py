@@ -8,6 +8,7 @@ import pytest
 from pyspark.errors import AnalysisException, IllegalArgumentException, StreamingQueryException
 
 from file_inputs import BASE_MTIME, write_json_files
+from helpers import confs
 from microbatch.checkpoint.fs import FailingFileSystem
 from microbatch.errors import UnsupportedOperationError
 from microbatch.sinks.memory import MemorySink
@@ -51,12 +52,9 @@ def test_schema_rules_match_sparks_own_file_stream(ss, spark, tmp_path):
         assert ours.load(str(src)).schema == theirs.load(str(src)).schema, (fmt, schema)
     with pytest.raises(IllegalArgumentException, match="Schema must be specified when creating a streaming source"):
         ss.readStream.format("json").load(str(src))
-    spark.conf.set("spark.sql.streaming.schemaInference", "true")
-    try:
+    with confs(spark, {"spark.sql.streaming.schemaInference": "true"}):
         assert (ss.readStream.json(str(src)).schema
                 == spark.readStream.json(str(src)).schema)
-    finally:
-        spark.conf.unset("spark.sql.streaming.schemaInference")
 
 
 def test_parquet_takes_the_files_schema(ss, spark, tmp_path):

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from helpers import confs
 from microbatch.runtime.micro_batch import KEEP_BATCH_PLAN_CONF
 from test_kafka_source import kafka
 
@@ -116,8 +117,7 @@ def test_a_plan_with_an_exchange_is_planned_anew_each_batch(ss, broker, tmp_path
 def test_the_conf_turns_kept_plans_off(ss, broker, tmp_path):
     broker.create_topic("kept-off", 1)
     frame = kafka(ss, broker, subscribe="kept-off", startingOffsets="earliest").selectExpr("value")
-    ss.spark.conf.set(KEEP_BATCH_PLAN_CONF, "false")
-    try:
+    with confs(ss.spark, {KEEP_BATCH_PLAN_CONF: "false"}):
         query = start(frame, tmp_path / "ck", sink="noop")
         try:
             rounds = [[(b"v%d" % r, None, 0)] for r in range(3)]
@@ -126,8 +126,6 @@ def test_the_conf_turns_kept_plans_off(ss, broker, tmp_path):
             assert len({id(f) for f, _ in frames}) == len(frames)
         finally:
             query.stop()
-    finally:
-        ss.spark.conf.unset(KEEP_BATCH_PLAN_CONF)
     assert query.exception() is None
 
 

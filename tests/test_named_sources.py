@@ -11,15 +11,15 @@ import pytest
 from pyspark.errors import AnalysisException, PySparkTypeError, PySparkValueError, StreamingQueryException
 
 from file_inputs import write_json_files
+from helpers import confs
 
 EVOLUTION = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
 
 
 @pytest.fixture
 def evolution(spark):
-    spark.conf.set(EVOLUTION, "true")
-    yield
-    spark.conf.unset(EVOLUTION)
+    with confs(spark, {EVOLUTION: "true"}):
+        yield
 
 
 def named(session, name, src):
@@ -88,8 +88,7 @@ def test_naming_errors_as_spark(spark, ss, tmp_path):
         with pytest.raises(AnalysisException) as raised:   # naming needs source evolution
             named(session, "alpha", src)
         assert raised.value.getCondition() == "STREAMING_QUERY_EVOLUTION_ERROR.SOURCE_NAMING_NOT_SUPPORTED"
-    spark.conf.set(EVOLUTION, "true")
-    try:
+    with confs(spark, {EVOLUTION: "true"}):
         for session in (spark, ss):
             with pytest.raises(AnalysisException) as raised:   # ... and then every source named
                 session.readStream.format("json").schema("id INT").load(src)
@@ -99,8 +98,6 @@ def test_naming_errors_as_spark(spark, ss, tmp_path):
                 named(session, "twin", src).union(named(session, "twin", src)).writeStream.format("noop").start()
             assert raised.value.getCondition() == "STREAMING_QUERY_EVOLUTION_ERROR.DUPLICATE_SOURCE_NAMES"
             assert "'twin'" in str(raised.value)
-    finally:
-        spark.conf.unset(EVOLUTION)
 
 
 def test_evolution_cannot_start_on_a_positional_checkpoint(spark, ss, tmp_path):
@@ -110,14 +107,11 @@ def test_evolution_cannot_start_on_a_positional_checkpoint(spark, ss, tmp_path):
         ckpt = tmp_path / engine
         run(session.readStream.format("json").schema("id INT, name STRING").load(src), ckpt)
         assert offsets(ckpt)[0][0] == "v1"
-        spark.conf.set(EVOLUTION, "true")
-        try:
+        with confs(spark, {EVOLUTION: "true"}):
             query = (named(session, "files", src).writeStream.format("noop")
                      .option("checkpointLocation", str(ckpt)).start())
             with pytest.raises(StreamingQueryException) as raised:
                 query.awaitTermination(60)
-        finally:
-            spark.conf.unset(EVOLUTION)
         assert ("[STREAMING_QUERY_EVOLUTION_ERROR.CANNOT_ENABLE_ON_EXISTING_CHECKPOINT]"
                 in raised.value.getMessageParameters()["message"]), engine
 

@@ -16,6 +16,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
+from helpers import confs
 from microbatch import StreamingSession
 from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
 from microbatch.checkpoint.run_lease import RunLease
@@ -35,11 +36,8 @@ def s3(spark):
         settings = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "moto",
                     "spark.hadoop.fs.s3a.secret.key": SECRET,
                     "spark.hadoop.fs.s3a.endpoint.region": "us-east-1"}
-        for key, value in settings.items():
-            spark.conf.set(key, value)
-        yield client, settings
-        for key in settings:
-            spark.conf.unset(key)
+        with confs(spark, settings):
+            yield client, settings
 
 
 def keys(client, prefix: str) -> list[str]:
@@ -155,15 +153,10 @@ def test_unknown_credentials_fail_at_start_without_the_secret(ss, spark, s3):
                      region_name="us-east-1").create_bucket(Bucket="locked")
         overrides = {"spark.hadoop.fs.s3a.endpoint": endpoint, "spark.hadoop.fs.s3a.access.key": "nobody",
                      "spark.hadoop.fs.s3a.secret.key": "not-the-secret-" + SECRET}
-        for key, value in overrides.items():
-            spark.conf.set(key, value)
-        try:
-            with pytest.raises(CheckpointError, match="access to bucket 'locked' is denied") as raised:
-                (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load().writeStream
-                 .format("noop").option("checkpointLocation", "s3://locked/q").start())
-        finally:
-            for key, value in s3[1].items():
-                spark.conf.set(key, value)
+        with (confs(spark, overrides),
+              pytest.raises(CheckpointError, match="access to bucket 'locked' is denied") as raised):
+            (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load().writeStream
+             .format("noop").option("checkpointLocation", "s3://locked/q").start())
     assert SECRET not in str(raised.value) and "nobody" not in str(raised.value)
 
 
@@ -187,29 +180,23 @@ def test_credentials_without_write_access_fail_at_start_and_write_nothing(ss, sp
             users[user] = iam.create_access_key(UserName=user)["AccessKey"]
         expected = {"reader": r"'s3://shared/q': these credentials cannot write to it \(Access Denied\)",
                     "writer": r"'s3://shared/q': these credentials cannot delete objects under it"}
-        try:
-            for user, message in expected.items():
-                overrides = {"spark.hadoop.fs.s3a.endpoint": endpoint,
-                             "spark.hadoop.fs.s3a.access.key": users[user]["AccessKeyId"],
-                             "spark.hadoop.fs.s3a.secret.key": users[user]["SecretAccessKey"]}
-                for key, value in overrides.items():
-                    spark.conf.set(key, value)
-                with pytest.raises(CheckpointError, match=message) as raised:
-                    (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load().writeStream
-                     .format("noop").option("checkpointLocation", "s3://shared/q").start())
-                assert users[user]["SecretAccessKey"] not in str(raised.value)
-                listed = [o["Key"] for o in boto3.client(
-                    "s3", endpoint_url=endpoint, region_name="us-east-1",
-                    aws_access_key_id=users[user]["AccessKeyId"],
-                    aws_secret_access_key=users[user]["SecretAccessKey"]).list_objects_v2(
-                        Bucket="shared").get("Contents", [])]
-                if user == "reader":
-                    assert listed == []           # nothing written
-                else:                             # only the probe, which the error names
-                    assert len(listed) == 1 and listed[0] in str(raised.value)
-        finally:
-            for key, value in s3[1].items():
-                spark.conf.set(key, value)
+        for user, message in expected.items():
+            overrides = {"spark.hadoop.fs.s3a.endpoint": endpoint,
+                         "spark.hadoop.fs.s3a.access.key": users[user]["AccessKeyId"],
+                         "spark.hadoop.fs.s3a.secret.key": users[user]["SecretAccessKey"]}
+            with confs(spark, overrides), pytest.raises(CheckpointError, match=message) as raised:
+                (ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load().writeStream
+                 .format("noop").option("checkpointLocation", "s3://shared/q").start())
+            assert users[user]["SecretAccessKey"] not in str(raised.value)
+            listed = [o["Key"] for o in boto3.client(
+                "s3", endpoint_url=endpoint, region_name="us-east-1",
+                aws_access_key_id=users[user]["AccessKeyId"],
+                aws_secret_access_key=users[user]["SecretAccessKey"]).list_objects_v2(
+                    Bucket="shared").get("Contents", [])]
+            if user == "reader":
+                assert listed == []           # nothing written
+            else:                             # only the probe, which the error names
+                assert len(listed) == 1 and listed[0] in str(raised.value)
 
 
 def windowed_counts(session, src, out, ckpt):

@@ -20,7 +20,7 @@ from pyspark.sql.streaming.listener import (QueryIdleEvent, QueryProgressEvent, 
 from pyspark.sql.types import LongType
 
 from file_inputs import write_json_files
-from helpers import wait_for
+from helpers import confs, wait_for
 
 SCHEMA = "id INT, name STRING"
 
@@ -144,9 +144,8 @@ class IdleRecorder(Recorder):
 
 def test_listener_events_are_pysparks_with_sparks_fields(engines, spark, tmp_path):
     src = json_files(tmp_path, 1)
-    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
     seen = {}
-    try:
+    with confs(spark, {"spark.sql.streaming.noDataProgressEventInterval": "100ms"}):
         for name, session in engines:
             v1, v2 = Recorder(), IdleRecorder()
             session.streams.addListener(v1)
@@ -162,8 +161,6 @@ def test_listener_events_are_pysparks_with_sparks_fields(engines, spark, tmp_pat
             session.streams.removeListener(v1)
             session.streams.removeListener(v2)
             seen[name] = (query, v1.of(query), v2.of(query))
-    finally:
-        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
 
     for name, (query, v1_events, v2_events) in seen.items():
         kinds = [type(e) for e in v2_events]

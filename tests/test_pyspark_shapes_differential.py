@@ -20,6 +20,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 import test_chained_differential as chained
+from helpers import confs
 from stream_events import comparable, write_event_files
 from test_chained_differential import events, run, same_as_spark  # noqa: F401 - the events fixture
 
@@ -34,16 +35,11 @@ def known_ids(frame):
     return frame.where("id IS NOT NULL")   # Spark calls a null key twice in a batch (a Spark bug)
 
 
-def on_spark(spark, confs, call):
-    """``call()`` with Spark's session set to ``confs`` (its transformWithState runs only on
-    its RocksDB state store)."""
-    for key, value in confs.items():
-        spark.conf.set(key, value)
-    try:
+def on_spark(spark, settings, call):
+    """``call()`` with Spark's session set to ``settings`` (its transformWithState runs only
+    on its RocksDB state store)."""
+    with confs(spark, settings):
         return call()
-    finally:
-        for key in confs:
-            spark.conf.unset(key)
 
 
 # -- applyInPandasWithState grouped by what PySpark accepts ---------------------------------
@@ -226,10 +222,10 @@ def evolve(session, spark, directory, ckpt, processor, files, encoding):
              .writeStream.outputMode("update")
              .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect())))))
              .option("checkpointLocation", str(ckpt)).trigger(availableNow=True))
-    confs = {"spark.sql.streaming.stateStore.encodingFormat": encoding}
+    settings = {"spark.sql.streaming.stateStore.encodingFormat": encoding}
     if session is spark:
-        confs["spark.sql.streaming.stateStore.providerClass"] = ROCKSDB
-    on_spark(spark, confs, query.start).awaitTermination(180)
+        settings["spark.sql.streaming.stateStore.providerClass"] = ROCKSDB
+    on_spark(spark, settings, query.start).awaitTermination(180)
     return batches
 
 
@@ -357,13 +353,8 @@ def test_a_keys_chunks_timestamps_and_timer_values_match_spark(spark, ss, tmp_pa
                                                        "fired LONG", "update", "EventTime"))
     theirs, _ = on_spark(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB, **limit},
                          lambda: run(spark, events_dir, tmp_path / "spark", case))
-    for key, value in limit.items():
-        ss.spark.conf.set(key, value)
-    try:
+    with confs(ss.spark, limit):
         ours, _ = run(ss, events_dir, tmp_path / "microbatch", case)
-    finally:
-        for key in limit:
-            ss.spark.conf.unset(key)
     assert ours == theirs
     assert any(row[1].count(",") >= 1 for _, rows in ours for row in rows)   # a key's rows came in chunks
     assert any(row[4] != -1 for _, rows in ours for row in rows)             # and a timer fired

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, confs, json_stream
 from microbatch.testing.fuzz import FuzzRunningCount   # (importable by Spark's Python workers)
 from stream_events import comparable, watermarks, write_event_files
 
@@ -213,14 +213,13 @@ RUNS = {
 @pytest.mark.parametrize("shape", list(RUNS))
 def test_runs_as_spark_runs_it(spark, ss, events, tmp_path, shape):
     mode, query = RUNS[shape]
+    rocksdb = {}
     if "transformWithState" in shape:   # (Spark's runs only on its RocksDB store; microbatch's on its own)
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass",
-                       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-    try:
+        rocksdb = {"spark.sql.streaming.stateStore.providerClass":
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}
+    with confs(spark, rocksdb):
         theirs, their_progress = collect_batches(query(json_stream(spark, events, SCHEMA)), tmp_path / "spark", mode)
         ours, our_progress = collect_batches(query(json_stream(ss, events, SCHEMA)), tmp_path / "microbatch", mode)
-    finally:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
     assert ours == theirs and sum(len(rows) for _, rows in ours) > 0
     assert comparable(our_progress) == comparable(their_progress)
 

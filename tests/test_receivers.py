@@ -16,7 +16,7 @@ import pytest
 import requests
 from pyspark.errors import AnalysisException
 
-from helpers import wait_for
+from helpers import confs, wait_for
 from test_disk_full import fill, small_disk  # noqa: F401 - a fixture: a 2 MB tmpfs
 from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.errors import CheckpointError
@@ -242,8 +242,7 @@ def test_socket_lines_are_logged_and_replayed_after_a_restart(ss, spark, tmp_pat
 def test_blocks_of_old_batches_are_deleted_after_min_batches_to_retain(ss, spark, tmp_path):
     ckpt, port = tmp_path / "ckpt", free_port()
     url = f"http://127.0.0.1:{port}/"
-    spark.conf.set("spark.sql.streaming.minBatchesToRetain", "2")
-    try:
+    with confs(spark, {"spark.sql.streaming.minBatchesToRetain": "2"}):
         frame = ss.readStream.format("http").schema("id INT").option("port", port).load()
         query = (frame.writeStream.format("noop").option("checkpointLocation", str(ckpt)).start())
         wait_listening(port)
@@ -251,8 +250,6 @@ def test_blocks_of_old_batches_are_deleted_after_min_batches_to_retain(ss, spark
             assert post(url, [{"id": i}]).status_code == 200
             query.processAllAvailable()
         query.stop()
-    finally:
-        spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
     # batches 0..5 read a block each; committed: 0..4 (batch 5's commit is told at batch 6)
     names = blocks(ckpt)
     assert len(names) < 6 and names[-1] == f"{5:020d}.arrow"
@@ -496,7 +493,7 @@ def test_backpressure_options_and_their_spark_conf_defaults():
                 "backpressure.initialRate": "300", "backpressure.pid.minRate": "5"}).backpressure
     assert (bp.initial_rate, bp.integral, bp.min_rate) == (300, 0.5, 5.0)
     assert parse({"backpressure.enabled": "false"}, {"backpressure.enabled": "true"}).backpressure is None
-    for options, confs, message in (
+    for options, session_confs, message in (
             ({"backpressure.enabled": "yes"}, {}, "'yes' for option 'backpressure.enabled': must be 'true' or 'false'"),
             ({"backpressure.enabled": "true", "backpressure.pid.minRate": "0"}, {},
              "'0' for option 'backpressure.pid.minRate': it must be a number greater than 0"),
@@ -507,7 +504,7 @@ def test_backpressure_options_and_their_spark_conf_defaults():
             ({"backpressure.enabled": "true", "backpressure.rateEstimator": "magic"}, {},
              "Unknown rate estimator: magic")):
         with pytest.raises(AnalysisException, match=message):
-            parse(options, confs)
+            parse(options, session_confs)
 
 
 def test_http_backpressure_admits_what_the_batches_keep_up_with(ss, spark, tmp_path):

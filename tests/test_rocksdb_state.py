@@ -15,7 +15,7 @@ import pytest
 from microbatch.state.rocksdb import RocksDBStateStoreProvider, TupleCodec, database
 from microbatch.state.store import EARLIER_ROCKSDB_PROVIDER, ROCKSDB_PROVIDER, StateStoreConf, StateStoreId
 from stream_events import comparable, write_event_files
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, confs, json_stream
 
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 SPARK_ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -46,11 +46,8 @@ def events(tmp_path):
 
 def run(session, events, ckpt, case, provider):
     mode, transform = QUERIES[case]
-    session.conf.set(PROVIDER_CONF, provider)
-    try:
+    with confs(session, {PROVIDER_CONF: provider}):
         return collect_batches(transform(json_stream(session, events, "id INT, ts TIMESTAMP")), ckpt, mode)
-    finally:
-        session.conf.unset(PROVIDER_CONF)
 
 
 @pytest.mark.parametrize("case", list(QUERIES))
@@ -78,9 +75,7 @@ def counts_in_steps(ss, events, ckpt, steps, before_each=lambda provider: None):
         for name in names[files]:      # the next files arrive (a rename keeps their modification times)
             os.rename(os.path.join(events, name), live / name)
         before_each(provider)
-        if provider is not None:
-            ss.conf.set(PROVIDER_CONF, provider)
-        try:
+        with confs(ss, {PROVIDER_CONF: provider}):
             frame = ss.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(str(live))
             query = (frame.groupBy("id").count().writeStream.outputMode("update")
                      .foreachBatch(lambda df, i: outputs.append((i, sorted(map(tuple, df.collect()), key=repr))))
@@ -88,8 +83,6 @@ def counts_in_steps(ss, events, ckpt, steps, before_each=lambda provider: None):
             query.awaitTermination(120)
             assert query.exception() is None
             progress.append(query.lastProgress)
-        finally:
-            ss.conf.unset(PROVIDER_CONF)
     return outputs, progress
 
 

@@ -18,6 +18,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
+from helpers import confs
 from microbatch.checkpoint.fs import LOCAL, storage_for
 from microbatch.testing.fault_proxy import Fault, FaultProxy
 from microbatch.testing.s3_server import s3_server
@@ -39,13 +40,8 @@ def store(spark):
             settings = {"spark.hadoop.fs.s3a.endpoint": proxy.url, "spark.hadoop.fs.s3a.access.key": "moto",
                         "spark.hadoop.fs.s3a.secret.key": "moto-secret",
                         "spark.hadoop.fs.s3a.endpoint.region": "us-east-1", **LIMITS}
-            for key, value in settings.items():
-                spark.conf.set(key, value)
-            try:
+            with confs(spark, settings):
                 yield proxy, direct, settings
-            finally:
-                for key in settings:
-                    spark.conf.unset(key)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import zipfile
 import pyarrow as pa
 import pytest
 
+from helpers import confs
 from microbatch.state.spark_format import (
     SparkRocksDBStoreFiles, SparkStateFormatError, offset_log_conf, read_state_schema,
     rocksdb_store_options_from_conf,
@@ -101,19 +102,9 @@ def rocksdb_checkpoints(tmp_path_factory, spark):
     """Spark's RocksDB checkpoints, made once for the module: {(variant, query): checkpoint}."""
     made = {}
     for variant, (conf, names) in VARIANTS.items():
-        settings = {**CONF, **conf}
-        old = {k: spark.conf.get(k, None) for k in settings}
-        for k, v in settings.items():
-            spark.conf.set(k, v)
-        try:
+        with confs(spark, {**CONF, **conf}):
             for name, checkpoint in _run_queries(spark, tmp_path_factory.mktemp(variant), names).items():
                 made[variant, name] = checkpoint
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    spark.conf.unset(k)
-                else:
-                    spark.conf.set(k, v)
     return made
 
 

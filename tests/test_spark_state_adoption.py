@@ -5,7 +5,6 @@ Spark's engine and the original on microbatch, over the same new files. Every la
 batch's rows, progress (watermark, state rows) and the logs' watermarks are equal."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ from pyspark.sql import functions as F
 
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, confs, json_stream
 from stream_events import comparable, watermarks, write_event_files
 from test_group_state_differential import OUTPUT as GROUP_STATE_OUTPUT, count_until_quiet, first_rows
 
@@ -94,17 +93,6 @@ PROVIDERS = {
 }
 
 
-@contextlib.contextmanager
-def spark_confs(spark, confs: dict):
-    for key, value in confs.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key in confs:
-            spark.conf.unset(key)
-
-
 @pytest.mark.parametrize("provider", list(PROVIDERS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_microbatch_continues_a_checkpoint_spark_wrote_as_spark_would(spark, ss, events, tmp_path, case, provider):
@@ -113,14 +101,14 @@ def test_microbatch_continues_a_checkpoint_spark_wrote_as_spark_would(spark, ss,
     live.mkdir()
     names = sorted(os.listdir(events))
     arrive(events, live, names[:BEFORE])
-    with spark_confs(spark, PROVIDERS[provider]):
+    with confs(spark, PROVIDERS[provider]):
         first, _ = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
     assert len(first) >= BEFORE and \
         recorded_provider(moved) == PROVIDERS[provider].get(PROVIDER_CONF, SPARK_HDFS)
     spark_files = {p: p.read_bytes() for p in (moved / "state").rglob("*") if p.is_file()}
     shutil.copytree(moved, stayed)
     arrive(events, live, names[BEFORE:])
-    with spark_confs(spark, PROVIDERS[provider]):
+    with confs(spark, PROVIDERS[provider]):
         theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), stayed, mode)
     ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
     assert ours == theirs and any(rows for _, rows in ours)
@@ -145,11 +133,8 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     arrive(events, live, sorted(os.listdir(events))[:2])
 
     # an aggregation state format before Spark 2.3's
-    spark.conf.set("spark.sql.streaming.aggregation.stateFormatVersion", "1")
-    try:
+    with confs(spark, {"spark.sql.streaming.aggregation.stateFormatVersion": "1"}):
         collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), tmp_path / "v1", "update")
-    finally:
-        spark.conf.unset("spark.sql.streaming.aggregation.stateFormatVersion")
     before = checkpoint_files(tmp_path / "v1")
     batches, _ = collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), tmp_path / "v1", "update",
                                  fail_on_error=False, queries=(queries := []))
@@ -159,7 +144,7 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     # a session asking for a provider of its own: microbatch's files are not its
     collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), tmp_path / "custom", "update")
     before = checkpoint_files(tmp_path / "custom")
-    with spark_confs(spark, {PROVIDER_CONF: "my_company.state.CustomProvider"}):
+    with confs(spark, {PROVIDER_CONF: "my_company.state.CustomProvider"}):
         collect_batches(json_stream(ss, live, SCHEMA).groupBy("id").count(), tmp_path / "custom", "update",
                         fail_on_error=False, queries=(queries := []))
     error = str(queries[0].exception())
@@ -172,7 +157,7 @@ def test_state_microbatch_cannot_adopt_is_refused_before_anything_is_written(spa
     def counts(f):
         return known_ids(f).groupBy("id").transformWithStateInPandas(RunningCount(), "id INT, n LONG", "update",
                                                                      "None")
-    with spark_confs(spark, {**PROVIDERS["rocksdb"], "spark.sql.streaming.stateStore.encodingFormat": "avro"}):
+    with confs(spark, {**PROVIDERS["rocksdb"], "spark.sql.streaming.stateStore.encodingFormat": "avro"}):
         collect_batches(counts(json_stream(spark, live, SCHEMA)), tmp_path / "tws", "update")
     before = checkpoint_files(tmp_path / "tws")
     queries = []
@@ -190,7 +175,7 @@ def test_a_state_file_of_a_newer_spark_is_refused_with_what_to_do(spark, ss, eve
     live, ckpt = tmp_path / "live", tmp_path / "newer"
     live.mkdir()
     arrive(events, live, sorted(os.listdir(events))[:2])
-    with spark_confs(spark, PROVIDERS["rocksdb"]):
+    with confs(spark, PROVIDERS["rocksdb"]):
         collect_batches(json_stream(spark, live, SCHEMA).groupBy("id").count(), ckpt, "update")
     newest = max((ckpt / "state" / "0" / "0").glob("*.zip"), key=lambda p: int(p.stem))
     with zipfile.ZipFile(newest) as z:
@@ -231,17 +216,17 @@ def test_microbatch_continues_a_transform_with_state_spark_ran(spark, ss, events
     """transformWithState's column families (Spark runs it only on its RocksDB provider)
     become microbatch's store per state variable and its timers'."""
     transform, mode = transform_with_state_cases()[case]
-    confs = PROVIDERS["rocksdb, changelogs" if changelogs else "rocksdb"]
+    provider_confs = PROVIDERS["rocksdb, changelogs" if changelogs else "rocksdb"]
     live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
     live.mkdir()
     names = sorted(os.listdir(events))
     arrive(events, live, names[:BEFORE])
-    with spark_confs(spark, confs):
+    with confs(spark, provider_confs):
         first, _ = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
     assert len(first) >= BEFORE
     shutil.copytree(moved, stayed)
     arrive(events, live, names[BEFORE:])
-    with spark_confs(spark, confs):
+    with confs(spark, provider_confs):
         theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), stayed, mode)
     ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
     assert ours == theirs and any(rows for _, rows in ours)

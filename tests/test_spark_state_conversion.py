@@ -16,7 +16,7 @@ import sys
 import pytest
 from pyspark.sql import Row
 
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, confs, json_stream
 from stream_events import comparable, watermarks
 from test_spark_state_adoption import BEFORE, CASES, SCHEMA, arrive, recorded_provider
 
@@ -87,13 +87,13 @@ ON_ROCKSDB = ("a window count in append mode", "dropDuplicates with a watermark"
                          [(case, "rocksdb") for case in ON_ROCKSDB])
 def test_spark_continues_a_checkpoint_microbatch_wrote_after_the_conversion(spark, ss, events, tmp_path, case,
                                                                             provider):
-    from test_spark_state_adoption import PROVIDERS, SPARK_ROCKSDB, spark_confs
+    from test_spark_state_adoption import PROVIDERS, SPARK_ROCKSDB
     transform, mode = CASES[case]
     live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
     live.mkdir()
     names = sorted(os.listdir(events))
     arrive(events, live, names[:BEFORE])
-    with spark_confs(spark, PROVIDERS[provider]):     # (microbatch's counterpart of Spark's provider)
+    with confs(spark, PROVIDERS[provider]):     # (microbatch's counterpart of Spark's provider)
         first, _ = collect_batches(transform(json_stream(ss, live, SCHEMA)), moved, mode)
     assert len(first) >= BEFORE and recorded_provider(moved).startswith("microbatch.")
     shutil.copytree(moved, stayed)
@@ -256,7 +256,7 @@ def tws_readings(case: str) -> list[dict]:
 def test_spark_continues_a_transform_with_state_microbatch_ran(spark, ss, events, tmp_path, case):
     """transformWithState's stores (one per state variable, and the timers') become Spark's
     column families in RocksDB snapshots (Spark runs it on its RocksDB provider only)."""
-    from test_spark_state_adoption import SPARK_ROCKSDB, spark_confs
+    from test_spark_state_adoption import SPARK_ROCKSDB
     from test_transform_with_state_differential import unordered_maps
     transform, mode = transform_with_state_cases()[case]
     live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
@@ -292,7 +292,7 @@ def test_spark_continues_a_transform_with_state_microbatch_ran(spark, ss, events
     if processing_time:    # (the same files again for the second engine)
         again = tmp_path / "again"
         shutil.copytree(events, again)
-        with spark_confs(spark, rocksdb):
+        with confs(spark, rocksdb):
             theirs, their_progress = batch_per_file(spark, transform, events, live, names[BEFORE:], moved, mode)
         for name in names[BEFORE:]:
             os.remove(live / name)
@@ -303,7 +303,7 @@ def test_spark_continues_a_transform_with_state_microbatch_ran(spark, ss, events
                    for p in their_progress)
     else:
         arrive(events, live, names[BEFORE:])
-        with spark_confs(spark, rocksdb):
+        with confs(spark, rocksdb):
             theirs, their_progress = collect_batches(transform(json_stream(spark, live, SCHEMA)), moved, mode)
         ours, our_progress = collect_batches(transform(json_stream(ss, live, SCHEMA)), stayed, mode)
         their_progress = [json.loads(p.json) for p in their_progress]

@@ -16,6 +16,7 @@ import struct
 import pyarrow as pa
 import pytest
 
+from helpers import confs
 from microbatch.state.files import from_struct_array, storage_type, to_struct_array
 from microbatch.state.spark_format import (
     SparkStateFormatError, SparkStateStoreFiles, arrow_schema, arrow_type, decode_row, encode_row,
@@ -414,19 +415,9 @@ def spark_checkpoints(tmp_path_factory, spark):
     """Spark's checkpoints, made once for the module: {(variant, query): checkpoint}."""
     made = {}
     for variant, (conf, names) in VARIANTS.items():
-        settings = {**ORACLE_CONF, **conf}
-        old = {k: spark.conf.get(k, None) for k in settings}
-        for k, v in settings.items():
-            spark.conf.set(k, v)
-        try:
+        with confs(spark, {**ORACLE_CONF, **conf}):
             for name, checkpoint in _run_spark_queries(spark, tmp_path_factory.mktemp(variant), names).items():
                 made[variant, name] = checkpoint
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    spark.conf.unset(k)
-                else:
-                    spark.conf.set(k, v)
     return made
 
 

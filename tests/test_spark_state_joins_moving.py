@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from helpers import collect_batches, json_stream, sorted_rows
+from helpers import collect_batches, confs, json_stream, sorted_rows
 from stream_events import comparable
-from test_spark_state_adoption import PROVIDERS, spark_confs
+from test_spark_state_adoption import PROVIDERS
 from test_stream_join_differential import CASES, LEFT, RIGHT, write
 
 from microbatch.ops.spark_conversion import convert_to_spark
@@ -43,7 +43,7 @@ def arrive(sources, live, files) -> None:
 @pytest.mark.parametrize("case", list(MOVED))
 def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, case, direction):
     transform = MOVED[case]
-    confs = PROVIDERS["rocksdb, changelogs"] if "rocksdb" in direction else {}
+    provider_confs = PROVIDERS["rocksdb, changelogs"] if "rocksdb" in direction else {}
     sources = write(tmp_path / "left", LEFT, "a"), write(tmp_path / "right", RIGHT, "b")
     live = [tmp_path / "live-left", tmp_path / "live-right"]
     for d in live:
@@ -52,7 +52,7 @@ def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, ca
     first_engine, second_engine = (ss, spark) if direction.startswith("microbatch") else (spark, ss)
     moved, stayed = tmp_path / "moved", tmp_path / "stayed"
     arrive(sources, live, names[:BEFORE])
-    with spark_confs(spark, confs):
+    with confs(spark, provider_confs):
         first, _ = run(first_engine, live, moved, transform)
     assert len(first) >= BEFORE     # (and a batch without data when the watermark moved)
     shutil.copytree(moved, stayed)
@@ -76,7 +76,7 @@ def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, ca
                           key=repr)
             assert theirs == ours
     arrive(sources, live, names[BEFORE:])
-    with spark_confs(spark, confs):
+    with confs(spark, provider_confs):
         theirs, their_progress = run(first_engine, live, stayed, transform)
     ours, our_progress = run(second_engine, live, moved, transform)
     assert [rows for _, rows in ours] == [rows for _, rows in theirs] and any(rows[1] for _, rows in ours)

@@ -24,6 +24,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor
 
+from helpers import confs
 from microbatch.state.files import from_struct_array, storage_type
 from microbatch.state.spark_format import (
     SparkRocksDBFamilies, SparkRocksDBStoreFiles, SparkStateFormatError, families_options_from_conf,
@@ -195,18 +196,8 @@ def tws_checkpoints(tmp_path_factory, spark):
             "".join(json.dumps({"key": k, "g": g, "ts": f"2024-01-01T{t}Z"}) + "\n" for k, g, t in rows))
     made = {}
     for variant, (processor, conf) in VARIANTS.items():
-        settings = {**CONF, **conf}
-        old = {k: spark.conf.get(k, None) for k in settings}
-        for k, v in settings.items():
-            spark.conf.set(k, v)
-        try:
+        with confs(spark, {**CONF, **conf}):
             made[variant] = _run(spark, directory, variant, processor, conf)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    spark.conf.unset(k)
-                else:
-                    spark.conf.set(k, v)
     return made
 
 

@@ -11,7 +11,7 @@ import os
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from helpers import collect_batches
+from helpers import collect_batches, confs
 
 from microbatch import spark_internals
 from microbatch.errors import UnsupportedOperationError
@@ -95,11 +95,8 @@ def test_a_checkpoint_without_the_newer_confs_resumes_with_the_behaviour_it_had(
     for key in dropped:
         del metadata["conf"][key]
     (ckpt / "offsets" / "0").write_text("\n".join([lines[0], json.dumps(metadata, separators=(",", ":"))] + lines[2:]))
-    spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
-    try:
+    with confs(spark, {"spark.sql.streaming.multipleWatermarkPolicy": "max"}):
         batches, _ = collect_batches(frame.groupBy((frame.value % 2).alias("k")).count(), ckpt, mode="update")
-    finally:
-        spark.conf.unset("spark.sql.streaming.multipleWatermarkPolicy")
     assert batches and batches[0][0] == 1
     resumed = json.loads((ckpt / "offsets" / "1").read_text().splitlines()[1])["conf"]
     assert dropped and all(resumed[k] == LEGACY_VALUES[k] for k in dropped)

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from helpers import confs
+
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 DEFAULT = "microbatch.state.map_provider.MapStateStoreProvider"
 
@@ -38,18 +40,12 @@ def words(tmp_path):
 def count_words(ss, words, ckpt, provider=None, name="counts"):
     """Run a word count once (AvailableNow) with ``provider`` set (None: unset); its
     last progress."""
-    if provider is None:
-        ss.conf.unset(PROVIDER_CONF)
-    else:
-        ss.conf.set(PROVIDER_CONF, provider)
-    try:
+    with confs(ss, {PROVIDER_CONF: provider}):
         query = ss.readStream.schema("w STRING").json(words).groupBy("w").count() \
             .writeStream.format("memory").queryName(name).outputMode("complete") \
             .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
         query.awaitTermination(120)
         return query.lastProgress
-    finally:
-        ss.conf.unset(PROVIDER_CONF)
 
 
 def recorded_provider(ckpt, batch=0) -> str:

@@ -15,6 +15,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 
+from helpers import confs
 from microbatch.cli.main import main as verify_main
 from test_transform_with_state_differential import OUTPUT as TRACKER_OUTPUT, ROCKSDB, Tracker
 
@@ -84,9 +85,7 @@ def test_repartition_4_to_8_to_3_gives_the_answers_of_a_run_never_repartitioned(
     data = tmp_path / "in"
     for side in ("a", "b"):
         write_stage(data / side, 0)
-    session_partitions = ss.conf.get(SHUFFLE)
-    ss.conf.set(SHUFFLE, "4")
-    try:
+    with confs(ss, {SHUFFLE: "4"}):
         reference = []
         ours = []
         for stage in range(3):
@@ -116,8 +115,6 @@ def test_repartition_4_to_8_to_3_gives_the_answers_of_a_run_never_repartitioned(
             for progress in query.recentProgress:
                 for op in progress.stateOperators:
                     assert op.numShufflePartitions == partitions, (stage, op)
-    finally:
-        ss.conf.set(SHUFFLE, session_partitions)
     assert [b for b in ours if b] == [b for b in reference if b]
     assert sum(map(len, ours)) > 10
 

@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks
-from helpers import collect_batches, json_stream, sorted_rows
+from helpers import collect_batches, confs, json_stream, sorted_rows
 from microbatch.errors import UnsupportedOperationError
 from microbatch.spark_internals import running_version
 
@@ -238,12 +238,9 @@ def test_the_max_watermark_policy_matches_spark(spark, ss, sides, tmp_path):
     """spark.sql.streaming.multipleWatermarkPolicy=max: the join evicts by the larger of
     its sides' watermarks, on both engines alike."""
     transform = CASES["on id and event time, watermarks on both sides"]
-    spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "max")
-    try:
+    with confs(spark, {"spark.sql.streaming.multipleWatermarkPolicy": "max"}):
         theirs, their_progress = run(spark, sides, tmp_path / "spark", transform)
         ours, our_progress = run(ss, sides, tmp_path / "microbatch", transform)
-    finally:
-        spark.conf.unset("spark.sql.streaming.multipleWatermarkPolicy")
     assert ours == theirs
     assert comparable(our_progress) == comparable(their_progress)
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
@@ -260,11 +257,8 @@ def test_the_max_watermark_policy_matches_spark(spark, ss, sides, tmp_path):
             for source, target in zip(sides, partial):
                 for file in sorted(os.listdir(source))[files]:
                     shutil.copy2(os.path.join(source, file), target / file)
-            spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", policy)
-            try:
+            with confs(spark, {"spark.sql.streaming.multipleWatermarkPolicy": policy}):
                 run(ss, partial, tmp_path / name / "checkpoint", transform)
-            finally:
-                spark.conf.unset("spark.sql.streaming.multipleWatermarkPolicy")
         return watermarks(tmp_path / name / "checkpoint")
 
     assert in_two_runs("restarted-with-min", "min") == in_two_runs("restarted-with-max", "max")

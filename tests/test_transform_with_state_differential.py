@@ -17,6 +17,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ListState, MapState, ValueState
 
 import test_chained_differential as chained
+from helpers import confs
 from stream_events import comparable, first_batches
 from test_chained_differential import events, restarts_with_the_same_answer, run  # noqa: F401 - the events fixture
 
@@ -232,11 +233,8 @@ chained.CASES.update(CASES)
 
 def run_on_spark(spark, events, ckpt, case):
     """Spark's transformWithState runs only on its RocksDB state store."""
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    try:
+    with confs(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}):
         return run(spark, events, ckpt, case)
-    finally:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -275,12 +273,9 @@ def test_state_ttl_and_processing_time_timers_as_spark_does(spark, ss, events, t
     read as absent and then evicted at the end of the batch; Spark's counts of the
     evictions and of the TTL variables. A timer 1 ms after a batch's timestamp fires in
     the next batch. Both engines on their RocksDB providers (the same conf value)."""
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    try:
+    with confs(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}):
         theirs, their_progress = first_batches(spark, events, tmp_path / "spark", 5, expiring_per_id)
         ours, our_progress = first_batches(ss, events, tmp_path / "microbatch", 5, expiring_per_id)
-    finally:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
     recorded = json.loads((tmp_path / "microbatch" / "offsets" / "0").read_text().split("\n")[1])["conf"]
     assert recorded["spark.sql.streaming.stateStore.providerClass"] == "microbatch.state.rocksdb.RocksDBStateStoreProvider"
     assert ours == theirs and (1, False, 2, 0, 0, False) in ours[1][1]
