@@ -7,6 +7,7 @@ import os
 import pytest
 
 from microbatch import StreamingSession, embedded_spark
+from stream_events import EVENTS, id_and_time, write_event_files
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +37,14 @@ def stop_queries_after_test(request):
         for query in session.streams.active:
             query.stop()
         session.streams.resetTerminated()
+
+
+@pytest.fixture
+def events(tmp_path):
+    """``stream_events.EVENTS`` as json files, one per batch: the input of the
+    differential tests of ids and event times (a module feeding others defines its own
+    ``events``)."""
+    return write_event_files(tmp_path / "events", EVENTS, id_and_time)
 
 
 @pytest.fixture(scope="session")

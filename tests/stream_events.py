@@ -5,6 +5,16 @@ import json
 import os
 import time
 
+#: The events most of the differential tests read (the ``events`` fixture of conftest.py),
+#: (id, time on 2026-01-01), one file per batch: late rows, duplicates inside a batch and
+#: across batches. A null key equals a null key, as in Spark's grouping.
+EVENTS = [
+    [(1, "00:00:10"), (2, "00:00:20"), (1, "00:00:10"), (None, "00:00:12")],
+    [(1, "00:00:10"), (3, "00:00:40"), (None, "00:00:12"), (None, "00:00:35")],
+    [(2, "00:00:20"), (4, "00:00:05"), (5, "00:00:41"), (3, "00:00:45"), (None, "00:00:42"), (None, "00:00:42")],
+    [(6, "00:01:40"), (3, "00:00:40")],
+]
+
 #: The state-operator fields both engines must agree on, batch by batch.
 STATE_FIELDS = ("operatorName", "numRowsTotal", "numRowsUpdated", "numRowsRemoved",
                 "numRowsDroppedByWatermark", "numShufflePartitions", "numStateStoreInstances")
@@ -20,6 +30,11 @@ def write_event_files(directory, batches, to_record) -> str:
         path.write_text("".join(json.dumps(to_record(*event)) + "\n" for event in batch))
         os.utime(path, (base + i, base + i))
     return str(directory)
+
+
+def id_and_time(k, t) -> dict:
+    """An event ``(id, time of day)`` as the json record ``{"id", "ts"}`` on 2026-01-01."""
+    return {"id": k, "ts": f"2026-01-01 {t}"}
 
 
 def comparable(progress, custom: tuple[str, ...] = ()) -> list:

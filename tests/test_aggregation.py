@@ -14,13 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.errors import AnalysisException
 
 from microbatch.errors import UnsupportedOperationError
-from stream_events import write_event_files
-from test_aggregation_differential import EVENTS, SCHEMA, _plain, event_record
-
-
-@pytest.fixture
-def events(tmp_path):
-    return write_event_files(tmp_path / "events", EVENTS, event_record)
+from test_aggregation_differential import SCHEMA, _plain, events  # noqa: F401 - the events fixture
 
 
 def stream(ss, events, files_per_batch=1):

@@ -8,8 +8,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from helpers import collect_batches, confs, json_stream
-from stream_events import comparable, watermarks, write_event_files
-from test_dedup_differential import EVENTS
+from stream_events import comparable, watermarks
 
 CASES = {
     "dedup, then count per key (complete)": (
@@ -21,11 +20,6 @@ CASES = {
         "update", lambda frame: frame.withWatermark("ts", "10 seconds").dropDuplicatesWithinWatermark(["id"])
         .groupBy("id").count()),
 }
-
-
-@pytest.fixture
-def events(tmp_path):
-    return write_event_files(tmp_path / "events", EVENTS, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
 
 
 def run(session, events, ckpt, case, fail_after_batch=None):

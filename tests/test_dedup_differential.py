@@ -9,24 +9,12 @@ import pytest
 from pyspark.errors import AnalysisException
 
 from microbatch import spark_internals
-from stream_events import comparable, write_event_files
+from stream_events import EVENTS, comparable
 from helpers import collect_batches, json_stream
 
 DEDUP = ("numDroppedDuplicateRows",)
 
-# One file per batch; late rows, duplicates inside a batch and across batches.
-# A null key equals a null key, as in Spark's grouping.
-EVENTS = [
-    [(1, "00:00:10"), (2, "00:00:20"), (1, "00:00:10"), (None, "00:00:12")],
-    [(1, "00:00:10"), (3, "00:00:40"), (None, "00:00:12"), (None, "00:00:35")],
-    [(2, "00:00:20"), (4, "00:00:05"), (5, "00:00:41"), (3, "00:00:45"), (None, "00:00:42"), (None, "00:00:42")],
-    [(6, "00:01:40"), (3, "00:00:40")],
-]
-
-
-@pytest.fixture
-def events(tmp_path):
-    return write_event_files(tmp_path / "events", EVENTS, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
+# the events: conftest.py's fixture (stream_events.EVENTS)
 
 
 def run(reader_session, events, ckpt, transform):

@@ -13,7 +13,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 import test_chained_differential as chained
 from stream_events import comparable, first_batches
-from test_chained_differential import events, restarts_with_the_same_answer, run, same_as_spark  # noqa: F401 - the events fixture
+from test_chained_differential import restarts_with_the_same_answer, run, same_as_spark
 
 # the functions below run in Spark's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from test_chained_differential import events, restarts_with_the_same_answer, same_as_spark  # noqa: F401 - the events fixture
+from test_chained_differential import restarts_with_the_same_answer, same_as_spark
 
 
 def parity(frame):

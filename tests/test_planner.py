@@ -103,9 +103,8 @@ def test_a_split_filter_moves_the_watermark_as_in_spark(spark, ss, tmp_path):
     """Rows that fail the part without the event time never reach the watermark, in
     both engines: the same watermarks in every offsets and commits entry, the same rows."""
     from test_chained_differential import same_as_spark
-    from test_dedup_differential import EVENTS
-    from stream_events import write_event_files
-    events = write_event_files(tmp_path / "events", EVENTS, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
+    from stream_events import EVENTS, id_and_time, write_event_files
+    events = write_event_files(tmp_path / "events", EVENTS, id_and_time)   # (conftest's events: another here)
     same_as_spark(spark, ss, events, tmp_path, "a conjunction over a watermark", (
         "append", lambda f: f.withWatermark("ts", "10 seconds").where("id < 6 AND ts >= '2026-01-01 00:00:00'")
         .groupBy(F.window("ts", "10 seconds")).count()))

@@ -21,8 +21,8 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 import test_chained_differential as chained
 from helpers import confs
-from stream_events import comparable, write_event_files
-from test_chained_differential import events, run, same_as_spark  # noqa: F401 - the events fixture
+from stream_events import comparable, id_and_time, write_event_files
+from test_chained_differential import run, same_as_spark
 
 # the functions below run in Spark's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -209,7 +209,7 @@ def evolve(session, spark, directory, ckpt, processor, files, encoding):
     on; Spark's own engine on its RocksDB store); its batches."""
     import json
 
-    from test_dedup_differential import EVENTS
+    from stream_events import EVENTS
     for i in range(files):
         path = directory / f"f{i}.json"
         if not path.exists():
@@ -346,7 +346,7 @@ class Chunks(StatefulProcessor):
 def test_a_keys_chunks_timestamps_and_timer_values_match_spark(spark, ss, tmp_path, limit):
     many = [[(i % 2, f"00:00:{10 + j:02d}") for j in range(5) for i in range(2)],
             [(0, "00:00:30"), (1, "00:00:31"), (0, "00:00:32")], [(1, "00:00:50")]]
-    events_dir = write_event_files(tmp_path / "many", many, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
+    events_dir = write_event_files(tmp_path / "many", many, id_and_time)
     case = f"chunks {limit}"
     chained.CASES[case] = ("update", lambda f: known_ids(f).withWatermark("ts", "5 seconds").groupBy("id")
                            .transformWithStateInPandas(Chunks(), "id INT, sizes STRING, stamps STRING, wm LONG, "

@@ -14,7 +14,7 @@ import pytest
 
 from microbatch.state.rocksdb import RocksDBStateStoreProvider, TupleCodec, database
 from microbatch.state.store import EARLIER_ROCKSDB_PROVIDER, ROCKSDB_PROVIDER, StateStoreConf, StateStoreId
-from stream_events import comparable, write_event_files
+from stream_events import comparable, id_and_time, write_event_files
 from helpers import collect_batches, confs, json_stream
 
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
@@ -41,7 +41,7 @@ QUERIES = {
 
 @pytest.fixture
 def events(tmp_path):
-    return write_event_files(tmp_path / "events", EVENTS, lambda k, t: {"id": k, "ts": f"2026-01-01 {t}"})
+    return write_event_files(tmp_path / "events", EVENTS, id_and_time)
 
 
 def run(session, events, ckpt, case, provider):

@@ -18,7 +18,7 @@ from pyspark.sql import Row
 
 from helpers import collect_batches, confs, json_stream
 from stream_events import comparable, watermarks
-from test_spark_state_adoption import BEFORE, CASES, SCHEMA, arrive, recorded_provider
+from test_spark_state_adoption import BEFORE, CASES, SCHEMA, arrive, events, recorded_provider  # noqa: F401 - the events fixture
 
 from microbatch.errors import CheckpointError
 from microbatch.ops.spark_conversion import convert_to_spark
@@ -27,14 +27,6 @@ from microbatch.ops.spark_conversion import convert_to_spark
 pytestmark = pytest.mark.porting
 
 SPARK_HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-
-
-@pytest.fixture
-def events(tmp_path):
-    from test_spark_state_adoption import EVENTS
-    from stream_events import write_event_files
-    return write_event_files(tmp_path / "events", EVENTS,
-                             lambda k, t, v: {"id": k, "ts": f"2026-01-01 {t}", "v": v})
 
 
 def state_files(ckpt) -> dict:

@@ -19,7 +19,7 @@ from pyspark.sql.streaming.stateful_processor import ListState, MapState, ValueS
 import test_chained_differential as chained
 from helpers import confs
 from stream_events import comparable, first_batches
-from test_chained_differential import events, restarts_with_the_same_answer, run  # noqa: F401 - the events fixture
+from test_chained_differential import restarts_with_the_same_answer, run
 
 # the processors below run in Spark's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
