@@ -60,19 +60,15 @@ class Child:
         """SIGKILL the driver and its JVM, and wait until both are gone."""
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
             try:
                 os.killpg(self.proc.pid, 0)
             except ProcessLookupError:
-                self.log.close()
-                return
-            time.sleep(0.05)
-        raise AssertionError("processes of the killed child survived SIGKILL")
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    wait_for(condition, timeout, what, every=0.002)
+                return True
+            return False
+        wait_for(gone, 30, "the killed child's processes to end (they survived SIGKILL)")
+        self.log.close()
 
 
 class PrintProgress(StreamingQueryListener):

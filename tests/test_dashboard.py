@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
-from helpers import wait_for as poll
+from helpers import wait_for
 from microbatch import StreamingSession
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -52,9 +52,8 @@ def get_json(url: str):
         return json.load(response)
 
 
-def wait_for(check, timeout=90, what="the page"):
-    """The page (or the query) polled every 0.2 s, for at most 90 s by default."""
-    return poll(check, timeout, what, every=0.2)
+#: helpers.wait_for's pace for a page (or the query behind it): every 0.2 s, for at most 90 s
+PAGE = {"timeout": 90, "every": 0.2}
 
 
 def windowed_counts(session, checkpoint, name):
@@ -75,7 +74,7 @@ def chart_points(page, chart: str) -> int:
 
 def test_the_page_draws_a_running_query_live_and_shows_a_failed_query(dashboard, browser, tmp_path):
     query = windowed_counts(dashboard, tmp_path / "counts", "counts")
-    wait_for(lambda: len(query.recentProgress) >= 3, what="three batches")
+    wait_for(lambda: len(query.recentProgress) >= 3, what="three batches", **PAGE)
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
     page.goto(dashboard.ui_url)
     row = page.locator("#queries tbody tr", has_text="counts")
@@ -84,7 +83,7 @@ def test_the_page_draws_a_running_query_live_and_shows_a_failed_query(dashboard,
 
     row.locator("a").click()
     page.wait_for_function("() => document.getElementById('chart-rates').data !== undefined")
-    first = wait_for(lambda: chart_points(page, "chart-rates") >= 3, what="the rates chart")
+    first = wait_for(lambda: chart_points(page, "chart-rates") >= 3, what="the rates chart", **PAGE)
     assert first
     for chart in ("chart-durations", "chart-input-rows", "chart-state-rows", "chart-state-memory"):
         assert chart_points(page, chart) >= 3, chart
@@ -95,7 +94,7 @@ def test_the_page_draws_a_running_query_live_and_shows_a_failed_query(dashboard,
     assert state_traces == ["op 0 stateStoreSave"]
     # live: the charts grow as batches finish, without reloading the page
     drawn = chart_points(page, "chart-rates")
-    wait_for(lambda: chart_points(page, "chart-rates") > drawn + 1, what="new batches on the chart")
+    wait_for(lambda: chart_points(page, "chart-rates") > drawn + 1, what="new batches on the chart", **PAGE)
     last = json.loads(page.inner_text("#last-progress"))
     assert last["id"] == query.id and last["batchId"] >= drawn
     assert "Aggregate [window]" in page.inner_text("#plan")
@@ -114,14 +113,14 @@ def test_the_page_draws_a_running_query_live_and_shows_a_failed_query(dashboard,
     page.goto(dashboard.ui_url)
     row = page.locator("#queries tbody tr", has_text="loader")
     row.wait_for()
-    wait_for(lambda: "FAILED" in row.inner_text(), what="the failed status")
+    wait_for(lambda: "FAILED" in row.inner_text(), what="the failed status", **PAGE)
     row.locator("a").click()
     page.locator("#exception").wait_for(state="visible")
     assert "the warehouse table is read-only" in page.inner_text("#exception")
     assert page.inner_text("#query-status") == "FAILED"
     page.goto(dashboard.ui_url)
     counts_row = page.locator("#queries tbody tr", has_text="counts")
-    wait_for(lambda: "FINISHED" in counts_row.inner_text(), what="the stopped query's status")
+    wait_for(lambda: "FINISHED" in counts_row.inner_text(), what="the stopped query's status", **PAGE)
     page.close()
 
 
@@ -136,13 +135,13 @@ def test_the_page_draws_a_receivers_lag(dashboard, browser, tmp_path):
              .trigger(processingTime="300 milliseconds").start())
     wait_listening(port)
     assert post(f"http://127.0.0.1:{port}/", [{"id": i} for i in range(10)]).status_code == 200
-    wait_for(lambda: len(query.recentProgress) >= 5, what="five batches of two records")
+    wait_for(lambda: len(query.recentProgress) >= 5, what="five batches of two records", **PAGE)
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
     page.goto(dashboard.ui_url)
     row = page.locator("#queries tbody tr", has_text="ingest")
     row.wait_for()
     row.locator("a").click()
-    wait_for(lambda: chart_points(page, "chart-receiver-lag") >= 5, what="the receiver lag chart")
+    wait_for(lambda: chart_points(page, "chart-receiver-lag") >= 5, what="the receiver lag chart", **PAGE)
     assert page.locator("#chart-receiver-lag").is_visible()
     assert page.evaluate("() => document.getElementById('chart-receiver-lag').data[0].y")[:5] == [8, 6, 4, 2, 0]
     query.stop()
@@ -151,7 +150,7 @@ def test_the_page_draws_a_receivers_lag(dashboard, browser, tmp_path):
 
 def test_metrics_have_sparks_names_labelled_by_query(dashboard, tmp_path):
     query = windowed_counts(dashboard, tmp_path / "metrics", "metered")
-    wait_for(lambda: len(query.recentProgress) >= 2, what="two batches")
+    wait_for(lambda: len(query.recentProgress) >= 2, what="two batches", **PAGE)
     with urllib.request.urlopen(dashboard.ui_url + "metrics", timeout=10) as response:
         families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
     labels = {"query_name": "metered", "query_id": query.id}
@@ -175,7 +174,7 @@ def test_metrics_have_sparks_names_labelled_by_query(dashboard, tmp_path):
 
 def test_microbatch_ui_serves_checkpoints_read_only(ss, browser, tmp_path):
     query = windowed_counts(ss, tmp_path / "ckpt", "from-a-checkpoint")
-    wait_for(lambda: len(query.recentProgress) >= 3, what="three batches")
+    wait_for(lambda: len(query.recentProgress) >= 3, what="three batches", **PAGE)
     before = sorted(os.listdir(tmp_path / "ckpt"))
     server = subprocess.Popen([sys.executable, "-m", "microbatch.cli.main", "ui", str(tmp_path / "ckpt"),
                                "--port", "0"], stdout=subprocess.PIPE, text=True)
@@ -186,13 +185,13 @@ def test_microbatch_ui_serves_checkpoints_read_only(ss, browser, tmp_path):
         assert summary["name"] == "from-a-checkpoint" and summary["origin"] == "checkpoint"
         page = browser.new_page()
         page.goto(url + "#/query/" + summary["key"])
-        wait_for(lambda: chart_points(page, "chart-rates") >= 3, what="the checkpoint's batches")
+        wait_for(lambda: chart_points(page, "chart-rates") >= 3, what="the checkpoint's batches", **PAGE)
         seen = chart_points(page, "chart-rates")
-        wait_for(lambda: chart_points(page, "chart-rates") > seen, what="batches the running query adds")
+        wait_for(lambda: chart_points(page, "chart-rates") > seen, what="batches the running query adds", **PAGE)
         assert page.locator("#runs tbody tr").count() == 1
         query.stop()
         wait_for(lambda: get_json(url + "api/queries")["queries"][0]["status"] == "FINISHED",
-                 what="the stopped run")
+                 what="the stopped run", **PAGE)
         page.close()
     finally:
         server.terminate()

@@ -14,7 +14,8 @@ import pytest
 
 import kafka_child
 from file_inputs import write_json_files
-from child_process import Child, batch_ids, wait_until
+from child_process import Child, batch_ids
+from helpers import wait_for
 
 #: a separate bounded step (make test-faults): real processes killed with SIGKILL
 pytestmark = pytest.mark.faults
@@ -42,7 +43,7 @@ def test_kafka_to_parquet_is_exactly_once_across_sigkills(ss, spark, broker, tmp
                       args=("source", broker.bootstrap), env=env)
         if step == "random":
             child.wait_for("PROGRESS", timeout=180)
-            time.sleep(rng.uniform(0.0, 0.5))
+            time.sleep(rng.uniform(0.0, 0.5))   # (deliberate: the kill lands at a random moment)
         else:
             child.proc.wait(240)
             assert child.proc.returncode == -9, (step, child.proc.returncode)
@@ -75,7 +76,7 @@ def _crash_in_the_middle_of_a_sink_write(broker, tmp_path, mode, topic):
     assert not batch_ids(ckpt / "commits"), "the crash was meant to land inside batch 0"
     assert 0 < written_before_restart < 40, written_before_restart
     child = Child(src, topic, ckpt, tmp_path / "child.log", script=CHILD, args=(mode, broker.bootstrap))
-    wait_until(lambda: max(batch_ids(ckpt / "commits"), default=-1) >= 2, 240, "all three batches")
+    wait_for(lambda: max(batch_ids(ckpt / "commits"), default=-1) >= 2, 240, "all three batches", every=0.002)
     child.kill()
     return expected, [m.value().decode() for m in broker.read_all(topic)], written_before_restart
 

@@ -25,6 +25,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
+from helpers import wait_for
 from microbatch.testing.fault_proxy import FaultProxy
 from microbatch.testing.kafka_broker import KafkaBroker, free_port
 
@@ -59,14 +60,6 @@ def broker(proxied):
     proxy.clear()
     yield broker, proxy
     proxy.clear()
-
-
-def wait_for(condition, what: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def kafka_to_parquet(ss, broker, topic, out, ckpt, interval="100 milliseconds", **options):
@@ -108,13 +101,13 @@ def test_the_source_rides_out_an_outage_shorter_than_its_retries(ss, spark, brok
     query = kafka_to_parquet(ss, broker, "ride", out, str(tmp_path / "ckpt"),
                              **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
     try:
-        wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, "two batches")
+        wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, 120, "two batches")
         dropped = proxy.dropped
         proxy.outage(3)                    # every connection reset, refused for 3 s; batches keep coming
         assert proxy.dropped > dropped
-        time.sleep(3.5)
+        wait_for(lambda: proxy._listener is not None, 30, "the outage's end")
         broker.produce("ride", [(b"%d" % i, None, i % 2) for i in range(20, 30)])
-        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 30, "every record")
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 30, 120, "every record")
         assert query.isActive and query.exception() is None
     finally:
         query.stop()
@@ -129,7 +122,7 @@ def test_the_source_fails_clearly_past_its_retries_and_the_restart_resumes(ss, s
     out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
     limits = {"fetchOffset.numRetries": 1, "fetchOffset.retryIntervalMs": 200, "kafkaConsumer.pollTimeoutMs": 1000}
     query = kafka_to_parquet(ss, broker, "down", out, ckpt, **limits)
-    wait_for(lambda: query.lastProgress is not None, "a first batch")
+    wait_for(lambda: query.lastProgress is not None, 120, "a first batch")
     dropped = proxy.dropped
     proxy.outage(600)                      # down for good, as far as this query can wait
     assert proxy.dropped > dropped
@@ -144,7 +137,7 @@ def test_the_source_fails_clearly_past_its_retries_and_the_restart_resumes(ss, s
     proxy.clear()                          # the broker is back
     again = kafka_to_parquet(ss, broker, "down", out, ckpt, **limits)
     try:
-        wait_for(lambda: not again.isActive or spark.read.parquet(out).count() >= 16, "every record")
+        wait_for(lambda: not again.isActive or spark.read.parquet(out).count() >= 16, 120, "every record")
         assert again.isActive and again.exception() is None
     finally:
         again.stop()
@@ -170,7 +163,7 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
         open(os.path.join(flags, "armed"), "w").close()
 
         def watch():
-            wait_for(lambda: os.path.exists(os.path.join(flags, "fired")), "the armed row", 120)
+            wait_for(lambda: os.path.exists(os.path.join(flags, "fired")), 120, "the armed row")
             started = time.time()
             proxy.outage(seconds)
             outages.append(started)
@@ -209,7 +202,7 @@ def test_the_exactly_once_sink_stays_exactly_once_across_broker_outages_mid_batc
     assert len(outages) == 2     # and it struck inside the batch: the batch failed on it
     assert failed is not None and "Kafka sink" in str(failed), failed
     assert "not delivered within 3.0 s" in str(failed) or "was not written" in str(failed), str(failed)
-    wait_for(lambda: proxy._listener is not None, "the outage's end", 30)
+    wait_for(lambda: proxy._listener is not None, 30, "the outage's end")
     assert run(delivery_timeout_ms=30_000).exception() is None
     assert ids() == sorted(i * 100 + j for i in range(5) for j in range(20))    # each row once
 
@@ -227,14 +220,14 @@ def test_the_source_reads_every_record_once_across_a_broker_restart(ss, spark, r
     query = kafka_to_parquet(ss, broker, "restart-source", out, str(tmp_path / "ckpt"), interval="3 seconds",
                              **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
     try:
-        wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, "two batches")
+        wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, 120, "two batches")
         batch_at_restart = query.lastProgress.batchId
         away = broker.restart()
         read_before = spark.read.parquet(out).count()
         assert away < 10 and read_before < 16, (away, read_before)   # the rest come after the restart
         assert broker.latest_offsets("restart-source") == {0: 8, 1: 8}     # the new process has them
         broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(16, 24)])
-        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 24, "every record")
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 24, 120, "every record")
         assert query.isActive and query.exception() is None
         assert query.lastProgress.batchId > batch_at_restart
     finally:
@@ -259,13 +252,13 @@ def test_the_source_rides_out_a_broker_killed_during_its_offset_request(ss, spar
                              **{"assign": json.dumps({"restart-inflight": [0, 1]}),
                                 "fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
     try:
-        wait_for(lambda: sum(p.numInputRows for p in query.recentProgress) >= 8, "the first records")
+        wait_for(lambda: sum(p.numInputRows for p in query.recentProgress) >= 8, 120, "the first records")
         time.sleep(1)                      # idle: only the triggers' ListOffsets now
         broker.stop()
         time.sleep(1)                      # the next one waits on the paused broker
         broker.restart()
         broker.produce("restart-inflight", [(b"%d" % i, None, i % 2) for i in range(8, 12)])
-        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 12, "every record")
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 12, 120, "every record")
         assert query.isActive and query.exception() is None, query.exception()
     finally:
         query.stop()
@@ -287,7 +280,7 @@ def test_the_exactly_once_sink_stays_exactly_once_across_a_broker_restart_mid_ba
 
     def restart_when_fired() -> threading.Thread:
         def watch():
-            wait_for(lambda: os.path.exists(os.path.join(flags, "fired")), "the armed row", 120)
+            wait_for(lambda: os.path.exists(os.path.join(flags, "fired")), 120, "the armed row")
             started = time.time()
             broker.restart()
             restarts.append(started)
