@@ -61,15 +61,14 @@ def first_batches(session, events, ckpt, count: int, transform, mode: str = "upd
     """Rows and progress of the first ``count`` batches of ``transform`` over the event
     files, with ``availableNow``. For queries that run a batch at every trigger (processing
     time timeouts, timers and TTL, as in Spark), which therefore never end."""
-    import time
+    from helpers import wait_for
     batches = []
     frame = session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).json(events)
     query = (transform(frame).writeStream.outputMode(mode)
              .foreachBatch(lambda df, i: batches.append((i, sorted(map(tuple, df.collect()), key=repr))))
              .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    deadline = time.monotonic() + 240
-    while len(query.recentProgress) < count and query.exception() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: len(query.recentProgress) >= count or query.exception() is not None, 240,
+             f"{count} batches", every=0.1)
     query.stop()
     assert query.exception() is None
     return batches[:count], query.recentProgress[:count]

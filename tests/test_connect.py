@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import wait_for
+
 pytestmark = pytest.mark.connect
 
 SCHEMA_DDL = "ts TIMESTAMP, k STRING, v BIGINT"
@@ -47,10 +49,12 @@ def connect_spark(tmp_path_factory):
                                    str(port), str(stop_file), "900"], stdout=log, stderr=subprocess.STDOUT,
                                   env=env)
     try:
-        deadline = time.monotonic() + 180
-        while "SERVER READY" not in log_path.read_text():
-            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.5)
+        def ready() -> bool:
+            if "SERVER READY" in log_path.read_text():
+                return True
+            assert server.poll() is None, log_path.read_text()[-3000:]
+            return False
+        wait_for(ready, 180, lambda: "the Connect server; its log:\n" + log_path.read_text()[-3000:], every=0.5)
         from pyspark.sql import SparkSession
         spark = SparkSession.builder.remote(f"sc://localhost:{port}").getOrCreate()
         spark.conf.set("spark.sql.shuffle.partitions", "2")

@@ -5,12 +5,12 @@ range of its partition, earlier ones too; a read that fails closes its consumer;
 clients go past the timeout or the capacity."""
 from __future__ import annotations
 
-import time
 import uuid
 
 import pyarrow as pa
 import pytest
 
+from helpers import wait_for
 from microbatch.kafka.pool import CONSUMERS, PRODUCERS, ClientPool
 from microbatch.kafka.sink import _write_task
 from microbatch.kafka.source import KafkaDataLoss, OffsetRange, read_ranges
@@ -83,9 +83,7 @@ def test_the_evictor_closes_idle_clients_past_the_timeout_without_another_task()
     pool = ClientPool(closed.append, evict_every_s=0.05)
     pool.give_back("a", pool.take("a", lambda: "client", 64, 0.2), 64, 0.2)
     assert closed == [] and pool.idle() == 1
-    deadline = time.monotonic() + 5
-    while not closed and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: closed, 5, "the evictor to close the idle client")
     assert closed == ["client"] and pool.idle() == 0
 
 

@@ -129,7 +129,7 @@ def test_wall_clock_pacing_gives_the_events_whose_time_has_come(ss, tmp_path):
     ended = run()
     assert 3000 <= counts[0] <= ended * 1000 - base     # (one event a millisecond since the base time)
     assert latest[0].timestamp() <= ended
-    time.sleep(1.0)
+    time.sleep(1.0)     # (deliberate: a second of wall clock, the events it paces)
     run()
     assert counts[1] >= 900     # a second's worth more, continuing the stream
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import boto3
 import pytest
@@ -16,7 +15,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
-from helpers import confs
+from helpers import confs, wait_for
 from microbatch import StreamingSession
 from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
 from microbatch.checkpoint.run_lease import RunLease
@@ -107,10 +106,12 @@ def test_a_second_run_on_the_same_checkpoint_is_refused(spark, s3):
 
 
 def batches_after(query, batch_id: int) -> None:
-    deadline = time.monotonic() + 60
-    while not (query.lastProgress and query.lastProgress.batchId >= batch_id):
-        assert time.monotonic() < deadline and query.isActive, query.exception()
-        time.sleep(0.05)
+    def reached() -> bool:
+        if query.lastProgress and query.lastProgress.batchId >= batch_id:
+            return True
+        assert query.isActive, query.exception()
+        return False
+    wait_for(reached, 60, f"batch {batch_id}")
 
 
 def test_a_run_whose_lease_was_taken_over_is_fenced_before_it_writes(s3):
@@ -304,7 +305,7 @@ def test_an_interrupted_attempt_on_s3_stays_invisible_and_is_removed(ss, spark, 
                 import boto3 as aws
                 client = aws.client("s3", endpoint_url=endpoint, aws_access_key_id="moto",
                                     aws_secret_access_key=SECRET, region_name="us-east-1")
-                deadline = clock.monotonic() + 60
+                deadline = clock.monotonic() + 60     # (in a Python worker: no tests' helpers there)
                 while clock.monotonic() < deadline and not [
                         o for o in client.list_objects_v2(Bucket=BUCKET, Prefix="interrupted/part-")
                         .get("Contents", []) if "-1-" in o["Key"]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 
 import pytest
@@ -349,9 +348,7 @@ def ported_job(spark, src: str, table: str, ckpt: str):
                      json.loads(p.json)["sources"][0]["endOffset"]) for p in query.recentProgress]
         spark.catalog.refreshTable(table)
         rows = sorted(tuple(r) for r in spark.table(table).collect())
-        deadline = time.monotonic() + 30
-        while not any(s[0] == "terminated" for s in seen) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: any(s[0] == "terminated" for s in seen), 30, "the listener's terminated event")
     finally:
         spark.streams.removeListener(monitor)
     return progress, rows, seen

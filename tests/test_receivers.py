@@ -203,7 +203,7 @@ class LineServer:
             self.connections += 1
             with conn:
                 conn.sendall("".join(line + "\n" for line in batch).encode())
-                time.sleep(0.5)
+                time.sleep(0.5)     # (deliberate: the connection stays open a while after its lines)
 
     def close(self):
         self.sock.close()

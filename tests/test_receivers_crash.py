@@ -45,7 +45,7 @@ def test_every_acknowledged_record_is_in_the_sink_once_across_sigkills(spark, tm
         child = Child(port, out, ckpt, tmp_path / "child.log", script=CHILD, args=(ack_mode,), env=env)
         if step == "random":
             child.wait_for("PROGRESS", timeout=180)
-            time.sleep(rng.uniform(0.2, 2.0))
+            time.sleep(rng.uniform(0.2, 2.0))   # (deliberate: the kill lands at a random moment)
         else:
             child.proc.wait(240)
             assert child.proc.returncode == -9, (step, child.proc.returncode)
@@ -55,7 +55,7 @@ def test_every_acknowledged_record_is_in_the_sink_once_across_sigkills(spark, tm
     child = Child(port, out, ckpt, tmp_path / "child.log", script=CHILD, args=(ack_mode,))
     try:
         child.wait_for("PROGRESS", timeout=180)
-        time.sleep(1.0)
+        time.sleep(1.0)     # (deliberate: the senders go on a while against the last run)
         acked = collections.Counter(stop_senders(senders))
 
         def sink_has_all() -> bool:
@@ -151,7 +151,7 @@ def test_socket_lines_in_the_log_are_in_the_sink_once_across_sigkills(spark, tmp
                           args=("interval", "socket"), env=env)
             if step == "random":
                 child.wait_for("PROGRESS", timeout=180)
-                time.sleep(rng.uniform(0.2, 2.0))
+                time.sleep(rng.uniform(0.2, 2.0))   # (deliberate: the kill lands at a random moment)
             else:
                 child.proc.wait(240)
                 assert child.proc.returncode == -9, (step, child.proc.returncode)
@@ -159,9 +159,9 @@ def test_socket_lines_in_the_log_are_in_the_sink_once_across_sigkills(spark, tmp
         child = Child(server.port, out, ckpt, tmp_path / "child.log", script=CHILD, args=("interval", "socket"))
         try:
             child.wait_for("PROGRESS", timeout=180)
-            time.sleep(1.0)
+            time.sleep(1.0)    # (deliberate: lines flow a while to the last run)
             server.close()     # the peer closes: the receiver logs what it read and stops reading
-            time.sleep(1.0)
+            time.sleep(1.0)    # (a grace for that to happen)
             logged = logged_lines(ckpt)
 
             def sink_has_all() -> bool:

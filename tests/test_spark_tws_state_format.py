@@ -15,7 +15,6 @@ import os
 import shutil
 import struct
 import sys
-import time
 from collections import Counter
 
 import pandas as pd
@@ -24,7 +23,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor
 
-from helpers import confs
+from helpers import confs, wait_for
 from microbatch.state.files import from_struct_array, storage_type
 from microbatch.state.spark_format import (
     SparkRocksDBFamilies, SparkRocksDBStoreFiles, SparkStateFormatError, families_options_from_conf,
@@ -177,11 +176,12 @@ def _run(spark, directory, name, processor, conf) -> str:
         query.awaitTermination(300)
         assert query.exception() is None, query.exception()
         return checkpoint
-    deadline = time.monotonic() + 300
-    while not os.path.exists(f"{checkpoint}/commits/5"):
+    def six_committed() -> bool:
+        if os.path.exists(f"{checkpoint}/commits/5"):
+            return True
         assert query.exception() is None, query.exception()
-        assert time.monotonic() < deadline, "Spark's query did not commit 6 batches in 300 s"
-        time.sleep(0.1)
+        return False
+    wait_for(six_committed, 300, "Spark's query to commit 6 batches", every=0.1)
     query.stop()
     return checkpoint
 
