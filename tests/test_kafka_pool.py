@@ -12,8 +12,9 @@ import pytest
 
 from helpers import wait_for
 from microbatch.kafka.pool import CONSUMERS, PRODUCERS, ClientPool
+from microbatch.kafka.data_loss import KafkaDataLoss
 from microbatch.kafka.sink import _write_task
-from microbatch.kafka.source import KafkaDataLoss, OffsetRange, read_ranges
+from microbatch.kafka.tasks import OffsetRange, read_ranges
 
 POOLING = (64, 300.0)
 

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.errors import IllegalArgumentException, StreamingQueryException
 
 from microbatch.sinks.memory import MemorySink
-from microbatch.kafka.source import KafkaOffsetReader
+from microbatch.kafka.offset_reader import KafkaOffsetReader
 
 SPARK_COLUMNS = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
                  "timestamp TIMESTAMP, timestampType INT")

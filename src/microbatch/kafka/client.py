@@ -1,5 +1,6 @@
 """What the Kafka source and sink share: Spark's Kafka columns' header type and the
-client settings (``kafka.*`` options) as librdkafka takes them, never logged."""
+client settings (``kafka.*`` options) as librdkafka takes them, never logged; and the
+librdkafka consumer the source's driver and tasks make."""
 from __future__ import annotations
 
 import re
@@ -47,6 +48,11 @@ def client_params(options: CaseInsensitiveOptions) -> dict[str, str]:
         params.setdefault("sasl.username", settings["username"])
         params.setdefault("sasl.password", settings["password"])
     return params
+
+
+def _new_consumer(config: dict):
+    from confluent_kafka import Consumer
+    return Consumer(config)
 
 
 _SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key|credential")
