@@ -21,8 +21,11 @@ from test_disk_full import fill, small_disk  # noqa: F401 - a fixture: a 2 MB tm
 from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
 from microbatch.errors import CheckpointError
 from microbatch.sources.http import BadInput, parse_json_lines
-from microbatch.sources.receiver import (Backpressure, BlockLog, BlockWriter, PIDRateEstimator, RateLimiter,
-                                         ReceiverOptions, encode_block)
+from microbatch.sources.backpressure import Backpressure, RateLimiter
+from microbatch.sources.rate_estimator import PIDRateEstimator
+from microbatch.sources.receiver_blocks import BlockLog, encode_block
+from microbatch.sources.receiver_options import ReceiverOptions
+from microbatch.sources.receiver_writer import BlockWriter
 from microbatch.util import CaseInsensitiveOptions
 
 

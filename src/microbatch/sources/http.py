@@ -51,7 +51,10 @@ from starlette.routing import Route
 
 from microbatch.errors import AnalysisException
 from microbatch.sources.base import SourceProvider
-from microbatch.sources.receiver import Backpressure, ReceiverOptions, backpressure_confs, ReceiverSource, arrow_schema
+from microbatch.sources.backpressure import Backpressure
+from microbatch.sources.receiver import ReceiverSource
+from microbatch.sources.receiver_blocks import arrow_schema
+from microbatch.sources.receiver_options import ReceiverOptions, backpressure_confs
 from microbatch.util import byte_size
 
 log = logging.getLogger(__name__)

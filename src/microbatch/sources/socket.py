@@ -28,7 +28,9 @@ from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException
 from microbatch.sources.base import SourceProvider
-from microbatch.sources.receiver import Backpressure, ReceiverOptions, backpressure_confs, ReceiverSource
+from microbatch.sources.backpressure import Backpressure
+from microbatch.sources.receiver import ReceiverSource
+from microbatch.sources.receiver_options import ReceiverOptions, backpressure_confs
 
 log = logging.getLogger(__name__)
 
