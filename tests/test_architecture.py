@@ -66,3 +66,85 @@ def test_the_seam_check_sees_jvm_handles_and_py4j():
               "def plan(df, spark):\n    return df._jdf.queryExecution(), spark.sparkContext._jsc\n")
     assert sorted(f.split(" ", 1)[1] for f in jvm_calls(source, "sample.py")) == [
         "imports from py4j.protocol", "imports py4j.java_gateway", "reads ._jdf", "reads ._jsc"]
+
+
+# -- operators own their policy (docs/design.md, section 2) ----------------------------------
+def stateful_kinds() -> dict[str, pathlib.Path]:
+    """Every kind of stateful operator (``plan.logical.StatefulNode``'s subclasses, each
+    operator's home imported) -> its home: its package, or its module if it is one file."""
+    import importlib
+    import pkgutil
+
+    import microbatch.operators as operators
+    from microbatch.plan.logical import StatefulNode
+    for module in pkgutil.walk_packages(operators.__path__, "microbatch.operators."):
+        importlib.import_module(module.name)
+    homes = {}
+    stack = list(StatefulNode.__subclasses__())
+    while stack:
+        kind = stack.pop()
+        stack += kind.__subclasses__()
+        if not kind.__module__.startswith("microbatch."):
+            continue
+        path = pathlib.Path(sys.modules[kind.__module__].__file__)
+        homes[kind.__name__] = path.parent if path.parent != SOURCE / "operators" else path
+    return homes
+
+
+def type_checks(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each ``isinstance(x, <name>)`` (or of a tuple naming it) in ``source``
+    (a name of a module's, ``proto.Aggregate``, is another class)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            for kind in kinds:
+                if isinstance(kind, ast.Name) and kind.id in names:
+                    found.append((node.lineno, kind.id))
+    return found
+
+
+def test_no_type_switch_on_an_operator_outside_its_home():
+    """The runtime, the checks and the api ask an operator (its ``StatefulNode`` policy);
+    only the operator's own home may look at its type."""
+    homes = stateful_kinds()
+    assert {"Aggregate", "Deduplicate", "StreamJoin", "StreamingLimit", "FlatMapGroupsWithState",
+            "TransformWithState"} <= set(homes)
+    found = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        for line, name in type_checks(path.read_text(), set(homes)):
+            home = homes[name]
+            if not (path == home or home in path.parents):
+                found.append(f"{path.relative_to(ROOT)}:{line}: isinstance(..., {name}) outside "
+                             f"{home.relative_to(ROOT)}")
+    assert not found, ("Type switches on an operator outside its home (ask the operator instead: "
+                       "plan.logical.StatefulNode.POLICY):\n" + "\n".join(found))
+
+
+def test_the_type_switch_check_sees_names_in_tuples():
+    source = ("def f(n, P):\n    return isinstance(n, (Aggregate, int)) or isinstance(n, StreamJoin) "
+              "or isinstance(n, P.Deduplicate)\n")
+    assert type_checks(source, {"Aggregate", "StreamJoin", "Deduplicate"}) == [(2, "Aggregate"), (2, "StreamJoin")]
+
+
+def test_an_operator_that_does_not_answer_for_its_policy_fails_when_defined():
+    import pytest
+
+    from microbatch.plan.logical import StatefulNode
+    with pytest.raises(TypeError, match="does not answer for .*evicts_with"):
+        class Unfinished(StatefulNode):    # noqa: F841 - defined to fail
+            def make_step(self, operator_id, state_root, shuffle_partitions):
+                return None
+
+
+def test_every_top_level_module_is_in_a_layer():
+    """A new top-level module or package takes a place in the layers of ``pyproject.toml``
+    (or import-linter would not hold it to one)."""
+    import tomllib
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["name"].startswith("Layers: the api above the runtime"))["layers"]
+    placed = {name.strip() for layer in layers for name in layer.split("|")}
+    modules = {f"microbatch.{p.stem if p.is_file() else p.name}" for p in SOURCE.iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert modules - placed == set(), f"modules in no layer of pyproject.toml: {sorted(modules - placed)}"

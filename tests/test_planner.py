@@ -8,7 +8,10 @@ from pyspark.sql import functions as F
 
 from microbatch import spark_internals
 from microbatch.runtime.incremental import IncrementalExecution, OperatorWatermarks, PreparedSegment
-from microbatch.plan.logical import Aggregate, Deduplicate, StreamJoin, Transform, Watermark
+from microbatch.operators.aggregate.node import Aggregate
+from microbatch.operators.dedup import Deduplicate
+from microbatch.operators.join import StreamJoin
+from microbatch.plan.logical import Transform, Watermark
 
 
 def planner(spark, frame, mode="append", partitions=4):

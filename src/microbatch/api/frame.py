@@ -26,9 +26,14 @@ from microbatch.errors import AnalysisException, IllegalArgumentException, pyspa
 from microbatch.planted_bugs import planted
 from microbatch.plan.checks import check_source_names, not_yet, streaming_action, unsupported_operation
 from microbatch.operators.aggregate.spec import Grouping, plan_aggregation
-from microbatch.plan.logical import (WATERMARK_DELAY, Aggregate, Apply, Deduplicate, Observe, PlanNode,
-                                     StaticJoin, StreamingLimit, StreamJoin, StreamingRelation,
-                                     Transform, TransformWithState, Union, Watermark)
+from microbatch.operators.aggregate.node import Aggregate
+from microbatch.operators.dedup import Deduplicate
+from microbatch.operators.group_state import FlatMapGroupsWithState
+from microbatch.operators.join import StreamJoin
+from microbatch.operators.limit import StreamingLimit
+from microbatch.operators.transform_with_state.node import TransformWithState
+from microbatch.plan.logical import (WATERMARK_DELAY, Apply, Observe, PlanNode, StaticJoin, StreamingRelation,
+                                     Transform, Union, Watermark)
 from microbatch.util import interval_to_ms
 
 
@@ -358,9 +363,7 @@ class StreamFrame:
             raise unsupported_operation("LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported;")
         if kind == "cross":
             raise not_yet(f"A stream-stream {kind} join", "more stream-stream join types")
-        for side in (self, other):
-            if any(isinstance(n, (StreamJoin, StreamingLimit)) for n in side._plan.nodes()):
-                raise not_yet("A stream-stream join of a join or of a limit (chained stateful operators)")
+        StreamJoin.check_sides(self._plan, other._plan)
         template = self._template.join(other._template, on, how or "inner")   # Spark's analysis
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))
@@ -512,13 +515,13 @@ class StreamFrame:
         each batch's result (e.g. the top rows after ``orderBy``), in append mode the
         streaming limit of the rows it emits (the planner decides, knowing the mode)."""
         template = self._template.limit(num)   # PySpark's argument checks
-        if any(isinstance(n, Aggregate) for n in self._plan.nodes()):
+        if any(n.stateful and n.aggregation for n in self._plan.nodes()):
             return StreamFrame(self._session, Transform(self._plan, "limit", (num,)), template)
         return StreamFrame(self._session, StreamingLimit(self._plan, num), template)
 
     def orderBy(self, *cols: Any, **kwargs: Any) -> "StreamFrame":
         """Sorting works only on an aggregation in complete mode (checked at start)."""
-        if not any(isinstance(n, Aggregate) for n in self._plan.nodes()):
+        if not any(n.stateful and n.aggregation for n in self._plan.nodes()):
             raise AnalysisException(
                 "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
                 "aggregated DataFrame/Dataset in Complete output mode;")
@@ -671,7 +674,6 @@ class GroupedStream:
         from pyspark.sql.types import (BinaryType, BooleanType, DateType, NumericType, StringType,
                                        TimestampNTZType, TimestampType)
 
-        from microbatch.plan.logical import FlatMapGroupsWithState
         frame = self._frame
         if self._grouping is not None:
             raise not_yet(f"applyInPandasWithState after {self._grouping.kind}")

@@ -213,6 +213,17 @@ class StatefulStep:
                 found.append(f"the {what} schema was {before.simpleString()} and is now {now.simpleString()}")
         return "; ".join(found) or None
 
+    def check_state_conf(self, conf: Any) -> None:
+        """Refuse, at start, a state the checkpoint's confs (``conf``: the batch session's)
+        cannot keep (a transformWithState's encoding)."""
+
+    def stored_schema_check(self, stored: dict, key: StructType, value: StructType,
+                            conf: Any) -> tuple[str | None, str | None]:
+        """Against the schema file its state was written with (``stored``): what differs
+        (None: the state fits), and the document to write if the schema evolved as Spark
+        allows (None: it did not)."""
+        return self.schema_difference(stored, key, value), None
+
     def _meaning_difference(self, doc: dict) -> list[str]:
         """Differences of what the state means (the join type, the aggregates)."""
         return []

@@ -1,4 +1,4 @@
-"""Deduplication: its step, its task, its state.
+"""Deduplication, its home: its plan node and policy, its step, its task, its state.
 
 ``dropDuplicates`` and ``dropDuplicatesWithinWatermark`` (Spark's
 ``StreamingDeduplicateExec`` and ``StreamingDeduplicateWithinWatermarkExec``). The step
@@ -28,6 +28,87 @@ from microbatch import spark_internals
 from microbatch.operators.base import (KEEP_COLUMN, OperatorBatch, StatefulStep, StateTask, quoted, task_partition,
                                        row_filter_udf, store_field)
 from microbatch.operators.event_time_stats import EventTimeStats
+from microbatch.plan.checks import unsupported_operation
+from microbatch.plan.logical import Apply, PlanNode, StatefulNode
+
+
+@dataclass(eq=False)
+class Deduplicate(StatefulNode):
+    """``dropDuplicates(keys)``: the first row of each key ever seen. With a watermark,
+    rows whose event time is at or before it are dropped as late; with the event-time
+    column among the keys, keys behind the watermark are also evicted (Spark's rules).
+
+    ``within_watermark``: ``dropDuplicatesWithinWatermark(keys)``, where a key is kept
+    until the watermark passes the event time of its first row plus the delay."""
+
+    child: PlanNode
+    keys: tuple[str, ...]
+    within_watermark: bool = False
+    #: the input's event-time column and its delay, as Spark's analysis marks it (the first
+    #: column with ``spark.watermarkDelayMs``: a renamed event time too; none when the
+    #: column was computed anew, ``ts + INTERVAL 1 SECOND AS ts``), found at definition
+    marked_event_time: tuple[str, int] | None = None
+
+    def event_time(self) -> tuple[str, int] | None:
+        """The event-time column of this node's input and its watermark's delay."""
+        return self.marked_event_time
+
+    def watermark_column(self) -> str | None:
+        found = self.event_time()
+        if found and not self.within_watermark and found[0] in self.keys:
+            return found[0]
+        return None
+
+    # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
+    def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> "DedupStep":
+        return DedupStep(self, operator_id, state_root, shuffle_partitions)
+
+    def state_partitions(self, shuffle_partitions: int) -> int:
+        return shuffle_partitions
+
+    def output_watermark_ms(self, input_ms: int) -> int | None:
+        return input_ms
+
+    def evicts_with(self, output_mode: str) -> bool:
+        return True
+
+    def runs_every_batch(self) -> bool:
+        return False
+
+    def statistics_inputs(self, watermark_below) -> dict[int, tuple]:
+        below = watermark_below(self.child)
+        return {} if below is None else {0: below}
+
+    def output_mode_refusal(self, mode: str, aggregations: list) -> Exception | None:
+        if self.within_watermark and self.event_time() is None:
+            return unsupported_operation("dropDuplicatesWithinWatermark is not supported on streaming "
+                                         "DataFrames/DataSets without watermark;")
+        return None
+
+    def affected_by_late_rows(self) -> bool:
+        return self.watermark_column() is not None
+
+    def connect_refusal(self, output_mode: str) -> str | None:
+        return "dropDuplicates / dropDuplicatesWithinWatermark"
+
+    def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
+        return None
+
+    def scan_filter_stand_in(self) -> PlanNode:
+        """A limit: a batch's optimizer makes a deduplication an aggregation and pushes
+        filters on its keys through it; Spark's streaming Deduplicate stops them, as a limit
+        does."""
+        return Apply(self.child, lambda df: df.limit(2147483647), "deduplication")
+
+    def build(self, inputs):
+        df = self.child.build(inputs)
+        if self.within_watermark:
+            return df.dropDuplicatesWithinWatermark(list(self.keys))
+        return df.dropDuplicates(list(self.keys))
+
+    def describe(self) -> str:
+        name = "DeduplicateWithinWatermark" if self.within_watermark else "Deduplicate"
+        return f"{name} [{', '.join(self.keys)}]"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""A streaming limit (Spark's ``StreamingGlobalLimitExec``): its step, its task, its state.
+"""A streaming limit (Spark's ``StreamingGlobalLimitExec``), its home: its plan node and
+policy, its step, its task, its state.
 
 The step is the batch's plain limit (one partition, the batch's order), then one task: the batch's rows (already limited to ``n`` by a
 plain limit, in the batch's order) arrive in one partition; the task reads how many rows
@@ -17,11 +18,65 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import LongType, NullType, StructField, StructType
 
 from microbatch import spark_internals
+from microbatch.errors import AnalysisException
 from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, task_partition
+from microbatch.plan.logical import PlanNode, StatefulNode, Transform, children_replaced
 
 KEY_SCHEMA = pa.schema([pa.field("key", pa.null())])
 VALUE_SCHEMA = pa.schema([pa.field("value", pa.int64())])
 KEY = (None,)
+
+
+@dataclass(eq=False)
+class StreamingLimit(StatefulNode):
+    """``limit(n)`` of a stream whose rows are appends (Spark's StreamingGlobalLimitExec over
+    a local limit): at most n rows over the whole run, the first ones of each batch in the
+    batch's order. Its state is one key (null) holding how many rows it let through."""
+
+    child: PlanNode
+    limit: int
+
+    # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
+    #: a stream-stream join over a limit's output is not planned yet
+    stream_join_reads_output = False
+
+    def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> "LimitStep":
+        return LimitStep(self, operator_id, state_root, shuffle_partitions)
+
+    def state_partitions(self, shuffle_partitions: int) -> int:
+        return 1    # (its one count, in one task)
+
+    def output_watermark_ms(self, input_ms: int) -> int | None:
+        return input_ms
+
+    def evicts_with(self, output_mode: str) -> bool:
+        return False
+
+    def runs_every_batch(self) -> bool:
+        return False
+
+    def statistics_inputs(self, watermark_below) -> dict[int, tuple]:
+        return {}
+
+    def output_mode_refusal(self, mode: str, aggregations: list) -> Exception | None:
+        if mode == "update":
+            return AnalysisException("Limits are not supported on streaming DataFrames/Datasets in Update output mode;")
+        return None
+
+    def affected_by_late_rows(self) -> bool:
+        return False
+
+    def connect_refusal(self, output_mode: str) -> str | None:
+        return "limit"
+
+    def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
+        return None
+
+    def build(self, inputs):
+        return self.child.build(inputs).limit(self.limit)
+
+    def describe(self) -> str:
+        return f"StreamingGlobalLimit {self.limit}"
 
 
 @dataclass(frozen=True)
@@ -70,3 +125,14 @@ class LimitStep(StatefulStep):
 
     def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
         return StructType([StructField("key", NullType())]), StructType([StructField("value", LongType())])
+
+
+def limits_over_appends(plan: PlanNode) -> PlanNode:
+    """A rewrite the planner makes once per run: in append mode a stateful operator's output is appends too, so a ``limit(n)`` above
+    one (written as a plain limit, which is what it is in complete mode) is Spark's
+    streaming limit, with its count in state."""
+    plan = children_replaced(plan, [limits_over_appends(c) for c in plan.children])
+    if isinstance(plan, Transform) and plan.method == "limit" \
+            and any(n.stateful for n in plan.child.nodes()):
+        return StreamingLimit(plan.child, plan.args[0] if plan.args else plan.kwargs["num"])
+    return plan

@@ -13,7 +13,6 @@ from microbatch.plan.logical import PlanNode
 log = logging.getLogger(__name__)
 
 OUTPUT_MODES = ("append", "complete", "update")
-_JOIN_NAMES = {"left": "LeftOuter", "right": "RightOuter", "full": "FullOuter", "semi": "LeftSemi"}
 
 
 def normalize_output_mode(mode: str) -> str:
@@ -33,7 +32,8 @@ def unsupported_operation(message: str) -> Exception:
     return spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_3102", msg=message)
 
 
-def _mode_error(mode: str, what: str) -> Exception:
+def output_mode_error(mode: str, what: str) -> Exception:
+    """Spark's error for an operation output mode ``mode`` does not support."""
     return spark_internals.spark_error("AnalysisException",
                                        "STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION",
                                        outputMode=mode, operation=what)
@@ -43,36 +43,20 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
     """Spark's rules (UnsupportedOperationChecker) of what each output mode may run.
 
     Without aggregation (stateless, deduplication) append and update mean the same and
-    complete is refused. Append needs a watermark on an aggregation's grouping key
-    (the event-time column or a window over it), or no row could ever be final.
-    Sorting needs an aggregation in complete mode.
+    complete is refused. Each stateful operator answers for its own rules
+    (``output_mode_refusal``): the aggregations first, as Spark's checker, then the others in
+    plan order. Sorting needs an aggregation in complete mode.
     """
-    from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, StaticJoin,
-                                         StreamingLimit, StreamJoin, Transform)
-    aggregates = [n for n in plan.nodes() if isinstance(n, Aggregate)]
-    if mode == "complete" and not aggregates:
-        raise _mode_error("complete", "no streaming aggregations")
-    if mode == "update" and aggregates and aggregates[0].session_index is not None:   # (Spark looks at the top one)
-        raise _mode_error("update", "session window streaming aggregations")
-    if mode == "append" and any(a.event_time_key is None for a in aggregates):
-        raise _mode_error("append", "streaming aggregations without watermark")
-    for join in (n for n in plan.nodes() if isinstance(n, StreamJoin)):
-        if (join.how in ("left", "right", "full") and mode != "append") or mode == "complete":
-            named = f"{_JOIN_NAMES.get(join.how, 'Inner')} join" \
-                if spark_internals.running_version().at_least(4, 2) else "Join"
-            allowed = "Append and Update output modes" if join.how in ("inner", "semi") \
-                and spark_internals.running_version().at_least(4, 2) else "Append output mode"
-            raise unsupported_operation(
-                f"{named} between two streaming DataFrames/Datasets is not "
-                f"supported in {mode.capitalize()} output mode, only in {allowed};")
-        nullable = {"left": (1,), "semi": (1,), "right": (0,), "full": (0, 1)}.get(join.how, ())
-        ranged = all(join.value_watermark_ms(1 - side, 0) is not None for side in nullable)
-        if join.how != "inner" and join.watermark_key() is None and not ranged:
-            raise AnalysisException(
-                f"Stream-stream {_JOIN_NAMES[join.how]} join between two streaming DataFrame/Datasets "
-                "is not supported without a watermark in the join keys, or a watermark on the "
-                "nullable side and an appropriate range condition;")
-    for node in plan.nodes():
+    from microbatch.plan.logical import StaticJoin, Transform
+    nodes = list(plan.nodes())
+    aggregations = [n for n in nodes if n.stateful and n.aggregation]
+    if mode == "complete" and not aggregations:
+        raise output_mode_error("complete", "no streaming aggregations")
+    for node in aggregations + [n for n in nodes if n.stateful and not n.aggregation]:
+        refusal = node.output_mode_refusal(mode, aggregations)
+        if refusal is not None:
+            raise refusal
+    for node in nodes:
         if isinstance(node, StaticJoin) and node.stream_side == "left" \
                 and node.how.lower().replace("_", "") in ("right", "rightouter", "full", "fullouter", "outer"):
             full = node.how.lower().replace("_", "") in ("full", "fullouter", "outer")
@@ -81,27 +65,12 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
                 "on the right is not supported;" if full else
                 "RightOuter join with a streaming DataFrame/Dataset on the left and a static DataFrame/DataSet "
                 "on the right not supported;")
-        if isinstance(node, FlatMapGroupsWithState):   # (the modes first, as Spark's checker)
-            if not aggregates and node.func_mode != mode:
-                raise unsupported_operation(
-                    f"applyInPandasWithState in {node.func_mode} mode is not supported with "
-                    f"{mode.capitalize()} output mode on a streaming DataFrame/Dataset;")
-            if node.timeout == "EventTimeTimeout" and node.watermarked_input() is None:
-                raise unsupported_operation(
-                    "Watermark must be specified in the query using '[Dataset/DataFrame].withWatermark()' "
-                    "for using event-time timeout in a applyInPandasWithState. Event-time timeout not "
-                    "supported without watermark.;")
-        if isinstance(node, Deduplicate) and node.within_watermark and node.event_time() is None:
-            raise unsupported_operation(
-                "dropDuplicatesWithinWatermark is not supported on streaming DataFrames/DataSets without watermark;")
     _check_global_watermark_limit(plan, mode, check_correctness)
-    limits = [n for n in plan.nodes() if isinstance(n, StreamingLimit)
-              or (isinstance(n, Transform) and n.method == "limit")]
-    if limits and mode == "update":
+    if mode == "update" and any(isinstance(n, Transform) and n.method == "limit" for n in nodes):
         raise AnalysisException(
             "Limits are not supported on streaming DataFrames/Datasets in Update output mode;")
-    sorts = [n for n in plan.nodes() if isinstance(n, Transform) and n.method in ("orderBy", "sort")]
-    if sorts and (mode != "complete" or not aggregates):
+    sorts = [n for n in nodes if isinstance(n, Transform) and n.method in ("orderBy", "sort")]
+    if sorts and (mode != "complete" or not aggregations):
         raise AnalysisException(
             "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
             "aggregated DataFrame/Dataset in Complete output mode;")
@@ -124,13 +93,11 @@ def _check_global_watermark_limit(plan: PlanNode, mode: str, enabled: bool) -> N
     a stream-stream join, applyInPandasWithState, a deduplication on an event-time key) above an aggregation that
     emits updated rows (update or complete mode) would see those rows as late. Spark refuses
     the query, or only warns when ``CHECK_CORRECTNESS_CONF`` is false, and runs it."""
-    from microbatch.plan.logical import Aggregate, Deduplicate, FlatMapGroupsWithState, StreamJoin
     if mode == "append":
         return
     for node in plan.nodes():
-        counts = isinstance(node, (Aggregate, StreamJoin, FlatMapGroupsWithState)) or (
-            isinstance(node, Deduplicate) and node.watermark_column() is not None)
-        if counts and any(isinstance(below, Aggregate) for below in node.nodes() if below is not node):
+        counts = node.stateful and node.affected_by_late_rows()
+        if counts and any(below.stateful and below.aggregation for below in node.nodes() if below is not node):
             if enabled:
                 raise AnalysisException(_CORRECTNESS_MESSAGE)
             log.warning(_CORRECTNESS_MESSAGE)
@@ -164,7 +131,7 @@ def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode
                             custom_sink: bool = False) -> None:
     """Over a Spark Connect session, at ``start()``: refuse a query with a part that does
     not run over Connect yet, naming it (the message lists what runs)."""
-    from microbatch.plan.logical import Aggregate, Observe, StreamingRelation, Transform, Watermark
+    from microbatch.plan.logical import Observe, StreamingRelation, Transform, Watermark
     from microbatch.spark_internals.connect.support import SINKS as _CONNECT_SINKS
     from microbatch.spark_internals.connect.support import SOURCES as _CONNECT_SOURCES
     from microbatch.spark_internals.connect.support import STEPS as _CONNECT_STEPS
@@ -176,20 +143,15 @@ def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode
         elif isinstance(node, Transform):
             if type(node) is not Transform or node.method not in _CONNECT_STEPS:
                 raise support(f"The step {node.method}")
-        elif isinstance(node, Aggregate):
-            if node.grouping is not None or node.session_index is not None:
-                raise support("An aggregation by grouping sets or session windows")
-            if output_mode not in ("append", "update"):
-                raise support(f"An aggregation in {output_mode} mode")
+        elif node.stateful:
+            refusal = node.connect_refusal(output_mode)
+            if refusal is not None:
+                raise support(refusal)
         elif not isinstance(node, (Watermark, Observe)):
             raise support(_CONNECT_NODE_NAMES.get(type(node).__name__, f"The step {type(node).__name__}"))
     if custom_sink or (sink_format or "").lower() not in _CONNECT_SINKS:
         raise support(f"The sink {sink_format or 'given by .sink(...)'!r}")
 
 
-_CONNECT_NODE_NAMES = {
-    "Deduplicate": "dropDuplicates / dropDuplicatesWithinWatermark", "StreamJoin": "A stream-stream join",
-    "StaticJoin": "A stream-static join", "StreamingLimit": "limit", "Union": "union",
-    "FlatMapGroupsWithState": "applyInPandasWithState", "TransformWithState": "transformWithState",
-    "Apply": "mapInPandas / mapInArrow",
-}
+#: the stateless steps that do not run over Connect yet (a stateful operator names itself: ``connect_refusal``)
+_CONNECT_NODE_NAMES = {"StaticJoin": "A stream-static join", "Union": "union", "Apply": "mapInPandas / mapInArrow"}

@@ -15,6 +15,7 @@ the runtime.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -38,6 +39,8 @@ def rebound(values: Any, sides: list[tuple[DataFrame, dict]]) -> Any:
 
 class PlanNode:
     children: tuple["PlanNode", ...] = ()
+    #: whether it keeps state across batches (a ``StatefulNode``)
+    stateful = False
 
     def build(self, inputs: Mapping["StreamingRelation", DataFrame]) -> DataFrame:
         """The node over ``inputs`` (a DataFrame per relation) as a batch query: the
@@ -74,6 +77,16 @@ class PlanNode:
         for child in self.children:
             lines.append(child.tree_string(indent + 1, annotate))
         return "\n".join(lines)
+
+
+def children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
+    """``node`` with other children (the same node when they are its own)."""
+    if list(node.children) == children:
+        return node
+    if len(children) == 2:
+        return dataclasses.replace(node, left=children[0], right=children[1])
+    return dataclasses.replace(node, child=children[0])
+
 
 
 @dataclass(eq=False)
@@ -291,13 +304,112 @@ class Observe(PlanNode):
 
 
 class StatefulNode(PlanNode):
-    """A step that keeps state across batches; the engine gives each an operator id."""
+    """A step that keeps state across batches (Spark's stateful operators); the planner
+    gives each an operator id.
 
+    Each kind is defined in its operator's home (``operators/<kind>``), beside its step and
+    its task, and answers there for its own policy: the methods named in ``POLICY``, as each
+    of Spark's stateful execs answers for itself (``produceOutputWatermark``,
+    ``shouldRunAnotherBatch``). The runtime, the checks and the api ask them and never look
+    at the kind. A kind that leaves one of them to this class fails when it is defined, at
+    import, not in a batch."""
+
+    stateful = True
+    #: Spark's checker counts it as a streaming aggregation (complete mode, sorting, limits)
+    aggregation = False
+    #: its state is in Spark's RocksDB column families (a transformWithState's), not in stores
+    spark_state_in_column_families = False
+    #: a stream-stream join may read its output (``operators.join``)
+    stream_join_reads_output = True
     child: PlanNode
+
+    #: what every kind answers for itself
+    POLICY = ("make_step", "state_partitions", "output_watermark_ms", "evicts_with", "runs_every_batch",
+              "statistics_inputs", "output_mode_refusal", "affected_by_late_rows", "connect_refusal",
+              "spark_state_refusal")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        missing = [name for name in StatefulNode.POLICY if getattr(cls, name) is getattr(StatefulNode, name)]
+        if missing:
+            raise TypeError(f"The stateful operator {cls.__name__} does not answer for {', '.join(missing)}: "
+                            "define each in its home in operators/ (plan.logical.StatefulNode says what each is)")
 
     @property
     def children(self):
         return (self.child,)
+
+    # -- the policy each kind answers for -------------------------------------------------
+    def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> Any:
+        """Its planning step for a query run (an ``operators.base.StatefulStep``)."""
+        raise NotImplementedError
+
+    def state_partitions(self, shuffle_partitions: int) -> int:
+        """How many state stores (partitions) it has, given the checkpoint's shuffle partitions."""
+        raise NotImplementedError
+
+    def output_watermark_ms(self, input_ms: int) -> int | None:
+        """The watermark an operator above it sees, given the watermark of its input (Spark's
+        ``produceOutputWatermark``); None: none passes it."""
+        raise NotImplementedError
+
+    def evicts_with(self, output_mode: str) -> bool:
+        """Whether it evicts state (or fires timers) when the watermark below it moves, in
+        ``output_mode`` (Spark's ``shouldRunAnotherBatch`` of the operator)."""
+        raise NotImplementedError
+
+    def runs_every_batch(self) -> bool:
+        """Whether a trigger with no data must run a batch whatever the watermark (timers
+        in processing time may fire in any batch)."""
+        raise NotImplementedError
+
+    def statistics_inputs(self, watermark_below: Callable[["PlanNode"], Any]) -> dict[int, tuple]:
+        """The watermarks whose event-time statistics its tasks may compute, by input index:
+        (the watermark, the steps between), where every row the watermark sees reaches the
+        task with its event time. ``watermark_below(node)`` gives the watermark under
+        ``node`` through steps that may only project, with them, or None."""
+        raise NotImplementedError
+
+    def output_mode_refusal(self, mode: str, aggregations: list["StatefulNode"]) -> Exception | None:
+        """Spark's error (its UnsupportedOperationChecker's) for this operator in output
+        mode ``mode``, or None; ``aggregations``: the plan's aggregations, the top one first."""
+        raise NotImplementedError
+
+    def affected_by_late_rows(self) -> bool:
+        """Whether rows an aggregation below emits after the watermark passed them (update
+        or complete mode) would be dropped or wrongly kept here (Spark's
+        ``checkStreamingQueryGlobalWatermarkLimit``)."""
+        raise NotImplementedError
+
+    def connect_refusal(self, output_mode: str) -> str | None:
+        """What of it does not run over Spark Connect yet (named in the refusal), or None."""
+        raise NotImplementedError
+
+    def spark_state_refusal(self, recorded_conf: Mapping[str, str], provider: str) -> str | None:
+        """Why its state cannot move to or from Spark's state files (its layout there, the
+        state format the checkpoint's confs record, the provider), or None."""
+        raise NotImplementedError
+
+    # -- answers most kinds share -----------------------------------------------------------
+    def output_marks_event_time(self) -> bool:
+        """Whether its output carries the event-time mark of its input (a ``withWatermark``
+        above it would redefine the watermark)."""
+        return True
+
+    def planning_refusal(self) -> Exception | None:
+        """An error Spark's planner raises for it at start, after the output-mode checks."""
+        return None
+
+    def reports_statistics(self, watermark: "Watermark", schema: StructType) -> bool:
+        """Whether its tasks can compute the statistics of ``watermark`` (one of
+        ``statistics_inputs``) from rows of ``schema``."""
+        return True
+
+    def scan_filter_stand_in(self) -> "PlanNode":
+        """What stands for it in the batch plan Spark's optimizer reads for the filters a
+        file scan gets (``runtime.scan_filters``): itself, or a step that stops filters
+        where Spark's streaming operator stops them."""
+        return self
 
     def watermark_column(self) -> str | None:
         """The event-time column of a watermark below this node, if the node uses it."""
@@ -309,267 +421,3 @@ class StatefulNode(PlanNode):
             if isinstance(node, Watermark):
                 return node.event_time
         return None
-
-
-@dataclass(eq=False)
-class Deduplicate(StatefulNode):
-    """``dropDuplicates(keys)``: the first row of each key ever seen. With a watermark,
-    rows whose event time is at or before it are dropped as late; with the event-time
-    column among the keys, keys behind the watermark are also evicted (Spark's rules).
-
-    ``within_watermark``: ``dropDuplicatesWithinWatermark(keys)``, where a key is kept
-    until the watermark passes the event time of its first row plus the delay."""
-
-    child: PlanNode
-    keys: tuple[str, ...]
-    within_watermark: bool = False
-    #: the input's event-time column and its delay, as Spark's analysis marks it (the first
-    #: column with ``spark.watermarkDelayMs``: a renamed event time too; none when the
-    #: column was computed anew, ``ts + INTERVAL 1 SECOND AS ts``), found at definition
-    marked_event_time: tuple[str, int] | None = None
-
-    def event_time(self) -> tuple[str, int] | None:
-        """The event-time column of this node's input and its watermark's delay."""
-        return self.marked_event_time
-
-    def watermark_column(self) -> str | None:
-        found = self.event_time()
-        if found and not self.within_watermark and found[0] in self.keys:
-            return found[0]
-        return None
-
-    def build(self, inputs):
-        df = self.child.build(inputs)
-        if self.within_watermark:
-            return df.dropDuplicatesWithinWatermark(list(self.keys))
-        return df.dropDuplicates(list(self.keys))
-
-    def describe(self) -> str:
-        name = "DeduplicateWithinWatermark" if self.within_watermark else "Deduplicate"
-        return f"{name} [{', '.join(self.keys)}]"
-
-
-@dataclass(eq=False)
-class Aggregate(StatefulNode):
-    """``groupBy(keys).agg(...)``: per key, the aggregates of every row seen so far,
-    emitted by the output mode's rule (``state.aggregate_operator``)."""
-
-    child: PlanNode
-    keys: tuple                               # the user's grouping columns
-    apply: Callable[[Any], DataFrame]         # GroupedData -> the batch query (for templates)
-    spec: Any                                 # plan.aggregation.AggregateSpec
-    event_time_key: int | None = None         # the grouping key that carries event time
-    event_time_is_window: bool = False        # a window or session: its end is the time
-    session_index: int | None = None          # the session_window key, if any
-    session_time_column: str | None = None    # session_window(column, gap)
-    grouping: Any = None                      # plan.aggregation.Grouping: groupBy, rollup, ...
-    positions: dict = field(default_factory=dict)   # (Transform's: of the keys' and aggregates' Columns)
-    #: over grouping sets: the filter Spark's optimizer runs on the expanded rows before the
-    #: aggregation (a Column over the keys, the grouping id among them), set by the planner
-    key_filter: Any = None
-
-    def grouped(self, df: DataFrame):
-        """``df`` grouped by the keys as the user grouped them (PySpark's GroupedData)."""
-        keys = rebound(self.keys, [(df, self.positions)])
-        return df.groupBy(*keys) if self.grouping is None else self.grouping.of(df, keys)
-
-    def watermark_column(self) -> str | None:
-        return None if self.event_time_key is None else self.spec.key_names[self.event_time_key]
-
-    def build(self, inputs):
-        df = self.child.build(inputs)
-        return self.apply(self.grouped(df), lambda values: rebound(values, [(df, self.positions)]))
-
-    def describe(self) -> str:
-        outputs = ", ".join(name for name, _ in self.spec.outputs)
-        kind = "" if self.grouping is None or not self.grouping.has_sets else f" ({self.grouping.kind})"
-        return f"Aggregate{kind} [{', '.join(self.spec.key_names)}], [{outputs}]"
-
-
-@dataclass(eq=False)
-class FlatMapGroupsWithState(StatefulNode):
-    """``groupBy(keys).applyInPandasWithState(func, ...)`` (Spark's
-    FlatMapGroupsInPandasWithStateExec): per key, the user's function over the key's rows
-    of the batch and its ``GroupState``; keys whose timeout passed are called with no rows
-    (``state.group_state_operator``)."""
-
-    child: PlanNode
-    keys: tuple[str, ...]
-    func: Callable
-    output_schema: StructType
-    state_schema: StructType
-    func_mode: str                         # the function's output mode: append or update
-    timeout: str                           # a GroupStateTimeout value
-    data_columns: int | None = None        # the input's leading columns the function gets (None: all)
-
-    def build(self, inputs):
-        df = self.child.build(inputs)
-        return spark_internals.empty_batch(df.sparkSession, self.output_schema)
-
-    def describe(self) -> str:
-        return (f"FlatMapGroupsInPandasWithState [{', '.join(self.keys)}], {self.func_mode}, "
-                f"{self.timeout}, {getattr(self.func, '__name__', 'function')}")
-
-
-@dataclass(eq=False)
-class TransformWithState(StatefulNode):
-    """``groupBy(keys).transformWithStateInPandas(processor, ...)`` and
-    ``transformWithState`` (Spark's TransformWithStateInPandasExec): the user's
-    ``StatefulProcessor`` per key, over the key's rows of the batch and its state variables,
-    with timers in processing or event time (``state.transform_with_state_operator``)."""
-
-    child: PlanNode
-    keys: tuple[str, ...]
-    processor: Any                         # the user's StatefulProcessor
-    output_schema: StructType
-    output_mode: str                       # append or update
-    time_mode: str                         # none, processingtime or eventtime
-    variables: tuple                       # StateVariable, as the processor's init declares them
-    rows_api: bool = False                 # transformWithState: Rows in and out
-    initial_state: Any = None              # a DataFrame of initial state, read in the query's first batch
-    initial_keys: tuple[str, ...] = ()     # the columns it is grouped by
-    data_columns: int | None = None        # the input's leading columns the processor gets (None: all)
-    event_time_column: str | None = None   # eventTimeColumnName: the output's watermarked column
-
-    def event_time_delay_ms(self) -> int:
-        """The delay of the watermark nearest below (Spark's UpdateEventTimeWatermarkColumn
-        copies it onto ``event_time_column``)."""
-        return next(n.delay_ms for n in self.child.nodes() if isinstance(n, Watermark))
-
-    def output_watermarked(self) -> bool:
-        """Whether operators above see a watermark out of this one: Spark passes its input
-        watermark on, except in processing time."""
-        return self.time_mode != "processingtime"
-
-    def build(self, inputs):
-        df = self.child.build(inputs)
-        return spark_internals.empty_batch(df.sparkSession, self.output_schema)
-
-    def describe(self) -> str:
-        api = "TransformWithState" if self.rows_api else "TransformWithStateInPandas"
-        return (f"{api} [{', '.join(self.keys)}], {self.time_mode}, {self.output_mode}, "
-                f"{type(self.processor).__name__}")
-
-
-@dataclass(eq=False)
-class StreamingLimit(StatefulNode):
-    """``limit(n)`` of a stream whose rows are appends (Spark's StreamingGlobalLimitExec over
-    a local limit): at most n rows over the whole run, the first ones of each batch in the
-    batch's order. Its state is one key (null) holding how many rows it let through."""
-
-    child: PlanNode
-    limit: int
-
-    def build(self, inputs):
-        return self.child.build(inputs).limit(self.limit)
-
-    def describe(self) -> str:
-        return f"StreamingGlobalLimit {self.limit}"
-
-
-@dataclass(eq=False)
-class StreamJoin(StatefulNode):
-    """A join of two streams (Spark's StreamingSymmetricHashJoinExec): on column names both
-    sides have (``using``), or on a condition of equal columns and time comparisons between
-    the sides (``a.ts BETWEEN b.ts AND b.ts + INTERVAL 1 HOUR``). Each side's rows are kept
-    in state, per key, to meet the other side's later rows. State is evicted by a join key
-    that is a side's watermarked event time, or by the time comparisons (Spark's "state
-    value watermark" of a side); rows at or before the previous batch's watermark are
-    late and dropped."""
-
-    left: PlanNode
-    right: PlanNode
-    keys: tuple[str, ...]                  # the left side's key columns
-    how: str = "inner"
-    right_keys: tuple[str, ...] = ()       # the right side's (using: the same names)
-    comparisons: tuple = ()                # (op, TimeTerm, TimeTerm) of the condition
-    condition: Any = None                  # the user's Column (not using), for templates
-    side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
-    side_times: tuple = (None, None)       # each side's watermarked event-time column
-    side_qualifiers: tuple = ((), ())      # each side's columns' qualifiers (``l`` of ``l.id``)
-    positions: tuple = ({}, {})            # (Transform's: of the condition's Columns, per side)
-
-    def __post_init__(self):
-        if not self.right_keys:
-            self.right_keys = self.keys
-
-    @property
-    def using(self) -> bool:
-        return self.condition is None
-
-    @property
-    def children(self):
-        return (self.left, self.right)
-
-    def side_watermark(self, side: int) -> Watermark | None:
-        """The watermark right below a side as the join reads it, when only the join's
-        own null filter on the side's event time lies between (it drops only rows without
-        an event time, which no statistic of the watermark counts); else None."""
-        node = (self.left, self.right)[side].under_null_filters(self.side_event_time(side) or "")
-        return node if isinstance(node, Watermark) else None
-
-    def side_event_time(self, side: int) -> str | None:
-        """The watermarked event-time column of a side (0: left, 1: right), if it has one:
-        the watermark's column, a time window over it, or an earlier aggregation's
-        event-time key (``side_times``, found when the join is defined)."""
-        return self.side_times[side]
-
-    def watermark_key(self) -> int | None:
-        """The index of the join key that is a side's watermarked event time (Spark looks
-        at the left keys first), or None."""
-        for side, names in ((0, self.keys), (1, self.right_keys)):
-            column = self.side_event_time(side)
-            lowered = [k.lower() for k in names]
-            if column is not None and column.lower() in lowered:
-                return lowered.index(column.lower())
-        return None
-
-    def value_watermark_ms(self, side: int, watermark_ms: int) -> int | None:
-        """Spark's state value watermark of a side (StreamingJoinHelper): from each time
-        comparison ``other.t + c1 < this.t + c2`` (or ``<=``, or the same turned around)
-        where ``other.t`` is the other side's watermarked column, ``watermark + c1 - c2``
-        in ms (minus 1 for ``<=``); the smallest. Rows of this side whose watermarked
-        column is at or before it can meet no later row. None when no comparison gives one
-        or a side has no watermark."""
-        this_time, other_time = self.side_event_time(side), self.side_event_time(1 - side)
-        if this_time is None or other_time is None:
-            return None
-        other_columns = [c.lower() for c in self.side_columns[1 - side]]
-        found = []
-        for op, a, b in self.comparisons:
-            if op in (">", ">="):
-                a, b, op = b, a, "<" if op == ">" else "<="
-            if b.side != side or a.side != 1 - side:
-                continue
-            if other_columns[a.index] != other_time.lower():
-                continue   # Spark substitutes only the watermarked column
-            value = int((watermark_ms * 1000 + a.offset_us - b.offset_us) / 1000)
-            found.append(value - 1 if op == "<=" else value)
-        return min(found) if found else None
-
-    def output_watermark_ms(self, watermark_ms: int) -> int:
-        """The watermark an operator above the join sees (Spark's produceOutputWatermark):
-        the smallest of the input watermark and each side's state watermark (the input
-        watermark with a watermarked key; the state value watermark otherwise)."""
-        if self.watermark_key() is not None:
-            return watermark_ms
-        found = [self.value_watermark_ms(side, watermark_ms) for side in (0, 1)]
-        return min([watermark_ms] + [v for v in found if v is not None])
-
-    def evicts(self) -> bool:
-        """Whether state is ever evicted: by a watermarked key, or a state value watermark."""
-        return self.watermark_key() is not None or any(
-            self.value_watermark_ms(side, 0) is not None for side in (0, 1))
-
-    def watermark_column(self) -> str | None:
-        index = self.watermark_key()
-        return None if index is None else self.keys[index]
-
-    def build(self, inputs):
-        left, right = self.left.build(inputs), self.right.build(inputs)
-        on = list(self.keys) if self.using else rebound(self.condition, list(zip((left, right), self.positions)))
-        return left.join(right, on, self.how)
-
-    def describe(self) -> str:
-        on = ", ".join(self.keys) if self.using else str(self.condition)
-        return f"StreamingSymmetricHashJoin {self.how}, [{on}]"

@@ -10,9 +10,6 @@ from microbatch.checkpoint.commits import CommitLog
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog
 from microbatch.errors import CheckpointError
-from microbatch.operators.transform_with_state.schema import (ENCODING_FORMAT_CONF, check_nullable_state,
-                                                              state_schema_history)
-from microbatch.plan.logical import StreamJoin, TransformWithState
 
 
 def torn_last_entry(error: CheckpointError, offset_log: OffsetSeqLog, commit_log: CommitLog,
@@ -86,7 +83,7 @@ def check_state_operators(fs: CheckpointFileSystem, checkpoint_root: str, names:
 class StateSchemas:
     """Each stateful operator's key and value schema (``state/<op>/_metadata/schema``):
     checked at a restart against those its state was written with (a transformWithState's
-    may evolve by Spark's rules, ``state_schema_history``), written when the run's first
+    may evolve by Spark's rules: each step's ``stored_schema_check``), written when the run's first
     batch runs."""
 
     def __init__(self, fs: CheckpointFileSystem, checkpoint_root: str, operators: list, empty_inputs: dict):
@@ -101,8 +98,7 @@ class StateSchemas:
         """(schema file, operator, key schema, value schema) of every stateful operator."""
         found = []
         for op in self.operators:
-            node = op.node
-            children = (node.left, node.right) if isinstance(node, StreamJoin) else (node.child,)
+            children = op.node.children
             key, value = op.step.state_schema([child.build(self._empty_inputs).schema for child in children])
             found.append((f"{self.checkpoint_root}/state/{op.id}/_metadata/schema", op, key, value))
         return found
@@ -111,19 +107,13 @@ class StateSchemas:
         """Refuse a checkpoint whose state does not fit the query, naming the operator, the
         file and the difference (Spark's errors for a transformWithState). ``conf``: the
         batch session's, with the checkpoint's confs."""
-        encoding = conf.get(ENCODING_FORMAT_CONF, "unsaferow").lower()
         for path, op, key, value in self.schemas():
-            if isinstance(op.node, TransformWithState):
-                check_nullable_state(op.node.variables, encoding)
+            op.step.check_state_conf(conf)
             if not self.fs.exists(path):
                 continue
-            stored = json.loads(self.fs.read_text(path))
-            if isinstance(op.node, TransformWithState) and stored.get("operatorName") == op.name:
-                history = state_schema_history(stored, op.node.variables, key, value, encoding)
-                if history is not None:
-                    self._evolved[path] = op.step.schema_document(key, value, history)
-                continue
-            difference = op.step.schema_difference(stored, key, value)
+            difference, evolved = op.step.stored_schema_check(json.loads(self.fs.read_text(path)), key, value, conf)
+            if evolved is not None:
+                self._evolved[path] = evolved
             if difference:
                 raise CheckpointError(
                     f"The state of stateful operator {op.id} ({op.name}) in checkpoint "

@@ -61,40 +61,18 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.operators.aggregate.step import AggregateStep
+from microbatch.operators.aggregate.node import grouping_set_filters
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
-from microbatch.operators.dedup import DedupStep
-from microbatch.operators.group_state import GroupStateStep
-from microbatch.operators.join import JoinStep, with_null_filters
-from microbatch.operators.limit import LimitStep
-from microbatch.operators.transform_with_state.step import TransformWithStateStep
-from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, NullFilter, Observe,
-                                     PlanNode, StatefulNode, StaticJoin, StreamingLimit, StreamingRelation,
-                                     StreamJoin, Transform, TransformWithState, Union, Watermark)
+from microbatch.operators.join import filters_pushed_into_joins, joins_null_filtered
+from microbatch.operators.limit import limits_over_appends
+from microbatch.plan.logical import (NullFilter, Observe, PlanNode, StatefulNode, StaticJoin, StreamingRelation,
+                                     Transform, Union, Watermark, children_replaced)
 from microbatch.plan.checks import unsupported_operation
-from microbatch.planted_bugs import planted
-from microbatch.runtime.segments import PreparedSegment, children_replaced, segments_prepared
+from microbatch.runtime.segments import PreparedSegment, segments_prepared
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.state.store import StateStoreConf
 
 log = logging.getLogger(__name__)
-
-#: Each stateful node's step (its operator's home in ``operators/``).
-STEPS: dict[type, type[StatefulStep]] = {
-    Aggregate: AggregateStep, Deduplicate: DedupStep, StreamJoin: JoinStep, StreamingLimit: LimitStep,
-    FlatMapGroupsWithState: GroupStateStep, TransformWithState: TransformWithStateStep,
-}
-
-
-def state_partitions(node: StatefulNode, shuffle_partitions: int) -> int:
-    """State partitions of an operator: a global aggregation (or a session window without
-    other keys) and a limit have one; the others the checkpoint's shuffle partitions."""
-    if isinstance(node, Aggregate) and len(node.spec.key_names) == (node.session_index is not None):
-        return 1
-    if isinstance(node, StreamingLimit):
-        return 1
-    return shuffle_partitions
-
 
 @dataclass(frozen=True, eq=False)
 class StatefulOperator:
@@ -108,19 +86,6 @@ class StatefulOperator:
     step: StatefulStep
     metrics: Any                       # the run's accumulator of the operator's metrics (DictSum)
 
-    def evicts_with(self, output_mode: str) -> bool:
-        """Whether the operator evicts state when its watermark moves (Spark's
-        shouldRunAnotherBatch of the operator, given a watermark below it)."""
-        node = self.node
-        if isinstance(node, Aggregate):
-            return output_mode in ("append", "update")
-        if isinstance(node, StreamJoin):
-            return node.evicts()
-        if isinstance(node, FlatMapGroupsWithState):
-            return node.timeout == "EventTimeTimeout"
-        if isinstance(node, TransformWithState):   # (in processing time: every batch, below)
-            return True
-        return isinstance(node, Deduplicate)
 
 
 @dataclass(frozen=True)
@@ -164,59 +129,12 @@ def _each_occurrence_its_own(plan: PlanNode, seen: set[int] | None = None) -> Pl
     return node
 
 
-def _limits_over_appends(plan: PlanNode) -> PlanNode:
-    """In append mode a stateful operator's output is appends too, so a ``limit(n)`` above
-    one (written as a plain limit, which is what it is in complete mode) is Spark's
-    streaming limit, with its count in state."""
-    plan = children_replaced(plan, [_limits_over_appends(c) for c in plan.children])
-    if isinstance(plan, Transform) and plan.method == "limit" \
-            and any(isinstance(n, StatefulNode) for n in plan.child.nodes()):
-        return StreamingLimit(plan.child, plan.args[0] if plan.args else plan.kwargs["num"])
-    return plan
-
-
-#: the sides of a stream-stream join a filter above it may move into: the sides whose rows
-#: the join keeps whatever the other side has (Spark's PushPredicateThroughJoin)
-_PRESERVED_SIDES = {"inner": (0, 1), "left": (0,), "right": (1,), "semi": (0,)}
-
-
-def _filters_pushed_into_joins(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
-    """A filter right above a stream-stream join on a condition: each deterministic part
-    of it that reads one side's columns only runs on that side, below the join, as Spark's
-    optimizer pushes it (so the side's rows it drops are neither joined nor kept in the
-    join's state, and, below the side's watermark, not in its event-time statistics)."""
-    plan = children_replaced(plan, [_filters_pushed_into_joins(c, empty_inputs) for c in plan.children])
-    if not (isinstance(plan, Transform) and plan.method in ("filter", "where") and isinstance(plan.child, StreamJoin)):
-        return plan
-    join = plan.child
-    if join.using or join.how not in _PRESERVED_SIDES:
-        return plan
-    parts = spark_internals.conjunct_sides(plan.build(empty_inputs), len(join.side_columns[0]))
-    if parts is None or not any(side in _PRESERVED_SIDES[join.how] for _, side in parts):
-        return plan
-    sides, kept = [join.left, join.right], []
-    try:
-        for sql, side in parts:
-            if side in _PRESERVED_SIDES[join.how]:
-                sides[side] = Transform(sides[side], "where", (F.expr(sql),))
-                sides[side].build(empty_inputs)    # (reads back on its side, or stays above)
-            else:
-                kept.append(sql)
-    except Exception:  # noqa: BLE001 - a part that does not read back (a Python UDF): the filter stays
-        log.debug("Filter %s stays whole above the join", plan.describe(), exc_info=True)
-        return plan
-    moved = dataclasses.replace(join, left=sides[0], right=sides[1])
-    log.debug("Filter %s: parts run on the join's sides", plan.describe())
-    return Transform(moved, "where", (F.expr(" AND ".join(f"({k})" for k in kept)),)) if kept else moved
-
-
-def _joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
-    """Every join with the not-null filters Spark infers on its sides: a stream-stream
-    join's, and the stream side's of an inner (or, the stream on the left, semi) join with
-    a static DataFrame (each column of the stream its equalities and comparisons use)."""
-    plan = children_replaced(plan, [_joins_null_filtered(c, empty_inputs) for c in plan.children])
-    if isinstance(plan, StreamJoin):
-        return with_null_filters(plan)
+def _static_joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
+    """Every join with a static DataFrame with the not-null filters Spark infers on its
+    stream side in an inner (or, the stream on the left, semi) join: each column of the
+    stream its equalities and comparisons use (a stream-stream join's are its own:
+    ``operators.join.joins_null_filtered``)."""
+    plan = children_replaced(plan, [_static_joins_null_filtered(c, empty_inputs) for c in plan.children])
     inferred = {"left": ("inner", "semi", "leftsemi", "cross"), "right": ("inner", "cross")}
     if isinstance(plan, StaticJoin) and plan.how.lower().replace("_", "") in inferred[plan.stream_side]:
         try:
@@ -232,27 +150,6 @@ def _joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingRelation
             child = NullFilter(child, "where", (F.col(quoted(columns[index])).isNotNull(),), column=columns[index])
         return dataclasses.replace(plan, child=child)
     return plan
-
-
-def _grouping_set_filters(plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]) -> PlanNode:
-    """Each aggregation over grouping sets with the filter Spark's optimizer runs between its
-    expansion and its aggregation (``spark_internals.grouping_set_filters``), read from the
-    query's template: a filter above on its keys, such as the ``isnotnull`` of a time window
-    over its window (a cube's rows with a null window never reach its state in Spark)."""
-    sets = [n for n in plan.nodes() if isinstance(n, Aggregate) and n.grouping is not None and n.grouping.has_sets]
-    if not sets:
-        return plan
-    try:
-        filters = spark_internals.grouping_set_filters(plan.build(empty_inputs), [n.spec.key_names for n in sets])
-    except Exception:  # noqa: BLE001 - a plan Spark's optimizer refuses here: no filter moves
-        log.debug("No filters read for the grouping sets of %s", plan.describe(), exc_info=True)
-        return plan
-    found = {n: f for n, f in zip(sets, filters or ()) if f is not None}
-
-    def with_filters(node: PlanNode) -> PlanNode:
-        replaced = children_replaced(node, [with_filters(c) for c in node.children])
-        return dataclasses.replace(replaced, key_filter=found[node]) if node in found else replaced
-    return with_filters(plan) if found else plan
 
 
 #: Where a batch's version goes in the printed plan.
@@ -273,31 +170,31 @@ class IncrementalExecution:
         self.output_mode = output_mode
         self.shuffle_partitions = shuffle_partitions
         self.store_conf = store_conf or StateStoreConf()
-        self._joins_never_evict = planted(spark, "join-no-evict")   # (test-only: microbatch.planted_bugs)
         #: Spark 4.3 makes a stateful operator's output nullable (as the checkpoint fixed it)
         self.nullable_output = (spark_internals.records_conf(ALWAYS_NULLABLE_OUTPUT)
                                 and spark.conf.get(ALWAYS_NULLABLE_OUTPUT, "true").lower() == "true")
         plan = _each_occurrence_its_own(plan)
         if output_mode == "append":
-            plan = _limits_over_appends(plan)
-        plan = _joins_null_filtered(_filters_pushed_into_joins(plan, empty_inputs), empty_inputs)
-        plan = _grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
+            plan = limits_over_appends(plan)
+        plan = filters_pushed_into_joins(plan, empty_inputs)
+        plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
+        plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         self.plan = segments_prepared(plan)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())
-        stateful = [n for n in nodes if isinstance(n, StatefulNode)]
+        stateful = [n for n in nodes if n.stateful]
         state_root = f"{checkpoint_root}/state"
         self.operators = []
         for i, node in enumerate(stateful):
-            step = STEPS[type(node)](node, i, state_root, shuffle_partitions)
+            step = node.make_step(i, state_root, shuffle_partitions)
             self.operators.append(StatefulOperator(i, node, step.name, f"{state_root}/{i}",
-                                                   state_partitions(node, shuffle_partitions), step,
+                                                   node.state_partitions(shuffle_partitions), step,
                                                    spark_internals.operator_accumulator(spark, DictSum())))
         self.operator = {op.node: op for op in self.operators}
         for op in self.operators:
-            if isinstance(op.node, Aggregate) and op.node.session_index is not None \
-                    and len(op.node.spec.key_names) == 1:
-                raise unsupported_operation("Global aggregation with session window in streaming query is not supported.")
+            refusal = op.node.planning_refusal()
+            if refusal is not None:
+                raise refusal
         if spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true").lower() == "true":
             self._check_watermarks_not_redefined()
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
@@ -320,9 +217,8 @@ class IncrementalExecution:
                         "'spark.sql.streaming.statefulOperator.allowMultiple' to 'false' to restore the previous "
                         "behavior. Note that multiple stateful operators will be disallowed.")
                 return True
-            if isinstance(node, FlatMapGroupsWithState) or (
-                    isinstance(node, TransformWithState) and not node.output_watermarked()):
-                return False    # (their output carries no watermark in Spark)
+            if node.stateful and not node.output_marks_event_time():
+                return False    # (its output carries no watermark in Spark)
             return any(below)
         watermarked(self.plan)
 
@@ -416,7 +312,7 @@ class IncrementalExecution:
                 observation = Observation(node.name)
                 planned.user_observations[node.name] = observation
                 return build(node.child).observe(observation, *node.exprs)
-            if isinstance(node, StatefulNode):
+            if node.stateful:
                 op = self.operator[node]
                 built = [build(child) for child in node.children]
                 if len(built) > 1:   # (a join: its sides meet in one stage, unioned)
@@ -444,7 +340,7 @@ class IncrementalExecution:
         may run in its last stage: a state task knows its partition by the Spark task's
         partition number, which inside a union (a join's two sides, a union of streams) is
         offset by the partitions of the union's inputs before it."""
-        if any(isinstance(n, StatefulNode) for n in node.nodes()):
+        if any(n.stateful for n in node.nodes()):
             return df.repartition(self.shuffle_partitions)
         return df
 
@@ -470,8 +366,6 @@ class IncrementalExecution:
         """Each operator's watermarks, given the query's watermark of the previous batch
         (``late_ms``) and of this batch (``eviction_ms``)."""
         late, evict = self.input_watermarks(late_ms), self.input_watermarks(eviction_ms)
-        if self._joins_never_evict:
-            evict = {node: None if isinstance(node, StreamJoin) else ms for node, ms in evict.items()}
         return {op.node: OperatorWatermarks(late.get(op.node) or 0, evict.get(op.node) or 0)
                 for op in self.operators}
 
@@ -485,12 +379,9 @@ class IncrementalExecution:
             given = min(below) if below else None
             if isinstance(node, Watermark):
                 return watermark_ms
-            if isinstance(node, StatefulNode):
+            if node.stateful:
                 found[node] = given
-                if given is not None and isinstance(node, StreamJoin):
-                    return node.output_watermark_ms(given)
-                if isinstance(node, TransformWithState) and not node.output_watermarked():
-                    return None
+                return None if given is None else node.output_watermark_ms(given)
             return given
 
         output(self.plan)
@@ -500,12 +391,10 @@ class IncrementalExecution:
         """Spark's IncrementalExecution.shouldRunAnotherBatch: whether some operator would
         evict with the watermark the next batch runs with."""
         now, then = self.input_watermarks(eviction_ms), self.input_watermarks(new_watermark_ms)
-        if any((isinstance(op.node, FlatMapGroupsWithState) and op.node.timeout == "ProcessingTimeTimeout")
-               or (isinstance(op.node, TransformWithState) and op.node.time_mode == "processingtime")
-               for op in self.operators):
+        if any(op.node.runs_every_batch() for op in self.operators):
             return True   # Spark's rule: timeouts in processing time may fire in any batch
         return any(now.get(op.node) is not None and then[op.node] > now[op.node]
-                   and op.evicts_with(self.output_mode) for op in self.operators)
+                   and op.node.evicts_with(self.output_mode) for op in self.operators)
 
     def explain_string(self, run_id: str, batch_id: int) -> str:
         """The plan, each stateful operator with its state info as Spark prints it. The

@@ -42,7 +42,7 @@ from microbatch.checkpoint.offsets import (OFFSET_LOG_VERSION_CONF, SOURCE_EVOLU
 from microbatch.checkpoint.progress_log import ENABLED_CONF as PROGRESS_LOG_CONF, ProgressLogWriter
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
 from microbatch.operators.base import state_operator_progress
-from microbatch.plan.logical import PlanNode, StatefulNode, StreamingRelation
+from microbatch.plan.logical import PlanNode, StreamingRelation
 from microbatch.runtime.batch_metrics import BatchMetrics
 from microbatch.runtime.checkpoint_checks import (StateSchemas, check_commits_have_offsets, check_source_count,
                                                   check_state_operators, torn_last_entry)
@@ -123,7 +123,7 @@ class MicroBatchExecution(StreamExecution):
         self._kept_plans: dict[tuple, PlannedBatch] = {}
         self._keeps_plans = False
         self._described_batch: int | None = None
-        self.stateful = [n for n in plan.nodes() if isinstance(n, StatefulNode)]
+        self.stateful = [n for n in plan.nodes() if n.stateful]
         self._requires_another_batch = False
         if isinstance(trigger, ProcessingTime):
             self.trigger_executor = ProcessingTimeExecutor(trigger, self.clock, self.interrupt)

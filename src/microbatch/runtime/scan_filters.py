@@ -34,8 +34,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.plan.logical import Apply, Deduplicate, PlanNode, ScanFilter, StreamingRelation, Watermark
-from microbatch.runtime.segments import children_replaced
+from microbatch.plan.logical import Apply, PlanNode, ScanFilter, StreamingRelation, Watermark
+from microbatch.plan.logical import children_replaced
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,9 @@ def _as_batch_query(node: PlanNode, spark: SparkSession, reads: list[_Read]) -> 
     through a batch of the stream: each read of a source (in plan order, appended to
     ``reads``) a relation of its own over no files, each watermark a generator of its event
     time (``spark_internals.event_time_barrier``: the parts of a filter that read the event
-    time stay above it, as above Spark's EventTimeWatermark), each deduplication a limit
-    (no filter passes it, as none passes Spark's streaming Deduplicate)."""
+    time stay above it, as above Spark's EventTimeWatermark), each stateful operator what
+    stands for it (``scan_filter_stand_in``: a deduplication a limit, which no filter passes,
+    as none passes Spark's streaming Deduplicate)."""
     def batch_plan(node: PlanNode) -> PlanNode:
         if isinstance(node, StreamingRelation):
             reads.append(_Read(node, node.empty_batch(spark)))
@@ -103,11 +104,7 @@ def _as_batch_query(node: PlanNode, spark: SparkSession, reads: list[_Read]) -> 
         if isinstance(node, Watermark):
             return Apply(node.child, lambda df, column=node.event_time: spark_internals.event_time_barrier(df, column),
                          "watermark")
-        if isinstance(node, Deduplicate):
-            # (a batch's optimizer makes a deduplication an aggregation and pushes filters on
-            # its keys through it; Spark's streaming Deduplicate stops them: so does a limit)
-            return Apply(node.child, lambda df: df.limit(2147483647), "deduplication")
-        return node
+        return node.scan_filter_stand_in() if node.stateful else node
     return batch_plan(node).build({})
 
 

@@ -13,7 +13,6 @@ of 1.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from pyspark.errors import AnalysisException
@@ -21,16 +20,7 @@ from pyspark.sql import DataFrame
 
 from microbatch import spark_internals
 from microbatch.plan.logical import (Apply, PlanNode, ScanFilter, StaticJoin, StreamingRelation, Transform, Union,
-                                     Watermark)
-
-
-def children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
-    """``node`` with other children (the same node when they are its own)."""
-    if list(node.children) == children:
-        return node
-    if len(children) == 2:
-        return dataclasses.replace(node, left=children[0], right=children[1])
-    return dataclasses.replace(node, child=children[0])
+                                     Watermark, children_replaced)
 
 
 #: The steps a prepared segment is made of: stateless, and the same in every batch.

@@ -32,7 +32,6 @@ from microbatch.errors import CheckpointError
 from microbatch.operators.base import store_field
 from microbatch.operators.spark_stores import MOVABLE, spark_stores, tws_rows_from_spark
 from microbatch.operators.transform_with_state.schema import state_store_schemas
-from microbatch.plan.logical import Aggregate, StreamJoin, TransformWithState
 from microbatch.state.files import StateFiles
 from microbatch.state.spark_format import (
     SparkRocksDBFamilies, SparkRocksDBStoreFiles, SparkStateFormatError, SparkStateStoreFiles, read_state_schema,
@@ -45,9 +44,6 @@ from microbatch.state.store import (
 SPARK_PROVIDERS = (SPARK_HDFS_PROVIDER, SPARK_ROCKSDB_PROVIDER)
 
 log = logging.getLogger(__name__)
-
-AGGREGATION_FORMAT_CONF = "spark.sql.streaming.aggregation.stateFormatVersion"
-JOIN_FORMAT_CONF = "spark.sql.streaming.join.stateFormatVersion"
 
 
 def written_by_spark(recorded_provider: str | None, fs: CheckpointFileSystem, checkpoint_root: str) -> bool:
@@ -102,22 +98,16 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
     plans, transforms = [], []
     for _, op, key, value in schemas:
         node = op.node
-        if isinstance(node, TransformWithState):    # (Spark runs it only on its RocksDB provider)
-            if provider != SPARK_ROCKSDB_PROVIDER:
-                raise refuse(f"stateful operator {op.id} ({op.name}) has no state in {provider}'s files")
+        refusal = node.spark_state_refusal(recorded_conf, provider)
+        if refusal is not None:
+            raise refuse(f"stateful operator {op.id} ({op.name}): {refusal}")
+        if node.spark_state_in_column_families:   # (a transformWithState, on Spark's RocksDB provider)
             transforms.append((op, key))
             continue
         stores = spark_stores(op.name, key, value, json.loads(op.step.schema_document(key, value)))
         if stores is None:
             raise refuse(f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
                          "not among those adopted so far (" + ", ".join(MOVABLE.values()) + ")")
-        if isinstance(node, Aggregate) and recorded_conf.get(AGGREGATION_FORMAT_CONF, "2") != "2":
-            raise refuse(f"its aggregation state has format version "
-                         f"{recorded_conf[AGGREGATION_FORMAT_CONF]} ({AGGREGATION_FORMAT_CONF}); "
-                         "only version 2 (Spark 2.3 and later) is read")
-        if isinstance(node, StreamJoin) and recorded_conf.get(JOIN_FORMAT_CONF, "2") != "2":
-            raise refuse(f"its join state has format version {recorded_conf[JOIN_FORMAT_CONF]} "
-                         f"({JOIN_FORMAT_CONF}); only version 2 is read")
         for store in stores:
             where = f"operator {op.id}" + ("" if store.name == "default" else f", store {store.name}")
             try:

@@ -36,9 +36,7 @@ from pyspark.sql import functions as F
 from microbatch import spark_internals
 from microbatch.operators.base import ms_column
 from microbatch.operators.event_time_stats import reported_statistics
-from microbatch.operators.join import join_statistics_column
-from microbatch.plan.logical import (Aggregate, Deduplicate, FlatMapGroupsWithState, PlanNode, StatefulNode,
-                                     StreamJoin, Transform, Watermark)
+from microbatch.plan.logical import PlanNode, StatefulNode, Transform, Watermark
 from microbatch.runtime.progress import format_timestamp
 from microbatch.runtime.segments import PreparedSegment
 
@@ -68,24 +66,14 @@ def watermark_below(node: PlanNode) -> tuple[Watermark, tuple[Transform, ...]] |
 
 def statistics_candidates(stateful: list[StatefulNode]) -> dict[Watermark, tuple[Transform, ...]]:
     """Watermarks whose event-time statistics the stateful operator above can compute, with
-    the steps between them: right below one side of a stream-stream join (not a self-join
-    of one watermark), or below an aggregation (not a session window, which drops late
-    rows before aggregating, nor grouping sets, which count a row once per set), a
-    deduplication or an applyInPandasWithState through steps that may only project (the
-    tracker checks, once per run, that they do and keep its column). Every row of the
-    watermark reaches the operator's partial aggregation or its task."""
+    the steps between them, as each operator answers (``statistics_inputs``): every row of
+    the watermark reaches the operator's partial aggregation or its task (right below a
+    side of a stream-stream join; below an aggregation, a deduplication or an
+    applyInPandasWithState through steps that may only project, which the tracker checks,
+    once per run, do and keep its column)."""
     found: dict[Watermark, tuple[Transform, ...]] = {}
     for n in stateful:
-        if isinstance(n, StreamJoin):
-            sides = [n.side_watermark(0), n.side_watermark(1)]
-            if sides[0] is not sides[1]:
-                found.update((side, ()) for side in sides if side is not None)
-        elif isinstance(n, (Deduplicate, FlatMapGroupsWithState)) or (
-                isinstance(n, Aggregate) and n.session_index is None
-                and (n.grouping is None or not n.grouping.has_sets)):
-            below = watermark_below(n.child)
-            if below is not None:
-                found[below[0]] = below[1]
+        found.update(n.statistics_inputs(watermark_below).values())
     return found
 
 
@@ -127,14 +115,8 @@ class WatermarkTracker:
         """For a stateful operator being planned: the watermark right below each of its
         inputs (by index) whose statistics its task may compute this batch (one the
         tracker did not observe)."""
-        if isinstance(node, StreamJoin):
-            sides = {side: node.side_watermark(side) for side in (0, 1)}
-            return {side: w for side, w in sides.items()
-                    if w is not None and w in self._candidates and w not in observations}
-        below = watermark_below(node.child)
-        if below is None or below[0] not in self._candidates or below[0] in observations:
-            return {}
-        return {0: below[0]}
+        return {index: w for index, (w, _) in node.statistics_inputs(watermark_below).items()
+                if w in self._candidates and w not in observations}
 
     def _operator_reports(self, node: Watermark, df: DataFrame) -> bool:
         """Whether the operator above can compute ``node``'s statistics from its rows
@@ -154,10 +136,8 @@ class WatermarkTracker:
                 projected = step.over(projected)
             if not spark_internals.projections_keep_column(projected, df, node.event_time):
                 return False
-        if not any(isinstance(op, StreamJoin) and node in (op.side_watermark(0), op.side_watermark(1))
-                   for op in self._stateful):
-            return True
-        return join_statistics_column(node, df.schema) is not None
+        return all(op.reports_statistics(node, df.schema) for op in self._stateful
+                   if any(w is node for w, _ in op.statistics_inputs(watermark_below).values()))
 
     # -- after the batch ----------------------------------------------------------------------
     def advance(self, batch_watermark_ms: int, observations: dict, reported: dict,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from microbatch.operators.group_state import _python, _storage_value, _stored
+from microbatch.operators.pandas_groups import python_value, storage_value, stored_value
 from microbatch.operators.transform_with_state.variables import LIST, MAP, VALUE, StateVariable
 
 def _fields(stored: Any) -> tuple:
@@ -28,7 +28,7 @@ def to_user(spark_type: Any, value: Any) -> Any:
     if isinstance(spark_type, MapType):
         pairs = value.items() if isinstance(value, dict) else value
         return {to_user(spark_type.keyType, k): to_user(spark_type.valueType, v) for k, v in pairs}
-    return _python(spark_type, value)
+    return python_value(spark_type, value)
 
 
 def to_storage(spark_type: Any, value: Any) -> Any:
@@ -49,7 +49,7 @@ def to_storage(spark_type: Any, value: Any) -> Any:
         return [(to_storage(spark_type.keyType, k), to_storage(spark_type.valueType, v)) for k, v in pairs]
     if hasattr(value, "to_pydatetime"):
         value = value.to_pydatetime()
-    return _stored(spark_type, _storage_value(value))
+    return stored_value(spark_type, storage_value(value))
 
 
 def _codec_in(schema: Any) -> Callable[[Any], tuple]:

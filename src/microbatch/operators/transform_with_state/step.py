@@ -11,8 +11,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, LongType, StructField, StructType
 
 from microbatch.operators.base import OperatorBatch, StatefulStep, quoted
-from microbatch.operators.group_state import keyed_state_shape
-from microbatch.operators.transform_with_state.schema import state_store_schemas, state_value_type
+from microbatch.operators.pandas_groups import keyed_state_shape
+from microbatch.operators.transform_with_state.schema import (ENCODING_FORMAT_CONF, check_nullable_state,
+                                                              state_schema_history, state_store_schemas,
+                                                              state_value_type)
 from microbatch.operators.transform_with_state.task import TransformWithStateTask
 from microbatch.operators.transform_with_state.variables import TIMERS_STORE
 
@@ -46,6 +48,19 @@ class TransformWithStateStep(StatefulStep):
     @property
     def name(self) -> str:
         return "transformWithStateInPySparkExec" if self.node.rows_api else "transformWithStateInPandasExec"
+
+    def check_state_conf(self, conf: Any) -> None:
+        """Spark's refusal of state variables with nullable fields in its Avro encoding."""
+        check_nullable_state(self.node.variables, conf.get(ENCODING_FORMAT_CONF, "unsaferow").lower())
+
+    def stored_schema_check(self, stored: dict, key: StructType, value: StructType,
+                            conf: Any) -> tuple[str | None, str | None]:
+        """A processor's state variables may evolve by Spark's rules (``state_schema_history``)."""
+        if stored.get("operatorName") != self.name:
+            return super().stored_schema_check(stored, key, value, conf)
+        encoding = conf.get(ENCODING_FORMAT_CONF, "unsaferow").lower()
+        history = state_schema_history(stored, self.node.variables, key, value, encoding)
+        return None, None if history is None else self.schema_document(key, value, history)
 
     def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
         node, df = self.node, inputs[0]

@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from microbatch.errors import pyspark_error
 from microbatch.operators.base import StateTask, task_partition
-from microbatch.operators.group_state import PandasConversion, _python, _storage_value, _table, without_late_rows
+from microbatch.operators.pandas_groups import PandasConversion, arrow_table, python_value, storage_value, without_late_rows
 from microbatch.operators.transform_with_state.state import _Counts, _handle_class
 from microbatch.operators.transform_with_state.variables import LIST, MAP, TIMERS_STORE, VALUE
 
@@ -85,7 +85,7 @@ class TransformWithStateTask(StateTask):
         handle = _handle_class()(stores, {v.name: v for v in self.variables}, timers, counts, self.time_mode,
                                  self.batch_timestamp_ms)
         started = time.monotonic()
-        table, initial = self._split_initial(_table(list(batches)))
+        table, initial = self._split_initial(arrow_table(list(batches)))
         table, late = without_late_rows(table, self.event_time_index, self.late_us)
         if self.time_mode == "none":
             timer_values = TimerValues(-1, -1)
@@ -114,7 +114,7 @@ class TransformWithStateTask(StateTask):
                              key=lambda entry: (entry[0], tuple((v is not None, v) for v in entry[1])))
             for ts, key in expired:
                 handle._key = key
-                python_key = tuple(_python(t, v) for t, v in zip(self.key_types, key))
+                python_key = tuple(python_value(t, v) for t, v in zip(self.key_types, key))
                 yield from self._batches(processor.handleExpiredTimer(python_key, timer_values,
                                                                       ExpiredTimerInfo(ts)))
                 handle.deleteTimer(ts)
@@ -159,7 +159,7 @@ class TransformWithStateTask(StateTask):
             records = table.to_pylist()
 
             def rows(key):
-                python_key = tuple(_python(t, v) for t, v in zip(self.key_types, key))
+                python_key = tuple(python_value(t, v) for t, v in zip(self.key_types, key))
                 return python_key, iter([Row(**{n: records[i][n] for n in names}) for i in rows_of[key]])
             return rows_of, rows
         frame = self.pandas.to_pandas(table)
@@ -240,8 +240,8 @@ class TransformWithStateTask(StateTask):
             if missing:
                 raise pyspark_error(PySparkRuntimeError, "RESULT_COLUMN_NAMES_MISMATCH", {"missing": f" Missing: {', '.join(missing)}.",
                                        "extra": f" Unexpected: {', '.join(sorted(set(by_name) - set(names)))}."})
-            return {n: _storage_value(by_name[n]) for n in names}
-        return {n: _storage_value(v) for n, v in zip(names, values)}
+            return {n: storage_value(by_name[n]) for n in names}
+        return {n: storage_value(v) for n, v in zip(names, values)}
 
 
 def _combined(total: int, memory: int, commit_ms: int):

@@ -1,27 +1,6 @@
-"""A stream-stream join: its step, its task, its state, and the null filters Spark infers.
-
-Spark's ``StreamingSymmetricHashJoinExec`` (inner and left/right/full outer joins on
-equal keys, optionally with time comparisons between the sides; state format 2). Both
-sides' new rows of the batch arrive in the task of their key's partition (tagged with
-their side). Per side the state is two stores, as Spark keeps them:
-
-- ``<side>-keyToNumValues``: join key -> how many rows the side holds for it;
-- ``<side>-keyWithIndexToValue``: (join key, index) -> the row and its ``matched`` flag.
-
-The task drops late rows (a side's watermarked event time at or before the previous
-batch's watermark); then, left side first, joins each new row with the other side's rows
-of its key that pass the time comparisons, and adds it to its own side's state. The
-right side's rows so meet the left side's new rows too, and each pair is produced once.
-A left row is always added (this batch's right rows have not met it yet); a right row
-only if it is not already behind this batch's state watermark (Spark 4's rule) or, in a
-right or full outer join, it matched nothing. Then each side's rows behind its state
-watermark are evicted — by the key, when a join key is a watermarked event time, or by
-the side's state value watermark from the time comparisons — an outer side's rows that
-never matched coming out with nulls; and the four stores commit version N+1.
-"""
+"""A stream-stream join's step and task (``operators.join`` says what they do)."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -36,7 +15,8 @@ from pyspark.sql.types import StructField, StructType, TimestampNTZType, Timesta
 from microbatch import spark_internals
 from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, quoted, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
-from microbatch.plan.logical import NullFilter, PlanNode, StreamJoin, Watermark
+from microbatch.plan.logical import Watermark
+from microbatch.planted_bugs import planted
 from microbatch.state.files import from_state_values, state_values, storage_type
 from microbatch.state.store import StateStoreMetrics
 
@@ -280,34 +260,6 @@ def _time_us(value: Any) -> int | None:
 
 
 # -- the step --------------------------------------------------------------------------------
-def with_null_filters(join: StreamJoin) -> StreamJoin:
-    """The join as a batch reads it (a rewrite the planner makes once per run): Spark infers
-    "not null" for the columns of the condition on a side whose rows only come out matched
-    (both sides of an inner join, the other side of an outer one), one filter per column
-    (Spark splits the conjunction), so the planner can push each that does not use the
-    event time below the side's watermark; those rows then move no watermark."""
-    outer = {"left": (0,), "right": (1,), "full": (0, 1)}.get(join.how, ())
-    sides: list[PlanNode] = [join.left, join.right]
-    for side in (0, 1):
-        if side in outer:
-            continue
-        plan = sides[side]
-        event_time = (join.side_event_time(side) or "").lower()
-        names = list((join.keys, join.right_keys)[side])
-        columns = join.side_columns[side]
-        for op, a, b in join.comparisons:
-            for t in (a, b):
-                if t.side == side and columns[t.index] not in names:
-                    names.append(columns[t.index])
-        for timed in (False, True):   # the event time's filter outermost
-            for k in names:
-                if (k.lower() == event_time) == timed:
-                    condition = F.col(quoted(k)).isNotNull()
-                    plan = NullFilter(plan, "where", (condition,), column=k)
-        sides[side] = plan
-    return dataclasses.replace(join, left=sides[0], right=sides[1])
-
-
 def join_statistics_column(node: Watermark, schema: StructType) -> int | None:
     """The index of a join side's watermarked timestamp column in the side's row, whose
     event-time statistics the task can report for the watermark; None (a window's end:
@@ -331,6 +283,9 @@ class JoinStep(StatefulStep):
         node = self.node
         left, right = inputs
         shape = self.cached("shape", lambda: _join_shape(node, left, right))
+        # (test-only: a planted bug, microbatch.planted_bugs, that never evicts join state)
+        eviction_ms = 0 if self.cached("no-evict", lambda: planted(left.sparkSession, "join-no-evict")) \
+            else batch.eviction_ms
         times = shape["times"]
         watermarked = any(t is not None for t in times)
         reports = []
@@ -343,7 +298,7 @@ class JoinStep(StatefulStep):
             else:
                 reports.append(None)
         value_watermarks = tuple(None if times[side] is None or node.watermark_key() is not None
-                                 else node.value_watermark_ms(side, batch.eviction_ms)
+                                 else node.value_watermark_ms(side, eviction_ms)
                                  for side in (0, 1))
         task = JoinTask(
             self.state_root, self.operator_id, batch.batch_id, batch.store_conf, batch.metrics,
@@ -352,7 +307,7 @@ class JoinStep(StatefulStep):
             watermark_key=node.watermark_key(), how=node.how, comparisons=shape["comparisons"],
             value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
             late_us=batch.late_ms * 1000 if watermarked else None,
-            evict_us=batch.eviction_ms * 1000 if watermarked else None,
+            evict_us=eviction_ms * 1000 if watermarked else None,
             event_time_stats=tuple(reports), counts_outer_removals=spark_internals.running_version().at_least(4, 3),
             semi_evicts_matched=spark_internals.running_version().at_least(4, 2))
         partitions = self.num_partitions
@@ -379,7 +334,7 @@ class JoinStep(StatefulStep):
         return []
 
 
-def _join_shape(node: StreamJoin, left: DataFrame, right: DataFrame) -> dict:
+def _join_shape(node: Any, left: DataFrame, right: DataFrame) -> dict:
     """What a stream-stream join's batches share: each side's tagging columns (``__side``,
     the keys ``__k..``, the left row ``__l..``, the right row ``__r..``), the task's schemas,
     the partitioning columns and the output columns (Spark's USING or condition output)."""

@@ -1,0 +1,275 @@
+"""A stream-stream join's plan node: what it means, and its policy (the watermarks its
+state is evicted by, its output watermark, its output-mode rules), with the rewrites the
+planner makes of it once per run as Spark's optimizer does (the null filters Spark infers,
+filters pushed into its sides)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from microbatch import spark_internals
+from microbatch.errors import AnalysisException
+from microbatch.operators.base import quoted
+from microbatch.operators.join.step import JoinStep, join_statistics_column
+from microbatch.plan.checks import not_yet, unsupported_operation
+from microbatch.plan.logical import (NullFilter, PlanNode, StatefulNode, Transform, Watermark, children_replaced,
+                                     rebound)
+
+log = logging.getLogger(__name__)
+
+#: Spark's conf of the join's state layout (format 2 since Spark 3.0: the one read and written)
+JOIN_FORMAT_CONF = "spark.sql.streaming.join.stateFormatVersion"
+_JOIN_NAMES = {"left": "LeftOuter", "right": "RightOuter", "full": "FullOuter", "semi": "LeftSemi"}
+
+
+@dataclass(eq=False)
+class StreamJoin(StatefulNode):
+    """A join of two streams (Spark's StreamingSymmetricHashJoinExec): on column names both
+    sides have (``using``), or on a condition of equal columns and time comparisons between
+    the sides (``a.ts BETWEEN b.ts AND b.ts + INTERVAL 1 HOUR``). Each side's rows are kept
+    in state, per key, to meet the other side's later rows. State is evicted by a join key
+    that is a side's watermarked event time, or by the time comparisons (Spark's "state
+    value watermark" of a side); rows at or before the previous batch's watermark are
+    late and dropped."""
+
+    left: PlanNode
+    right: PlanNode
+    keys: tuple[str, ...]                  # the left side's key columns
+    how: str = "inner"
+    right_keys: tuple[str, ...] = ()       # the right side's (using: the same names)
+    comparisons: tuple = ()                # (op, TimeTerm, TimeTerm) of the condition
+    condition: Any = None                  # the user's Column (not using), for templates
+    side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
+    side_times: tuple = (None, None)       # each side's watermarked event-time column
+    side_qualifiers: tuple = ((), ())      # each side's columns' qualifiers (``l`` of ``l.id``)
+    positions: tuple = ({}, {})            # (Transform's: of the condition's Columns, per side)
+
+    def __post_init__(self):
+        if not self.right_keys:
+            self.right_keys = self.keys
+
+    @property
+    def using(self) -> bool:
+        return self.condition is None
+
+    @property
+    def children(self):
+        return (self.left, self.right)
+
+    # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
+    #: a stream-stream join over a join's output is not planned yet (``check_sides``)
+    stream_join_reads_output = False
+
+    def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> JoinStep:
+        return JoinStep(self, operator_id, state_root, shuffle_partitions)
+
+    def state_partitions(self, shuffle_partitions: int) -> int:
+        return shuffle_partitions
+
+    def evicts_with(self, output_mode: str) -> bool:
+        return self.evicts()
+
+    def runs_every_batch(self) -> bool:
+        return False
+
+    def statistics_inputs(self, watermark_below) -> dict[int, tuple]:
+        """Each side's watermark right below it (through the join's own null filters), when
+        the two sides do not read one watermark (a self-join)."""
+        sides = [self.side_watermark(0), self.side_watermark(1)]
+        if sides[0] is sides[1]:
+            return {}
+        return {side: (w, ()) for side, w in enumerate(sides) if w is not None}
+
+    def reports_statistics(self, watermark: Watermark, schema: StructType) -> bool:
+        """A side's task reports its watermark's statistics from a timestamp column (a
+        window's end it leaves to an ``Observation``)."""
+        return join_statistics_column(watermark, schema) is not None
+
+    def output_mode_refusal(self, mode: str, aggregations: list) -> Exception | None:
+        if (self.how in ("left", "right", "full") and mode != "append") or mode == "complete":
+            named = f"{_JOIN_NAMES.get(self.how, 'Inner')} join" \
+                if spark_internals.running_version().at_least(4, 2) else "Join"
+            allowed = "Append and Update output modes" if self.how in ("inner", "semi") \
+                and spark_internals.running_version().at_least(4, 2) else "Append output mode"
+            return unsupported_operation(
+                f"{named} between two streaming DataFrames/Datasets is not "
+                f"supported in {mode.capitalize()} output mode, only in {allowed};")
+        nullable = {"left": (1,), "semi": (1,), "right": (0,), "full": (0, 1)}.get(self.how, ())
+        ranged = all(self.value_watermark_ms(1 - side, 0) is not None for side in nullable)
+        if self.how != "inner" and self.watermark_key() is None and not ranged:
+            return AnalysisException(
+                f"Stream-stream {_JOIN_NAMES[self.how]} join between two streaming DataFrame/Datasets "
+                "is not supported without a watermark in the join keys, or a watermark on the "
+                "nullable side and an appropriate range condition;")
+        return None
+
+    def affected_by_late_rows(self) -> bool:
+        return True
+
+    def connect_refusal(self, output_mode: str) -> str | None:
+        return "A stream-stream join"
+
+    def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
+        if recorded_conf.get(JOIN_FORMAT_CONF, "2") != "2":
+            return (f"its join state has format version {recorded_conf[JOIN_FORMAT_CONF]} "
+                    f"({JOIN_FORMAT_CONF}); only version 2 is read")
+        return None
+
+    @staticmethod
+    def check_sides(*sides: PlanNode) -> None:
+        """Refuse a join of two streams one of which is the output of a stateful operator
+        a join cannot read yet (a join, a limit: chained stateful operators)."""
+        for side in sides:
+            if any(n.stateful and not n.stream_join_reads_output for n in side.nodes()):
+                raise not_yet("A stream-stream join of a join or of a limit (chained stateful operators)")
+
+    # -- the state watermarks of its sides (Spark's StreamingJoinHelper) ----------------------
+
+    def side_watermark(self, side: int) -> Watermark | None:
+        """The watermark right below a side as the join reads it, when only the join's
+        own null filter on the side's event time lies between (it drops only rows without
+        an event time, which no statistic of the watermark counts); else None."""
+        node = (self.left, self.right)[side].under_null_filters(self.side_event_time(side) or "")
+        return node if isinstance(node, Watermark) else None
+
+    def side_event_time(self, side: int) -> str | None:
+        """The watermarked event-time column of a side (0: left, 1: right), if it has one:
+        the watermark's column, a time window over it, or an earlier aggregation's
+        event-time key (``side_times``, found when the join is defined)."""
+        return self.side_times[side]
+
+    def watermark_key(self) -> int | None:
+        """The index of the join key that is a side's watermarked event time (Spark looks
+        at the left keys first), or None."""
+        for side, names in ((0, self.keys), (1, self.right_keys)):
+            column = self.side_event_time(side)
+            lowered = [k.lower() for k in names]
+            if column is not None and column.lower() in lowered:
+                return lowered.index(column.lower())
+        return None
+
+    def value_watermark_ms(self, side: int, watermark_ms: int) -> int | None:
+        """Spark's state value watermark of a side (StreamingJoinHelper): from each time
+        comparison ``other.t + c1 < this.t + c2`` (or ``<=``, or the same turned around)
+        where ``other.t`` is the other side's watermarked column, ``watermark + c1 - c2``
+        in ms (minus 1 for ``<=``); the smallest. Rows of this side whose watermarked
+        column is at or before it can meet no later row. None when no comparison gives one
+        or a side has no watermark."""
+        this_time, other_time = self.side_event_time(side), self.side_event_time(1 - side)
+        if this_time is None or other_time is None:
+            return None
+        other_columns = [c.lower() for c in self.side_columns[1 - side]]
+        found = []
+        for op, a, b in self.comparisons:
+            if op in (">", ">="):
+                a, b, op = b, a, "<" if op == ">" else "<="
+            if b.side != side or a.side != 1 - side:
+                continue
+            if other_columns[a.index] != other_time.lower():
+                continue   # Spark substitutes only the watermarked column
+            value = int((watermark_ms * 1000 + a.offset_us - b.offset_us) / 1000)
+            found.append(value - 1 if op == "<=" else value)
+        return min(found) if found else None
+
+    def output_watermark_ms(self, watermark_ms: int) -> int:
+        """The watermark an operator above the join sees (Spark's produceOutputWatermark):
+        the smallest of the input watermark and each side's state watermark (the input
+        watermark with a watermarked key; the state value watermark otherwise)."""
+        if self.watermark_key() is not None:
+            return watermark_ms
+        found = [self.value_watermark_ms(side, watermark_ms) for side in (0, 1)]
+        return min([watermark_ms] + [v for v in found if v is not None])
+
+    def evicts(self) -> bool:
+        """Whether state is ever evicted: by a watermarked key, or a state value watermark."""
+        return self.watermark_key() is not None or any(
+            self.value_watermark_ms(side, 0) is not None for side in (0, 1))
+
+    def watermark_column(self) -> str | None:
+        index = self.watermark_key()
+        return None if index is None else self.keys[index]
+
+    def build(self, inputs):
+        left, right = self.left.build(inputs), self.right.build(inputs)
+        on = list(self.keys) if self.using else rebound(self.condition, list(zip((left, right), self.positions)))
+        return left.join(right, on, self.how)
+
+    def describe(self) -> str:
+        on = ", ".join(self.keys) if self.using else str(self.condition)
+        return f"StreamingSymmetricHashJoin {self.how}, [{on}]"
+
+
+# -- the rewrites the planner makes once per run (Spark's optimizer's) -----------------------
+def with_null_filters(join: StreamJoin) -> StreamJoin:
+    """The join as a batch reads it (a rewrite the planner makes once per run): Spark infers
+    "not null" for the columns of the condition on a side whose rows only come out matched
+    (both sides of an inner join, the other side of an outer one), one filter per column
+    (Spark splits the conjunction), so the planner can push each that does not use the
+    event time below the side's watermark; those rows then move no watermark."""
+    outer = {"left": (0,), "right": (1,), "full": (0, 1)}.get(join.how, ())
+    sides: list[PlanNode] = [join.left, join.right]
+    for side in (0, 1):
+        if side in outer:
+            continue
+        plan = sides[side]
+        event_time = (join.side_event_time(side) or "").lower()
+        names = list((join.keys, join.right_keys)[side])
+        columns = join.side_columns[side]
+        for op, a, b in join.comparisons:
+            for t in (a, b):
+                if t.side == side and columns[t.index] not in names:
+                    names.append(columns[t.index])
+        for timed in (False, True):   # the event time's filter outermost
+            for k in names:
+                if (k.lower() == event_time) == timed:
+                    condition = F.col(quoted(k)).isNotNull()
+                    plan = NullFilter(plan, "where", (condition,), column=k)
+        sides[side] = plan
+    return dataclasses.replace(join, left=sides[0], right=sides[1])
+
+
+def joins_null_filtered(plan: PlanNode) -> PlanNode:
+    """Every stream-stream join of ``plan`` with the null filters Spark infers (``with_null_filters``)."""
+    plan = children_replaced(plan, [joins_null_filtered(c) for c in plan.children])
+    return with_null_filters(plan) if isinstance(plan, StreamJoin) else plan
+
+
+#: the sides of a stream-stream join a filter above it may move into: the sides whose rows
+#: the join keeps whatever the other side has (Spark's PushPredicateThroughJoin)
+_PRESERVED_SIDES = {"inner": (0, 1), "left": (0,), "right": (1,), "semi": (0,)}
+
+
+def filters_pushed_into_joins(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A filter right above a stream-stream join on a condition: each deterministic part
+    of it that reads one side's columns only runs on that side, below the join, as Spark's
+    optimizer pushes it (so the side's rows it drops are neither joined nor kept in the
+    join's state, and, below the side's watermark, not in its event-time statistics)."""
+    plan = children_replaced(plan, [filters_pushed_into_joins(c, empty_inputs) for c in plan.children])
+    if not (isinstance(plan, Transform) and plan.method in ("filter", "where") and isinstance(plan.child, StreamJoin)):
+        return plan
+    join = plan.child
+    if join.using or join.how not in _PRESERVED_SIDES:
+        return plan
+    parts = spark_internals.conjunct_sides(plan.build(empty_inputs), len(join.side_columns[0]))
+    if parts is None or not any(side in _PRESERVED_SIDES[join.how] for _, side in parts):
+        return plan
+    sides, kept = [join.left, join.right], []
+    try:
+        for sql, side in parts:
+            if side in _PRESERVED_SIDES[join.how]:
+                sides[side] = Transform(sides[side], "where", (F.expr(sql),))
+                sides[side].build(empty_inputs)    # (reads back on its side, or stays above)
+            else:
+                kept.append(sql)
+    except Exception:  # noqa: BLE001 - a part that does not read back (a Python UDF): the filter stays
+        log.debug("Filter %s stays whole above the join", plan.describe(), exc_info=True)
+        return plan
+    moved = dataclasses.replace(join, left=sides[0], right=sides[1])
+    log.debug("Filter %s: parts run on the join's sides", plan.describe())
+    return Transform(moved, "where", (F.expr(" AND ".join(f"({k})" for k in kept)),)) if kept else moved
