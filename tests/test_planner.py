@@ -7,7 +7,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.runtime.incremental import IncrementalExecution, OperatorWatermarks, PreparedSegment
+from microbatch.runtime.incremental import IncrementalExecution, PreparedSegment
+from microbatch.runtime.watermarks import OperatorWatermarks, WatermarkTracker
 from microbatch.operators.aggregate.node import Aggregate
 from microbatch.operators.dedup import Deduplicate
 from microbatch.operators.join import StreamJoin
@@ -18,6 +19,13 @@ def planner(spark, frame, mode="append", partitions=4):
     empty = {r: spark.createDataFrame([], r.schema) for r in frame._plan.relations()}
     return IncrementalExecution(spark, frame._plan, checkpoint_root="/ckpt", shuffle_partitions=partitions,
                                 output_mode=mode, empty_inputs=empty)
+
+
+def tracker(plan: IncrementalExecution) -> WatermarkTracker:
+    """The watermark of the run ``plan`` plans (as the batch runner makes it)."""
+    watermarks = WatermarkTracker()
+    watermarks.plan(plan.plan, plan.watermark_nodes, [op.node for op in plan.operators])
+    return watermarks
 
 
 @pytest.fixture
@@ -57,13 +65,13 @@ def test_each_operator_gets_its_own_watermarks(spark, events):
     aggregate, join = (op.node for op in plan.operators)
     assert isinstance(join, StreamJoin)
     second = 1_000
-    watermarks = plan.operator_watermarks(late_ms=100 * second, eviction_ms=130 * second)
+    watermarks = tracker(plan).operator_watermarks(late_ms=100 * second, eviction_ms=130 * second)
     assert watermarks[join] == OperatorWatermarks(100 * second, 130 * second)
     # the left side's state watermark: lts >= rts, so a left row can still meet right rows
     # down to the watermark; the right side's: rts >= lts - 20 s, 20 s behind
     assert watermarks[aggregate] == OperatorWatermarks(80 * second - 1, 110 * second - 1)
     plain = planner(spark, events().groupBy("id").count(), mode="update")
-    assert plain.input_watermarks(5_000) == {plain.operators[0].node: None}
+    assert tracker(plain).input_watermarks(5_000) == {plain.operators[0].node: None}
 
 
 @pytest.mark.parametrize("build, mode, runs", [
@@ -77,9 +85,9 @@ def test_each_operator_gets_its_own_watermarks(spark, events):
      "append", False),
 ])
 def test_another_batch_runs_by_each_operators_rule(spark, events, build, mode, runs):
-    plan = planner(spark, build(events()), mode)
-    assert plan.should_run_another_batch(new_watermark_ms=20_000, eviction_ms=10_000) is runs
-    assert plan.should_run_another_batch(new_watermark_ms=10_000, eviction_ms=10_000) is False
+    watermarks = tracker(planner(spark, build(events()), mode))
+    assert watermarks.requires_another_batch(mode, new_watermark_ms=20_000, eviction_ms=10_000) is runs
+    assert watermarks.requires_another_batch(mode, new_watermark_ms=10_000, eviction_ms=10_000) is False
 
 
 def test_a_filter_that_skips_the_event_time_moves_below_the_watermark_once(spark, events, monkeypatch):

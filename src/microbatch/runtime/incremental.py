@@ -88,15 +88,6 @@ class StatefulOperator:
 
 
 
-@dataclass(frozen=True)
-class OperatorWatermarks:
-    """The watermarks an operator uses in a batch, in ms: rows at or before ``late_ms``
-    are dropped as late, state at or before ``eviction_ms`` is evicted."""
-
-    late_ms: int
-    eviction_ms: int
-
-
 @dataclass
 class PlannedBatch:
     """A batch as the planner made it: the DataFrame to hand the sink, and what to collect
@@ -289,12 +280,12 @@ class IncrementalExecution:
 
     # -- per batch -------------------------------------------------------------
     def batch(self, inputs: Mapping[StreamingRelation, DataFrame], batch_id: int, batch_timestamp_ms: int,
-              watermarks: WatermarkTracker, batch_watermark_ms: int) -> PlannedBatch:
+              watermarks: WatermarkTracker) -> PlannedBatch:
         """Batch ``batch_id`` over its inputs (a DataFrame per relation): its DataFrame and
-        what to collect after the sink ran it. ``batch_watermark_ms``: the watermark the
-        batch runs with (``watermarks.previous_ms``: the one the batch before ran with)."""
+        what to collect after the sink ran it. ``watermarks``: the query's, with the one the
+        batch runs with (``running_ms``) and each operator's from it."""
         planned = PlannedBatch(batch_id)
-        operator_watermarks = self.operator_watermarks(watermarks.previous_ms, batch_watermark_ms)
+        operator_watermarks = watermarks.operator_watermarks()
         for op in self.operators:
             op.metrics.value = {}
 
@@ -361,40 +352,6 @@ class IncrementalExecution:
     def reset_metrics(self) -> None:
         for op in self.operators:
             op.metrics.value = {}
-
-    def operator_watermarks(self, late_ms: int, eviction_ms: int) -> dict[StatefulNode, OperatorWatermarks]:
-        """Each operator's watermarks, given the query's watermark of the previous batch
-        (``late_ms``) and of this batch (``eviction_ms``)."""
-        late, evict = self.input_watermarks(late_ms), self.input_watermarks(eviction_ms)
-        return {op.node: OperatorWatermarks(late.get(op.node) or 0, evict.get(op.node) or 0)
-                for op in self.operators}
-
-    def input_watermarks(self, watermark_ms: int) -> dict[StatefulNode, int | None]:
-        """Spark's propagation: per stateful operator, the watermark of its input (None:
-        no watermark below it)."""
-        found: dict[StatefulNode, int | None] = {}
-
-        def output(node: PlanNode) -> int | None:
-            below = [w for w in (output(c) for c in node.children) if w is not None]
-            given = min(below) if below else None
-            if isinstance(node, Watermark):
-                return watermark_ms
-            if node.stateful:
-                found[node] = given
-                return None if given is None else node.output_watermark_ms(given)
-            return given
-
-        output(self.plan)
-        return found
-
-    def should_run_another_batch(self, new_watermark_ms: int, eviction_ms: int) -> bool:
-        """Spark's IncrementalExecution.shouldRunAnotherBatch: whether some operator would
-        evict with the watermark the next batch runs with."""
-        now, then = self.input_watermarks(eviction_ms), self.input_watermarks(new_watermark_ms)
-        if any(op.node.runs_every_batch() for op in self.operators):
-            return True   # Spark's rule: timeouts in processing time may fire in any batch
-        return any(now.get(op.node) is not None and then[op.node] > now[op.node]
-                   and op.node.evicts_with(self.output_mode) for op in self.operators)
 
     def explain_string(self, run_id: str, batch_id: int) -> str:
         """The plan, each stateful operator with its state info as Spark prints it. The

@@ -299,9 +299,6 @@ class MicroBatchExecution(StreamExecution):
         self.offset_seq_metadata = OffsetSeqMetadata(
             recorded.batch_watermark_ms, recorded.batch_timestamp_ms, self._pin_confs(recorded.conf),
             recorded.source_metadata_info)
-        self.watermarks.watermark_ms = recorded.batch_watermark_ms
-        if latest_batch_id != 0:  # the watermark batch N-1 ran with: rows behind it are late in N
-            self.watermarks.previous_ms = previous.metadata.batch_watermark_ms
         latest_commit = self.commit_log.get_latest()
         if (latest_batch_id != 0 and (latest_commit is None or latest_commit[0] < latest_batch_id)
                 and recorded.conf.get(SHUFFLE_PARTITIONS) != previous.metadata.conf.get(SHUFFLE_PARTITIONS)):
@@ -309,6 +306,7 @@ class MicroBatchExecution(StreamExecution):
             raise spark_internals.spark_error(
                 "SparkRuntimeException", "STREAMING_UNFINISHED_REPARTITION_DETECTED",
                 batchId=latest_batch_id, lastCommittedBatchId=-1 if latest_commit is None else latest_commit[0])
+        committed_next_ms = None     # (the watermark batch N's commit gives N+1, when N was committed)
         if latest_commit is None:
             log.info("no commit log present")
         else:
@@ -316,13 +314,15 @@ class MicroBatchExecution(StreamExecution):
             if committed_batch_id == latest_batch_id:
                 self.current_batch_id = committed_batch_id + 1
                 self.is_current_batch_constructed = False
-                self.watermarks.previous_ms = recorded.batch_watermark_ms
                 self.committed_offsets.update(self.available_offsets)
-                self.watermarks.watermark_ms = max(self.watermarks.watermark_ms,
-                                                   commit_metadata.next_batch_watermark_ms)
+                committed_next_ms = commit_metadata.next_batch_watermark_ms
             elif committed_batch_id < latest_batch_id - 1:
                 log.warning("Batch completion log latest batch id is %d, which is not trailing "
                             "batchid %d by one", committed_batch_id, latest_batch_id)
+        # (the watermark batch N-1 ran with: rows behind it are late in N)
+        self.watermarks.restore(recorded.batch_watermark_ms,
+                                previous.metadata.batch_watermark_ms if latest_batch_id != 0 else None,
+                                committed_next_ms)
         log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
 
@@ -350,8 +350,8 @@ class MicroBatchExecution(StreamExecution):
                              and conf_bool(self._batch_session, KEEP_BATCH_PLAN_CONF, True))
         self._kept_plans = {}
         # (the policy is one of the checkpoint's confs: read once they are pinned)
-        self.watermarks.policy = conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min").lower()
-        self.watermarks.plan(planner.watermark_nodes, self.stateful)
+        self.watermarks.plan(planner.plan, planner.watermark_nodes, self.stateful,
+                             conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min"))
         check_state_operators(self.fs, self.checkpoint_root, [op.name for op in planner.operators],
                               self.current_batch_id)
         self._state_schemas = StateSchemas(self.fs, self.checkpoint_root, planner.operators, empty_inputs)
@@ -465,6 +465,7 @@ class MicroBatchExecution(StreamExecution):
         log.debug("Running batch %d", batch_id)
         inputs: dict[StreamingRelation, DataFrame] = {}
         metrics.start_batch()
+        self.watermarks.begin_batch(self.offset_seq_metadata.batch_watermark_ms)
         with progress.time_phase("getBatch"):
             bound = self._bound_batches()
             kept = self._kept_plans.get(tuple(b.shape for b in bound)) if bound is not None else None
@@ -494,7 +495,7 @@ class MicroBatchExecution(StreamExecution):
                 planned = dataclasses.replace(kept, batch_id=batch_id)
             else:
                 planned = self._incremental.batch(inputs, batch_id, self.offset_seq_metadata.batch_timestamp_ms,
-                                                  self.watermarks, self.offset_seq_metadata.batch_watermark_ms)
+                                                  self.watermarks)
                 if bound is not None:
                     self._keep_plan(tuple(b.shape for b in bound), planned)
             self.last_batch_df = metrics.batch_df = batch_df = planned.df
@@ -510,12 +511,10 @@ class MicroBatchExecution(StreamExecution):
             crash_points.reached("sink-added")
         metrics.sink_ended()
         rows = [metrics.input_rows(i) for i in range(len(self.sources))]
-        used_ms = self.offset_seq_metadata.batch_watermark_ms
         event_time = self.watermarks.advance(
-            used_ms, planned.watermark_observations, planned.reported_statistics, metrics.observed,
+            planned.watermark_observations, planned.reported_statistics, metrics.observed,
             lambda op: self._incremental.operators[op].metrics.value)
-        self._requires_another_batch = self._incremental.should_run_another_batch(self.watermarks.watermark_ms,
-                                                                                  used_ms)
+        self._requires_another_batch = self.watermarks.requires_another_batch(self.output_mode)
         with progress.time_phase("commitOffsets"):
             self.lease.check()
             if not self.commit_log.add(batch_id, CommitMetadata(self.watermarks.watermark_ms)):

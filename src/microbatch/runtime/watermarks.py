@@ -1,4 +1,6 @@
-"""WatermarkTracker: the query's event-time watermark (Spark's WatermarkTracker).
+"""WatermarkTracker: the query's event-time watermark, its one owner (Spark's
+WatermarkTracker and WatermarkPropagator): restored from the checkpoint at a restart, its
+policy, its propagation to each stateful operator, and its advance after each batch.
 
 Each ``withWatermark`` node gives a watermark: the largest event time it has seen, minus
 its delay. After each batch the tracker takes each watermark's event-time statistics of
@@ -7,7 +9,11 @@ smallest of them (``spark.sql.streaming.multipleWatermarkPolicy=min``; ``max`` t
 largest). It never moves back. Batch N runs with the watermark the batches before it
 reached (recorded in ``offsets/N``); rows at or before the watermark batch N-1 ran with
 are late in batch N (``previous_ms``), state at or before batch N's is evicted
-(``runtime.incremental`` propagates both to each operator).
+(``operator_watermarks``: both propagated to each operator, as Spark 3.4+ propagates
+them: a watermark node gives the query's watermark; a stateful operator gives what it may
+still emit, as it answers, ``output_watermark_ms``; an operator's input is the smallest of
+its children's). A trigger with no data runs a batch when some operator would evict with
+the watermark it would run with (``requires_another_batch``).
 
 Where a watermark's statistics come from (max for the watermark; max, min, avg for the
 progress ``eventTime``):
@@ -28,6 +34,7 @@ progress ``eventTime``):
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pyspark.sql import DataFrame, Observation
@@ -77,27 +84,102 @@ def statistics_candidates(stateful: list[StatefulNode]) -> dict[Watermark, tuple
     return found
 
 
+@dataclass(frozen=True)
+class OperatorWatermarks:
+    """The watermarks an operator uses in a batch, in ms: rows at or before ``late_ms``
+    are dropped as late, state at or before ``eviction_ms`` is evicted."""
+
+    late_ms: int
+    eviction_ms: int
+
+
 class WatermarkTracker:
-    """The query's watermark, each ``withWatermark``'s, and where their statistics come from."""
+    """The query's watermark, each ``withWatermark``'s, each operator's, and where their
+    statistics come from."""
 
     def __init__(self, policy: str = "min"):
         self.policy = policy.lower()
         self.watermark_ms = 0      # the query's watermark: what the next batch runs with
+        self.running_ms = 0        # what the running batch runs with (``offsets/N`` records it)
         self.previous_ms = 0       # what the batch before the running one ran with (late rows)
         self.nodes: list[Watermark] = []
         self.ids: dict[Watermark, int] = {}
         self._values: dict[int, int] = {}              # each watermark's value, by id
         self._candidates: dict[Watermark, tuple] = {}
+        self._plan: PlanNode | None = None
         self._stateful: list[StatefulNode] = []
         self._reportable: dict[int, bool] = {}         # per watermark: may the operator report
 
-    def plan(self, nodes: list[Watermark], stateful: list[StatefulNode]) -> None:
-        """The run's watermarks (in plan order: their ids) and stateful operators."""
+    # -- at a restart, and for a run ----------------------------------------------------------
+    def restore(self, running_ms: int, ran_before_ms: int | None, committed_next_ms: int | None) -> None:
+        """The watermarks the checkpoint records: the one ``offsets/N`` gives the last
+        planned batch N (``running_ms``), the one batch N-1 ran with (rows behind it are
+        late in N; None for batch 0), and, when N was committed, the one its commit gives
+        the next batch (``committed_next_ms``: N+1 runs next)."""
+        self.watermark_ms = self.running_ms = running_ms
+        if ran_before_ms is not None:
+            self.previous_ms = ran_before_ms
+        if committed_next_ms is not None:
+            self.previous_ms = running_ms
+            self.watermark_ms = max(running_ms, committed_next_ms)
+
+    def plan(self, plan: PlanNode, nodes: list[Watermark], stateful: list[StatefulNode], policy: str = "min") -> None:
+        """The run's plan (the planner's), its watermarks (in plan order: their ids), its
+        stateful operators and the policy (``spark.sql.streaming.multipleWatermarkPolicy``,
+        as the checkpoint fixed it)."""
+        self._plan = plan
+        self.policy = policy.lower()
         self.nodes = list(nodes)
         self.ids = {node: i for i, node in enumerate(self.nodes)}
         self._stateful = list(stateful)
         self._candidates = statistics_candidates(self._stateful)
         self._reportable = {}
+
+    # -- propagation to the operators ---------------------------------------------------------
+    def begin_batch(self, running_ms: int) -> None:
+        """The batch about to be planned runs with ``running_ms`` (its ``offsets/N``)."""
+        self.running_ms = running_ms
+
+    def input_watermarks(self, watermark_ms: int) -> dict[StatefulNode, int | None]:
+        """Spark's propagation of the query's watermark ``watermark_ms``: per stateful
+        operator, the watermark of its input (None: no watermark below it)."""
+        found: dict[StatefulNode, int | None] = {}
+
+        def output(node: PlanNode) -> int | None:
+            below = [w for w in (output(c) for c in node.children) if w is not None]
+            given = min(below) if below else None
+            if isinstance(node, Watermark):
+                return watermark_ms
+            if node.stateful:
+                found[node] = given
+                return None if given is None else node.output_watermark_ms(given)
+            return given
+
+        if self._plan is not None:
+            output(self._plan)
+        return found
+
+    def operator_watermarks(self, late_ms: int | None = None,
+                            eviction_ms: int | None = None) -> dict[StatefulNode, OperatorWatermarks]:
+        """Each operator's watermarks: rows are late against the propagation of the
+        watermark the batch before ran with (``late_ms``), state is evicted against that of
+        the running batch's (``eviction_ms``)."""
+        late = self.input_watermarks(self.previous_ms if late_ms is None else late_ms)
+        evict = self.input_watermarks(self.running_ms if eviction_ms is None else eviction_ms)
+        return {node: OperatorWatermarks(late.get(node) or 0, evict.get(node) or 0) for node in self._stateful}
+
+    def requires_another_batch(self, output_mode: str, new_watermark_ms: int | None = None,
+                               eviction_ms: int | None = None) -> bool:
+        """Spark's IncrementalExecution.shouldRunAnotherBatch: whether some operator would
+        evict with the watermark the next batch runs with (``new_watermark_ms``, by default
+        the query's) that it does not with the running batch's (``eviction_ms``), as each
+        operator answers (``evicts_with``, ``runs_every_batch``)."""
+        now = self.input_watermarks(self.running_ms if eviction_ms is None else eviction_ms)
+        then = self.input_watermarks(self.watermark_ms if new_watermark_ms is None else new_watermark_ms)
+        if any(node.runs_every_batch() for node in self._stateful):
+            return True   # Spark's rule: timeouts in processing time may fire in any batch
+        return any(now.get(node) is not None and then[node] > now[node] and node.evicts_with(output_mode)
+                   for node in self._stateful)
 
     # -- per batch, while it is planned ---------------------------------------------------
     def observe(self, node: Watermark, df: DataFrame, batch_id: int, observations: dict) -> DataFrame:
@@ -140,12 +222,10 @@ class WatermarkTracker:
                    if any(w is node for w, _ in op.statistics_inputs(watermark_below).values()))
 
     # -- after the batch ----------------------------------------------------------------------
-    def advance(self, batch_watermark_ms: int, observations: dict, reported: dict,
-                observed: Callable[[Observation], dict | None],
+    def advance(self, observations: dict, reported: dict, observed: Callable[[Observation], dict | None],
                 metrics_of: Callable[[int], dict]) -> dict | None:
         """Move the watermark by the batch's event-time statistics; return the progress
-        ``eventTime`` (None without a watermark). ``batch_watermark_ms``: the watermark the
-        batch ran with; ``observations``: watermark -> its Observation; ``reported``:
+        ``eventTime`` (None without a watermark). ``observations``: watermark -> its Observation; ``reported``:
         watermark -> (operator id, tag) of the statistics an operator's tasks reported;
         ``observed`` reads an Observation, ``metrics_of`` an operator's metrics."""
         statistics: list[tuple[Watermark, Any]] = [(node, observed(o)) for node, o in observations.items()]
@@ -170,10 +250,10 @@ class WatermarkTracker:
                 self.watermark_ms = chosen
             else:
                 log.debug("Event time didn't move: %d <= %d", chosen, self.watermark_ms)
-        self.previous_ms = batch_watermark_ms
+        self.previous_ms = self.running_ms
         if not self.nodes:
             return None
-        event_time = {"watermark": format_timestamp(batch_watermark_ms)}
+        event_time = {"watermark": format_timestamp(self.running_ms)}
         if merged:
             event_time.update(avg=format_timestamp(int(merged["avg"])), max=format_timestamp(merged["max"]),
                               min=format_timestamp(merged["min"]))
