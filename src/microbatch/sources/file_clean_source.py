@@ -1,0 +1,60 @@
+"""The file source's ``cleanSource``: the files of a committed batch deleted, or moved
+under ``sourceArchiveDir`` (which must not match the source's pattern); a failure only
+warns."""
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+
+from microbatch.checkpoint.file_stream_log import FileEntry
+from microbatch.errors import IllegalArgumentException
+from microbatch.util import local_path
+
+log = logging.getLogger(__name__)
+
+
+def _path_components(path: str) -> list[str]:
+    return [c for c in path.split("/") if c]
+
+
+class SourceFileCleaner:
+    """``cleanSource``: delete or archive files of committed batches. Failures only warn."""
+
+    def __init__(self, mode: str, source_path: str, archive_dir: str | None):
+        self.mode = mode
+        self.archive_dir = local_path(archive_dir, "sourceArchiveDir") if archive_dir else None
+        if self.archive_dir is not None:
+            self._check_archive_dir(source_path)
+
+    def _check_archive_dir(self, source_path: str) -> None:
+        src, arc = _path_components(source_path), _path_components(self.archive_dir)
+        depth = min(len(src), len(arc))
+        if all(fnmatch.fnmatchcase(a, s) for s, a in zip(src[:depth], arc[:depth])):
+            raise IllegalArgumentException(
+                "Base archive path cannot be set to the path where archived path can possibly "
+                "match with source pattern. Ensure the base archive path doesn't match with "
+                f"source pattern in depth, where the depth is minimum of depth on both paths. "
+                f"(source: {source_path}, sourceArchiveDir: {self.archive_dir})")
+
+    def clean(self, entry: FileEntry) -> None:
+        current = entry.local_path
+        if self.mode == "delete":
+            log.debug("Removing completed file %s", current)
+            try:
+                os.remove(current)
+            except FileNotFoundError:
+                log.debug("Completed file %s is already gone", current)
+            except OSError as e:
+                log.warning("Fail to remove %s / skip removing file. (%s)", current, e)
+            return
+        target = self.archive_dir.rstrip("/") + current
+        try:
+            if not os.path.exists(current):
+                log.debug("Completed file %s is already gone", current)
+                return
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            log.debug("Archiving completed file %s to %s", current, target)
+            os.rename(current, target)
+        except OSError as e:
+            log.warning("Fail to move %s to %s / skip moving file. (%s)", current, target, e)
