@@ -536,7 +536,7 @@ def test_end_task_freezes_what_a_task_leaves_and_collects_the_whole_heap_every_s
     import gc
     import weakref
     from pyspark import TaskContext
-    from microbatch.state import store
+    from microbatch.state import worker_heap
 
     class Metrics:
         added: list = []
@@ -550,17 +550,17 @@ def test_end_task_freezes_what_a_task_leaves_and_collects_the_whole_heap_every_s
     monkeypatch.setattr(TaskContext, "get", classmethod(lambda cls: object()))   # as inside a Spark task
     metrics = Metrics()
     try:
-        store._unfreeze_worker_heap()
+        worker_heap._unfreeze_worker_heap()
         cycle = Node()
         cycle.itself = cycle
         alive = weakref.ref(cycle)
-        store.end_task(metrics, {"numRowsUpdated": 1})
+        worker_heap.end_task(metrics, {"numRowsUpdated": 1})
         assert gc.get_freeze_count() > 0 and metrics.added == [{"numRowsUpdated": 1}]
         del cycle
         gc.collect()
         assert alive() is not None          # frozen: the collection after the task skips it
-        for _ in range(store.FULL_COLLECTION_EVERY):
-            store.end_task(metrics, {})
+        for _ in range(worker_heap.FULL_COLLECTION_EVERY):
+            worker_heap.end_task(metrics, {})
         assert alive() is None              # the whole collection found it
     finally:
         gc.unfreeze()
@@ -569,7 +569,7 @@ def test_end_task_freezes_what_a_task_leaves_and_collects_the_whole_heap_every_s
 def test_a_state_task_in_a_python_worker_leaves_its_heap_frozen(spark):
     import gc
     from microbatch.operators.base import DictSum
-    from microbatch.state.store import end_task
+    from microbatch.state.worker_heap import end_task
     accumulator = spark.sparkContext.accumulator({}, DictSum())
 
     def task(batches):

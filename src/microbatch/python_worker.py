@@ -18,7 +18,7 @@ Later collections walk only what the tasks made since. An object that survived a
 later becomes garbage in a reference cycle is not freed; freezing happens only when
 modules were imported since the last time, so that is bounded by the imports a process
 makes, not by the tasks it runs (and by the whole collections state tasks make now and
-then: ``state.store.end_task`` unfreezes every 64 tasks and after dropping a provider, and
+then: ``state.worker_heap.end_task`` unfreezes every 64 tasks and after dropping a provider, and
 the next full collection freezes again). Objects freed by their reference count (nearly
 all) are freed as before.
 
@@ -53,7 +53,7 @@ def _freeze_survivors(phase: str, info: dict) -> None:
 
 
 def unfrozen() -> None:
-    """Called after ``gc.unfreeze()`` (``state.store`` does it now and then, to collect
+    """Called after ``gc.unfreeze()`` (``state.worker_heap`` does it now and then, to collect
     the cycles of what it had frozen): the next full collection freezes again."""
     global _modules_at_freeze
     _modules_at_freeze = -1

@@ -29,6 +29,9 @@ and store id. A provider's memory is trusted only for the query run that filled
 it (``StateStoreConf.run_id``) and only at a version it holds or committed; for
 any other version it reads the files, so a partition's task may move between
 executors (A, then B, then A) without changing an answer.
+
+What a state task does to its Python worker's heap (collection off while it runs, the heap
+frozen at its end, unfrozen when a provider is dropped) is ``state.worker_heap``'s.
 """
 from __future__ import annotations
 
@@ -40,8 +43,10 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from microbatch import python_worker
 from microbatch.errors import IllegalArgumentException
+from microbatch.state.worker_heap import _unfreeze_worker_heap
+# operators/base.py imports these from here until it names state.worker_heap
+from microbatch.state.worker_heap import begin_task, end_task  # noqa: F401
 
 Key = tuple
 Value = tuple
@@ -355,61 +360,6 @@ def unload_all() -> None:
         provider.close()
     _LOADED.clear()
     _unfreeze_worker_heap()
-
-
-#: After how many state tasks a worker's heap is collected whole again (``end_task``).
-FULL_COLLECTION_EVERY = 64
-_tasks_since_full_collection = 0
-
-
-def begin_task() -> None:
-    """In a Spark task that opens a state store: no automatic garbage collection until
-    ``end_task``. A state task makes a tuple or more per row; each 700 of them start a
-    collection, which walks every young object (a quarter of the whole batch's time,
-    measured by benchmarks/many_groups.py). The task leaves few cycles and ``end_task``
-    collects them (as PySpark's daemon does after a task that fails)."""
-    import gc
-
-    from pyspark import TaskContext
-    if TaskContext.get() is not None:
-        gc.disable()
-
-
-def end_task(accumulator: Any, metrics: dict) -> None:
-    """The last step of every state task: its metrics to the operator's accumulator,
-    then the Python worker's heap settled.
-
-    PySpark's daemon makes a full garbage collection in a reused worker after every
-    task, which walks every object of the worker: pyarrow's and pandas' modules (10-15
-    ms here) and the state the providers keep in memory, on the next task's path. So
-    the task collects what it left (the objects made since the last task) and freezes
-    the rest (``gc.freeze``): the daemon's collection then walks only what came after.
-    Frozen objects are still freed when nothing refers to them; only a cycle that
-    becomes garbage while frozen waits, until the next whole collection, every
-    ``FULL_COLLECTION_EVERY`` tasks or after a provider is dropped (``load_provider``).
-    Outside a Spark task (a test calling a task) nothing is frozen."""
-    global _tasks_since_full_collection
-    import gc
-
-    from pyspark import TaskContext
-    accumulator.add(metrics)
-    if TaskContext.get() is None:
-        return
-    _tasks_since_full_collection += 1
-    if _tasks_since_full_collection >= FULL_COLLECTION_EVERY:
-        _unfreeze_worker_heap()
-    gc.collect()
-    gc.freeze()
-    gc.enable()
-
-
-def _unfreeze_worker_heap() -> None:
-    """Let the next collection walk the whole heap (a dropped provider's cycles)."""
-    global _tasks_since_full_collection
-    import gc
-    gc.unfreeze()
-    python_worker.unfrozen()
-    _tasks_since_full_collection = 0
 
 
 def task_metrics(partition: int, store_metrics: StateStoreMetrics, **counts) -> dict:
