@@ -6,6 +6,7 @@ it broke."""
 from __future__ import annotations
 
 import ast
+import re
 import pathlib
 import shutil
 import subprocess
@@ -148,3 +149,59 @@ def test_every_top_level_module_is_in_a_layer():
     modules = {f"microbatch.{p.stem if p.is_file() else p.name}" for p in SOURCE.iterdir()
                if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
     assert modules - placed == set(), f"modules in no layer of pyproject.toml: {sorted(modules - placed)}"
+
+
+#: packages that are gone, with where their modules went (a docstring naming one is stale)
+GONE = {"execution": "runtime"}
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _top_level() -> set[str]:
+    return {p.stem if p.is_file() else p.name for p in SOURCE.iterdir()
+            if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+
+
+def _resolves(parts: list[str]) -> bool:
+    """Whether ``microbatch.<parts>`` is a module, or a name a module defines."""
+    import importlib
+    name, module = "microbatch", importlib.import_module("microbatch")
+    for part in parts:
+        try:
+            module, name = importlib.import_module(f"{name}.{part}"), f"{name}.{part}"
+        except ModuleNotFoundError:
+            return hasattr(module, part)
+    return True
+
+
+def test_every_module_a_docstring_names_exists():
+    """``runtime.incremental``-style names in the docstrings: a module of ours that exists
+    (or a name it defines); none under a package that is gone."""
+    top, found = _top_level(), []
+    for path in sorted(SOURCE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                for named in re.findall(r"``([a-z_]+(?:\.[a-z_]+)+)``", ast.get_docstring(node) or ""):
+                    parts = named.split(".")[1:] if named.startswith("microbatch.") else named.split(".")
+                    if (parts[0] in top and not _resolves(parts)) or parts[0] in GONE:
+                        found.append(f"{path.relative_to(ROOT)}: ``{named}``")
+    assert not found, "docstrings name modules that do not exist:\n" + "\n".join(found)
+
+
+def test_every_path_the_docs_name_exists():
+    """Paths in README.md and docs/ that start at a package of ours or a folder of the
+    repository (``operators/join/node.py``, ``tests/test_fuzz.py``) exist."""
+    top, found = _top_level(), []
+    for doc in DOCS:
+        for match in re.finditer(r"`([.\w][\w./-]*)`|\]\(([\w./-]+)\)", doc.read_text()):
+            named = (match.group(1) or match.group(2)).rstrip("/")
+            path = named.removeprefix("microbatch/")
+            first = path.split("/")[0]
+            if "/" not in path or named.startswith("http"):
+                continue
+            base = SOURCE if first in top else ROOT if first in REPOSITORY_FOLDERS else None
+            if base is not None and not (base / path).exists():
+                found.append(f"{doc.relative_to(ROOT)}: {named}")
+    assert not found, "the docs name paths that do not exist:\n" + "\n".join(found)
+
+
+REPOSITORY_FOLDERS = {"tests", "benchmarks", "docs", "pyspark_suites", "src", ".ci"}

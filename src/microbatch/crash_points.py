@@ -7,7 +7,7 @@ worker daemon and its workers, which have a group of their own). A
 process that did not call ``arm()`` is never killed, so a stray variable cannot take a
 test runner down.
 
-The steps, in the order a batch meets them (``execution.micro_batch`` has the protocol):
+The steps, in the order a batch meets them (``runtime.micro_batch`` has the protocol):
 
 - ``offsets-written``: ``offsets/N`` is durable (the batch's write-ahead entry);
   ``source-file-cleaned``: the file source archived or deleted a file of batch N-1

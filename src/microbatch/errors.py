@@ -5,7 +5,7 @@ Where Spark has an error class for a problem, microbatch raises Spark's own exce
 classes here are for problems that are microbatch's own; they subclass PySpark's
 exception classes, so code ported from Structured Streaming that catches
 ``pyspark.errors.AnalysisException`` keeps working. A query that fails raises PySpark's
-``pyspark.errors.StreamingQueryException`` (see ``execution.stream_execution``).
+``pyspark.errors.StreamingQueryException`` (see ``runtime.stream_execution``).
 """
 from __future__ import annotations
 

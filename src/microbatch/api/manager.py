@@ -53,7 +53,7 @@ class StreamingQueryManager:
 
     def addListener(self, listener: StreamingQueryListener) -> None:
         """Register a ``pyspark.sql.streaming.StreamingQueryListener`` for the events of
-        this session's queries (see ``execution.events`` for the delivery rules)."""
+        this session's queries (see ``runtime.events`` for the delivery rules)."""
         self._bus.add(listener)
 
     def removeListener(self, listener: StreamingQueryListener) -> None:

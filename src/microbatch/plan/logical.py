@@ -260,7 +260,7 @@ class Watermark(PlanNode):
 
     As in Spark, a deterministic filter right after ``withWatermark`` that does not
     refer to the event time runs before the observation: the planner moves it below
-    (``plan.incremental``)."""
+    (``runtime.incremental``)."""
 
     child: PlanNode
     event_time: str

@@ -160,7 +160,7 @@ def na_functions(frame: Any) -> Any:
 
 def has_arrow_udf() -> bool:
     """Whether PySpark has scalar Arrow UDFs (``arrow_udf``, 4.1): before, a row-filtering
-    task runs as a ``mapInArrow`` of the whole rows (``operators.base.row_filter``)."""
+    task runs as a ``mapInArrow`` of the whole rows (``operators.base.row_filter_udf``)."""
     return running_version().at_least(4, 1)
 
 

@@ -1,6 +1,6 @@
 """HyperLogLog++ estimation, as Spark's ``approx_count_distinct`` computes it.
 
-A batch's registers come from Spark SQL (``plan.aggregation``: XxHash64 with seed
+A batch's registers come from Spark SQL (``operators.aggregate.spec``: XxHash64 with seed
 42, register index from the top ``p`` bits, rank from the leading zeros of the
 rest); the state keeps the per-register maximum; this module turns registers into
 Spark's estimate: raw HLL with the HLL++ bias correction (k-nearest-neighbour

@@ -1,7 +1,7 @@
 """Streaming aggregation, planned: each aggregate function split into buffers, a merge
 and a final expression.
 
-A batch of ``groupBy(keys).agg(f(x), ...)`` runs in three steps (``execution.stateful``):
+A batch of ``groupBy(keys).agg(f(x), ...)`` runs in three steps (``operators.aggregate.step``):
 
 1. Spark computes, per key, the *buffers* of each function over the batch's rows
    (e.g. ``avg(x)`` -> ``sum(CAST(x AS DOUBLE))``, ``count(x)``): a plain batch
