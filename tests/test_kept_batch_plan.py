@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 
 from helpers import confs
-from microbatch.runtime.micro_batch import KEEP_BATCH_PLAN_CONF
+from microbatch.runtime.kept_plans import KEEP_BATCH_PLAN_CONF
 from test_kafka_source import kafka
 
 pytestmark = pytest.mark.timeout(300)
@@ -169,5 +169,5 @@ def test_the_nexmark_source_binds_its_batches_and_each_counts_its_own_events(ss,
     expected = [int((types[i * 500:(i + 1) * 500] == BID).sum()) for i in range(4)]
     assert [(p["numInputRows"], p["sink"]["numOutputRows"]) for p in batches] == [(n, n) for n in expected]
     # four batches of one shape (500 events, two tasks): one plan, run four times
-    kept = list(query._execution._kept_plans.values())
+    kept = list(query._execution._kept_plans.plans.values())
     assert len(kept) == 1 and query._execution.last_batch_df is kept[0].df

@@ -1,15 +1,20 @@
 """The checks of a checkpoint's consistency at a restart: what the logs, the sources and
 the state must agree on before any batch runs. Each fails with the file and the problem,
-and changes nothing."""
+and changes nothing; ``check_state`` alone writes, adopting the state Spark's engine wrote
+(``runtime.spark_state``) before it checks the state's schemas."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from microbatch.checkpoint.commits import CommitLog
+from microbatch import spark_internals
+from microbatch.checkpoint.commits import CommitLog, CommitMetadata
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqLog
 from microbatch.errors import CheckpointError
+from microbatch.runtime.confs import SHUFFLE_PARTITIONS
+from microbatch.runtime.spark_state import adopt_spark_state, written_by_spark
+from microbatch.state.store import PROVIDER_CLASS_CONF, StateStoreConf
 
 
 def torn_last_entry(error: CheckpointError, offset_log: OffsetSeqLog, commit_log: CommitLog,
@@ -58,6 +63,39 @@ def check_source_count(seq: OffsetSeq, batch_id: int, num_sources: int, checkpoi
             f"are [{num_sources}] sources requested by the query. Cannot continue. "
             f"(checkpoint '{checkpoint_root}', offsets/{batch_id}). A checkpoint belongs "
             "to one query: restore the query's sources, or use a new checkpoint location.")
+
+
+def check_source_evolution(offset_log_version: int, source_evolution: bool) -> None:
+    """Source evolution (sources by id, offset log version 2) cannot be turned on for a
+    checkpoint whose offset log has sources by position."""
+    if offset_log_version < 2 and source_evolution:
+        raise spark_internals.spark_error(
+            "AnalysisException", "STREAMING_QUERY_EVOLUTION_ERROR.CANNOT_ENABLE_ON_EXISTING_CHECKPOINT",
+            existingVersion=offset_log_version)
+
+
+def check_previous_offsets(previous: OffsetSeq | None, latest_batch_id: int, offset_log: OffsetSeqLog,
+                           num_sources: int, checkpoint_root: str) -> None:
+    """The offsets of the batch before the latest (``previous``, the committed offsets)
+    exist and name the query's sources."""
+    if previous is None:
+        raise CheckpointError(
+            f"batch {latest_batch_id - 1} doesn't exist: the offset log "
+            f"'{offset_log.path}' has batch {latest_batch_id} but not the one "
+            "before it. Restore the missing file or use a new checkpoint location.")
+    check_source_count(previous, latest_batch_id - 1, num_sources, checkpoint_root)
+
+
+def check_repartition_finished(latest_batch_id: int, latest_commit: tuple[int, CommitMetadata] | None,
+                               conf: dict[str, str], previous_conf: dict[str, str]) -> None:
+    """An uncommitted latest batch whose number of shuffle partitions differs from the
+    batch before's: a state repartition (ops/repartition.py) planned this batch and did
+    not finish."""
+    if ((latest_commit is None or latest_commit[0] < latest_batch_id)
+            and conf.get(SHUFFLE_PARTITIONS) != previous_conf.get(SHUFFLE_PARTITIONS)):
+        raise spark_internals.spark_error(
+            "SparkRuntimeException", "STREAMING_UNFINISHED_REPARTITION_DETECTED",
+            batchId=latest_batch_id, lastCommittedBatchId=-1 if latest_commit is None else latest_commit[0])
 
 
 def check_state_operators(fs: CheckpointFileSystem, checkpoint_root: str, names: list[str],
@@ -133,3 +171,19 @@ class StateSchemas:
                 self.fs.write(path, op.step.schema_document(key, value))
         self.written = True
 
+
+
+def check_state(fs: CheckpointFileSystem, checkpoint_root: str, operators: list, empty_inputs: dict,
+                current_batch_id: int, *, recorded_conf: dict[str, str], store_conf: StateStoreConf,
+                conf: Any) -> StateSchemas:
+    """The checkpoint's state against the run's stateful operators (the planner's), once the
+    run is planned: the operators (``check_state_operators``), then, the state Spark's engine
+    wrote adopted first (``recorded_conf``: the checkpoint's last batch's confs), each
+    operator's schemas (``StateSchemas.check``, with ``conf``, the batch session's).
+    Returns the run's ``StateSchemas``, which its first batch writes."""
+    check_state_operators(fs, checkpoint_root, [op.name for op in operators], current_batch_id)
+    schemas = StateSchemas(fs, checkpoint_root, operators, empty_inputs)
+    if operators and written_by_spark(recorded_conf.get(PROVIDER_CLASS_CONF), fs, checkpoint_root):
+        adopt_spark_state(fs, checkpoint_root, schemas.schemas(), current_batch_id, recorded_conf, store_conf)
+    schemas.check(conf)
+    return schemas

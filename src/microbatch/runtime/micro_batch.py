@@ -6,7 +6,10 @@ The batch protocol (Spark's, step by step; each step is safe to crash in):
    committed offsets are those of ``offsets/N-1``. If ``commits/N`` exists,
    batch N is done: continue at N+1. Otherwise re-run batch N with the very
    same offsets and batch metadata (timestamp, watermark, confs) it was planned
-   with, and give the sink the same batch id.
+   with, and give the sink the same batch id. No batch runs before the checkpoint is
+   checked (``runtime.checkpoint_checks``): the logs and the sources as they are read
+   here, then, once the run is planned, the stateful operators and their state schemas
+   (state Spark's engine wrote adopted first).
 2. construct_next_batch. Ask every source for its latest offset within its
    read limit; decide whether to run (new data, or the last execution needs a
    no-data batch). Write ``offsets/N`` atomically and create-if-absent: if it
@@ -19,13 +22,15 @@ The batch protocol (Spark's, step by step; each step is safe to crash in):
    inside the sink's Spark job) -- or, for a stateless query whose sources bind
    their batch at run time, set each source's range as a local property and take
    the DataFrame kept from an earlier batch of the same shape (planned by Spark
-   once) --, ``sink.add_batch(N, df)``, make sure every state
+   once: ``runtime.kept_plans``) --, ``sink.add_batch(N, df)``, make sure every state
    partition committed, move the watermark from the batch's event times, then
    write ``commits/N`` with the next batch's watermark.
    A crash before ``commits/N``: step 1 re-runs N with the same offsets, so an
    idempotent sink (one that skips a batch id it has) gives exactly-once output,
    and the stateful steps re-commit the same state version N+1.
-4. Report progress, post listener events, wait for the next trigger.
+4. Report progress (what the batch reported, gathered once it committed:
+   ``runtime.batch_progress``; written by ``runtime.progress``), post listener events,
+   wait for the next trigger.
 """
 from __future__ import annotations
 
@@ -41,14 +46,15 @@ from microbatch.checkpoint.offsets import (OFFSET_LOG_VERSION_CONF, SOURCE_EVOLU
                                           OffsetSeqLog, OffsetSeqMetadata, to_json)
 from microbatch.checkpoint.progress_log import ENABLED_CONF as PROGRESS_LOG_CONF, ProgressLogWriter
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
-from microbatch.operators.base import state_operator_progress
 from microbatch.plan.logical import PlanNode, StreamingRelation
 from microbatch.runtime.batch_metrics import BatchMetrics
-from microbatch.runtime.checkpoint_checks import (StateSchemas, check_commits_have_offsets, check_source_count,
-                                                  check_state_operators, torn_last_entry)
+from microbatch.runtime.batch_progress import batch_stats, finish_trigger
+from microbatch.runtime.checkpoint_checks import (StateSchemas, check_commits_have_offsets, check_previous_offsets,
+                                                  check_repartition_finished, check_source_count,
+                                                  check_source_evolution, check_state, torn_last_entry)
 from microbatch.runtime.confs import SHUFFLE_PARTITIONS, pin_confs
+from microbatch.runtime.kept_plans import KeptPlans
 from microbatch.runtime.scan_filters import with_scan_filters
-from microbatch.runtime.spark_state import adopt_spark_state, written_by_spark
 from microbatch.runtime.incremental import IncrementalExecution, PlannedBatch
 from microbatch.runtime.stream_execution import StreamExecution, conf_ms
 from microbatch.runtime.triggers import (AvailableNow, MultiBatchExecutor, Once, ProcessingTime,
@@ -56,16 +62,11 @@ from microbatch.runtime.triggers import (AvailableNow, MultiBatchExecutor, Once,
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.sinks.base import Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
-from microbatch.state.store import PROVIDER_CLASS_CONF, StateStoreConf
+from microbatch.state.store import StateStoreConf
 from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
 
-#: Whether a stateless query over sources that bind their batches at run time plans its
-#: batch once and runs that plan for each batch ("a plan kept across batches", below)
-KEEP_BATCH_PLAN_CONF = "spark.sql.streaming.microbatch.keepBatchPlan.enabled"
-#: the most plans a run keeps, the oldest dropped first
-KEPT_PLANS = 8
 
 class AvailableNowPin:
     """Spark's AvailableNow wrapper for sources without native support: the first
@@ -119,9 +120,8 @@ class MicroBatchExecution(StreamExecution):
         self._recorded_conf: dict[str, str] = {}     # the confs of the checkpoint's last batch
         self._last_batch_stats: dict | None = None
         self.last_batch_df: DataFrame | None = None
-        #: plans kept across batches: the batch planned for each tuple of the sources' shapes
-        self._kept_plans: dict[tuple, PlannedBatch] = {}
-        self._keeps_plans = False
+        #: plans kept across batches (runtime.kept_plans)
+        self._kept_plans = KeptPlans()
         self._described_batch: int | None = None
         self.stateful = [n for n in plan.nodes() if n.stateful]
         self._requires_another_batch = False
@@ -249,11 +249,7 @@ class MicroBatchExecution(StreamExecution):
         return self.is_active
 
     def _finish_trigger(self, executed: bool) -> None:
-        stats = self._last_batch_stats if executed and self._last_batch_stats else {}
-        kind, payload = self.progress.finish_trigger(
-            executed, self.current_batch_id, stats.get("sources", []), stats.get("sink", {}),
-            event_time=stats.get("eventTime"), state_operators=stats.get("stateOperators"),
-            observed_metrics=stats.get("observedMetrics"))
+        kind, payload = finish_trigger(self.progress, executed, self.current_batch_id, self._last_batch_stats)
         self._last_batch_stats = None
         if kind == "progress":
             if self.progress_log is not None:
@@ -278,34 +274,23 @@ class MicroBatchExecution(StreamExecution):
             return
         latest_batch_id, next_offsets = latest
         self.offset_log_version = next_offsets.version
-        if self.offset_log_version < 2 and self._source_evolution:
-            raise spark_internals.spark_error(
-                "AnalysisException", "STREAMING_QUERY_EVOLUTION_ERROR.CANNOT_ENABLE_ON_EXISTING_CHECKPOINT",
-                existingVersion=self.offset_log_version)
+        check_source_evolution(self.offset_log_version, self._source_evolution)
         check_source_count(next_offsets, latest_batch_id, len(self.sources), self.checkpoint_root)
         self.current_batch_id = latest_batch_id
         self.is_current_batch_constructed = True
         self.available_offsets = self._to_progress(next_offsets)
         if latest_batch_id != 0:
             previous = self.offset_log.get(latest_batch_id - 1)
-            if previous is None:
-                raise CheckpointError(
-                    f"batch {latest_batch_id - 1} doesn't exist: the offset log "
-                    f"'{self.offset_log.path}' has batch {latest_batch_id} but not the one "
-                    "before it. Restore the missing file or use a new checkpoint location.")
-            check_source_count(previous, latest_batch_id - 1, len(self.sources), self.checkpoint_root)
+            check_previous_offsets(previous, latest_batch_id, self.offset_log, len(self.sources),
+                                   self.checkpoint_root)
             self.committed_offsets = self._to_progress(previous)
         recorded = next_offsets.metadata
         self.offset_seq_metadata = OffsetSeqMetadata(
             recorded.batch_watermark_ms, recorded.batch_timestamp_ms, self._pin_confs(recorded.conf),
             recorded.source_metadata_info)
         latest_commit = self.commit_log.get_latest()
-        if (latest_batch_id != 0 and (latest_commit is None or latest_commit[0] < latest_batch_id)
-                and recorded.conf.get(SHUFFLE_PARTITIONS) != previous.metadata.conf.get(SHUFFLE_PARTITIONS)):
-            # a state repartition (ops/repartition.py) planned this batch and did not finish
-            raise spark_internals.spark_error(
-                "SparkRuntimeException", "STREAMING_UNFINISHED_REPARTITION_DETECTED",
-                batchId=latest_batch_id, lastCommittedBatchId=-1 if latest_commit is None else latest_commit[0])
+        if latest_batch_id != 0:
+            check_repartition_finished(latest_batch_id, latest_commit, recorded.conf, previous.metadata.conf)
         committed_next_ms = None     # (the watermark batch N's commit gives N+1, when N was committed)
         if latest_commit is None:
             log.info("no commit log present")
@@ -345,21 +330,14 @@ class MicroBatchExecution(StreamExecution):
             shuffle_partitions=int(conf.get(SHUFFLE_PARTITIONS)), output_mode=self.output_mode,
             empty_inputs=empty_inputs, store_conf=store_conf)
         self.stateful = [op.node for op in planner.operators]
-        self._keeps_plans = (planner.keeps_batch_plan and self.sink.runs_kept_plans
-                             and not spark_internals.is_connect(self._batch_session)
-                             and conf_bool(self._batch_session, KEEP_BATCH_PLAN_CONF, True))
-        self._kept_plans = {}
+        self._kept_plans.decide(planner.keeps_batch_plan, self.sink, self._batch_session)
         # (the policy is one of the checkpoint's confs: read once they are pinned)
         self.watermarks.plan(planner.plan, planner.watermark_nodes, self.stateful,
                              conf.get("spark.sql.streaming.multipleWatermarkPolicy", "min"))
-        check_state_operators(self.fs, self.checkpoint_root, [op.name for op in planner.operators],
-                              self.current_batch_id)
-        self._state_schemas = StateSchemas(self.fs, self.checkpoint_root, planner.operators, empty_inputs)
-        if planner.operators and written_by_spark(self._recorded_conf.get(PROVIDER_CLASS_CONF), self.fs,
-                                                  self.checkpoint_root):
-            adopt_spark_state(self.fs, self.checkpoint_root, self._state_schemas.schemas(),
-                              self.current_batch_id, self._recorded_conf, store_conf)
-        self._state_schemas.check(conf)
+        # (the state against the operators; Spark's state adopted: runtime.checkpoint_checks)
+        self._state_schemas = check_state(self.fs, self.checkpoint_root, planner.operators, empty_inputs,
+                                          self.current_batch_id, recorded_conf=self._recorded_conf,
+                                          store_conf=store_conf, conf=conf)
 
     def explain_string(self) -> str:
         """The run's plan with each stateful operator's state info; before the run is
@@ -467,8 +445,8 @@ class MicroBatchExecution(StreamExecution):
         metrics.start_batch()
         self.watermarks.begin_batch(self.offset_seq_metadata.batch_watermark_ms)
         with progress.time_phase("getBatch"):
-            bound = self._bound_batches()
-            kept = self._kept_plans.get(tuple(b.shape for b in bound)) if bound is not None else None
+            bound = self._kept_plans.bound_batches(self.sources, self.available_offsets, self.committed_offsets)
+            kept = self._kept_plans.kept(bound) if bound is not None else None
             for i, (relation, source) in enumerate(zip(self.relations, self.sources)):
                 end = self.available_offsets.get(i)
                 start = self.committed_offsets.get(i)
@@ -497,7 +475,7 @@ class MicroBatchExecution(StreamExecution):
                 planned = self._incremental.batch(inputs, batch_id, self.offset_seq_metadata.batch_timestamp_ms,
                                                   self.watermarks)
                 if bound is not None:
-                    self._keep_plan(tuple(b.shape for b in bound), planned)
+                    self._kept_plans.keep(bound, planned)
             self.last_batch_df = metrics.batch_df = batch_df = planned.df
         if self.stateful and not self._state_schemas.written:
             self._state_schemas.write()
@@ -524,54 +502,13 @@ class MicroBatchExecution(StreamExecution):
                     f"owns the checkpoint '{self.checkpoint_root}'.")
             crash_points.reached("commit-written")
         self.committed_offsets.update(self.available_offsets)
-        planner = self._incremental
-        self._last_batch_stats = {
-            "sources": [self._source_progress(i, rows[i]) for i in range(len(self.sources))],
-            "sink": self._sink_progress(),
-            "eventTime": event_time,
-            "stateOperators": [state_operator_progress(op.name, planner.operator_metrics(
-                op, metrics.observed(planned.operators[op.id].late_rows)), op.num_state_stores, planner.shuffle_partitions)
-                for op in planner.operators],
-            "observedMetrics": metrics.user_metrics(planned.user_observations),
-        }
+        self._last_batch_stats = batch_stats(
+            self.sources, self.sink, rows, start_offsets=self.trigger_start_offsets,
+            end_offsets=self.available_offsets, latest_offsets=self.latest_offsets, event_time=event_time,
+            planner=self._incremental, planned=planned, metrics=metrics)
         log.debug("Completed batch %d", batch_id)
         with self.await_progress:
             self.await_progress.notify_all()
-
-    # -- a plan kept across batches -------------------------------------------
-    def _bound_batches(self) -> list | None:
-        """Every source's batch bound at run time (``Source.bound_batch``), or None: the
-        batch gets DataFrames of its own. Only for a plan that keeps (``keeps_batch_plan``),
-        a sink that may run one DataFrame again (``Sink.runs_kept_plans``), and a batch
-        where every source has rows."""
-        if not self._keeps_plans:
-            return None
-        bound = []
-        for i, source in enumerate(self.sources):
-            end, start = self.available_offsets.get(i), self.committed_offsets.get(i)
-            if end is None or end == start:
-                return None
-            binding = source.bound_batch(source.initial_offset() if start is None else start, end)
-            if binding is None:
-                return None
-            bound.append(binding)
-        return bound
-
-    def _keep_plan(self, shapes: tuple, planned: PlannedBatch) -> None:
-        """Keep the batch's DataFrame for the next batches of these shapes (up to
-        ``KEPT_PLANS`` shapes: a source's partitions without new rows make a batch of
-        another shape), if Spark's plan of it gives a new batch when run again
-        (``spark_internals.runs_again_alike``); if not, no batch of this run keeps one."""
-        if spark_internals.runs_again_alike(planned.df):
-            if len(self._kept_plans) >= KEPT_PLANS:
-                self._kept_plans.pop(next(iter(self._kept_plans)))
-            self._kept_plans[shapes] = planned
-            log.info("Batch %d's plan is kept for the next batches of %s", planned.batch_id, shapes)
-        else:
-            self._keeps_plans = False
-            self._kept_plans = {}
-            log.info("Batch %d's plan cannot run again alike (an exchange, a subquery or a scan "
-                     "of its own): every batch is planned anew", planned.batch_id)
 
     def _complete_state_commits(self, planned: PlannedBatch) -> None:
         """Every state partition must commit version N+1, even if the sink read only part
@@ -582,21 +519,3 @@ class MicroBatchExecution(StreamExecution):
                  "to the end to commit its state", planned.batch_id)
         self._incremental.reset_metrics()
         planned.df.write.format("noop").mode("append").save()
-
-    def _source_progress(self, i: int, rows: int) -> dict:
-        progress = {"description": str(self.sources[i]),
-                    "startOffset": self.trigger_start_offsets.get(i),
-                    "endOffset": self.available_offsets.get(i),
-                    "latestOffset": self.latest_offsets.get(i),
-                    "numInputRows": rows, "inputRowsPerSecond": 0.0, "processedRowsPerSecond": 0.0}
-        metrics = self.sources[i].metrics(self.available_offsets.get(i))
-        if metrics:
-            progress["metrics"] = metrics
-        return progress
-
-    def _sink_progress(self) -> dict:
-        progress = {"description": str(self.sink), "numOutputRows": self.sink.last_num_output_rows}
-        metrics = self.sink.progress_metrics()
-        if metrics:
-            progress["metrics"] = metrics
-        return progress

@@ -39,7 +39,7 @@ class Sink(ABC):
     reads_batch_through: str = READS_ANY
 
     #: Whether the sink may be given the same DataFrame object for several batches (a plan
-    #: kept across batches, ``runtime.micro_batch``), each run binding that batch's inputs:
+    #: kept across batches, ``runtime.kept_plans``), each run binding that batch's inputs:
     #: it runs it through that object's own plan each time (or through a DataFrame it
     #: derived from it once and keeps), so Spark plans it once. Off by default: user code
     #: (``foreachBatch``) or a sink that caches a batch must get a DataFrame of its own.

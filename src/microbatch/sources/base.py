@@ -14,7 +14,7 @@ Modelled on Spark's MicroBatchStream / PySpark's DataSourceStreamReader:
   from batch to batch, whose tasks read the batch's range at run time from a Spark local
   property (``BoundBatch``). A stateless query whose every source offers one keeps its
   batch's DataFrame, planned once, and runs it again for each batch
-  (``runtime.micro_batch``, "a plan kept across batches"): Spark's analysis, optimisation
+  (``runtime.kept_plans``): Spark's analysis, optimisation
   and physical planning of the batch are not paid again.
 
 Offsets are JSON values (numbers or objects) because they go to the offset log
