@@ -24,6 +24,7 @@ from microbatch.checkpoint.commits import CommitLog
 from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
 from microbatch.errors import AnalysisException, CheckpointError, IllegalArgumentException
 from microbatch.checkpoint.offsets import OffsetSeqLog
+from microbatch.operators.spark_stores import spark_stores
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, StateStoreConf, StateStoreId,
                                     provider_class)
 from microbatch.util import option_value
@@ -112,6 +113,12 @@ class StateStoreReader:
             key_type = StructType([StructField(f"field{i}", f.dataType, f.nullable)
                                    for i, f in enumerate(key_type.fields)])
             value_type = value_type[join_side].dataType
+        # a session window's sessions are one row per key here and one per session in Spark's
+        # store: the reader shows Spark's rows (operators.spark_stores)
+        as_spark = spark_stores(doc["operatorName"], key_type, value_type, doc) \
+            if doc.get("operatorName") == "sessionWindowStateStoreSaveExec" and join_side is None else None
+        if as_spark:
+            key_type, value_type = as_spark[0].spark_key, as_spark[0].spark_value
         variable = None
         if str(doc.get("operatorName", "")).startswith("transformWithState"):
             variable, store_name, key_type, value_type = self._state_variable(doc, key_type, value_type, operator)
@@ -154,6 +161,9 @@ class StateStoreReader:
             if variable is not None:
                 tws_rows += [row + (partition,) for key, value in rows for row in variable(key, value)]
                 continue
+            if as_spark:
+                rows = list(as_spark[0].to_spark(rows))
+                storage = tuple(pa.struct(list(schema)) for schema in as_spark[0].spark_storage())
             for key, value in rows:
                 keys.append(key)
                 values.append(value)

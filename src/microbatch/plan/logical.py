@@ -26,6 +26,7 @@ from pyspark.sql.types import StructType
 from microbatch import spark_internals
 
 _relation_ids = itertools.count()
+_watermark_ids = itertools.count()
 
 
 def rebound(values: Any, sides: list[tuple[DataFrame, dict]]) -> Any:
@@ -266,6 +267,10 @@ class Watermark(PlanNode):
     event_time: str
     delay: str
     delay_ms: int
+    #: which ``withWatermark`` it is: the copies the planner makes of one (a stream branched
+    #: into two paths, each its own operators) keep it, and are one watermark, as Spark 4's
+    #: WatermarkTracker keys its watermarks by the logical node's id
+    node_id: int = field(default_factory=lambda: next(_watermark_ids))
 
     @property
     def children(self):

@@ -103,8 +103,9 @@ class WatermarkTracker:
         self.running_ms = 0        # what the running batch runs with (``offsets/N`` records it)
         self.previous_ms = 0       # what the batch before the running one ran with (late rows)
         self.nodes: list[Watermark] = []
-        self.ids: dict[Watermark, int] = {}
-        self._values: dict[int, int] = {}              # each watermark's value, by id
+        self.ids: dict[Watermark, int] = {}            # each watermark node's place in the plan
+        self._identity: dict[Watermark, Any] = {}      # which watermark a node is (``_values``' key)
+        self._values: dict[Any, int] = {}              # each watermark's value
         self._candidates: dict[Watermark, tuple] = {}
         self._plan: PlanNode | None = None
         self._stateful: list[StatefulNode] = []
@@ -131,6 +132,10 @@ class WatermarkTracker:
         self.policy = policy.lower()
         self.nodes = list(nodes)
         self.ids = {node: i for i, node in enumerate(self.nodes)}
+        # Spark 4 keys a watermark by its logical node, which the copies of one share (the
+        # largest of their event times moves it); Spark 3.5 by its place in the physical plan
+        shared = spark_internals.running_version().at_least_4
+        self._identity = {node: node.node_id if shared else i for i, node in enumerate(self.nodes)}
         self._stateful = list(stateful)
         self._candidates = statistics_candidates(self._stateful)
         self._reportable = {}
@@ -234,14 +239,14 @@ class WatermarkTracker:
         for node, stats in sorted(statistics, key=lambda item: self.ids[item[0]]):
             if not stats or not stats.get("count"):
                 continue
-            index = self.ids[node]
+            index = self._identity[node]
             candidate = int(stats["max"]) - node.delay_ms
             self._values[index] = max(self._values.get(index, candidate), candidate)
             if not merged:   # progress shows the first watermark's statistics, as Spark's does
                 merged = {"max": int(stats["max"]), "min": int(stats["min"]),
                           "avg": float(stats["avg"]), "count": int(stats["count"])}
         for node in self.nodes:     # (a watermark that has seen no rows yet counts as 0, as in Spark)
-            self._values.setdefault(self.ids[node], 0)
+            self._values.setdefault(self._identity[node], 0)
         if self._values:
             values = self._values.values()
             chosen = max(values) if self.policy == "max" else min(values)

@@ -507,15 +507,17 @@ def _scala_list(values: Any) -> list:
     return [values.apply(i) for i in range(values.size())]
 
 
-def qualified_alias(column: Any, name: str, qualifier: tuple[str, ...]) -> Any:
-    """``column.alias(name)`` whose output column keeps ``qualifier`` (Spark's ``Alias``
-    carries one; PySpark's ``alias`` cannot give it): a column of a join's output that a
-    query names as ``l.id``."""
+def qualified_alias(column: Any, name: str, qualifier: tuple[str, ...], metadata: dict | None = None) -> Any:
+    """``column.alias(name, metadata=...)`` whose output column keeps ``qualifier`` (Spark's
+    ``Alias`` carries one; PySpark's ``alias`` cannot give it): a column of a join's output
+    that a query names as ``l.id``."""
     to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
     expression = expression_of_column(column)
+    explicit = jvm_class("scala.None$") if not metadata else jvm_class("scala.Some")(
+        jvm_class("org.apache.spark.sql.types.Metadata").fromJson(json.dumps(metadata)))
     alias = jvm_class("org.apache.spark.sql.catalyst.expressions.Alias")(
         expression, name, jvm_class("org.apache.spark.sql.catalyst.expressions.NamedExpression").newExprId(),
-        to_seq(list(qualifier)), jvm_class("scala.None$"), to_seq([]))
+        to_seq(list(qualifier)), explicit, to_seq([]))
     return column_of_expression(alias)
 
 

@@ -100,8 +100,10 @@ class StreamJoin(StatefulNode):
             return unsupported_operation(
                 f"{named} between two streaming DataFrames/Datasets is not "
                 f"supported in {mode.capitalize()} output mode, only in {allowed};")
+        # (Spark's checkForStreamStreamJoinWatermark: the nullable side's watermark bounds the
+        # other side's state through a range condition; a full outer join: either way)
         nullable = {"left": (1,), "semi": (1,), "right": (0,), "full": (0, 1)}.get(self.how, ())
-        ranged = all(self.value_watermark_ms(1 - side, 0) is not None for side in nullable)
+        ranged = any(self.value_watermark_ms(1 - side, 0, evicting=False) is not None for side in nullable)
         if self.how != "inner" and self.watermark_key() is None and not ranged:
             return AnalysisException(
                 f"Stream-stream {_JOIN_NAMES[self.how]} join between two streaming DataFrame/Datasets "
@@ -154,15 +156,16 @@ class StreamJoin(StatefulNode):
                 return lowered.index(column.lower())
         return None
 
-    def value_watermark_ms(self, side: int, watermark_ms: int) -> int | None:
+    def value_watermark_ms(self, side: int, watermark_ms: int, *, evicting: bool = True) -> int | None:
         """Spark's state value watermark of a side (StreamingJoinHelper): from each time
         comparison ``other.t + c1 < this.t + c2`` (or ``<=``, or the same turned around)
         where ``other.t`` is the other side's watermarked column, ``watermark + c1 - c2``
         in ms (minus 1 for ``<=``); the smallest. Rows of this side whose watermarked
-        column is at or before it can meet no later row. None when no comparison gives one
-        or a side has no watermark."""
+        column is at or before it can meet no later row. None when no comparison gives one,
+        the other side has no watermark or, ``evicting``, this side has none (Spark evicts
+        by it only then; its checker, ``evicting=False``, asks only that it exists)."""
         this_time, other_time = self.side_event_time(side), self.side_event_time(1 - side)
-        if this_time is None or other_time is None:
+        if other_time is None or (evicting and this_time is None):
             return None
         other_columns = [c.lower() for c in self.side_columns[1 - side]]
         found = []

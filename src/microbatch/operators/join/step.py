@@ -362,9 +362,14 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame) -> dict:
     left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
 
     def named(column, name: str, side: int, index: int):
+        """A side's column under its name, with its qualifier and its metadata (a time
+        window's mark, which ``window_time`` above reads; the event time's watermark)."""
         qualifiers = node.side_qualifiers[side]
         qualifier = qualifiers[index] if index < len(qualifiers) else ()
-        return spark_internals.qualified_alias(column, name, qualifier) if qualifier else column.alias(name)
+        metadata = schemas[side].fields[index].metadata or None
+        if qualifier:
+            return spark_internals.qualified_alias(column, name, qualifier, metadata)
+        return column.alias(name, metadata=metadata) if metadata else column.alias(name)
 
     if not node.using:   # a condition: every column of the left, then of the right
         # (each keeps its side's qualifier, so a query above may name both sides' ``id``)
@@ -384,7 +389,13 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame) -> dict:
             if node.how == "full":
                 return F.coalesce(F.col(f"__l{left_key[k.lower()]}"), F.col(f"__r{right_key[k.lower()]}"))
             return F.col(f"__l{left_key[k.lower()]}")
-        result = [key_column(k).alias(k) for k in keys]
+        def key_metadata(k: str) -> dict:   # (a full outer join's coalesce has none, as in Spark)
+            if node.how == "full":
+                return {}
+            return (schemas[1].fields[right_key[k.lower()]] if node.how == "right"
+                    else schemas[0].fields[left_key[k.lower()]]).metadata
+        result = [key_column(k).alias(k, metadata=key_metadata(k)) if key_metadata(k) else key_column(k).alias(k)
+                  for k in keys]
         result += [named(F.col(f"__l{j}"), n, 0, j) for j, n in enumerate(left_names) if n.lower() not in lowered]
         if node.how != "semi":   # a left semi join gives the left side's columns only
             result += [named(F.col(f"__r{j}"), n, 1, j) for j, n in enumerate(right_names)
