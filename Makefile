@@ -8,6 +8,12 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
+# Test files run on this many processes at once (pytest-xdist, each its own Spark; a file
+# stays on one process): 2 on CI's two cores, where a test's Spark jobs leave a core idle
+# most of the time (PYTEST_WORKERS=0 runs them in this process, one after another).
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+
 .PHONY: setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos fuzz
 
 $(VENV)/.installed: pyproject.toml
@@ -22,29 +28,29 @@ demo: setup
 	$(VENV)/bin/microbatch demo
 
 test: setup
-	$(PY) -m pytest -q -m "not porting and not faults and not upgrade and not connect and not nexmark"
+	$(PYTEST) -m "not porting and not faults and not upgrade and not connect and not nexmark"
 
 # Nexmark's queries on microbatch and on Spark's engine over the same events, batch by batch
 test-nexmark: setup
-	$(PY) -m pytest -q -m nexmark
+	$(PYTEST) -m nexmark
 
 # A Spark Connect client (no JVM in the test process) against a Connect server started in
 # its own process: what runs over Connect, compared with Spark's engine on the same server
 test-connect: setup
-	$(PY) -m pytest -q -m connect
+	$(PYTEST) -m connect
 
 # Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka;
 # S3, the broker and the disk failing under queries (docs/faults.md)
 test-faults: setup
-	$(PY) -m pytest -q -m faults
+	$(PYTEST) -m faults
 
 # State moving between Spark's engine and microbatch, both ways, every operator (docs/porting.md)
 test-porting: setup
-	$(PY) -m pytest -q -m porting
+	$(PYTEST) -m porting
 
 # PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
 test-pyspark: setup
-	$(PY) -m pytest -q pyspark_suites
+	$(PYTEST) pyspark_suites
 
 # The differential subset on each older PySpark line against that version's own engine,
 # each in its own virtual environment (.venvs/pyspark-<version>): make test-versions
@@ -74,7 +80,7 @@ test-versions: setup
 	  echo "== PySpark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
 	  PYSPARK_PYTHON=$$(pwd)/$$venv/bin/python PYSPARK_DRIVER_PYTHON=$$(pwd)/$$venv/bin/python \
 	    tests="$(VERSION_TESTS)"; case $$v in 4.1|4.2) tests="$(VERSION_TESTS_BETWEEN)";; esac; \
-	    $$venv/bin/python -m pytest -q -p no:cacheprovider -m "not porting and not faults and not upgrade and not nexmark" $$tests; \
+	    $$venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider -m "not porting and not faults and not upgrade and not nexmark" $$tests; \
 	done; \
 	for v in $(UPGRADE_FROM); do \
 	  echo "== a checkpoint PySpark $$v wrote, resumed on $$($(PY) -c 'import pyspark; print(pyspark.__version__)')"; \
