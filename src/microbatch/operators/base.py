@@ -38,8 +38,9 @@ from pyspark.sql.types import StructType
 from microbatch import spark_internals
 from microbatch.planted_bugs import planted
 from microbatch.state.files import storage_type
-from microbatch.state.store import (StateStore, StateStoreConf, StateStoreId, StateStoreMetrics, begin_task, end_task,
+from microbatch.state.store import (StateStore, StateStoreConf, StateStoreId, StateStoreMetrics,
                                     load_provider, task_metrics)
+from microbatch.state.worker_heap import begin_task, end_task
 
 log = logging.getLogger(__name__)
 

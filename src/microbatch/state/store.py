@@ -45,8 +45,6 @@ import pyarrow as pa
 
 from microbatch.errors import IllegalArgumentException
 from microbatch.state.worker_heap import _unfreeze_worker_heap
-# operators/base.py imports these from here until it names state.worker_heap
-from microbatch.state.worker_heap import begin_task, end_task  # noqa: F401
 
 Key = tuple
 Value = tuple
