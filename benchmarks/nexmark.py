@@ -104,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                                                    .option("maxEventsPerTrigger", per_batch).load()),):
             times = []
             for rep in range(args.reps):
-                times.append(run_query(lambda v: job(), None, os.path.join(root, f"floor-{name}-{rep}"), "append"))
+                times.append(run_query(lambda v, job=job: job(), None, os.path.join(root, f"floor-{name}-{rep}"), "append"))
             floors[name] = args.events / statistics.median(times)
         times = []
-        for rep in range(args.reps):
+        for _rep in range(args.reps):
             t = time.perf_counter()
             spark.read.parquet(files).write.format("noop").mode("overwrite").save()
             times.append(time.perf_counter() - t)

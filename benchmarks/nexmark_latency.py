@@ -399,14 +399,18 @@ def run_once(session, engine: str, io: str, name: str, trigger_ms: int, rate: fl
             else:
                 raw = session.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap) \
                     .option("subscribe", "events").option("startingOffsets", "earliest").load()
-            events_frame = lambda: raw.select(F.from_json(F.col("value").cast("string"), EVENT_JSON_SCHEMA).alias("e")) \
-                .select("e.*")
+
+            def events_frame():
+                return raw.select(F.from_json(F.col("value").cast("string"), EVENT_JSON_SCHEMA).alias("e")) \
+                    .select("e.*")
         else:
             source_dir = os.path.join(root, f"in-{run}")
             os.makedirs(source_dir)
             processes.append(ctx.Process(target=produce_files, args=(source_dir, base_ms, rate, events,
                                                                      file_interval_ms, results)))
-            events_frame = lambda: session.readStream.schema(EVENT_JSON_SCHEMA).json(source_dir)
+
+            def events_frame():
+                return session.readStream.schema(EVENT_JSON_SCHEMA).json(source_dir)
         frame, due_field = latency_query(name, NexmarkViews(events_frame))
         mode = "append"
         if io == "kafka":

@@ -53,7 +53,7 @@ class Child:
                     return
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise AssertionError(f"the child exited ({self.proc.returncode}); see {self.log.name}")
+                    raise AssertionError(f"the child exited ({self.proc.returncode}); see {self.log.name}") from None
         raise AssertionError(f"no {prefix!r} from the child in {timeout} s; see {self.log.name}")
 
     def kill(self) -> None:

@@ -1,5 +1,5 @@
-"""The shape of the code, checked as the suite runs (docs/design.md, section 2): ruff's
-Pyflakes rules, the import-linter contracts of ``pyproject.toml`` (the layers, the api's
+"""The shape of the code, checked as the suite runs (docs/design.md, section 2): the ruff
+rules and the import-linter contracts of ``pyproject.toml`` (the layers, the api's
 modules, py4j only in ``spark_internals``), and the seam: no module outside
 ``spark_internals/`` reaches into PySpark's JVM handles. A violation fails with the rule
 it broke."""

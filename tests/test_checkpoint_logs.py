@@ -119,7 +119,7 @@ def test_a_deleted_metadata_file_is_refused_as_spark_refuses_it(ss, spark, tmp_p
         ckpt = tmp_path / engine
         frame = session.readStream.format("rate-micro-batch").option("rowsPerBatch", 3).load()
 
-        def start():
+        def start(frame=frame, ckpt=ckpt):
             return (frame.writeStream.format("noop").option("checkpointLocation", str(ckpt))
                     .trigger(availableNow=True).start())
         start().awaitTermination(60)

@@ -42,7 +42,7 @@ def first_rows(key, frames, state):
     seen = state.get[0] if state.exists else 0
     out = []
     for frame in frames:
-        for ts in frame["ts"]:
+        for _ts in frame["ts"]:
             if seen < 3:
                 seen += 1
                 out.append((key[0], seen, False))

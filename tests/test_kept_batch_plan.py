@@ -63,7 +63,7 @@ def test_kafka_to_kafka_runs_one_plan_for_every_batch_and_each_reads_its_own(ss,
                                                                 "kafka.batch.num.messages": 1})
     try:
         rounds = [[(b"r%d-%d" % (r, i), b"k%d" % i, i % 2) for i in range(4 + r)] for r in range(4)]
-        for r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-in", rounds)):
+        for r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-in", rounds)):  # noqa: B007 - frames is read after the loop (every round's)
             # every round's rows, counted in and out, whatever number of batches took them
             assert sum(n for n, _ in counts) == len(rounds[r]) and all(n == o for n, o in counts), counts
         # the first batch of a shape planned it; every later one ran that same DataFrame
@@ -104,7 +104,7 @@ def test_a_plan_with_an_exchange_is_planned_anew_each_batch(ss, broker, tmp_path
                   **{"kafka.bootstrap.servers": broker.bootstrap, "kafka.batch.num.messages": 1})
     try:
         rounds = [[(b"x%d-%d" % (r, i), None, i % 2) for i in range(3)] for r in range(3)]
-        for r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-exchange-in", rounds)):
+        for _r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-exchange-in", rounds)):  # noqa: B007 - frames is read after the loop (every round's)
             assert sum(n for n, _ in counts) == 3 and all(n == o for n, o in counts), counts
         assert len({id(f) for f, _ in frames}) == len(frames)
     finally:
@@ -121,7 +121,7 @@ def test_the_conf_turns_kept_plans_off(ss, broker, tmp_path):
         query = start(frame, tmp_path / "ck", sink="noop")
         try:
             rounds = [[(b"v%d" % r, None, 0)] for r in range(3)]
-            for r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-off", rounds)):
+            for _r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-off", rounds)):  # noqa: B007 - frames is read after the loop (every round's)
                 assert counts == [(1, 1)]
             assert len({id(f) for f, _ in frames}) == len(frames)
         finally:
@@ -142,7 +142,7 @@ def test_a_watermark_reads_each_batchs_event_times_from_the_kept_plans_runs(ss, 
         rounds = [[(b"t%d-%d" % (r, i), None, i % 2, None, base + r * 60_000 + i * 1000) for i in range(3)]
                   for r in range(3)]
         seen = 0
-        for r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-times", rounds)):
+        for r, (frames, counts) in enumerate(batch_rounds(broker, query, "kept-times", rounds)):  # noqa: B007 - frames is read after the loop (every round's)
             assert sum(n for n, _ in counts) == 3, counts
             progress = progress_of(query)[seen:]
             seen += len(progress)

@@ -154,9 +154,9 @@ def test_listener_events_are_pysparks_with_sparks_fields(engines, spark, tmp_pat
                      .start())
             # onQueryStarted ran before start() returned, on both engines
             assert [type(e) for e in v2.of(query)][:1] == [QueryStartedEvent], name
-            wait_for(lambda: any(isinstance(e, QueryIdleEvent) for e in v2.of(query)))
+            wait_for(lambda v2=v2, query=query: any(isinstance(e, QueryIdleEvent) for e in v2.of(query)))
             query.stop()
-            wait_for(lambda: any(isinstance(e, QueryTerminatedEvent) for e in v2.of(query)))
+            wait_for(lambda v2=v2, query=query: any(isinstance(e, QueryTerminatedEvent) for e in v2.of(query)))
             session.streams.removeListener(v1)
             session.streams.removeListener(v2)
             seen[name] = (query, v1.of(query), v2.of(query))
@@ -206,8 +206,8 @@ def test_add_and_remove_listener_as_pyspark(engines, tmp_path):
         session.streams.addListener(once)
         session.streams.removeListener(Recorder())   # not registered: nothing happens
         query = run(files_stream(session, src), tmp_path / name, f"listeners_{name}")
-        wait_for(lambda: any(isinstance(e, QueryTerminatedEvent) for e in once.of(query)))
-        wait_for(lambda: sum(isinstance(e, QueryTerminatedEvent) for e in twice.of(query)) == 2)
+        wait_for(lambda once=once, query=query: any(isinstance(e, QueryTerminatedEvent) for e in once.of(query)))
+        wait_for(lambda twice=twice, query=query: sum(isinstance(e, QueryTerminatedEvent) for e in twice.of(query)) == 2)
         session.streams.removeListener(twice)
         session.streams.removeListener(twice)
         session.streams.removeListener(once)

@@ -74,7 +74,7 @@ def state_layout(ckpt, version):
     for op in sorted(os.listdir(ckpt / "state")):
         for partition in sorted(os.listdir(ckpt / "state" / op)):
             if partition.isdigit():
-                for directory, _, names in os.walk(ckpt / "state" / op / partition):
+                for _directory, _, names in os.walk(ckpt / "state" / op / partition):
                     if f"{version}.snapshot.arrow" in names:
                         found.setdefault(int(op), set()).add(int(partition))
     return found
@@ -155,7 +155,7 @@ def test_the_repartition_batch_its_errors_and_the_restart_check_are_sparks(ss, s
             return e
         raise AssertionError("no error")
 
-    for engine, (session, manager) in engines.items():
+    for engine, (_session, manager) in engines.items():
         start(engine).awaitTermination(180)
         ckpt = tmp_path / engine
         manager.repartition(str(ckpt), 5)
@@ -167,19 +167,19 @@ def test_the_repartition_batch_its_errors_and_the_restart_check_are_sparks(ss, s
         assert open(ckpt / "commits/1").read() == open(ckpt / "commits/0").read()
 
     errors = {}
-    for engine, (session, manager) in engines.items():
+    for engine, (_session, manager) in engines.items():
         ckpt = tmp_path / engine
         errors[engine] = [
-            attempt(lambda: manager.repartition(str(ckpt), 0)),
-            attempt(lambda: manager.repartition(str(ckpt), 5)),            # already 5
+            attempt(lambda manager=manager, ckpt=ckpt: manager.repartition(str(ckpt), 0)),
+            attempt(lambda manager=manager, ckpt=ckpt: manager.repartition(str(ckpt), 5)),   # already 5
         ]
         os.rename(ckpt / "commits/1", ckpt / "uncommitted")             # the repartition did not finish
         for crc in (ckpt / "commits/.1.crc",):
             if crc.exists():
                 crc.unlink()
         query = start(engine)
-        errors[engine].append(attempt(lambda: query.awaitTermination(180)))
-        errors[engine].append(attempt(lambda: manager.repartition(str(ckpt), 6)))   # another N
+        errors[engine].append(attempt(lambda query=query: query.awaitTermination(180)))
+        errors[engine].append(attempt(lambda manager=manager, ckpt=ckpt: manager.repartition(str(ckpt), 6)))   # another N
         manager.repartition(str(ckpt), 5)                                # the same N finishes it
         assert (ckpt / "commits/1").exists()
         start(engine).awaitTermination(180)

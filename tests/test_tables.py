@@ -72,10 +72,11 @@ def test_to_table_refuses_what_spark_refuses(spark, ss, tmp_path, names):
     for engine, session in (("spark", spark), ("microbatch", ss)):
         frame = source(session, src)
         cases = {
-            "_LEGACY_ERROR_TEMP_1192": lambda: frame.writeStream.format("json").toTable(names("existing")),
-            "_LEGACY_ERROR_TEMP_1190": lambda: frame.writeStream.toTable(names("batch_view")),
+            "_LEGACY_ERROR_TEMP_1192": lambda frame=frame: frame.writeStream.format("json").toTable(names("existing")),
+            "_LEGACY_ERROR_TEMP_1190": lambda frame=frame: frame.writeStream.toTable(names("batch_view")),
             "SPECIFY_CLUSTER_BY_WITH_PARTITIONED_BY_IS_NOT_ALLOWED":
-                lambda: frame.writeStream.clusterBy("bucket").partitionBy("bucket").toTable(names(f"both_{engine}")),
+                lambda frame=frame, engine=engine:
+                    frame.writeStream.clusterBy("bucket").partitionBy("bucket").toTable(names(f"both_{engine}")),
         }
         for error_class, call in cases.items():
             with pytest.raises(AnalysisException) as raised:

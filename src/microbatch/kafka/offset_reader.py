@@ -96,7 +96,7 @@ class KafkaOffsetReader:
     def _list_offsets(self, tps, which: str) -> dict[tuple[str, int], int]:
         """Earliest or latest offsets of ``tps``: one ListOffsets request for all of them
         (the admin client), not a round trip per partition."""
-        from confluent_kafka import TopicPartition as KTP
+        from confluent_kafka import TopicPartition as KTP  # noqa: N814 - not offsets.TopicPartition (a tuple)
         from confluent_kafka.admin import AdminClient, OffsetSpec
         if not tps:
             return {}
@@ -144,7 +144,7 @@ class KafkaOffsetReader:
 
     def for_times(self, times: dict[tuple[str, int], int], strategy: str) -> dict[tuple[str, int], int]:
         """The first offset at or after each timestamp; none: error or latest (``strategy``)."""
-        from confluent_kafka import TopicPartition as KTP
+        from confluent_kafka import TopicPartition as KTP  # noqa: N814 - not offsets.TopicPartition (a tuple)
 
         def fetch():
             answer = self.consumer.offsets_for_times(

@@ -19,7 +19,7 @@ def _has(options: CaseInsensitiveOptions, key: str) -> bool:
     return key in options
 
 
-def validate_stream_options(options: CaseInsensitiveOptions) -> None:
+def validate_stream_options(options: CaseInsensitiveOptions) -> None:  # noqa: C901 - Spark's checks, one after another in its order
     """Spark's KafkaSourceProvider.validateStreamOptions, with its messages."""
     if _has(options, "endingOffsets"):
         raise IllegalArgumentException("ending offset not valid in streaming queries")

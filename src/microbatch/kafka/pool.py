@@ -98,7 +98,7 @@ class ClientPool:
                           for client, since in clients), key=lambda e: e[0])
         over = max(0, len(entries) - max(0, capacity))
         gone = [e for i, e in enumerate(entries) if i < over or now - e[0] > timeout_s]
-        for since, key, client in gone:
+        for _since, key, client in gone:
             self._idle[key] = [(c, s) for c, s in self._idle[key] if c is not client]
             if not self._idle[key]:
                 del self._idle[key]

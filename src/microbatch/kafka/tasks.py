@@ -50,7 +50,7 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
 _TIMESTAMP_TYPES = {0: -1, 1: 0, 2: 1}   # librdkafka's to Java's (CreateTime 0, LogAppendTime 1)
 
 
-def read_ranges(config: dict, ranges: list[OffsetRange], include_headers: bool,
+def read_ranges(config: dict, ranges: list[OffsetRange], include_headers: bool,  # noqa: C901 - one consumer's poll loop and its cases
                 fail_on_data_loss: bool, poll_timeout_ms: int,
                 batch_rows: int = 20_000, pooling: tuple[int, float] | None = None
                 ) -> Iterator[pa.RecordBatch]:
@@ -63,7 +63,7 @@ def read_ranges(config: dict, ranges: list[OffsetRange], include_headers: bool,
 
     ``pooling`` (capacity, idle timeout in seconds): take the consumer from this worker's
     pool (``kafka.pool``) and give it back, unassigned, when the read ends well."""
-    from confluent_kafka import KafkaError, TopicPartition as KTP
+    from confluent_kafka import KafkaError, TopicPartition as KTP  # noqa: N814 - not offsets.TopicPartition (a tuple)
     pending = {(r.topic, r.partition): [r.start, r.until] for r in ranges if r.size > 0}
     if not pending:
         return

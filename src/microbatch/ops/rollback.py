@@ -120,7 +120,7 @@ def _sources(plan: RollbackPlan, ckpt: CheckpointReader) -> None:
                     "view of the input needs. Nothing was changed.")
         later = sorted(((b, name) for b, name in listed if b > keep), reverse=True)
         gone = []
-        for b, name in later:
+        for _b, name in later:
             for entry in log.deserialize(fs.read_text(f"{directory}/{name}"), f"{directory}/{name}"):
                 if entry.batchId > keep and not storage_for(entry.local_path).exists(entry.local_path):
                     gone.append(entry.local_path)

@@ -173,8 +173,9 @@ def _adopt_transform_with_state(fs: CheckpointFileSystem, checkpoint_root: str, 
                 if missing and records:
                     raise refuse(f"the processor's state variables {', '.join(missing)} (operator {op.id}) "
                                  f"are not in Spark's state, which holds {', '.join(sorted(held))}")
-                converted = tws_rows_from_spark(op.node.variables, lambda name: theirs.load_family(
-                    version, name, records=records) if name in held else {})
+                converted = tws_rows_from_spark(op.node.variables, lambda name, theirs=theirs, records=records, held=held:
+                                                theirs.load_family(version, name, records=records)
+                                                if name in held else {})
             else:
                 converted = {name: [] for name in schemas}
             for name, store_files in files.items():

@@ -49,11 +49,11 @@ class Sink(ABC):
         """Extra figures for the progress ``sink.metrics`` map (Spark omits it when empty)."""
         return {}
 
-    def report_progress(self, progress: Any) -> None:
+    def report_progress(self, progress: Any) -> None:  # noqa: B027 - a hook: most sinks show nothing
         """The engine gives the sink each batch's progress (PySpark's
         ``StreamingQueryProgress``) once the batch is committed: the console sink shows it."""
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # noqa: B027 - a hook: most sinks hold nothing to release
         pass
 
     def __str__(self) -> str:

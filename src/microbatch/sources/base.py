@@ -154,13 +154,13 @@ class Source(ABC):
         (Spark's ReportsSourceMetrics); empty for most sources (Spark omits it then)."""
         return {}
 
-    def prepare_for_trigger_available_now(self) -> None:
+    def prepare_for_trigger_available_now(self) -> None:  # noqa: B027 - a hook: most sources need nothing
         """Fix the end of the data an AvailableNow run will read."""
 
-    def commit(self, end: Any) -> None:
+    def commit(self, end: Any) -> None:  # noqa: B027 - a hook: most sources keep nothing to drop
         pass
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
         pass
 
     def __str__(self) -> str:

@@ -43,7 +43,7 @@ class TimeTerm:
     offset_us: int
 
 
-def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, TimeTerm, TimeTerm]]]:
+def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, TimeTerm, TimeTerm]]]:  # noqa: C901 - one walk of the condition; its helpers share the sides
     """The equality keys (left index, right index) and the time comparisons
     (op, lhs, rhs) of ``left.join(right, condition)``, read from Spark's analyzed ``Join``;
     ValueError naming the part of the condition that is neither."""

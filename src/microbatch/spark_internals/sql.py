@@ -131,7 +131,7 @@ def _node(plan: Any) -> SqlNode:
     return node
 
 
-def _plain_node(plan: Any) -> SqlNode:
+def _plain_node(plan: Any) -> SqlNode:  # noqa: C901 - one case per kind of Spark's parsed plan
     name = plan.getClass().getSimpleName()
     children = _seq(plan.children())
     if name == "UnresolvedRelation":

@@ -295,7 +295,7 @@ class StateStoreProvider(ABC):
     def do_maintenance(self) -> None:
         """Snapshot and remove files no retained version needs."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook: a provider may hold nothing to release
         pass
 
 

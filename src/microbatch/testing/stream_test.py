@@ -144,7 +144,7 @@ class StreamTestResult:
     checkpoint_location: str = ""
 
 
-def test_stream(frame, output_mode: str = "append", actions: Sequence[Any] = (), *,
+def test_stream(frame, output_mode: str = "append", actions: Sequence[Any] = (), *,  # noqa: C901 - its actions share the query (run, below)
                 checkpoint_location: str | None = None, timeout: float = 60.0) -> StreamTestResult:
     """Run ``actions`` against a query of ``frame``; raise AssertionError on the first failure."""
     checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="microbatch-streamtest-")
@@ -188,7 +188,7 @@ def test_stream(frame, output_mode: str = "append", actions: Sequence[Any] = (),
                 raise AssertionError(f"timed out after {timeout}s waiting for {pending[0]} to be processed")
             time.sleep(0.01)
 
-    def run(action: Any) -> None:
+    def run(action: Any) -> None:  # noqa: C901 - one case per action, as Spark's testStream
         query = state["query"]
         if isinstance(action, AddData):
             action.source.add_data(action.rows)

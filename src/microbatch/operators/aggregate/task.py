@@ -461,7 +461,7 @@ class SessionAggregateTask(StateTask):
                     numStateStoreInstances=0 if self.mode == "complete" else 1)
 
     def _normal(self, value, j: int):
-        for kind, start, count, _ in self.merges:
+        for kind, start, _count, _ in self.merges:
             if kind == "hll" and start == j:
                 return _merge_hll((), value)
         return value

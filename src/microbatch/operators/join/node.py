@@ -224,7 +224,7 @@ def with_null_filters(join: StreamJoin) -> StreamJoin:
         event_time = (join.side_event_time(side) or "").lower()
         names = list((join.keys, join.right_keys)[side])
         columns = join.side_columns[side]
-        for op, a, b in join.comparisons:
+        for _op, a, b in join.comparisons:
             for t in (a, b):
                 if t.side == side and columns[t.index] not in names:
                     names.append(columns[t.index])

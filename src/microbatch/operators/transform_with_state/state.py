@@ -88,7 +88,7 @@ class _Counts:
         self.deleted_vars = 0
 
 
-def _handle_class():
+def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpark's, imported in the task
     """PySpark's state classes, subclassed over this task's stores (imported in the task)."""
     from pyspark.sql.streaming.stateful_processor import (ListState, MapState, StatefulProcessorHandle,
                                                           ValueState)

@@ -470,7 +470,7 @@ def _fixed_records(keys: list[tuple], values: list[tuple], key_schema, value_sch
     names, formats, offsets = ["ks", "vs"], [">i4", ">i4"], [0, 4 + ks]
     key_nulls, key_columns = _fixed_row_columns(keys, key_schema, count)
     value_nulls, value_columns = _fixed_row_columns(values, value_schema, count)
-    for prefix, base, nulls, columns, size in (("k", 4, key_nulls, key_columns, ks),
+    for prefix, base, _nulls, columns, size in (("k", 4, key_nulls, key_columns, ks),
                                                ("v", 8 + ks, value_nulls, value_columns, vs)):
         if size:
             names.append(f"{prefix}_nulls")

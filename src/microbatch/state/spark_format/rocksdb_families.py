@@ -843,7 +843,7 @@ def merge_sst_entries(files: list[list[tuple[bytes, int, int, bytes]]], delimite
         operands: list[bytes] = []
         base = None
         deleted = False
-        for seq, kind, value in versions:
+        for _seq, kind, value in versions:
             if kind == _MERGE:
                 operands.append(value)
                 continue
