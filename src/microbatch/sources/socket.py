@@ -4,7 +4,8 @@ Options are Spark's: ``host``, ``port`` (both required), ``includeTimestamp`` (a
 time each line was read); the schema is Spark's ``value STRING`` (``, timestamp
 TIMESTAMP``). As Spark's TextSocketSource, the receiver connects to ``host:port`` as a
 client when the query starts and reads UTF-8 lines until the peer closes the
-connection. Unlike Spark's, every line goes into a block of the write-ahead log
+connection, split as Java's ``BufferedReader.readLine`` splits them (``LineSplitter``: a
+line ends at ``\n``, ``\r`` or ``\r\n``, those two bytes in one read or two). Unlike Spark's, every line goes into a block of the write-ahead log
 (docs/receivers.md) before a batch can read it, so batches are replayed after a crash
 with exactly the same lines, and a restart continues after the last logged line (and
 connects again). The socket protocol has no acknowledgements: lines read but not yet in
@@ -18,6 +19,7 @@ reading, and TCP holds the sender back).
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import threading
 import time
@@ -33,6 +35,35 @@ from microbatch.sources.receiver import ReceiverSource
 from microbatch.sources.receiver_options import ReceiverOptions, backpressure_confs
 
 log = logging.getLogger(__name__)
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+class LineSplitter:
+    """Lines of a byte stream as Java's ``BufferedReader.readLine`` (Spark's socket source)
+    gives them: each ends at ``\n``, ``\r`` or ``\r\n``, and a ``\r`` that ends one read
+    followed by a ``\n`` that starts the next is one ending. ``feed`` gives the lines a read
+    completes; ``end`` the last one, without its ending, when the peer closes."""
+
+    def __init__(self):
+        self._pending = b""
+        self._after_cr = False      # the last read ended a line at a \r: a \n next belongs to it
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._after_cr and data.startswith(b"\n"):
+            data = data[1:]
+        self._after_cr = False
+        text, lines, start = self._pending + data, [], 0
+        for end in _LINE_END.finditer(text):
+            lines.append(text[start:end.start()])
+            start = end.end()
+            self._after_cr = end.group() == b"\r" and start == len(text)
+        self._pending = text[start:]
+        return lines
+
+    def end(self) -> list[bytes]:
+        last, self._pending = self._pending, b""
+        return [last] if last else []
 
 SCHEMA_REGULAR = StructType([StructField("value", StringType(), True)])
 SCHEMA_TIMESTAMP = StructType([StructField("value", StringType(), True),
@@ -84,7 +115,7 @@ class TextSocketSource(ReceiverSource):
         return False
 
     def _receive(self) -> None:
-        buffer = b""
+        lines = LineSplitter()
         try:
             while not self._stopping.is_set():
                 try:
@@ -97,18 +128,17 @@ class TextSocketSource(ReceiverSource):
                     return
                 if not chunk:
                     log.info("Stream closed by %s:%d", self.host, self.port)
-                    if buffer:   # Spark's readLine gives the last line without its newline
-                        self._take([buffer])
+                    last = lines.end()   # Spark's readLine gives the last line without its ending
+                    if last:
+                        self._take(last)
                     return
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
+                complete = lines.feed(chunk)
                 if complete:
                     self._take(complete)
         except Exception:  # noqa: BLE001 - the reader thread must not die silently
             log.exception("%s: the receiver failed", self)
 
-    def _take(self, raw: list[bytes]) -> None:
-        lines = [r[:-1] if r.endswith(b"\r") else r for r in raw]
+    def _take(self, lines: list[bytes]) -> None:
         rate = self.rate_limit      # maxRate, or backpressure's rate: a tenth of a second a step
         if self.options.ack_mode == "record":
             step = 1
