@@ -213,8 +213,11 @@ def test_session_state_is_readable(ss, events, tmp_path):
              .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
     query.awaitTermination(120)
     state = ss.read.format("statestore").option("batchId", 2).load(str(ckpt)).collect()
-    sessions = sorted((r.key.k, s.start.second, s.end.second) for r in state for s in r.value.sessions)
+    # (as Spark's reader shows them: a row per session, keyed by k and the session's start)
+    sessions = sorted((r.key.k, r.value.session_window.start.second, r.value.session_window.end.second)
+                      for r in state)
     assert sessions == [("a", 1, 18), ("a", 26, 32), ("b", 2, 10), ("c", 14, 21)]
+    assert sorted((r.key.k, r.key.sessionStartTime.second) for r in state) == [("a", 1), ("a", 26), ("b", 2), ("c", 14)]
 
 
 def test_event_time_of_a_watermark_under_an_aggregation_comes_from_its_partial_step(ss, events, tmp_path):
