@@ -646,10 +646,15 @@ def _run_chains(args, seed: int, workdir: str, faults: "StoreFaults | None") -> 
     ss = StreamingSession(conf={**{k: v for k, v in CHILD_CONF.items() if not k.startswith("spark.driver")},
                                 **s3_settings()})
     kinds = args.kinds.split(",")
+    printing = threading.Lock()
+
+    def log(line: str) -> None:     # (one line at a time: print writes a line's text and its end apart)
+        with printing:
+            print(line, flush=True)
     # the kinds' chains run side by side (each child is a driver, a JVM and workers)
     with concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
         chains = {kind: pool.submit(kill_chain, kind, os.path.join(workdir, kind), args.kills,
-                                    random.Random(f"{seed}-{kind}"), lambda line: print(line, flush=True))
+                                    random.Random(f"{seed}-{kind}"), log)
                   for kind in kinds}
         results, broken = {}, {}
         for kind, chain in chains.items():
