@@ -147,8 +147,10 @@ def test_a_watermark_reads_each_batchs_event_times_from_the_kept_plans_runs(ss, 
             progress = progress_of(query)[seen:]
             seen += len(progress)
             times = [p["eventTime"] for p in progress if p["numInputRows"]]
-            # this round's rows only: 0, 1 and 2 seconds into the round's minute
-            assert (times[0]["min"], times[-1]["max"]) == (iso(base + r * 60_000), iso(base + r * 60_000 + 2000))
+            # this round's rows only: 0, 1 and 2 seconds into the round's minute (in one batch or
+            # more: a loaded machine may show the topic's two partitions' records apart)
+            assert (min(t["min"] for t in times), max(t["max"] for t in times)) == \
+                (iso(base + r * 60_000), iso(base + r * 60_000 + 2000))
         assert_one_frame_a_shape(frames)
         assert query._execution.watermarks.watermark_ms == base + 2 * 60_000 + 2000 - 5000
     finally:
