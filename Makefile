@@ -13,6 +13,11 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # most of the time (PYTEST_WORKERS=0 runs them in this process, one after another).
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+# The suites held in one file deal out their tests one by one (Nexmark's) or by test class
+# (PySpark's own, a session each): by file, one process would run them all while the other
+# waits.
+PYTEST_BY_TEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load
+PYTEST_BY_CLASS := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
 .PHONY: setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos fuzz
 
@@ -37,7 +42,7 @@ test: setup
 
 # Nexmark's queries on microbatch and on Spark's engine over the same events, batch by batch
 test-nexmark: setup
-	$(PYTEST) -m nexmark
+	$(PYTEST_BY_TEST) -m nexmark
 
 # A Spark Connect client (no JVM in the test process) against a Connect server started in
 # its own process: what runs over Connect, compared with Spark's engine on the same server
@@ -55,7 +60,7 @@ test-porting: setup
 
 # PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
 test-pyspark: setup
-	$(PYTEST) pyspark_suites
+	$(PYTEST_BY_CLASS) pyspark_suites
 
 # The differential subset on each older PySpark line against that version's own engine,
 # each in its own virtual environment (.venvs/pyspark-<version>): make test-versions
