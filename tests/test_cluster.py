@@ -1,8 +1,11 @@
 """A multi-process Spark: ``local-cluster[2,1,1024]`` (two executor JVMs, each with its
 own Python workers) in a child process, a windowed aggregation and a deduplication over
-several batches, one executor JVM killed with SIGKILL while a batch runs. State
-partitions' tasks move between executors; the output must equal, batch by batch, the
-same queries on Spark's own engine in local mode."""
+several batches, an executor JVM killed with SIGKILL at a step of a batch (make
+test-faults). State partitions' tasks move between executors; the output must equal,
+batch by batch, the same queries on Spark's own engine in local mode. (An executor killed
+at a random moment of a batch was a test of its own in ``make test`` until issue 58: the
+kill right after a state partition's new version is written covers its paths, the
+re-run task and the moved partitions, at the step where they can go wrong.)"""
 from __future__ import annotations
 
 import json
@@ -54,15 +57,6 @@ def assert_equals_sparks_engine(spark, tmp_path, src: str, out: str, names: tupl
         ours, theirs = batches(spark, f"{out}/{name}"), batches(spark, f"{reference}/out/{name}")
         assert ours == theirs, name
         assert sum(map(len, ours)) > 0
-
-
-def test_stateful_queries_on_a_cluster_survive_a_killed_executor(spark, tmp_path):
-    src = str(tmp_path / "in")
-    write_json_files(src, 0, 6, rows_per_file=4)
-    out, _, stdout = run_child(tmp_path, src)
-    assert "KILLED executor" in stdout, stdout
-    assert "DONE counts" in stdout and "DONE distinct" in stdout
-    assert_equals_sparks_engine(spark, tmp_path, src, out, ("counts", "distinct"))
 
 
 @pytest.mark.faults
