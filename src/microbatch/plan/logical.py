@@ -80,6 +80,13 @@ class PlanNode:
         return "\n".join(lines)
 
 
+def stood_in(node: PlanNode) -> PlanNode:
+    """``node`` as a batch Spark's optimizer reads as it reads a batch of the stream: each
+    stateful node what stands for it (``StatefulNode.scan_filter_stand_in``)."""
+    node = children_replaced(node, [stood_in(child) for child in node.children])
+    return node.scan_filter_stand_in() if node.stateful else node
+
+
 def children_replaced(node: PlanNode, children: list[PlanNode]) -> PlanNode:
     """``node`` with other children (the same node when they are its own)."""
     if list(node.children) == children:
@@ -411,9 +418,11 @@ class StatefulNode(PlanNode):
         return True
 
     def scan_filter_stand_in(self) -> "PlanNode":
-        """What stands for it in the batch plan Spark's optimizer reads for the filters a
-        file scan gets (``runtime.scan_filters``): itself, or a step that stops filters
-        where Spark's streaming operator stops them."""
+        """What stands for it in the batch plans Spark's optimizer reads (for the filters a
+        file scan gets, ``runtime.scan_filters``; a grouping set's filter; the columns a
+        join's sides keep, ``stood_in``): itself, or a step that stops filters where
+        Spark's streaming operator stops them (and builds as a batch where the operator
+        does not, as ``dropDuplicatesWithinWatermark``)."""
         return self
 
     def watermark_column(self) -> str | None:

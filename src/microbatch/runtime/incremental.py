@@ -63,7 +63,7 @@ from pyspark.sql import functions as F
 from microbatch import spark_internals
 from microbatch.operators.aggregate.node import grouping_set_filters
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
-from microbatch.operators.join import filters_pushed_into_joins, joins_null_filtered
+from microbatch.operators.join import filters_pushed_into_joins, joins_null_filtered, joins_times_pruned
 from microbatch.operators.limit import limits_over_appends
 from microbatch.plan.logical import (NullFilter, Observe, PlanNode, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
@@ -170,6 +170,7 @@ class IncrementalExecution:
         plan = filters_pushed_into_joins(plan, empty_inputs)
         plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
+        plan = joins_times_pruned(plan, empty_inputs)
         self.plan = segments_prepared(plan)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())

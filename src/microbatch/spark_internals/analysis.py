@@ -331,7 +331,7 @@ def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any]
             while below.getClass().getSimpleName() == "Filter":
                 conditions.append(below.condition())
                 below = below.child()
-            if below.getClass().getSimpleName() == "Expand":
+            if below.getClass().getSimpleName() == "Expand" and _adds_grouping_id(below):
                 found.append((node, conditions))
         children = node.children()
         pending.extend(children.apply(i) for i in reversed(range(children.size())))
@@ -362,6 +362,48 @@ def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any]
             replaced.put(attribute, unresolved.quoted(names[position[attribute.exprId().id()]]))
         filters.append(column_of_expression(condition.transform(to_map(replaced))))
     return filters
+
+
+def pruned_from_joins(df: Any, columns: list[tuple[Any, str]]) -> list[bool]:
+    """For each ``(side, name)`` (a DataFrame ``df``'s plan joins as one side of a join, and
+    a column of it): whether Spark's optimizer prunes the column from that join's input in
+    ``df``'s optimized plan (ColumnPruning: nothing above the join reads it, nor the join's
+    condition). A streaming join exec sees only its inputs' columns, so a side's event time
+    pruned is one it has not: it drops no late rows and evicts no state by it. False when
+    the column is not an input of a join in ``df``'s analysed plan (a side Spark's analysis
+    gave new attributes, as the right side of a self-join)."""
+    def join_inputs(plan: Any) -> set[int]:
+        found, pending = set(), [plan]
+        while pending:
+            node = pending.pop()
+            children = _scala_list(node.children())
+            if node.getClass().getSimpleName() == "Join":
+                for child in children:
+                    found.update(a.exprId().id() for a in _scala_list(child.output()))
+            pending.extend(children)
+        return found
+
+    execution = df._jdf.queryExecution()
+    analyzed, optimized = join_inputs(execution.analyzed()), join_inputs(execution.optimizedPlan())
+    pruned = []
+    for side, name in columns:
+        output = _scala_list(analyzed_plan(side).output())
+        attribute = next((a for a in output if a.name().lower() == name.lower()), None)
+        ids = None if attribute is None else attribute.exprId().id()
+        pruned.append(ids is not None and ids in analyzed and ids not in optimized)
+    return pruned
+
+
+#: the column of the grouping set's id an Expand into grouping sets adds (Spark's VirtualColumn)
+GROUPING_ID = "spark_grouping_id"
+
+
+def _adds_grouping_id(expand: Any) -> bool:
+    """Whether an Expand is an expansion into grouping sets (it adds Spark's grouping id,
+    ``spark_grouping_id``), not a sliding time window's (one row per window the row is in,
+    right under an aggregation by the window)."""
+    output = expand.output()
+    return any(output.apply(i).name() == GROUPING_ID for i in range(output.size()))
 
 
 @dataclass(frozen=True)

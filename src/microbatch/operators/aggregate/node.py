@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame
 from microbatch.operators.aggregate.step import AggregateStep
 from microbatch import spark_internals
 from microbatch.plan.checks import output_mode_error, unsupported_operation
-from microbatch.plan.logical import PlanNode, StatefulNode, children_replaced, rebound
+from microbatch.plan.logical import PlanNode, StatefulNode, children_replaced, rebound, stood_in
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +116,16 @@ def grouping_set_filters(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) 
     """A rewrite the planner makes once per run: each aggregation over grouping sets with
     the filter Spark's optimizer runs between its expansion and its aggregation (``spark_internals.grouping_set_filters``), read from the
     query's template: a filter above on its keys, such as the ``isnotnull`` of a time window
-    over its window (a cube's rows with a null window never reach its state in Spark)."""
+    over its window (a cube's rows with a null window never reach its state in Spark). The
+    template is built with the stand-ins of the other stateful nodes (``stood_in``): a
+    ``dropDuplicatesWithinWatermark`` does not build as a batch, and a deduplication
+    would let a filter above it through as Spark's streaming one does not."""
     sets = [n for n in plan.nodes() if isinstance(n, Aggregate) and n.grouping is not None and n.grouping.has_sets]
     if not sets:
         return plan
     try:
-        filters = spark_internals.grouping_set_filters(plan.build(empty_inputs), [n.spec.key_names for n in sets])
+        filters = spark_internals.grouping_set_filters(stood_in(plan).build(empty_inputs),
+                                                       [n.spec.key_names for n in sets])
     except Exception:  # noqa: BLE001 - a plan Spark's optimizer refuses here: no filter moves
         log.debug("No filters read for the grouping sets of %s", plan.describe(), exc_info=True)
         return plan

@@ -49,6 +49,9 @@ class StreamJoin(StatefulNode):
     side_times: tuple = (None, None)       # each side's watermarked event-time column
     side_qualifiers: tuple = ((), ())      # each side's columns' qualifiers (``l`` of ``l.id``)
     positions: tuple = ({}, {})            # (Transform's: of the condition's Columns, per side)
+    #: per side: whether Spark's optimizer prunes its event time from the join's input
+    #: (``joins_times_pruned``), so that Spark's join exec sees no event time on it
+    times_pruned: tuple = (False, False)
 
     def __post_init__(self):
         if not self.right_keys:
@@ -146,6 +149,14 @@ class StreamJoin(StatefulNode):
         event-time key (``side_times``, found when the join is defined)."""
         return self.side_times[side]
 
+    def exec_event_time(self, side: int) -> str | None:
+        """The side's event time as Spark's join exec sees it, in its input's columns: None
+        where Spark's optimizer prunes it (nothing above the join reads it, nor the
+        condition). Its late rows and its state value eviction go by it: with it pruned,
+        Spark's exec drops no late row of the side and evicts none of its state by a time
+        comparison (its watermark still moves, from the rows below)."""
+        return None if self.times_pruned[side] else self.side_times[side]
+
     def watermark_key(self) -> int | None:
         """The index of the join key that is a side's watermarked event time (Spark looks
         at the left keys first), or None."""
@@ -163,8 +174,10 @@ class StreamJoin(StatefulNode):
         in ms (minus 1 for ``<=``); the smallest. Rows of this side whose watermarked
         column is at or before it can meet no later row. None when no comparison gives one,
         the other side has no watermark or, ``evicting``, this side has none (Spark evicts
-        by it only then; its checker, ``evicting=False``, asks only that it exists)."""
-        this_time, other_time = self.side_event_time(side), self.side_event_time(1 - side)
+        by it only then; its checker, ``evicting=False``, asks only that it exists): each
+        side's as its exec sees it (``exec_event_time``; a column a comparison reads is
+        never pruned)."""
+        this_time, other_time = self.exec_event_time(side), self.exec_event_time(1 - side)
         if other_time is None or (evicting and this_time is None):
             return None
         other_columns = [c.lower() for c in self.side_columns[1 - side]]
@@ -241,6 +254,69 @@ def joins_null_filtered(plan: PlanNode) -> PlanNode:
     """Every stream-stream join of ``plan`` with the null filters Spark infers (``with_null_filters``)."""
     plan = children_replaced(plan, [joins_null_filtered(c) for c in plan.children])
     return with_null_filters(plan) if isinstance(plan, StreamJoin) else plan
+
+
+class _SideRead(PlanNode):
+    """A join's side in the batch plan ``joins_times_pruned`` builds: the side's DataFrame
+    kept, to find its columns in the whole plan's."""
+
+    def __init__(self, child: PlanNode):
+        self.child, self.df = child, None
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs):
+        self.df = self.child.build(inputs)
+        return self.df
+
+    def describe(self) -> str:
+        return "Side read"
+
+
+def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A rewrite the planner makes once per run: each stream-stream join with the sides
+    whose event time Spark's optimizer prunes from the join's input (``times_pruned``),
+    read from the query built as a batch (each stateful node what stands for it in Spark's
+    optimizer, ``scan_filter_stand_in``): a side's watermarked column that nothing above
+    the join reads, nor its condition, never reaches Spark's join exec, which then drops
+    no late row of that side (``exec_event_time``)."""
+    joins = [n for n in plan.nodes() if isinstance(n, StreamJoin) and any(n.side_times)]
+    if not joins:
+        return plan
+    reads: dict[StreamJoin, tuple[_SideRead, _SideRead]] = {}
+
+    def batch_plan(node: PlanNode) -> PlanNode:
+        children = [batch_plan(c) for c in node.children]
+        if any(node is j for j in joins):
+            reads[node] = (_SideRead(children[0]), _SideRead(children[1]))
+            children = list(reads[node])
+        node = children_replaced(node, children)
+        return node.scan_filter_stand_in() if node.stateful else node
+
+    asked = [(join, side) for join in joins for side in (0, 1) if join.side_times[side] is not None]
+    try:
+        whole = batch_plan(plan).build(empty_inputs)
+        pruned = spark_internals.pruned_from_joins(
+            whole, [(reads[join][side].df, join.side_times[side]) for join, side in asked])
+    except Exception:  # noqa: BLE001 - a plan that does not build as a batch: the joins stay as they are
+        log.debug("No pruned event times read for the joins of %s", plan.describe(), exc_info=True)
+        return plan
+    found: dict[StreamJoin, list[bool]] = {}
+    for (join, side), gone in zip(asked, pruned):
+        found.setdefault(join, [False, False])[side] = gone
+    found = {j: f for j, f in found.items() if any(f)}
+    if not found:
+        return plan
+
+    def with_pruned(node: PlanNode) -> PlanNode:
+        replaced = children_replaced(node, [with_pruned(c) for c in node.children])
+        if node in found:
+            log.debug("Join %s: Spark's optimizer prunes the event time of sides %s", node.describe(), found[node])
+            return dataclasses.replace(replaced, times_pruned=tuple(found[node]))
+        return replaced
+    return with_pruned(plan)
 
 
 #: the sides of a stream-stream join a filter above it may move into: the sides whose rows

@@ -355,7 +355,7 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame) -> dict:
     arrow = [[spark_internals.arrow_type(f.dataType) for f in schema.fields] for schema in schemas]
 
     def event_time(side: int, schema: StructType) -> int | None:
-        column = node.side_event_time(side)
+        column = node.exec_event_time(side)
         names = [n.lower() for n in schema.fieldNames()]
         return names.index(column.lower()) if column and column.lower() in names else None
 
