@@ -129,6 +129,68 @@ def test_the_type_switch_check_sees_names_in_tuples():
     assert type_checks(source, {"Aggregate", "StreamJoin", "Deduplicate"}) == [(2, "Aggregate"), (2, "StreamJoin")]
 
 
+def schema_file_names() -> dict[str, pathlib.Path]:
+    """Every operator's name in its schema file (``operators.base.StateLayout.names``, each
+    operator's home imported) -> its home: its package, or its module if it is one file."""
+    from microbatch.operators.base import state_layouts
+    homes = {}
+    for name, layout in state_layouts().items():
+        path = pathlib.Path(sys.modules[layout.__module__].__file__)
+        homes[name] = path.parent if path.parent != SOURCE / "operators" else path
+    return homes
+
+
+def name_switches(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each string in ``source`` (a docstring aside) that is one of
+    ``names``, and of each ``.startswith(<prefix>)`` of one of them (a name in a comparison,
+    a tuple, a dict, or a prefix of one)."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names \
+                and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith" \
+                and node.args:
+            prefixes = node.args[0].elts if isinstance(node.args[0], ast.Tuple) else [node.args[0]]
+            for prefix in prefixes:
+                if isinstance(prefix, ast.Constant) and isinstance(prefix.value, str) and prefix.value \
+                        and prefix.value not in names and any(n.startswith(prefix.value) for n in names):
+                    found.append((node.lineno, f"{prefix.value}..."))
+    return sorted(found)
+
+
+def test_no_switch_on_an_operator_schema_file_name_outside_its_home():
+    """What reads a checkpoint without the query (the conversions, the state reader, the
+    checkpoint toolkit, progress) asks the operator's ``StateLayout``
+    (``operators.base.state_layout(name)``); only the operator's own home names it."""
+    homes = schema_file_names()
+    assert {"stateStoreSave", "sessionWindowStateStoreSaveExec", "dedupe", "dedupeWithinWatermark",
+            "globalLimit", "symmetricHashJoin", "applyInPandasWithState", "transformWithStateInPandasExec",
+            "transformWithStateInPySparkExec"} <= set(homes)
+    found = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        for line, name in name_switches(path.read_text(), set(homes)):
+            named = [n for n in homes if n == name or (name.endswith("...") and n.startswith(name[:-3]))]
+            outside = [n for n in named if not (path == homes[n] or homes[n] in path.parents)]
+            if outside:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {name!r} outside "
+                             f"{', '.join(sorted({str(homes[n].relative_to(ROOT)) for n in outside}))}")
+    assert not found, ("Switches on an operator's schema-file name outside its home (ask its layout instead: "
+                       "operators.base.StateLayout):\n" + "\n".join(found))
+
+
+def test_the_name_switch_check_sees_names_and_prefixes():
+    source = ('"""globalLimit, in a docstring."""\n'
+              "def f(doc, name):\n    return doc['operatorName'] in ('dedupe', 'x') or name == \"globalLimit\" \\\n"
+              "        or name.startswith('transformWithState') or name.startswith('spark.')\n")
+    assert name_switches(source, {"dedupe", "globalLimit", "transformWithStateInPandasExec"}) == [
+        (3, "dedupe"), (3, "globalLimit"), (4, "transformWithState...")]
+
+
 def test_an_operator_that_does_not_answer_for_its_policy_fails_when_defined():
     import pytest
 

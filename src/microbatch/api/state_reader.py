@@ -24,6 +24,7 @@ from microbatch.checkpoint.commits import CommitLog
 from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
 from microbatch.errors import AnalysisException, CheckpointError, IllegalArgumentException
 from microbatch.checkpoint.offsets import OffsetSeqLog
+from microbatch.operators.base import state_layout
 from microbatch.operators.spark_stores import spark_stores
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, StateStoreConf, StateStoreId,
                                     provider_class)
@@ -98,6 +99,7 @@ class StateStoreReader:
         doc = json.loads(fs.read_text(schema_path))
         key_type = StructType.fromJson(doc["keySchema"])
         value_type = StructType.fromJson(doc["valueSchema"])
+        layout = state_layout(doc.get("operatorName"))
         join_side = self._options.get("joinside")
         if join_side is not None:   # one side of a stream-stream join: its rows per key
             join_side = join_side.lower()
@@ -105,22 +107,19 @@ class StateStoreReader:
                 raise IllegalArgumentException(
                     f"Invalid value '{self._options['joinside']}' for option 'joinSide': it must be "
                     "'left' or 'right'.")
-            if doc.get("operatorName") != "symmetricHashJoin":
+            if join_side not in layout.sides:
                 raise IllegalArgumentException(
                     f"Option 'joinSide' reads a stream-stream join's state, but operator {operator} "
                     f"is {doc.get('operatorName')}. Give the join's operatorId, or drop the option.")
-            store_name = f"{join_side}-keyWithIndexToValue"
-            key_type = StructType([StructField(f"field{i}", f.dataType, f.nullable)
-                                   for i, f in enumerate(key_type.fields)])
-            value_type = value_type[join_side].dataType
+            store_name, key_type, value_type = layout.side_store(join_side, key_type, value_type)
         # a session window's sessions are one row per key here and one per session in Spark's
-        # store: the reader shows Spark's rows (operators.spark_stores)
+        # store: the reader shows Spark's rows (StateLayout.read_as_spark)
         as_spark = spark_stores(doc["operatorName"], key_type, value_type, doc) \
-            if doc.get("operatorName") == "sessionWindowStateStoreSaveExec" and join_side is None else None
+            if layout.read_as_spark and join_side is None else None
         if as_spark:
             key_type, value_type = as_spark[0].spark_key, as_spark[0].spark_value
         variable = None
-        if str(doc.get("operatorName", "")).startswith("transformWithState"):
+        if layout.in_column_families:
             variable, store_name, key_type, value_type = self._state_variable(doc, key_type, value_type, operator)
         partitions = sorted(int(n) for n in fs.list(op_dir) if n.isdigit())
         if "storename" in self._options:   # a name the user gave, not one derived above

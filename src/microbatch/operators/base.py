@@ -1,5 +1,6 @@
-"""What every stateful operator's home builds on: the planning step, the state task, and
-what a batch hands the one to the other.
+"""What every stateful operator's home builds on: the planning step, the state task, what
+a batch hands the one to the other, and the layout of its state in a checkpoint, in both
+engines (``StateLayout``).
 
 An operator is three things, kept together in its own module:
 
@@ -16,7 +17,9 @@ An operator is three things, kept together in its own module:
   the batch twice, a retried task) steps the store back to version N and commits the same
   N+1 again;
 - its **state schema**, the key and value of its store (``StatefulStep.state_schema``),
-  kept in ``state/<op>/_metadata/schema`` and checked at a restart.
+  kept in ``state/<op>/_metadata/schema`` and checked at a restart; and, for what reads a
+  checkpoint without the query, that state's layout under the names its schema file gives
+  the operator, in microbatch's files and Spark's (a ``StateLayout``).
 
 Two watermarks apply in batch N, as in Spark: rows at or before the *previous* batch's
 watermark are late (dropped, counted as ``numRowsDroppedByWatermark``), and state at or
@@ -65,7 +68,8 @@ class DictSum(AccumulatorParam):
 def state_operator_progress(name: str, metrics: dict, state_partitions: int, shuffle_partitions: int) -> dict:
     """One ``stateOperators`` entry with Spark's fields and order (the name and the
     shuffle partitions as the running Spark reports them)."""
-    entry: dict[str, Any] = {"operatorName": spark_internals.progress_operator_name(name)}
+    entry: dict[str, Any] = {"operatorName": spark_internals.progress_operator_name(
+        name, state_layout(name).unnamed_in_progress_before_4)}
     for key in STATE_OPERATOR_FIELDS:
         entry[key] = int(metrics.get(key, 0))
     instances = int(metrics.get("numStateStoreInstances", 0))
@@ -301,3 +305,93 @@ def row_filter_udf(task):
     with warnings.catch_warnings():   # the UDF type is given, not inferred from type hints
         warnings.simplefilter("ignore", UserWarning)
         return arrow_udf(task, "boolean", ArrowUDFType.SCALAR_ITER).asNondeterministic()
+
+
+# -- the layout of its state in a checkpoint, in both engines -------------------------------
+#: Each operator's ``StateLayout``, by the name its schema file gives it (``state_layouts``)
+_LAYOUTS: dict[str, type["StateLayout"]] = {}
+_homes_imported = False
+
+
+class StateLayout:
+    """How an operator's state is laid out in a checkpoint, in microbatch's files and in
+    Spark's engine's (docs/porting.md), for what reads a checkpoint without the query's plan
+    (the conversions, the state reader, the checkpoint toolkit, progress): the schema-file
+    names it answers for (``StatefulStep.name``), its stores in both engines, and what those
+    readers ask of them. An operator's home declares it beside its
+    step (a package home in its ``spark_layout`` module, a module home in itself), and the
+    subclass registers itself under its ``names`` when it is defined. An operator whose
+    state does not move between the engines declares none; the answers of this class are
+    the ones it then gets (``state_layout``)."""
+
+    #: the names its schema file gives the operator (Spark's names of the operator)
+    names: tuple[str, ...] = ()
+    #: the operator as users know it (naming what moves, in a refusal)
+    known_as = ""
+    #: its state is in Spark's RocksDB column families, one per state variable, not in
+    #: stores (a transformWithState's: its home converts them)
+    in_column_families = False
+    #: its state is one partition's, whatever its key (a limit's null key)
+    one_partition = False
+    #: its schema file's key and value are those of its one store, ``default`` (not a
+    #: join's four stores, a transformWithState's one per state variable)
+    one_store = True
+    #: the state reader shows Spark's rows, microbatch's being reshaped (a session window's)
+    read_as_spark = False
+    #: the sides the state reader reads one at a time (option ``joinSide``: ``side_store``)
+    sides: tuple[str, ...] = ()
+    #: Spark 3.5 gives it no short name in progress (``defaultName``)
+    unnamed_in_progress_before_4 = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in cls.names:
+            known = _LAYOUTS.get(name, cls)
+            if (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise TypeError(f"The schema-file name {name} has a layout already: {known.__qualname__}")
+            _LAYOUTS[name] = cls
+
+    @classmethod
+    def stores(cls, name: str, key: StructType, value: StructType, extras: dict) -> list | None:
+        """Its stores in both engines (``operators.spark_stores.SparkStore``), given the
+        schema-file name, its state schema (``StatefulStep.state_schema``) and what its
+        schema file records besides (``StatefulStep._document_extras``), or None when its
+        state does not move as stores (the schema file of an earlier microbatch lacks what
+        Spark's rows need; none declared)."""
+        return None
+
+    @classmethod
+    def side_store(cls, side: str, key: StructType, value: StructType) -> tuple[str, StructType, StructType]:
+        """One of ``sides``: the store the state reader reads, and the key and value it shows."""
+        raise NotImplementedError
+
+
+def _import_homes() -> None:
+    """Every operator's home (a package home's ``spark_layout`` module, a module home), once:
+    its ``StateLayout`` registers when it is defined."""
+    global _homes_imported
+    if not _homes_imported:
+        import importlib
+        import importlib.util
+        import pkgutil
+
+        import microbatch.operators as operators
+        for module in pkgutil.iter_modules(operators.__path__, "microbatch.operators."):
+            name = f"{module.name}.spark_layout" if module.ispkg else module.name
+            if not module.ispkg or importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+        _homes_imported = True
+
+
+def state_layouts() -> dict[str, type[StateLayout]]:
+    """Every operator's ``StateLayout`` by schema-file name, in the order of their homes'
+    modules."""
+    _import_homes()
+    return dict(sorted(_LAYOUTS.items(), key=lambda item: item[1].__module__))
+
+
+def state_layout(operator_name: str | None) -> type[StateLayout]:
+    """The ``StateLayout`` of the operator its schema file names so (``StateLayout`` itself
+    for a name none declares)."""
+    _import_homes()
+    return _LAYOUTS.get(operator_name or "", StateLayout)

@@ -1,4 +1,5 @@
-"""Deduplication, its home: its plan node and policy, its step, its task, its state.
+"""Deduplication, its home: its plan node and policy, its step, its task, its state and
+that state's layout in Spark's engine (``DedupLayout``, ``DedupWithinWatermarkLayout``).
 
 ``dropDuplicates`` and ``dropDuplicatesWithinWatermark`` (Spark's
 ``StreamingDeduplicateExec`` and ``StreamingDeduplicateWithinWatermarkExec``). The step
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator
 
 import numpy as np
@@ -22,12 +24,13 @@ import pyarrow.compute as pc
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+from pyspark.sql.types import BooleanType, LongType, NullType, StructField, StructType
 
 from microbatch import spark_internals
-from microbatch.operators.base import (KEEP_COLUMN, OperatorBatch, StatefulStep, StateTask, quoted, task_partition,
-                                       row_filter_udf, store_field)
+from microbatch.operators.base import (KEEP_COLUMN, OperatorBatch, StatefulStep, StateLayout, StateTask, quoted,
+                                       task_partition, row_filter_udf, store_field)
 from microbatch.operators.event_time_stats import EventTimeStats
+from microbatch.operators.spark_stores import SparkStore, values_mapped
 from microbatch.plan.checks import unsupported_operation
 from microbatch.plan.logical import Apply, PlanNode, StatefulNode
 
@@ -274,3 +277,38 @@ class DedupStep(StatefulStep):
         key = StructType([by_name[k] for k in self.node.keys])
         within = self.node.within_watermark
         return key, StructType([StructField("expiresAtMicros", LongType(), False)] if within else [])
+
+
+# -- its state in Spark's engine (operators.spark_stores) ---------------------------------
+_DUMMY = StructType([StructField("__dummy__", NullType(), True)])
+
+
+def _null_value(_: tuple) -> tuple:
+    return (None,)
+
+
+def _no_value(_: tuple) -> tuple:
+    return ()
+
+
+class DedupLayout(StateLayout):
+    """``dropDuplicates``: the key -> nothing (Spark: one null ``__dummy__``)."""
+
+    names = ("dedupe",)
+    known_as = "dropDuplicates"
+
+    @classmethod
+    def stores(cls, name: str, key: StructType, value: StructType, extras: dict) -> list[SparkStore] | None:
+        return [SparkStore("default", key, value, key, _DUMMY, partial(values_mapped, _null_value),
+                           partial(values_mapped, _no_value))]
+
+
+class DedupWithinWatermarkLayout(StateLayout):
+    """``dropDuplicatesWithinWatermark``: the key -> its expiry, in both engines."""
+
+    names = ("dedupeWithinWatermark",)
+    known_as = "dropDuplicatesWithinWatermark"
+
+    @classmethod
+    def stores(cls, name: str, key: StructType, value: StructType, extras: dict) -> list[SparkStore] | None:
+        return [SparkStore("default", key, value, key, value)]

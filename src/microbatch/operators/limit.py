@@ -1,5 +1,6 @@
 """A streaming limit (Spark's ``StreamingGlobalLimitExec``), its home: its plan node and
-policy, its step, its task, its state.
+policy, its step, its task, its state and that state's layout in Spark's engine
+(``LimitLayout``).
 
 The step is the batch's plain limit (one partition, the batch's order), then one task: the batch's rows (already limited to ``n`` by a
 plain limit, in the batch's order) arrive in one partition; the task reads how many rows
@@ -19,7 +20,8 @@ from pyspark.sql.types import LongType, NullType, StructField, StructType
 
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException
-from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, task_partition
+from microbatch.operators.base import OperatorBatch, StatefulStep, StateLayout, StateTask, task_partition
+from microbatch.operators.spark_stores import SparkStore
 from microbatch.plan.logical import PlanNode, StatefulNode, Transform, children_replaced
 
 KEY_SCHEMA = pa.schema([pa.field("key", pa.null())])
@@ -125,6 +127,18 @@ class LimitStep(StatefulStep):
 
     def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
         return StructType([StructField("key", NullType())]), StructType([StructField("value", LongType())])
+
+
+class LimitLayout(StateLayout):
+    """A null key -> the rows emitted so far, in both engines, in partition 0 only."""
+
+    names = ("globalLimit",)
+    known_as = "limits"
+    one_partition = True
+
+    @classmethod
+    def stores(cls, name: str, key: StructType, value: StructType, extras: dict) -> list[SparkStore] | None:
+        return [SparkStore("default", key, value, key, value)]
 
 
 def limits_over_appends(plan: PlanNode) -> PlanNode:

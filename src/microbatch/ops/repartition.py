@@ -42,6 +42,7 @@ from microbatch.checkpoint.commits import CommitMetadata
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError
+from microbatch.operators.base import state_layout
 from microbatch.ops.checkpoint_reader import SHUFFLE_PARTITIONS, CheckpointReader
 from microbatch.state.files import StateFiles, from_struct_array, to_struct_array
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, SPARK_HDFS_PROVIDER,
@@ -171,7 +172,7 @@ def _rewrite_state(spark: SparkSession, ckpt: CheckpointReader, read_version: in
         if doc is None:
             raise _invalid(ckpt.root, "UNSUPPORTED_STATEFUL_OPERATOR",
                            operatorName=f"operator {operator} (its state was not written by microbatch)")
-        single = not doc["keySchema"].get("fields") or doc["operatorName"] == "globalLimit"
+        single = not doc["keySchema"].get("fields") or state_layout(doc["operatorName"]).one_partition
         key_count = len(doc["keySchema"].get("fields", []))
         stores = ckpt.stores(operator)
         for store_name in sorted({s.store for s in stores}):

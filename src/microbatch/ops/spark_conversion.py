@@ -7,10 +7,11 @@ with the query stopped (it holds the run lease meanwhile):
 
 1. The last batch ``L`` must be committed (a batch planned and not committed is refused:
    run the query until it commits, or ``checkpoint rollback``). Every stateful operator
-   must be one whose state Spark's engine keeps in the same rows
-   (``operators/spark_stores.py``: aggregations with or without session windows,
-   deduplications, stream-stream joins, limits, applyInPandasWithState, transformWithState);
-   anything else is refused before a file is written.
+   must be one whose state Spark's engine keeps in the same rows (each operator's
+   ``StateLayout`` in its home, ``operators/spark_stores.py`` says where: aggregations with
+   or without session windows, deduplications, stream-stream joins, limits,
+   applyInPandasWithState, transformWithState); anything else is refused before a file is
+   written.
 2. Spark's provider is chosen: the one matching microbatch's (its RocksDB provider: Spark's
    ``RocksDBStateStoreProvider``; else Spark's ``HDFSBackedStateStoreProvider``), Spark's
    RocksDB provider whenever a transformWithState is among the operators (Spark runs it on
@@ -54,9 +55,10 @@ from microbatch import spark_internals
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError
-from microbatch.operators.base import store_field
-from microbatch.operators.spark_stores import (
-    MOVABLE, TIMER_FAMILY_PREFIX, SparkStore, spark_stores, tws_rows_to_spark, tws_spark_families,
+from microbatch.operators.base import state_layout, store_field
+from microbatch.operators.spark_stores import SparkStore, movable, spark_stores
+from microbatch.operators.transform_with_state.spark_layout import (
+    TIMER_FAMILY_PREFIX, tws_rows_to_spark, tws_spark_families,
 )
 from microbatch.operators.transform_with_state.schema import (
     ENCODING_FORMAT_CONF, state_store_schemas, variables_from_document,
@@ -81,7 +83,6 @@ log = logging.getLogger(__name__)
 SPARK_PROVIDERS = {"hdfs": SPARK_HDFS_PROVIDER, "rocksdb": SPARK_ROCKSDB_PROVIDER}
 MERGE_OPERATOR_CONF = "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion"
 ROCKSDB_FORMAT_CONF = "spark.sql.streaming.stateStore.rocksdb.formatVersion"
-TRANSFORM_WITH_STATE = ("transformWithStateInPandasExec", "transformWithStateInPySparkExec")
 #: Spark's names of the time and output modes, in its operator properties
 _TIME_MODES = {"none": "NoTime", "processingtime": "ProcessingTime", "eventtime": "EventTime"}
 _OUTPUT_MODES = {"append": "Append", "update": "Update", "complete": "Complete"}
@@ -239,10 +240,11 @@ def _operators(ckpt: CheckpointReader, recorded: dict[str, str]) -> list[_Operat
                                       "(it has no state/<op>/_metadata/schema)",
                            "Only checkpoints microbatch wrote are converted.")
         name = doc.get("operatorName")
+        layout = state_layout(name)
         key = StructType.fromJson(doc["keySchema"])
         partitions = ckpt.partitions(operator)
         count = int(shuffle_partitions) if shuffle_partitions else max(partitions, default=0) + 1
-        if name in TRANSFORM_WITH_STATE:
+        if layout.in_column_families:
             variables = variables_from_document(doc) if "timeMode" in doc else None
             if variables is None:
                 raise _refusal(ckpt.root, f"the schema file of stateful operator {operator} ({name}) was written "
@@ -257,16 +259,16 @@ def _operators(ckpt: CheckpointReader, recorded: dict[str, str]) -> list[_Operat
                                    variables, doc["timeMode"], doc.get("outputMode", "append")))
             continue
         stores = spark_stores(name, key, StructType.fromJson(doc["valueSchema"]), doc)
-        if stores is None and name in MOVABLE:
+        if stores is None and name in movable():
             raise _refusal(ckpt.root, f"the schema file of stateful operator {operator} ({name}) was written "
                                       "by an earlier microbatch, which did not record what Spark's rows need "
                                       "(the session window's place among the grouping columns, or the timeout)",
                            earlier)
         if stores is None:
             raise _refusal(ckpt.root, f"stateful operator {operator} is {name}, whose state is not converted "
-                                      f"yet (converted: {', '.join(MOVABLE.values())}, transformWithState)",
+                                      f"yet (converted: {', '.join(dict.fromkeys(movable().values()))})",
                            earlier)
-        if stores[0].key.fields and name != "globalLimit":
+        if stores[0].key.fields and not layout.one_partition:
             # Spark's engine loads every partition's store of a keyed operator: one microbatch
             # never wrote (no row ever hashed to it) gets an empty snapshot
             partitions = sorted(set(partitions) | set(range(count)))

@@ -40,6 +40,7 @@ from microbatch.checkpoint.file_stream_log import (COMPACT_FILE_SUFFIX, SINK_MET
                                                    all_valid_batches, live_files, uri_to_path)
 from microbatch.checkpoint.fs import storage_for
 from microbatch.errors import CheckpointError
+from microbatch.operators.base import state_layout
 from microbatch.ops.checkpoint_reader import SHUFFLE_PARTITIONS, CheckpointReader, StateStoreFiles
 
 DAMAGE, NOTE = "DAMAGE", "NOTE"
@@ -244,8 +245,8 @@ class Verifier:
             if not spark_written and doc is None and not self.fs.exists(schema_path):
                 self.damage(schema_path, "is missing: the operator's key and value schema are unknown")
             if doc is not None and partitions is not None:
-                expected = 1 if (not doc["keySchema"].get("fields") or doc["operatorName"] == "globalLimit") \
-                    else partitions
+                expected = 1 if (not doc["keySchema"].get("fields")
+                                 or state_layout(doc["operatorName"]).one_partition) else partitions
                 present = {s.partition for s in stores}
                 for partition in range(expected):
                     if partition not in present:
@@ -401,8 +402,7 @@ def _expected_schema(doc: dict) -> tuple | None:
     from pyspark.sql.types import StructType
 
     from microbatch.state.files import storage_type
-    if doc.get("operatorName") in ("symmetricHashJoin",) or str(doc.get("operatorName", "")).startswith(
-            "transformWithState"):
+    if not state_layout(doc.get("operatorName")).one_store:
         return None
     try:
         key = storage_type(spark_internals.arrow_type(StructType.fromJson(doc["keySchema"])))

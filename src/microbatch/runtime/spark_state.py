@@ -12,9 +12,10 @@ eager, at the start of the first run: a store already converted (a run that fail
 way) is not converted again.
 
 Adopted: every stateful operator. Those whose stores microbatch keeps as Spark does
-(``operators/spark_stores.py``: aggregations, session windows included, deduplications,
-stream-stream joins, limits, applyInPandasWithState) store by store; a transformWithState
-from the column families of Spark's RocksDB (``tws_rows_from_spark``). A schema that
+(each operator's ``StateLayout`` in its home, ``operators/spark_stores.py`` says where:
+aggregations, session windows included, deduplications, stream-stream joins, limits,
+applyInPandasWithState) store by store; a transformWithState from the column families of
+Spark's RocksDB (``operators/transform_with_state/spark_layout.py``). A schema that
 differs from the query's, a format this reader does not know, or Spark's Avro encoding is
 refused before anything is written.
 """
@@ -30,7 +31,8 @@ import pyarrow as pa
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.errors import CheckpointError
 from microbatch.operators.base import store_field
-from microbatch.operators.spark_stores import MOVABLE, spark_stores, tws_rows_from_spark
+from microbatch.operators.spark_stores import movable, spark_stores
+from microbatch.operators.transform_with_state.spark_layout import tws_rows_from_spark
 from microbatch.operators.transform_with_state.schema import state_store_schemas
 from microbatch.state.files import StateFiles
 from microbatch.state.spark_format import (
@@ -107,7 +109,7 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
         stores = spark_stores(op.name, key, value, json.loads(op.step.schema_document(key, value)))
         if stores is None:
             raise refuse(f"stateful operator {op.id} ({op.name}, {node.describe()}) is "
-                         "not among those adopted so far (" + ", ".join(MOVABLE.values()) + ")")
+                         "not among those adopted so far (" + ", ".join(dict.fromkeys(movable().values())) + ")")
         for store in stores:
             where = f"operator {op.id}" + ("" if store.name == "default" else f", store {store.name}")
             try:

@@ -114,10 +114,10 @@ def progress_shuffle_partitions(state_partitions: int, shuffle_partitions: int, 
     return state_partitions if store_instances else 0
 
 
-def progress_operator_name(name: str) -> str:
-    """A state operator's ``operatorName`` in progress: Spark 3.5 gives the session
-    window's operator no short name (``defaultName``)."""
-    if name == "sessionWindowStateStoreSaveExec" and not running_version().at_least_4:
+def progress_operator_name(name: str, unnamed_before_4: bool = False) -> str:
+    """A state operator's ``operatorName`` in progress: Spark 3.5 gives some no short name
+    (``defaultName``: the session window's, whose home says so)."""
+    if unnamed_before_4 and not running_version().at_least_4:
         return "defaultName"
     return name
 

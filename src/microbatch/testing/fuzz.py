@@ -943,11 +943,13 @@ def _state_partitions(reader, checkpoint: str, operator: int, join_side: str | N
 def _compare_state(spark, ss, theirs: EngineRun, ours: EngineRun, result: Result) -> tuple[str, str] | None:
     """The state rows per operator and partition, as Spark's reader reads Spark's checkpoint
     and microbatch's reader microbatch's; an operator either cannot read is skipped."""
+    from microbatch.operators.base import state_layout
     for i, name in enumerate(theirs.operators):
-        if name.startswith("transformWithState"):
+        layout = state_layout(name)
+        if layout.in_column_families:
             result.state_skipped.append(f"{name} (state variables, not rows)")
             continue
-        sides = ("left", "right") if name == "symmetricHashJoin" else (None,)
+        sides = layout.sides or (None,)
         for side in sides:
             what = f"operator {i} ({name}{', ' + side if side else ''})"
             try:

@@ -1,5 +1,6 @@
 """``applyInPandasWithState``, its home: its plan node and policy (``node``), its step and
-task (``step``: one Spark task per state partition), its state.
+task (``step``: one Spark task per state partition), its state and that state's layout in
+Spark's engine (``spark_layout``).
 
 Spark's ``FlatMapGroupsInPandasWithStateExec``. The batch's rows, hash-partitioned by
 the grouping keys into the state partitions, reach the task as Arrow; the task opens

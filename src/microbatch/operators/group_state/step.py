@@ -161,7 +161,7 @@ class GroupStateStep(StatefulStep):
         return self.bind([df], task, self.map_by_keys(shape["partition"], shape["output"]))
 
     def _document_extras(self) -> dict:
-        # (Spark keeps no timeoutTimestamp without a timeout: spark_stores.py)
+        # (Spark keeps no timeoutTimestamp without a timeout: spark_layout.py)
         return {"timeout": self.node.timeout}
 
     def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
