@@ -443,6 +443,7 @@ class StreamFrame:
             cols = tuple(cols[0])
         cols = self._own(cols)
         self._template.groupBy(*cols).count()   # a wrong column fails here, as in Spark
+        self._checked_as_on_a_stream(lambda frame: frame.groupBy(*cols).count(), cols)
         return GroupedStream(self, tuple(cols))
 
     groupby = groupBy
@@ -466,7 +467,16 @@ class StreamFrame:
             cols = tuple(cols[0])
         cols = self._own(cols)
         grouping.of(self._template, cols).count()   # PySpark's and Spark's checks, here
+        self._checked_as_on_a_stream(lambda frame: grouping.of(frame, cols).count(), cols)
         return GroupedStream(self, tuple(cols), grouping)
+
+    def _checked_as_on_a_stream(self, step: Callable[[Any], Any], cols: tuple) -> None:
+        """Spark's ambiguous self-join check (``_LEGACY_ERROR_TEMP_1182``) of a grouping that
+        names a frame's column (``df["k"]``, ``F.window(df.ts, ...)``) after a join, as the
+        analysis of a stream's plan makes it: it refuses some the template's batch analysis
+        accepts (``spark_internals.ambiguous_on_a_stream``)."""
+        if spark_internals.bound_attribute_ids(cols):
+            spark_internals.ambiguous_on_a_stream(self._template, step)
 
     def agg(self, *exprs: Any) -> "StreamFrame":
         """A global aggregation: one row over the whole stream."""

@@ -14,7 +14,7 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 # module named for what it does (analysis, binding, catalog, errors, jvm, metrics,
 # relations, session, versions).
 from microbatch.spark_internals.analysis import (
-    AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, analyzed_plan, column_sql, conjunct_sides,
+    AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, ambiguous_on_a_stream, analyzed_plan, column_sql, conjunct_sides,
     bound_attribute_ids, conjuncts_without_column, event_time_barrier, event_time_marked, grouping_set_filters, is_global_aggregation,
     output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
@@ -77,7 +77,7 @@ __all__ = [
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
-    "reads_only_files", "scan_filters",
+    "reads_only_files", "scan_filters", "ambiguous_on_a_stream",
 ]
 
 # -- Spark Connect: the same names, chosen by the kind of their first argument ---------------
@@ -152,6 +152,7 @@ event_time_marked = _by_kind(event_time_marked, lambda df, column, delay_ms: df.
     column, {"spark.watermarkDelayMs": int(delay_ms)}))
 grouping_columns = _by_kind(grouping_columns, _refused("applyInPandasWithState or transformWithState"))
 grouping_column_names = _by_kind(grouping_column_names, _refused("applyInPandasWithState or transformWithState"))
+ambiguous_on_a_stream = _by_kind(ambiguous_on_a_stream, lambda df, step: None)   # (Connect: none)
 grouped_dataframe = _by_kind(grouped_dataframe, _refused("applyInPandasWithState or transformWithState"))
 window_function_error = _by_kind(window_function_error, _refused("A window function (OVER)"))
 with_batch_timestamp = _by_kind(with_batch_timestamp, _refused("current_timestamp()/now() in a stream"))

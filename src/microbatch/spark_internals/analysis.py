@@ -2,6 +2,7 @@
 projections and groupings read from analysed plans."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -787,3 +788,60 @@ def event_time_barrier(df: Any, column: str) -> Any:
     (as it does through EventTimeWatermark, which a batch plan drops)."""
     from pyspark.sql import functions as F
     return df.withColumn(column, F.explode_outer(F.array(F.col(f"`{column}`"))))
+
+
+#: Spark's ambiguous self-join check (DetectAmbiguousSelfJoin)
+AMBIGUOUS_SELF_JOIN = "_LEGACY_ERROR_TEMP_1182"
+
+
+def ambiguous_on_a_stream(df: Any, step: Any) -> None:
+    """Spark's ambiguous self-join check as its analysis of a *stream's* plan makes it, for
+    ``step(df)`` (a grouping of ``df``, analysed): Spark's AnalysisException
+    (``_LEGACY_ERROR_TEMP_1182``) where that analysis refuses the step, else nothing.
+
+    The check finds a frame's column (``df["k"]``) ambiguous where the analysed plan gives
+    it another attribute than the frame's own, as a rollup's or cube's alias of a grouping
+    column, or a window over a frame's time column, does, in a plan with a join. A batch
+    plan's analysis first renews the attributes of duplicated expansions
+    (DeduplicateRelations: a sliding window's Expand under a rollup's), after which the
+    column is not ambiguous; the analysis of a stream's plan skips that renewal (it leaves
+    a streaming plan alone), so Spark's engine refuses a query the template's batch
+    analysis accepts. Here ``df``'s plan is analysed again with every leaf an empty
+    relation marked as a stream's (the same attributes and Dataset tags): analysis only,
+    nothing runs, and only this refusal is taken from it."""
+    from pyspark.errors import AnalysisException
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    joins = []
+
+    def as_stream(node: Any) -> Any:
+        children = _scala_list(node.children())
+        if node.getClass().getSimpleName() == "Join":
+            joins.append(node)
+        if not children:
+            leaf = _streaming_relation(node.output())
+            leaf.copyTagsFrom(node)
+            return leaf
+        return node.withNewChildren(to_seq([as_stream(c) for c in children]))
+
+    stream_plan = as_stream(df._jdf.logicalPlan())
+    if not joins:   # (the check finds no self-join in a plan without a join)
+        return
+    try:
+        step(dataframe_of_plan(df.sparkSession, stream_plan))
+    except AnalysisException as e:
+        condition = getattr(e, "getCondition", None) or e.getErrorClass   # (3.5: no getCondition)
+        if condition() == AMBIGUOUS_SELF_JOIN:
+            raise
+
+
+def _streaming_relation(output: Any) -> Any:
+    """An empty LocalRelation of ``output`` marked as a stream's (``isStreaming``)."""
+    cls = jvm_class("org.apache.spark.sql.catalyst.plans.logical.LocalRelation")
+    extra = [jvm_class("scala.None$")] * (_local_relation_arity() - 3)   # (4.x: the stream, an Option)
+    return cls(output, jvm_class("org.apache.spark.api.python.PythonUtils").toSeq([]), True, *extra)
+
+
+@functools.lru_cache(maxsize=1)
+def _local_relation_arity() -> int:
+    cls = jvm_class("java.lang.Class").forName("org.apache.spark.sql.catalyst.plans.logical.LocalRelation")
+    return max(len(c.getParameterTypes()) for c in cls.getConstructors())
