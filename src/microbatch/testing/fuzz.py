@@ -31,6 +31,13 @@ Spark runs is a refusal, listed by kind (the first line of microbatch's message)
 A failing query is minimised (its lines dropped one at a time while the same difference
 remains) and printed as code, with its seed and the first batch that differs.
 
+Where Spark's engine is not the reference, a result says so, counted and listed apart from
+the failures: ``known-difference`` where Spark's results depend on its optimizer reusing an
+exchange (``EXCHANGE_REUSE``: the query differs as it runs, and Spark's engine with
+``spark.sql.exchange.reuse`` off gives microbatch's results), and ``spark-internal-error``
+where Spark's engine fails with an internal error (SQLSTATE class ``XX``, e.g. its
+optimizer's plan validation) and microbatch runs the query.
+
 ``--plant NAME`` sets ``spark.microbatch.testing.plant`` on the session for microbatch's
 runs only: a test-only hook of the engine that plants a known bug, which the fuzzer must
 find.
@@ -39,6 +46,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import dataclasses
+import io
 import json
 import os
 import random
@@ -52,6 +62,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pandas as pd
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StatefulProcessor
 
 PLANT_CONF = "spark.microbatch.testing.plant"
@@ -734,6 +745,7 @@ class EngineRun:
     stage: str = ""           # where it failed: define, start, run, timeout
     checkpoint: str = ""
     operators: list[str] = field(default_factory=list)
+    plan: str = ""            # Spark's engine: the last batch's physical plan (``explain()``)
 
     @property
     def refused_early(self) -> bool:
@@ -795,6 +807,14 @@ def _run_once(session, query: Query, dirs: tuple[Path, Path], static, ckpt: str,
         batch.input_rows = p.numInputRows
         batch.operators = tuple((op.operatorName, op.numRowsTotal) for op in p.stateOperators)
         out.operators = [op.operatorName for op in p.stateOperators]
+    if out.error is None and isinstance(session, SparkSession):   # (Spark's plan, for EXCHANGE_REUSE)
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                running.explain()
+        except Exception:   # noqa: BLE001 - no plan to read: not a difference of its own
+            printed = io.StringIO()
+        out.plan = printed.getvalue()
 
 
 def _error_kind(error: BaseException) -> str:
@@ -877,8 +897,9 @@ def _first_line(error: BaseException) -> str:
 @dataclass
 class Result:
     """What one query did. ``status``: ok, differs, both-refused, microbatch-refuses,
-    spark-refuses-microbatch-runs (a failure, as differs is), or skipped (Spark's own
-    run did not end)."""
+    spark-refuses-microbatch-runs (a failure, as differs is), known-difference and
+    spark-internal-error (where Spark's engine is no reference: listed, not failures), or
+    skipped (Spark's own run did not end)."""
     seed: int
     query: Query
     status: str
@@ -988,32 +1009,12 @@ def run_case(spark, case: Case, plant: str | None = None, query: Query | None = 
     theirs = EngineRun(checkpoint=str(work / "spark"))
     ours = EngineRun(checkpoint=str(work / "microbatch"))
     ss = StreamingSession(spark)
-    tws = "transformWithState" in query.text
     try:
-        parts = [query.restart_after, None] if query.restart_after is not None else [None]
-        done1 = done2 = 0
-        for part in parts:
-            end1 = len(case.files1) if part is None else min(part, len(case.files1))
-            end2 = len(case.files2) if part is None else min(part, len(case.files2))
-            _write_files(dirs[0], case.files1, done1, end1)
-            _write_files(dirs[1], case.files2, done2, end2)
-            done1, done2 = end1, end2
-            for engine, session, run in (("spark", spark, theirs), ("microbatch", ss, ours)):
-                if run.error is not None:
-                    continue
-                if engine == "spark":
-                    spark.conf.unset(PLANT_CONF)
-                    if tws:   # Spark's transformWithState runs on its RocksDB store only
-                        spark.conf.set(PROVIDER_CONF, ROCKSDB)
-                elif plant:
-                    spark.conf.set(PLANT_CONF, plant)
-                try:
-                    _run_once(session, query, dirs, static, run.checkpoint, run)
-                finally:
-                    spark.conf.unset(PLANT_CONF)
-                    spark.conf.unset(PROVIDER_CONF)
-                    spark.catalog.dropTempView(VIEW)
+        _run_parts(spark, case, query, dirs, static, (("spark", spark, theirs), ("microbatch", ss, ours)), plant)
         result = _judge(spark, ss, case.seed, query, theirs, ours, compare_state)
+        if result.failed and theirs.error is None and ours.error is None and _reuses_an_exchange(theirs.plan):
+            result = _as_without_exchange_reuse(spark, ss, case, query, static, work, (theirs, ours), result,
+                                                compare_state)
     finally:
         for q in ss.streams.active:
             q.stop()
@@ -1022,6 +1023,123 @@ def run_case(spark, case: Case, plant: str | None = None, query: Query | None = 
         shutil.rmtree(work, ignore_errors=True)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _run_parts(spark, case: Case, query: Query, dirs: tuple[Path, Path], static, runs: tuple, plant: str | None) -> None:
+    """The case's files written part by part (the restart in the middle), each of ``runs``
+    (engine, session, EngineRun) run on them after each part, in order."""
+    tws = "transformWithState" in query.text
+    parts = [query.restart_after, None] if query.restart_after is not None else [None]
+    done1 = done2 = 0
+    for part in parts:
+        end1 = len(case.files1) if part is None else min(part, len(case.files1))
+        end2 = len(case.files2) if part is None else min(part, len(case.files2))
+        _write_files(dirs[0], case.files1, done1, end1)
+        _write_files(dirs[1], case.files2, done2, end2)
+        done1, done2 = end1, end2
+        for engine, session, run in runs:
+            if run.error is not None:
+                continue
+            if engine == "spark":
+                spark.conf.unset(PLANT_CONF)
+                if tws:   # Spark's transformWithState runs on its RocksDB store only
+                    spark.conf.set(PROVIDER_CONF, ROCKSDB)
+            elif plant:
+                spark.conf.set(PLANT_CONF, plant)
+            try:
+                _run_once(session, query, dirs, static, run.checkpoint, run)
+            finally:
+                spark.conf.unset(PLANT_CONF)
+                spark.conf.unset(PROVIDER_CONF)
+                spark.catalog.dropTempView(VIEW)
+
+
+# -- where Spark's engine is not the reference ------------------------------------------------
+
+REUSE_CONF = "spark.sql.exchange.reuse"
+#: the kind of a known difference: Spark's results depend on its optimizer reusing an exchange
+EXCHANGE_REUSE = ("Spark's engine reused an exchange below a stateful operator: the operators above the "
+                  "reused exchange get no watermark and never evict (Spark propagates a batch's watermarks over "
+                  "the previous batch's executed plan, where a reused exchange is a leaf); with "
+                  "spark.sql.exchange.reuse=false Spark's engine gives microbatch's results")
+#: Spark's physical operators that keep state (the names ``explain()`` prints)
+_STATEFUL_EXECS = ("StateStoreSave", "SessionWindowStateStoreSave", "StreamingSymmetricHashJoin",
+                   "StreamingDeduplicate", "FlatMapGroupsWithState", "FlatMapGroupsInPandasWithState",
+                   "TransformWithState", "StreamingGlobalLimit")
+
+
+def _reuses_an_exchange(plan: str) -> bool:
+    """Whether Spark's physical plan (``explain()``'s text) reads a reused exchange
+    (``ReusedExchange``) below a stateful operator."""
+    import re
+    lines = [line for line in plan.split("\n") if line.strip()]
+
+    def indent(line: str) -> int:
+        return len(re.match(r"[\s:+|-]*", line).group(0))
+    for i, line in enumerate(lines):
+        if "ReusedExchange" not in line:
+            continue
+        depth = indent(line)
+        for above in reversed(lines[:i]):   # its ancestors: each line less indented than the last
+            if indent(above) < depth:
+                depth = indent(above)
+                if above[depth:].lstrip("*()0123456789 ").startswith(_STATEFUL_EXECS):
+                    return True
+    return False
+
+
+def _as_without_exchange_reuse(spark, ss, case: Case, query: Query, static, work: Path, runs: tuple,
+                               result: Result, compare_state: bool) -> Result:
+    """``result`` (a difference, Spark's plan reusing an exchange below a stateful operator)
+    as the known difference ``EXCHANGE_REUSE`` where Spark's engine run again with exchange
+    reuse off gives microbatch's results: batch ids, rows, columns, watermarks, operators,
+    state rows and the state per partition (``numInputRows`` the first run's: without the
+    reuse Spark counts each scan of a source two branches read); else ``result``."""
+    theirs, ours = runs
+    again = EngineRun(checkpoint=str(work / "spark-no-reuse"))
+    dirs = (work / "no-reuse" / "src", work / "no-reuse" / "src2")
+    for d in dirs:
+        d.mkdir(parents=True)
+    spark.conf.set(REUSE_CONF, "false")
+    try:
+        _run_parts(spark, case, query, dirs, static, (("spark", spark, again),), None)
+    finally:
+        spark.conf.unset(REUSE_CONF)
+    again.batches = {bid: dataclasses.replace(b, input_rows=theirs.batches[bid].input_rows)
+                     if bid in theirs.batches else b for bid, b in again.batches.items()}
+    judged = _judge(spark, ss, case.seed, query, again, ours, compare_state)
+    if judged.status != "ok":
+        return result
+    where = "" if result.batch is None else f" at batch {result.batch}"
+    return Result(case.seed, query, "known-difference", aspect=result.aspect, batch=result.batch,
+                  kind="Spark's engine reused an exchange below a stateful operator",
+                  detail=f"{result.detail}\n  known difference ({result.aspect}{where}): {EXCHANGE_REUSE}",
+                  state_compared=judged.state_compared, state_skipped=judged.state_skipped)
+
+
+def _spark_internal_error(error: BaseException) -> str | None:
+    """Spark's error condition where ``error`` (for a failed run, its cause) is one of Spark's
+    internal errors, SQLSTATE class ``XX`` (``INTERNAL_ERROR``, the optimizer's
+    ``PLAN_VALIDATION_FAILED_RULE_IN_BATCH``, ...): a bug of Spark's, not its refusal of the
+    query; else None."""
+    import re
+    kind = _error_kind(error)
+    if ": " not in kind:
+        return None
+    condition = kind.rpartition(": ")[2]
+    if "/STREAM_FAILED: " in kind:
+        cause = str(error).split("terminated with exception:", 1)[-1].strip().split("\n")[0]
+        states = re.findall(r"SQLSTATE: (\w{5})", cause)
+        if states and states[-1] == "XXKST":   # (STREAM_FAILED's own, after its cause's)
+            states.pop()
+        state = states[0] if states else None
+    else:
+        getter = getattr(error, "getSqlState", None)
+        try:
+            state = getter() if getter is not None else None
+        except Exception:   # noqa: BLE001
+            state = None
+    return condition if state and state.startswith("XX") else None
 
 
 def _judge(spark, ss, seed: int, query: Query, theirs: EngineRun, ours: EngineRun, compare_state: bool) -> Result:
@@ -1036,6 +1154,10 @@ def _judge(spark, ss, seed: int, query: Query, theirs: EngineRun, ours: EngineRu
                       detail=f"Spark ({theirs.stage}) [{a}]: {_first_line(theirs.error)}\n  "
                              f"microbatch ({ours.stage}) [{b}]: {_first_line(ours.error)}")
     if theirs.error is not None:
+        internal = _spark_internal_error(theirs.error)
+        if internal is not None:   # (no reference: counted and listed, not a difference)
+            return Result(seed, query, "spark-internal-error", kind=internal,
+                          detail=f"Spark ({theirs.stage}): {_first_line(theirs.error)}; microbatch runs the query")
         return Result(seed, query, "spark-refuses-microbatch-runs", aspect="refusal",
                       errors=(_error_kind(theirs.error),), detail=f"Spark ({theirs.stage}) [{_error_kind(theirs.error)}]: {_first_line(theirs.error)}")
     if ours.error is not None:
@@ -1140,6 +1262,17 @@ class Summary:
         if both:
             lines.append("both refuse:")
             lines += [f"  {n}x: {kind}" for kind, n in both.most_common()]
+        for status, title in (("known-difference", "known differences (Spark's engine is not the reference):"),
+                              ("spark-internal-error", "Spark's internal errors (microbatch runs the query):")):
+            seeds: dict[str, list[int]] = collections.defaultdict(list)
+            for r in self.results:
+                if r.status == status:
+                    seeds[r.kind].append(r.seed)
+            if seeds:
+                lines.append(title)
+                lines += [f"  {len(found)}x (seeds {found[:8]}): {kind}" for kind, found in seeds.items()]
+                if status == "known-difference":
+                    lines.append(f"    ({EXCHANGE_REUSE})")
         for r in self.failures:
             lines.append(r.report())
         return "\n".join(lines)
@@ -1184,7 +1317,8 @@ def _run_seeds(spark, seeds: Iterable[int], plant: str | None, seconds: float | 
             result = Result(seed, case.query, "differs", aspect="fuzzer error",
                             detail=_first_line(e) + "\n" + traceback.format_exc(limit=3))
         if log:
-            extra = result.kind if result.status in ("both-refused", "microbatch-refuses") else \
+            extra = result.kind if result.status in ("both-refused", "microbatch-refuses", "known-difference",
+                                                     "spark-internal-error") else \
                 f"{result.aspect} {result.detail[:160]}" if result.failed else ""
             log(f"seed {seed}: {result.status} {result.seconds:.1f} s {extra}")
         if result.failed and minimise_seconds > 0 and result.aspect != "fuzzer error":
