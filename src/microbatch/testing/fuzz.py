@@ -850,12 +850,13 @@ def _clause(text: str) -> str:
     return re.split(r"[;:]", text, maxsplit=1)[0][:200]
 
 
-#: Spark's refusals that only its analysis of a *streaming* plan makes, where microbatch
-#: (which analyses batch plans) refuses the query later, for another reason; listed as a
-#: known difference in every report, never taken for a match of the same refusal
+#: Spark's refusals when a step is defined, where microbatch refused an earlier step for
+#: another reason (one Spark's engine refuses only at start); listed as a known difference
+#: in every report, never taken for a match of the same refusal
 KNOWN_REFUSALS = {
-    "_LEGACY_ERROR_TEMP_1182": "Spark's ambiguous self-join check fires on a window over a frame's column "
-                               "after a join, grouped by rollup or cube, on its streaming plan only",
+    "_LEGACY_ERROR_TEMP_1182": "Spark's ambiguous self-join check refuses a grouping after a join when it is "
+                               "defined; microbatch refused an earlier step when defined (e.g. a stream-stream "
+                               "left anti join, which Spark's engine refuses at start)",
 }
 
 
