@@ -32,6 +32,7 @@ from microbatch.operators.group_state import FlatMapGroupsWithState
 from microbatch.operators.join import StreamJoin
 from microbatch.operators.limit import StreamingLimit
 from microbatch.operators.transform_with_state.node import TransformWithState
+from microbatch.spark_internals.event_time import marked_in_batches
 from microbatch.plan.logical import (WATERMARK_DELAY, Apply, Observe, PlanNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark)
 from microbatch.util import interval_to_ms
@@ -674,6 +675,16 @@ class GroupedStream:
             keys.append(hidden)
         return frame, tuple(keys), data_columns
 
+    @staticmethod
+    def _late_rows_column(frame: StreamFrame, keys: tuple[str, ...], data_columns: int) -> str | None:
+        """The column of ``frame`` a keyed-state operator over it drops late rows by: Spark's
+        WatermarkSupport.findEventTimeColumn over the operator's input (the grouping keys,
+        then the columns the function gets), the first that carries a watermark's mark as
+        Spark's engine runs a batch with data (``marked_in_batches``: a renamed event time
+        does, and so does the column of the frame before ``withWatermark``)."""
+        marked = {name.lower() for name in marked_in_batches(frame._template)}
+        return next((c for c in (*keys, *frame.columns[:data_columns]) if c.lower() in marked), None)
+
     def applyInPandasWithState(self, func: Callable, outputStructType: Any, stateStructType: Any,
                                outputMode: str, timeoutConf: str) -> StreamFrame:
         """Per key, ``func(key, pandas DataFrames of the key's rows, GroupState)`` yielding
@@ -713,7 +724,8 @@ class GroupedStream:
                                   f"{f.dataType.simpleString()} (numbers, strings, booleans, binary, dates "
                                   "and timestamps are supported so far)", "arbitrary stateful processing (issue 18)")
         node = FlatMapGroupsWithState(frame._plan, keys, func, output, state, mode, timeoutConf,
-                                      data_columns=data_columns)
+                                      data_columns=data_columns,
+                                      late_rows_column=self._late_rows_column(frame, keys, data_columns))
         template = spark_internals.empty_batch(frame._template.sparkSession, output)
         return StreamFrame(frame._session, node, template)
 
@@ -782,7 +794,8 @@ class GroupedStream:
         node = TransformWithState(frame._plan, keys, processor, output, mode, time,
                                   declared_state_variables(processor, time), rows_api=api == "transformWithState",
                                   initial_state=initial_df, initial_keys=initial_keys, data_columns=data_columns,
-                                  event_time_column=event_time)
+                                  event_time_column=event_time,
+                                  late_rows_column=self._late_rows_column(frame, keys, data_columns))
         if event_time is not None:   # the column carries the watermark's delay on, as in Spark
             from pyspark.sql.types import StructField
             delay = node.event_time_delay_ms()

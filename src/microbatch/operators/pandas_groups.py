@@ -154,6 +154,7 @@ def keyed_state_shape(node: Any, df: DataFrame) -> dict:
     schema = df.schema
     names = [n.lower() for n in schema.fieldNames()]
     event_time = node.watermarked_input()
+    late = getattr(node, "late_rows_column", None)
     conf = df.sparkSession.conf
     state_fields = [store_field(f) for f in getattr(node, "state_schema", StructType()).fields]
     return {
@@ -169,7 +170,10 @@ def keyed_state_shape(node: Any, df: DataFrame) -> dict:
             byte_limit=getattr(node, "rows_api", True) is False),   # transformWithStateInPandas
         # Spark widens a stateful operator's output to nullable
         "output": StructType([StructField(f.name, f.dataType, True) for f in node.output_schema.fields]),
-        "event_time": names.index(event_time.lower()) if event_time and event_time.lower() in names else None,
+        # the column late rows are dropped by: the first marked one of Spark's exec's input
+        # (a renamed event time, or the column of the frame before the watermark), not the
+        # name withWatermark was given
+        "event_time": names.index(late.lower()) if late and late.lower() in names else None,
         "has_watermark": event_time is not None,
         "encoding": conf.get("spark.sql.streaming.stateStore.encodingFormat", "unsaferow").lower(),
         "output_event_time": node.output_schema.names.index(node.event_time_column)

@@ -27,6 +27,7 @@ class FlatMapGroupsWithState(StatefulNode):
     func_mode: str                         # the function's output mode: append or update
     timeout: str                           # a GroupStateTimeout value
     data_columns: int | None = None        # the input's leading columns the function gets (None: all)
+    late_rows_column: str | None = None    # the input's event time, as Spark's exec finds it (api.frame)
 
     # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> GroupStateStep:

@@ -31,6 +31,7 @@ class TransformWithState(StatefulNode):
     initial_keys: tuple[str, ...] = ()     # the columns it is grouped by
     data_columns: int | None = None        # the input's leading columns the processor gets (None: all)
     event_time_column: str | None = None   # eventTimeColumnName: the output's watermarked column
+    late_rows_column: str | None = None    # the input's event time, as Spark's exec finds it (api.frame)
 
     def event_time_delay_ms(self) -> int:
         """The delay of the watermark nearest below (Spark's UpdateEventTimeWatermarkColumn
