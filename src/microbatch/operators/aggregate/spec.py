@@ -87,6 +87,19 @@ class Grouping:
             return df.groupingSets([list(s) for s in self.sets], *keys)
         return getattr(df, self.kind)(*keys)
 
+    def sets_with(self, keys: tuple, index: int) -> int:
+        """How many of the grouping sets over ``keys`` hold the key at ``index`` (a row of the
+        input becomes that many rows of the expansion where that key is not null): a
+        rollup's prefixes that reach it, half a cube's subsets, the given sets naming it."""
+        if self.kind == "rollup":
+            return len(keys) - index
+        if self.kind == "cube":
+            return 2 ** (len(keys) - 1)
+        if self.kind == "groupingSets":
+            key = str(keys[index])
+            return sum(any(item is keys[index] or str(item) == key for item in s) for s in self.sets)
+        return 1
+
 
 @dataclass(frozen=True)
 class AggregateSpec:

@@ -65,7 +65,10 @@ class AggregateStep(StatefulStep):
             late = us_column(SESSION_END_COLUMN) <= F.lit(batch.late_ms * 1000)
             observation = Observation(f"microbatch_late_rows_{op}_{batch.batch_id}")
             batch.late_rows = observation
-            df = (df.select("*", end).observe(observation, F.count(F.when(late, 1)).alias("late"))
+            # Spark drops them after the expansion into grouping sets: a late row counts once
+            # per set that keeps its session (a set without it never reaches the sessions)
+            copies = 1 if node.grouping is None else node.grouping.sets_with(node.keys, node.session_index)
+            df = (df.select("*", end).observe(observation, (F.count(F.when(late, 1)) * copies).alias("late"))
                   .filter(~late | late.isNull()).drop(SESSION_END_COLUMN))
         watermark = batch.statistics_of.get(0)
         extra = ()
@@ -75,7 +78,10 @@ class AggregateStep(StatefulStep):
             batch.reported[watermark] = ""
         buffers, results = self.cached("aggregate", lambda: (
             partial_columns(spec.calls, spec.buffer_names), final_columns(spec)))
-        key_filter = node.key_filter if node.session_index is None else None
+        # (over session windows too: Spark's optimizer runs the filter on the batch's rows
+        # below the aggregation, before its sessions merge, as in the stream's plan; a set
+        # without a session, which the merge refuses, never reaches it)
+        key_filter = node.key_filter
         partition_keys = [k for i, k in enumerate(spec.key_names) if i != node.session_index]
         partition_columns = self.cached("partition", lambda: [F.col(quoted(k)) for k in partition_keys])
         arrow = [pa.field(f.name, spark_internals.arrow_type(f.dataType))
