@@ -8,6 +8,12 @@ per operator and partition.
   the window over the session) runs between the rollup's expansion and its sessions'
   merge, so the rollup's sets without a session never reach it (microbatch's run failed:
   "Grouping Session should not be null").
+- A left semi join of a union with a stream (seed 461): Spark's optimizer pushes the join
+  through the union (PushDownLeftSemiAntiJoin), one stream-stream join per input of the
+  union, each with its own state, and reads the other side once (its exchange reused).
+- A left semi join whose left event time is renamed above its watermark (seed 461's second
+  join): Spark pushes the join below the renaming projection; the event time its condition
+  reads is still the join's, which drops late rows and evicts by it.
 """
 from __future__ import annotations
 
@@ -27,6 +33,16 @@ EVENTS = [
     [(2, 41, 60), (1, 44, 60), (3, 5, 99)],
     [(3, 58, 1)],
 ]
+
+#: the other stream of the semi join: its rows meet some of the first stream's, and its own
+OTHER_EVENTS = [
+    [(2, 6, 1), (3, 0, 2)],
+    [(3, 14, 3), (1, 12, 4)],
+    [(2, 24, 5)],
+    [(2, 40, 6), (3, 47, 7)],
+    [],
+]
+
 
 @pytest.fixture
 def events(tmp_path):
@@ -69,5 +85,59 @@ def test_a_rollup_of_session_windows_under_an_aggregation_matches_spark(spark, s
         ["stateStoreSave", "sessionWindowStateStoreSaveExec"]
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
     operators = {0: (None,), 1: (None,)}
+    assert state_partitions(ss.read, tmp_path / "microbatch", operators) == \
+        state_partitions(spark.read, tmp_path / "spark", operators)
+
+
+#: the other stream's columns (its rows written from OTHER_EVENTS)
+OTHER_SCHEMA = "oid INT, ots TIMESTAMP, oprice INT"
+
+
+def semi_join_of_a_union(first, second):
+    """Seed 461: one source read by a union (its columns renamed to the other input's) and
+    by the other side of a left semi join of the union; Spark runs the join once per input
+    of the union (the filter and the projection above the union run on each input, below
+    its join), each keeping the other side's rows, which it reads once (its exchange
+    reused by the second join)."""
+    both = first.withWatermark("ts", "3 seconds").unionByName(
+        second.withWatermark("ots", "3 seconds").select(F.col("oprice").alias("price"), F.col("oid").alias("id"),
+                                                         F.col("ots").alias("ts")))
+    left = both.drop("price").filter(F.col("id") != 1)
+    right = second.withWatermark("ots", "0 seconds")
+    return left.join(right, F.expr("id = oid AND ots BETWEEN ts - INTERVAL 5 SECONDS AND ts + INTERVAL 5 SECONDS"),
+                     "left_semi")
+
+
+def semi_join_of_a_renamed_time(first, second):
+    """A left semi join whose left event time is renamed right above its watermark, and
+    read by nothing above the join (seed 461's second join): Spark pushes the join below
+    the renaming projection, where its condition reads the event time under its old name;
+    the join drops that side's late rows and evicts its state by it."""
+    left = first.withWatermark("ts", "3 seconds").select("id", F.col("ts").alias("t"))
+    right = second.withWatermark("ots", "0 seconds")
+    return left.join(right, F.expr("id = oid AND ots BETWEEN t - INTERVAL 5 SECONDS AND t + INTERVAL 5 SECONDS"),
+                     "left_semi").select("id")
+
+
+SEMI_JOINS = {"of a union": (semi_join_of_a_union, 2), "of a renamed event time": (semi_join_of_a_renamed_time, 1)}
+
+
+@pytest.mark.parametrize("shape", list(SEMI_JOINS))
+def test_a_semi_join_keeps_the_state_spark_keeps(spark, ss, events, tmp_path, shape):
+    query, joins = SEMI_JOINS[shape]
+    others = write_event_files(tmp_path / "others", OTHER_EVENTS,
+                               lambda i, s, p: {"oid": i, "ots": f"2026-01-01 00:00:{s:02d}", "oprice": p})
+
+    def run(session, ckpt):
+        frame = query(json_stream(session, events, SCHEMA), json_stream(session, others, OTHER_SCHEMA))
+        return collect_batches(frame, tmp_path / ckpt, "append")
+
+    theirs, their_progress = run(spark, "spark")
+    ours, our_progress = run(ss, "microbatch")
+    assert ours == theirs and sum(len(rows) for _, rows in ours) > 0
+    assert [op["operatorName"] for op in their_progress[0]["stateOperators"]] == ["symmetricHashJoin"] * joins
+    assert comparable(our_progress) == comparable(their_progress)
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+    operators = {op: ("left", "right") for op in range(joins)}
     assert state_partitions(ss.read, tmp_path / "microbatch", operators) == \
         state_partitions(spark.read, tmp_path / "spark", operators)

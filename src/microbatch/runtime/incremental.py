@@ -6,7 +6,9 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
 
 - **Rewrites, once.** A step that occurs more than once (a stream branched into two paths
   that meet again, as Nexmark's q5 joins counts with their maximum) is copied, so each
-  occurrence is an operator of its own with its own state, as in Spark's plan. In append mode a limit above a stateful operator becomes the
+  occurrence is an operator of its own with its own state, as in Spark's plan. A left semi
+  join of a union runs once per input of the union where Spark's optimizer pushes it
+  through (``operators.join.semi_joins_through_unions``), each join its own operator. In append mode a limit above a stateful operator becomes the
   streaming limit (whose count is state). A stream-stream join's sides get the "not
   null" filters Spark infers for its condition (``operators.join.with_null_filters``). A
   deterministic filter right above ``withWatermark`` that does not use the event time is
@@ -63,7 +65,8 @@ from pyspark.sql import functions as F
 from microbatch import spark_internals
 from microbatch.operators.aggregate.node import grouping_set_filters
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
-from microbatch.operators.join import filters_pushed_into_joins, joins_null_filtered, joins_times_pruned
+from microbatch.operators.join import (filters_pushed_into_joins, joins_null_filtered, joins_times_pruned,
+                                       semi_joins_through_unions)
 from microbatch.operators.limit import limits_over_appends
 from microbatch.plan.logical import (NullFilter, Observe, PlanNode, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
@@ -168,6 +171,8 @@ class IncrementalExecution:
         if output_mode == "append":
             plan = limits_over_appends(plan)
         plan = filters_pushed_into_joins(plan, empty_inputs)
+        # (the join's other side is then read by each of its copies: each its own operators)
+        plan = _each_occurrence_its_own(semi_joins_through_unions(plan, empty_inputs))
         plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         plan = joins_times_pruned(plan, empty_inputs)

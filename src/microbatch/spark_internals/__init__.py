@@ -19,7 +19,8 @@ from microbatch.spark_internals.analysis import (
     output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column, pruned_from_joins,
-    qualified_alias, reads_only_files, requalified, scan_filters, schema_string, window_function_error,
+    qualified_alias, reads_only_files, requalified, scan_filters, schema_string, semi_join_branches,
+    window_function_error,
     schema_tree, uses_current_time,
 )
 from microbatch.spark_internals.binding import (
@@ -77,7 +78,7 @@ __all__ = [
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
-    "reads_only_files", "scan_filters", "ambiguous_on_a_stream",
+    "reads_only_files", "scan_filters", "ambiguous_on_a_stream", "semi_join_branches",
 ]
 
 # -- Spark Connect: the same names, chosen by the kind of their first argument ---------------
@@ -145,6 +146,7 @@ grouping_set_filters = _by_kind(grouping_set_filters, _c_analysis.no_conjuncts)
 schema_tree = _by_kind(schema_tree, _c_analysis.schema_tree)
 join_condition = _by_kind(join_condition, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
+semi_join_branches = _by_kind(semi_join_branches, _refused("A join"))
 pruned_from_joins = _by_kind(pruned_from_joins, _refused("A join"))
 output_qualifiers = _by_kind(output_qualifiers, _refused("A join"))
 requalified = _by_kind(requalified, _refused("A join"))

@@ -310,6 +310,31 @@ def conjunct_sides(filtered: Any, left_width: int) -> list[tuple[str, int | None
     return found
 
 
+def semi_join_branches(joined: Any) -> int:
+    """How many joins Spark's optimizer makes of the left semi or anti join that is
+    ``joined``'s last step: one per input of a union on its left side (through the
+    projections and filters above the union, which move into its inputs first) when it
+    pushes the join through the union (PushDownLeftSemiAntiJoin: the join's condition must
+    not read the other side's attributes in the union's inputs, the steps between must be
+    deterministic); else 1."""
+    node = joined._jdf.queryExecution().optimizedPlan()
+
+    def under_rows_steps(plan: Any) -> Any:
+        while plan.getClass().getSimpleName() in ("Project", "Filter"):
+            plan = plan.child()
+        return plan
+
+    node = under_rows_steps(node)
+    if node.getClass().getSimpleName() != "Union":
+        return 1
+    inputs = _scala_list(node.children())
+    joins = [under_rows_steps(i) for i in inputs]
+    if all(j.getClass().getSimpleName() == "Join" and j.joinType().toString() in ("LeftSemi", "LeftAnti")
+           for j in joins):
+        return len(inputs)
+    return 1
+
+
 def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any] | None:
     """What Spark's optimizer filters between each expansion into grouping sets (rollup,
     cube, groupingSets) and its aggregation in ``df``'s plan: a filter above an aggregation
@@ -372,26 +397,30 @@ def pruned_from_joins(df: Any, columns: list[tuple[Any, str]]) -> list[bool]:
     condition). A streaming join exec sees only its inputs' columns, so a side's event time
     pruned is one it has not: it drops no late rows and evicts no state by it. False when
     the column is not an input of a join in ``df``'s analysed plan (a side Spark's analysis
-    gave new attributes, as the right side of a self-join)."""
-    def join_inputs(plan: Any) -> set[int]:
-        found, pending = set(), [plan]
+    gave new attributes, as the right side of a self-join). Never a column the join's
+    condition reads: a left semi join Spark pushes below a projection that renames the
+    column (PushDownLeftSemiAntiJoin) reads it there under its old attribute."""
+    def join_inputs(plan: Any) -> tuple[set[int], set[int]]:
+        found, read, pending = set(), set(), [plan]
         while pending:
             node = pending.pop()
             children = _scala_list(node.children())
             if node.getClass().getSimpleName() == "Join":
                 for child in children:
                     found.update(a.exprId().id() for a in _scala_list(child.output()))
+                if node.condition().isDefined():
+                    read.update(a.exprId().id() for a in _attribute_references(node.condition().get()))
             pending.extend(children)
-        return found
+        return found, read
 
     execution = df._jdf.queryExecution()
-    analyzed, optimized = join_inputs(execution.analyzed()), join_inputs(execution.optimizedPlan())
+    (analyzed, read), (optimized, _) = join_inputs(execution.analyzed()), join_inputs(execution.optimizedPlan())
     pruned = []
     for side, name in columns:
         output = _scala_list(analyzed_plan(side).output())
         attribute = next((a for a in output if a.name().lower() == name.lower()), None)
         ids = None if attribute is None else attribute.exprId().id()
-        pruned.append(ids is not None and ids in analyzed and ids not in optimized)
+        pruned.append(ids is not None and ids in analyzed and ids not in optimized and ids not in read)
     return pruned
 
 

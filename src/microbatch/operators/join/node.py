@@ -18,8 +18,8 @@ from microbatch.errors import AnalysisException
 from microbatch.operators.base import quoted
 from microbatch.operators.join.step import JoinStep, join_statistics_column
 from microbatch.plan.checks import not_yet, unsupported_operation
-from microbatch.plan.logical import (NullFilter, PlanNode, StatefulNode, Transform, Watermark, children_replaced,
-                                     rebound)
+from microbatch.plan.logical import (NullFilter, PlanNode, ScanFilter, StatefulNode, StreamingRelation, Transform, Union,
+                                     Watermark, children_replaced, rebound)
 
 log = logging.getLogger(__name__)
 
@@ -352,3 +352,101 @@ def filters_pushed_into_joins(plan: PlanNode, empty_inputs: Mapping[Any, DataFra
     moved = dataclasses.replace(join, left=sides[0], right=sides[1])
     log.debug("Filter %s: parts run on the join's sides", plan.describe())
     return Transform(moved, "where", (F.expr(" AND ".join(f"({k})" for k in kept)),)) if kept else moved
+
+
+def _rows_steps_over_union(node: PlanNode) -> tuple[list[Transform], Union] | None:
+    """The stateless steps (top down) between ``node`` and a union under them, and the
+    union; None when something else comes first."""
+    steps = []
+    while isinstance(node, Transform) and node.method != "limit":
+        steps.append(node)
+        node = node.child
+    return (steps, node) if isinstance(node, Union) else None
+
+
+def _as_union_output(union: Union, side: int, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode | None:
+    """One input of ``union`` with the union's columns (names, order), as Spark's optimizer
+    reads each input once it moves the steps above the union into them; None when a column
+    is missing (``allowMissingColumns``)."""
+    child = union.children[side]
+    if side == 0:
+        return child
+    names = union.build(empty_inputs).columns
+    own = child.build(empty_inputs).columns
+    if union.by_name:
+        lowered = {c.lower(): c for c in own}
+        if any(n.lower() not in lowered for n in names):
+            return None
+        ordered = tuple(lowered[n.lower()] for n in names)
+        if list(ordered) != own:
+            child, own = Transform(child, "select", ordered), list(ordered)
+    return child if list(own) == list(names) else Transform(child, "toDF", tuple(names))
+
+
+def _read_once(side: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """The other side of a join that runs once per input of a union, each of its reads of a
+    source ended by an exchange, which Spark reuses in every copy of the side: the source's
+    rows are read (and counted in ``numInputRows``) once a batch, as Spark's engine reads
+    the side once and reuses its exchange in each join. A side that keeps state stays as
+    it is."""
+    if any(n.stateful for n in side.nodes()):
+        return side
+
+    def ended(node: PlanNode) -> PlanNode:
+        if isinstance(node, StreamingRelation) or (isinstance(node, ScanFilter)
+                                                   and isinstance(node.child, StreamingRelation)):
+            columns = node.build(empty_inputs).columns
+            return Transform(node, "repartition", tuple(F.col(quoted(c)) for c in columns))
+        return children_replaced(node, [ended(c) for c in node.children])
+    return ended(side)
+
+
+def _pushed_through_union(join: StreamJoin, empty_inputs: Mapping[Any, DataFrame]) -> list[PlanNode] | None:
+    """``join`` (a left semi join) as one join per input of the union under its left side,
+    each with the steps between (an input that is a union again: one per input of that
+    one, as Spark's optimizer combines the unions first); None when its left side is no
+    union under stateless steps."""
+    found = _rows_steps_over_union(join.left)
+    if found is None:
+        return None
+    steps, union = found
+    branches: list[PlanNode] = []
+    for side in (0, 1):
+        left = _as_union_output(union, side, empty_inputs)
+        if left is None:
+            return None
+        for step in reversed(steps):
+            left = dataclasses.replace(step, child=left)
+        branch = dataclasses.replace(join, left=left)
+        branches.extend(_pushed_through_union(branch, empty_inputs) or [branch])
+    return branches
+
+
+def semi_joins_through_unions(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A rewrite the planner makes once per run: a left semi join whose left side is a union
+    (under projections and filters) becomes a union of one join per input of the union,
+    each its own operator with its own state (each keeps the right side's rows), where
+    Spark's optimizer pushes the join through the union (PushDownLeftSemiAntiJoin, read
+    from the join built as a batch: ``spark_internals.semi_join_branches``). The steps
+    between run on each input, below its join, as Spark's optimizer moves them there."""
+    plan = children_replaced(plan, [semi_joins_through_unions(c, empty_inputs) for c in plan.children])
+    if not (isinstance(plan, StreamJoin) and plan.how == "semi"):
+        return plan
+    try:
+        branches = _pushed_through_union(dataclasses.replace(plan, right=_read_once(plan.right, empty_inputs)),
+                                         empty_inputs)
+        if branches is None:
+            return plan
+        made = spark_internals.semi_join_branches(plan.build(empty_inputs))
+        if made != len(branches):
+            log.debug("Join %s: Spark makes %d joins of it, not %d", plan.describe(), made, len(branches))
+            return plan
+        pushed = branches[0]
+        for branch in branches[1:]:
+            pushed = Union(pushed, branch)
+        pushed.build(empty_inputs)
+    except Exception:  # noqa: BLE001 - a plan that does not build so: the join stays above the union
+        log.debug("Join %s stays above its union", plan.describe(), exc_info=True)
+        return plan
+    log.debug("Join %s runs once per input of its union", plan.describe())
+    return pushed
