@@ -142,7 +142,7 @@ class AggregateStep(StatefulStep):
 
     def _document_extras(self) -> dict:
         # what the buffers mean: count(1) and sum(x) share a type; where the session window
-        # is among the grouping columns (what Spark's rows of sessions hold, spark_stores.py)
+        # is among the grouping columns (what Spark's rows of sessions hold, aggregate/spark_layout.py)
         extras = {"aggregates": [call.sql for call in self.node.spec.calls]}
         if self.node.session_index is not None:
             extras["sessionIndex"] = self.node.session_index
