@@ -32,7 +32,11 @@ $(VENV)/.installed: pyproject.toml
 	$(UV) pip install --quiet --python $(PY) -e '.[test]'
 	touch $@
 
-setup: $(VENV)/.installed
+# (a venv made before uv was used here gets it on first need)
+$(UV): $(VENV)/.installed
+	test -x $@ || $(PY) -m pip install --quiet uv
+
+setup: $(VENV)/.installed $(UV)
 
 demo: setup
 	$(VENV)/bin/microbatch demo
