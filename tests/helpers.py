@@ -145,3 +145,17 @@ def s3_lake(spark, bucket: str = "lake"):
         with confs(spark, settings):
             yield {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto-secret",
                    "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+
+
+def state_rows_per_partition(reader, ckpt, operators: dict[int, tuple]) -> list:
+    """(operator, join side, partition, rows) of the state of each operator (with its join
+    sides, or ``(None,)``), as ``reader`` (Spark's or microbatch's ``read``) reads it."""
+    found = []
+    for op, sides in operators.items():
+        for side in sides:
+            frame = reader.format("statestore").option("operatorId", op)
+            if side is not None:
+                frame = frame.option("joinSide", side)
+            found.extend((op, side, row[0], row[1])
+                         for row in frame.load(str(ckpt)).groupBy("partition_id").count().collect())
+    return sorted(found, key=repr)

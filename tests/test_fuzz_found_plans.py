@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, json_stream, state_rows_per_partition
 from stream_events import comparable, watermarks, write_event_files
 
 SCHEMA = "id INT, ts TIMESTAMP, price INT"
@@ -50,18 +50,7 @@ def events(tmp_path):
                              lambda i, s, p: {"id": i, "ts": f"2026-01-01 00:00:{s:02d}", "price": p})
 
 
-def state_partitions(reader, ckpt, operators: dict[int, tuple]) -> list:
-    """(operator, join side, partition, rows) of the state of each operator (with its join
-    sides, or ``(None,)``), as ``reader`` reads it."""
-    found = []
-    for op, sides in operators.items():
-        for side in sides:
-            frame = reader.format("statestore").option("operatorId", op)
-            if side is not None:
-                frame = frame.option("joinSide", side)
-            found.extend((op, side, row[0], row[1])
-                         for row in frame.load(str(ckpt)).groupBy("partition_id").count().collect())
-    return sorted(found, key=repr)
+state_partitions = state_rows_per_partition
 
 
 def rollup_of_sessions_by_window(stream):

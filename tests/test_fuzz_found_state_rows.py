@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, json_stream, state_rows_per_partition
 from stream_events import comparable, watermarks, write_event_files
 
 SCHEMA = "id INT, ts TIMESTAMP, price INT"
@@ -45,15 +45,8 @@ def events(tmp_path):
 
 def state_partitions(reader, ckpt, operators: int, join: bool = False) -> list:
     """(operator, join side, partition, rows) of every operator's state, as ``reader`` reads it."""
-    found = []
-    for op in range(operators):
-        for side in ("left", "right") if join else (None,):
-            frame = reader.format("statestore").option("operatorId", op)
-            if side is not None:
-                frame = frame.option("joinSide", side)
-            found.extend((op, side, row[0], row[1])
-                         for row in frame.load(str(ckpt)).groupBy("partition_id").count().collect())
-    return sorted(found, key=repr)
+    return state_rows_per_partition(reader, ckpt, {op: ("left", "right") if join else (None,)
+                                                   for op in range(operators)})
 
 
 def cube_over_dedup_within_watermark(session, events):
