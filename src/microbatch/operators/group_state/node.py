@@ -8,6 +8,7 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.operators.group_state.step import GroupStateStep
+from microbatch.operators.pandas_groups import opaque_stand_in
 from microbatch.plan.checks import unsupported_operation
 from microbatch.plan.logical import PlanNode, StatefulNode
 
@@ -72,6 +73,9 @@ class FlatMapGroupsWithState(StatefulNode):
 
     def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
         return None
+
+    def scan_filter_stand_in(self) -> PlanNode:
+        return opaque_stand_in(self)
 
     def build(self, inputs):
         df = self.child.build(inputs)

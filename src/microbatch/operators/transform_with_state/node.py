@@ -7,6 +7,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
+from microbatch.operators.pandas_groups import opaque_stand_in
 from microbatch.operators.transform_with_state.step import TransformWithStateStep
 from microbatch.plan.logical import PlanNode, StatefulNode, Watermark
 from microbatch.state.store import SPARK_ROCKSDB_PROVIDER
@@ -81,6 +82,9 @@ class TransformWithState(StatefulNode):
         if provider != SPARK_ROCKSDB_PROVIDER:   # (Spark runs it only on its RocksDB provider)
             return f"it has no state in {provider}'s files"
         return None
+
+    def scan_filter_stand_in(self) -> PlanNode:
+        return opaque_stand_in(self)
 
     def build(self, inputs):
         df = self.child.build(inputs)
