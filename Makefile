@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 PYTEST_BY_TEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load
 PYTEST_BY_CLASS := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos fuzz
+.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos fuzz
 
 # uv installs (downloads in parallel, no byte-compiling): about a quarter of pip's time
 # for PySpark and the test extras from a cold cache, which CI pays six times (issue 58).
@@ -38,33 +38,48 @@ $(UV): $(VENV)/.installed
 
 setup: $(VENV)/.installed $(UV)
 
+# The test runs' Spark drivers map the classes a test loads from a class-data-sharing
+# archive made once per venv (tests/spark_class_archive.py): a session and its first job
+# start in about half the time, and the suites start hundreds (issue 58). It is named in
+# spark.driver.defaultJavaOptions (so a test's own extraJavaOptions add to it) through
+# PYSPARK_SUBMIT_ARGS, which every PySpark driver a test starts inherits; not through a
+# Spark conf directory, which would be on the class path, and the JVM maps no archive with
+# a non-empty directory on its class path.
+CLASSES := $(VENV)/spark-classes.jsa
+$(CLASSES): $(VENV)/.installed tests/spark_class_archive.py
+	rm -f $@; $(PY) tests/spark_class_archive.py $(abspath $@) > $(VENV)/spark-classes.log 2>&1 \
+	  || { tail -20 $(VENV)/spark-classes.log; exit 1; }
+	test -s $@ || { grep -m5 'cds' $(VENV)/spark-classes.log; exit 1; }
+test-setup: setup $(CLASSES)
+WITH_CLASSES := PYSPARK_SUBMIT_ARGS="--conf spark.driver.defaultJavaOptions=-XX:SharedArchiveFile=$(abspath $(CLASSES)) pyspark-shell"
+
 demo: setup
 	$(VENV)/bin/microbatch demo
 
-test: setup
-	$(PYTEST) -m "not porting and not faults and not upgrade and not connect and not nexmark"
+test: test-setup
+	$(WITH_CLASSES) $(PYTEST) -m "not porting and not faults and not upgrade and not connect and not nexmark"
 
 # Nexmark's queries on microbatch and on Spark's engine over the same events, batch by batch
-test-nexmark: setup
-	$(PYTEST_BY_TEST) -m nexmark
+test-nexmark: test-setup
+	$(WITH_CLASSES) $(PYTEST_BY_TEST) -m nexmark
 
 # A Spark Connect client (no JVM in the test process) against a Connect server started in
 # its own process: what runs over Connect, compared with Spark's engine on the same server
-test-connect: setup
-	$(PYTEST) -m connect
+test-connect: test-setup
+	$(WITH_CLASSES) $(PYTEST) -m connect
 
 # Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka;
 # S3, the broker and the disk failing under queries (docs/faults.md)
-test-faults: setup
-	$(PYTEST) -m faults
+test-faults: test-setup
+	$(WITH_CLASSES) $(PYTEST) -m faults
 
 # State moving between Spark's engine and microbatch, both ways, every operator (docs/porting.md)
-test-porting: setup
-	$(PYTEST) -m porting
+test-porting: test-setup
+	$(WITH_CLASSES) $(PYTEST) -m porting
 
 # PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
-test-pyspark: setup
-	$(PYTEST_BY_CLASS) pyspark_suites
+test-pyspark: test-setup
+	$(WITH_CLASSES) $(PYTEST_BY_CLASS) pyspark_suites
 
 # The differential subset on each older PySpark line against that version's own engine,
 # each in its own virtual environment (.venvs/pyspark-<version>): make test-versions
