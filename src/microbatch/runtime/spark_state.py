@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from microbatch.checkpoint.fs import CheckpointFileSystem
 from microbatch.errors import CheckpointError
-from microbatch.operators.base import store_field
+from microbatch.operators.base import state_layout, store_field
 from microbatch.operators.spark_stores import movable, spark_stores
 from microbatch.operators.transform_with_state.spark_layout import tws_rows_from_spark
 from microbatch.operators.transform_with_state.schema import state_store_schemas
@@ -103,7 +103,7 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
         refusal = node.spark_state_refusal(recorded_conf, provider)
         if refusal is not None:
             raise refuse(f"stateful operator {op.id} ({op.name}): {refusal}")
-        if node.spark_state_in_column_families:   # (a transformWithState, on Spark's RocksDB provider)
+        if state_layout(op.name).in_column_families:   # (a transformWithState, on Spark's RocksDB provider)
             transforms.append((op, key))
             continue
         stores = spark_stores(op.name, key, value, json.loads(op.step.schema_document(key, value)))

@@ -45,9 +45,6 @@ class TransformWithState(StatefulNode):
         return self.time_mode != "processingtime"
 
     # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
-    #: its state is in Spark's RocksDB column families, one per state variable and the timers'
-    spark_state_in_column_families = True
-
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> TransformWithStateStep:
         return TransformWithStateStep(self, operator_id, state_root, shuffle_partitions)
 
