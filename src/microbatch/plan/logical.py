@@ -329,8 +329,6 @@ class StatefulNode(PlanNode):
     stateful = True
     #: Spark's checker counts it as a streaming aggregation (complete mode, sorting, limits)
     aggregation = False
-    #: its state is in Spark's RocksDB column families (a transformWithState's), not in stores
-    spark_state_in_column_families = False
     #: a stream-stream join may read its output (``operators.join``)
     stream_join_reads_output = True
     child: PlanNode
