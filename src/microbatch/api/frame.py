@@ -68,13 +68,19 @@ def _marked_fields(plan: PlanNode, fields: list, spark: Any) -> list:
     return marked
 
 
-def _positions(template: DataFrame, values: Any) -> dict:
+def _positions(template: DataFrame, values: Any, below: bool = False) -> dict:
     """Where the Columns in ``values`` that are bound to a frame's attributes (``frame.ts``)
-    find them in ``template``'s output: ``{attribute id: index}``; empty when none is."""
+    find them in ``template``'s output: ``{attribute id: index}``; empty when none is. With
+    ``below`` (a stateless step's, over its one input), one of an earlier frame that
+    ``template`` no longer outputs (``w = df; df = df.withColumn("v", ...).filter(w.v > 2)``),
+    which Spark's analysis finds below: where below (``spark_internals.attribute_positions``)."""
     ids = spark_internals.bound_attribute_ids(values)
     if not ids:
         return {}
-    return {i: n for n, i in enumerate(spark_internals.output_attribute_ids(template)) if i in ids}
+    positions = {i: n for n, i in enumerate(spark_internals.output_attribute_ids(template)) if i in ids}
+    if below and len(positions) < len(ids):
+        positions = spark_internals.attribute_positions(template, ids)
+    return positions
 
 
 def _same(values: Any) -> Any:
@@ -179,7 +185,7 @@ class StreamFrame:
             refused = spark_internals.window_function_error(template, self._template)
             if refused is not None:    # (as Spark's engine refuses it when the query starts)
                 raise refused
-        node = Transform(self._plan, method, args, kwargs, positions=_positions(self._template, (args, kwargs)))
+        node = Transform(self._plan, method, args, kwargs, positions=_positions(self._template, (args, kwargs), below=True))
         return StreamFrame(self._session, node, template)
 
     def select(self, *cols: Any) -> "StreamFrame":

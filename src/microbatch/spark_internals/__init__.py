@@ -14,7 +14,8 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 # module named for what it does (analysis, binding, catalog, errors, jvm, metrics,
 # relations, session, versions).
 from microbatch.spark_internals.analysis import (
-    AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, ambiguous_on_a_stream, analyzed_plan, column_sql, conjunct_sides,
+    AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, ambiguous_on_a_stream, analyzed_plan, attribute_positions,
+    column_sql, conjunct_sides,
     bound_attribute_ids, conjuncts_without_column, event_time_barrier, event_time_marked, grouping_set_filters, is_global_aggregation,
     output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
@@ -67,7 +68,7 @@ __all__ = [
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
     "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "grouping_set_filters", "empty_batch", "empty_dataframe",
     "conjunct_sides", "pruned_from_joins", "event_time_marked", "is_global_aggregation", "bound_attribute_ids", "event_time_barrier",
-    "output_attribute_ids", "rebound", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
+    "output_attribute_ids", "attribute_positions", "rebound", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
     "foreach_batch_user_error", "grouping_column_names", "grouping_columns", "hyperloglog_tables",

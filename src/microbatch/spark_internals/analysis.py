@@ -640,16 +640,68 @@ def output_attribute_ids(df: Any) -> tuple[int, ...]:
     return tuple(output.apply(i).exprId().id() for i in range(output.size()))
 
 
-def rebound(values: Any, sides: list[tuple[Any, dict[int, int]]]) -> Any:
+def attribute_positions(df: Any, ids: set[int]) -> dict[int, Any]:
+    """Where ``df``'s analysed plan has the attributes ``ids``: ``{attribute id: output
+    index}`` for those of its output; for one only below it (a column of an earlier frame,
+    dropped or replaced since, which Spark's analysis of a filter or a sort over ``df``
+    finds below and carries up: ResolveMissingReferences), ``(path, classes, index)``: the
+    children's indexes down to the highest node whose output has it, the classes of the
+    nodes passed on the way, and its index in that node's output. A step's own plan above
+    its inputs has the same shape in every batch, so ``rebound`` finds the batch's
+    attribute where the template's is."""
+    plan = analyzed_plan(df)
+    output = plan.output()
+    found: dict[int, Any] = {}
+    for n in range(output.size()):
+        key = output.apply(n).exprId().id()
+        if key in ids and key not in found:
+            found[key] = n
+    level = [((), (), plan)]
+    while level and len(found) < len(ids):
+        below = []
+        for path, classes, node in level:
+            children = node.children()
+            for c in range(children.size()):
+                child = children.apply(c)
+                child_output = child.output()
+                for n in range(child_output.size()):
+                    key = child_output.apply(n).exprId().id()
+                    if key in ids and key not in found:
+                        found[key] = (path + (c,), classes + (node.getClass().getName(),), n)
+                below.append((path + (c,), classes + (node.getClass().getName(),), child))
+        level = below
+    return found
+
+
+def _attribute_at(plan: Any, output: Any, where: Any, name: str) -> Any:
+    """The attribute ``attribute_positions`` found at ``where``, in ``plan`` (whose output
+    is ``output``); None where ``plan`` has another shape on the way, or another column there."""
+    if isinstance(where, int):
+        return output.apply(where)
+    path, classes, index = where
+    node = plan
+    for step, cls in zip(path, classes):
+        if node.getClass().getName() != cls or step >= node.children().size():
+            return None
+        node = node.children().apply(step)
+    below = node.output()
+    if index >= below.size() or below.apply(index).name() != name:
+        return None
+    return below.apply(index)
+
+
+def rebound(values: Any, sides: list[tuple[Any, dict[int, Any]]]) -> Any:
     """``values`` with every Column bound to an attribute of the frames a step was defined
     on bound instead to the attribute in the same position of the DataFrame the step is
     applied to now: ``sides`` pairs each such DataFrame with the positions of the ids
-    (``{attribute id: output index}`` of the frame's template). So a step that names a
-    column through a frame (the left side's ``id`` of a join, a column of the frame before
-    ``withWatermark``) means the same column in every batch, as Spark's binding of a batch
-    into its analysed query keeps attribute ids."""
+    (``{attribute id: output index}`` of the frame's template, or where below its output,
+    ``attribute_positions``). So a step that names a column through a frame (the left
+    side's ``id`` of a join, a column of the frame before ``withWatermark``) means the same
+    column in every batch, as Spark's binding of a batch into its analysed query keeps
+    attribute ids."""
     from pyspark.sql import Column
-    outputs = [(analyzed_plan(df).output(), positions) for df, positions in sides]
+    plans = [analyzed_plan(df) for df, _ in sides]
+    outputs = [(plan, plan.output(), positions) for plan, (_, positions) in zip(plans, sides)]
     to_map = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap
 
     def one(value: Any) -> Any:
@@ -658,9 +710,11 @@ def rebound(values: Any, sides: list[tuple[Any, dict[int, int]]]) -> Any:
             replaced = jvm_class("java.util.HashMap")()
             for attribute in _attribute_references(expression):
                 key = attribute.exprId().id()
-                for output, positions in outputs:
+                for plan, output, positions in outputs:
                     if key in positions:
-                        replaced.put(attribute, output.apply(positions[key]))
+                        there = _attribute_at(plan, output, positions[key], attribute.name())
+                        if there is not None:
+                            replaced.put(attribute, there)
                         break
             return column_of_expression(expression.transform(to_map(replaced))) if not replaced.isEmpty() else value
         if isinstance(value, list):
