@@ -45,8 +45,11 @@ from microbatch.spark_internals.jvm import _jvm, jvm_class
 def observation_row(observation: Any, wait_s: float) -> Any:
     """The JVM row an ``Observation`` received, waiting up to ``wait_s`` for the query
     execution listener that fills it (it may lag the action a little); None if the
-    action that ran the observed DataFrame was not a SQL action, or none ran. Before
-    Spark 4.1 an ``Observation`` keeps a map, not the row: None (``observed_rows``)."""
+    action that ran the observed DataFrame was not a SQL action, or none ran, or Spark's
+    optimizer removed the observation from what ran (a filter it knows drops every row
+    above it, ``lit("u").isin("a", "b")``: Spark completes the ``Observation`` with an empty
+    row, without a schema). Before Spark 4.1 an ``Observation`` keeps a map, not the row:
+    None (``observed_rows``)."""
     from microbatch.spark_internals.versions import observation_has_row
     if not observation_has_row():
         return None
@@ -54,7 +57,8 @@ def observation_row(observation: Any, wait_s: float) -> Any:
     deadline = time.monotonic() + wait_s
     while not future.isCompleted() and time.monotonic() < deadline:
         time.sleep(0.005)
-    return observation._jo.getRow() if future.isCompleted() else None
+    row = observation._jo.getRow() if future.isCompleted() else None
+    return None if row is None or row.schema() is None else row
 
 
 def reset_observations(df: Any) -> None:
