@@ -24,7 +24,7 @@ from microbatch import spark_internals
 from microbatch.api.writer import DataStreamWriter
 from microbatch.errors import AnalysisException, IllegalArgumentException, pyspark_error
 from microbatch.planted_bugs import planted
-from microbatch.plan.checks import check_source_names, not_yet, streaming_action, unsupported_operation
+from microbatch.plan.checks import check_source_names, not_yet, streaming_action
 from microbatch.operators.aggregate.spec import Grouping, plan_aggregation
 from microbatch.operators.aggregate.node import Aggregate
 from microbatch.operators.dedup import Deduplicate
@@ -366,12 +366,14 @@ class StreamFrame:
         kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
         if kind is None:
             raise IllegalArgumentException(f"Unsupported join type '{how}'.")
-        if kind == "anti":   # (as Spark's checker refuses it)
-            raise unsupported_operation("LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported;")
         if kind == "cross":
             raise not_yet(f"A stream-stream {kind} join", "more stream-stream join types")
-        StreamJoin.check_sides(self._plan, other._plan)
         template = self._template.join(other._template, on, how or "inner")   # Spark's analysis
+        if kind == "anti":
+            # (defined as Spark defines it, after its analysis; refused when the query starts,
+            # where Spark's checker refuses it, after the aggregations' output-mode rules)
+            return StreamFrame(self._session, StreamJoin(self._plan, other._plan, (), kind), template)
+        StreamJoin.check_sides(self._plan, other._plan)
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))
         qualifiers = (spark_internals.output_qualifiers(self._template),

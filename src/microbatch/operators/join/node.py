@@ -95,6 +95,10 @@ class StreamJoin(StatefulNode):
         return join_statistics_column(watermark, schema) is not None
 
     def output_mode_refusal(self, mode: str, aggregations: list) -> Exception | None:
+        if self.how == "anti" and (mode != "complete" or spark_internals.running_version().at_least(4, 2)):
+            # (Spark's checker: a left anti join of two streams is refused, in any output mode
+            # since 4.2, where the output-mode rule of a join of two streams names the others)
+            return unsupported_operation("LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported;")
         if (self.how in ("left", "right", "full") and mode != "append") or mode == "complete":
             named = f"{_JOIN_NAMES.get(self.how, 'Inner')} join" \
                 if spark_internals.running_version().at_least(4, 2) else "Join"
