@@ -179,6 +179,9 @@ class ScanFilter(PlanNode):
     child: "StreamingRelation"
     sql: str
     condition: Any = None                  # the Column of ``sql``
+    #: the filter of a batch some of whose sources have no data (``for_batch``): given
+    #: those sources, the Column (or None); where absent, ``condition`` in every batch
+    choose: Callable[[frozenset], Any] | None = None
 
     @property
     def children(self):
@@ -187,8 +190,44 @@ class ScanFilter(PlanNode):
     def build(self, inputs):
         return self.child.build(inputs).where(self.condition)
 
+    def for_batch(self, df: DataFrame, empty: frozenset) -> DataFrame:
+        """The read's batch ``df`` under the filter Spark gives its scan in a batch where the
+        sources ``empty`` have no data (Spark's optimizer reads such a source as an empty
+        relation, whose filters it drops before it infers others from them)."""
+        condition = self.condition if self.choose is None or not empty else self.choose(empty)
+        return df if condition is None else df.where(condition)
+
     def describe(self) -> str:
         return f"Filter pushed to the scan: {self.sql}"
+
+
+@dataclass(eq=False)
+class BatchFilter(PlanNode):
+    """A filter Spark's optimizer infers from the rest of the query (a stream-stream join's
+    side filtered by what the other side's filters say of its keys: InferFiltersFromConstraints),
+    which can change from batch to batch: Spark's optimizer makes an empty relation of a
+    source without data in the batch, and of the projections and filters over it
+    (PropagateEmptyRelation), before it infers filters from them. ``choose`` gives the
+    filter (a Column, or None) from the sources without data; ``sql`` describes the one
+    of a batch where every source has data. Built by the planner, per batch (``for_batch``)."""
+
+    child: PlanNode
+    sql: str
+    choose: Callable[[frozenset], Any]
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def build(self, inputs):
+        return self.for_batch(self.child.build(inputs), frozenset())
+
+    def for_batch(self, df: DataFrame, empty: frozenset) -> DataFrame:
+        condition = self.choose(empty)
+        return df if condition is None else df.where(condition)
+
+    def describe(self) -> str:
+        return f"Filter inferred by Spark's optimizer: {self.sql}"
 
 
 @dataclass(eq=False)

@@ -65,10 +65,10 @@ from pyspark.sql import functions as F
 from microbatch import spark_internals
 from microbatch.operators.aggregate.node import grouping_set_filters
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
-from microbatch.operators.join import (filters_pushed_into_joins, joins_null_filtered, joins_times_pruned,
-                                       semi_joins_through_unions)
+from microbatch.operators.join import (filters_pushed_into_joins, join_filters_inferred, joins_null_filtered,
+                                       joins_times_pruned, semi_joins_through_unions)
 from microbatch.operators.limit import limits_over_appends
-from microbatch.plan.logical import (NullFilter, Observe, PlanNode, StatefulNode, StaticJoin, StreamingRelation,
+from microbatch.plan.logical import (BatchFilter, NullFilter, Observe, PlanNode, ScanFilter, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
 from microbatch.plan.checks import unsupported_operation
 from microbatch.runtime.segments import PreparedSegment, segments_prepared
@@ -162,6 +162,8 @@ class IncrementalExecution:
                  store_conf: StateStoreConf | None = None):
         self.spark = spark
         self.output_mode = output_mode
+        #: each source's batch without data (what a batch's inputs hold for a source without data)
+        self.empty_inputs = empty_inputs
         self.shuffle_partitions = shuffle_partitions
         self.store_conf = store_conf or StateStoreConf()
         #: Spark 4.3 makes a stateful operator's output nullable (as the checkpoint fixed it)
@@ -173,6 +175,7 @@ class IncrementalExecution:
         plan = filters_pushed_into_joins(plan, empty_inputs)
         # (the join's other side is then read by each of its copies: each its own operators)
         plan = _each_occurrence_its_own(semi_joins_through_unions(plan, empty_inputs))
+        plan = join_filters_inferred(plan, empty_inputs)
         plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         plan = joins_times_pruned(plan, empty_inputs)
@@ -294,10 +297,15 @@ class IncrementalExecution:
         operator_watermarks = watermarks.operator_watermarks()
         for op in self.operators:
             op.metrics.value = {}
+        # (the sources without data: Spark's engine reads each as an empty relation, which
+        # changes the filters its optimizer infers, ``ScanFilter``, ``BatchFilter``)
+        empty = frozenset(r for r, df in inputs.items() if df is self.empty_inputs.get(r))
 
         def build(node: PlanNode) -> DataFrame:
             if isinstance(node, StreamingRelation):
                 return inputs[node]
+            if isinstance(node, (ScanFilter, BatchFilter)):
+                return node.for_batch(build(node.child), empty)
             if isinstance(node, PreparedSegment):
                 built = [build(hole) for hole in node.holes]
                 if any(isinstance(n, Union) for n in node.template.nodes()):

@@ -45,33 +45,79 @@ def with_scan_filters(spark: SparkSession, plan: PlanNode,
     """``plan`` with a ``ScanFilter`` over each read of a file source that Spark's engine
     would filter in its scan; ``plan`` itself when there is none, or when the query does not
     build as a batch (or reads the current time, which Spark's optimizer would
-    fix into the filters)."""
+    fix into the filters). Where the query reads more than one source, a read's filter is
+    chosen per batch by the sources without data in it (``_ScanFilters``)."""
     if not any(spark_internals.reads_only_files(empty_inputs[r]) for r in plan.relations()):
         return plan
-    reads: list[_Read] = []
+    finder = _ScanFilters(spark, plan, empty_inputs)
     try:
-        query = _as_batch_query(plan, spark, reads)
-        if spark_internals.uses_current_time(query):
-            return plan
-        found = spark_internals.scan_filters(query, [read.df for read in reads])
+        filters = finder.filters(frozenset())
     except Exception:  # noqa: BLE001 - a query that does not build as a batch: its scans stay as they are
         log.debug("No filters pushed to the scans: the query does not build as a batch", exc_info=True)
         return plan
-    filters: list[str | None] = []
-    for k, read in enumerate(reads):
-        parts = []
-        if spark_internals.reads_only_files(empty_inputs[read.relation]):
-            for text in found.get(k, []):
-                try:     # (each part read back from its SQL text, over the source's columns)
-                    empty_inputs[read.relation].where(F.expr(text))
-                except Exception:  # noqa: BLE001 - a part that does not read back: the scan goes without it
-                    log.debug("Filter %s does not read back over %s", text, read.relation.describe(), exc_info=True)
-                    continue
-                parts.append(f"({text})")
-        filters.append(" AND ".join(parts) or None)
-    if not any(filters):
+    if filters is None or not any(filters):
         return plan
-    return _filtered(plan, iter(filters))
+    return _filtered(plan, iter(enumerate(filters)), finder if len(finder.relations) > 1 else None)
+
+
+class _ScanFilters:
+    """The filters Spark's engine gives each read of a file source in a batch, by the
+    sources without data in it: Spark's engine reads such a source as an empty relation
+    (``LocalRelation(output, isStreaming = true)``), and its optimizer makes the
+    projections and filters over it empty too (PropagateEmptyRelation) before it infers
+    filters across a join from them (InferFiltersFromConstraints): a filter on one side
+    of a join that Spark infers for the other side's keys, and pushes into its scan, is
+    not there in a batch where the first side's source has no data. Found once per such
+    set of sources, when a batch first has it."""
+
+    def __init__(self, spark: SparkSession, plan: PlanNode, empty_inputs: Mapping[StreamingRelation, DataFrame]):
+        self.spark, self.plan, self.empty_inputs = spark, plan, empty_inputs
+        self.relations = frozenset(plan.relations())
+        self._found: dict[frozenset, list[str | None] | None] = {}
+        self._conditions: dict[tuple[frozenset, int], object] = {}
+
+    def filters(self, empty: frozenset) -> list[str | None] | None:
+        """Each read's filter (SQL text, or None) in a batch where the sources ``empty`` have
+        no data; None when the query reads the current time."""
+        if empty not in self._found:
+            self._found[empty] = self._find(empty)
+        return self._found[empty]
+
+    def condition(self, k: int, empty: frozenset):
+        """Read ``k``'s filter (a Column, or None) in a batch where ``empty`` have no data."""
+        empty = empty & self.relations
+        if empty == self.relations:     # (a batch without data: no rows to filter)
+            empty = frozenset()
+        if (empty, k) not in self._conditions:
+            try:
+                filters = self.filters(empty)
+            except Exception:  # noqa: BLE001 - a plan Spark's optimizer does not take so: the filters of a batch with data
+                log.debug("No filters found for a batch without data from %s", empty, exc_info=True)
+                filters = self._found[frozenset()]
+            sql = filters[k] if filters else None
+            self._conditions[(empty, k)] = None if sql is None else F.expr(sql)
+        return self._conditions[(empty, k)]
+
+    def _find(self, empty: frozenset) -> list[str | None] | None:
+        reads: list[_Read] = []
+        query = _as_batch_query(self.plan, self.spark, reads, empty)
+        if not empty and spark_internals.uses_current_time(query):
+            return None
+        found = spark_internals.scan_filters(query, [read.df for read in reads])
+        filters: list[str | None] = []
+        for k, read in enumerate(reads):
+            parts = []
+            if spark_internals.reads_only_files(self.empty_inputs[read.relation]):
+                for text in found.get(k, []):
+                    try:     # (each part read back from its SQL text, over the source's columns)
+                        self.empty_inputs[read.relation].where(F.expr(text))
+                    except Exception:  # noqa: BLE001 - a part that does not read back: the scan goes without it
+                        log.debug("Filter %s does not read back over %s", text, read.relation.describe(),
+                                  exc_info=True)
+                        continue
+                    parts.append(f"({text})")
+            filters.append(" AND ".join(parts) or None)
+        return filters
 
 
 @dataclass(eq=False)
@@ -88,19 +134,28 @@ class _Read(PlanNode):
         return f"Stand-in of {self.relation.describe()}"
 
 
-def _as_batch_query(node: PlanNode, spark: SparkSession, reads: list[_Read]) -> DataFrame:
+def _as_batch_query(node: PlanNode, spark: SparkSession, reads: list[_Read],
+                    empty: frozenset = frozenset()) -> DataFrame:
     """The plan as a batch DataFrame Spark's optimizer can push filters through as it does
     through a batch of the stream: each read of a source (in plan order, appended to
     ``reads``) a relation of its own over no files, each watermark a generator of its event
     time (``spark_internals.event_time_barrier``: the parts of a filter that read the event
     time stay above it, as above Spark's EventTimeWatermark), each stateful operator what
     stands for it (``scan_filter_stand_in``: a deduplication a limit, which no filter passes,
-    as none passes Spark's streaming Deduplicate)."""
+    as none passes Spark's streaming Deduplicate). A source of ``empty`` (without data in
+    the batch) is read as Spark's engine reads it then, an empty relation of a stream's
+    (``spark_internals.stream_without_data``)."""
     def batch_plan(node: PlanNode) -> PlanNode:
         if isinstance(node, StreamingRelation):
-            reads.append(_Read(node, node.empty_batch(spark)))
+            read = node.empty_batch(spark)
+            reads.append(_Read(node, spark_internals.stream_without_data(read) if node in empty else read))
             return reads[-1]
+        streaming = isinstance(node, Watermark) and bool(empty.intersection(node.relations()))
         node = children_replaced(node, [batch_plan(child) for child in node.children])
+        if streaming:
+            # (over a stream's relation Spark's own EventTimeWatermark stays, and no empty
+            # relation passes it, as none passes it in Spark's engine)
+            return Apply(node.child, lambda df, w=node: df.withWatermark(w.event_time, w.delay), "watermark")
         if isinstance(node, Watermark):
             return Apply(node.child, lambda df, column=node.event_time: spark_internals.event_time_barrier(df, column),
                          "watermark")
@@ -108,10 +163,14 @@ def _as_batch_query(node: PlanNode, spark: SparkSession, reads: list[_Read]) -> 
     return batch_plan(node).build({})
 
 
-def _filtered(node: PlanNode, filters) -> PlanNode:
-    """``node`` with the next of ``filters`` (SQL text, or None) over each read of a source,
-    in the order ``_as_spark_query`` met them."""
+def _filtered(node: PlanNode, filters, finder: _ScanFilters | None) -> PlanNode:
+    """``node`` with the next of ``filters`` (its index and SQL text, or None) over each read
+    of a source, in the order ``_as_batch_query`` met them; chosen per batch by ``finder``
+    where given."""
     if isinstance(node, StreamingRelation):
-        sql = next(filters)
-        return node if sql is None else ScanFilter(node, sql, F.expr(sql))
-    return children_replaced(node, [_filtered(child, filters) for child in node.children])
+        k, sql = next(filters)
+        if sql is None:
+            return node
+        choose = None if finder is None else (lambda empty, k=k: finder.condition(k, empty))
+        return ScanFilter(node, sql, F.expr(sql), choose)
+    return children_replaced(node, [_filtered(child, filters, finder) for child in node.children])

@@ -46,6 +46,7 @@ from microbatch.spark_internals.metrics import (
 from microbatch.spark_internals.relations import (
     FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
 )
+from microbatch.spark_internals.inferred_filters import join_inferred_filters, optimized_plan, stream_without_data
 from microbatch.spark_internals.session import (
     arrow_batches_by_rows, cloned_session, job_tags, session_settings,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
     "reads_only_files", "scan_filters", "ambiguous_on_a_stream", "semi_join_branches",
+    "join_inferred_filters", "optimized_plan", "stream_without_data",
 ]
 
 # -- Spark Connect: the same names, chosen by the kind of their first argument ---------------

@@ -836,7 +836,7 @@ def scan_filters(query: Any, reads: list[Any]) -> dict[int, list[str]]:
         output = analyzed_plan(read).output()
         owner.update((output.apply(j).exprId().id(), i) for j in range(output.size()))
     subquery = jvm_class("org.apache.spark.sql.catalyst.expressions.SubqueryExpression$")
-    optimized = query._jdf.queryExecution().optimizedPlan()
+    optimized = optimized_plan(query)
     found: dict[int, list[str]] = {}
     pending = [(optimized, [])]     # a node, and the filters and projections right above it
     while pending:
@@ -862,6 +862,17 @@ def scan_filters(query: Any, reads: list[Any]) -> dict[int, list[str]]:
         chain = [node] + above if kind in ("Filter", "Project") else []
         pending.extend((children.apply(j), chain) for j in range(children.size()))
     return {i: list(dict.fromkeys(parts)) for i, parts in found.items()}
+
+
+def optimized_plan(df: Any) -> Any:
+    """``df``'s optimized logical plan; a plan that reads a stream's relation (a source
+    without data in a batch, as Spark's engine reads it: ``stream_without_data``) optimized
+    by the session's optimizer itself, as Spark's engine optimizes a batch of the stream
+    (a batch query's ``optimizedPlan`` refuses it)."""
+    analyzed = analyzed_plan(df)
+    if not analyzed.isStreaming():
+        return df._jdf.queryExecution().optimizedPlan()
+    return df.sparkSession._jsparkSession.sessionState().optimizer().execute(analyzed)
 
 
 def event_time_barrier(df: Any, column: str) -> Any:

@@ -18,7 +18,7 @@ from microbatch.errors import AnalysisException
 from microbatch.operators.base import quoted
 from microbatch.operators.join.step import JoinStep, join_statistics_column
 from microbatch.plan.checks import not_yet, unsupported_operation
-from microbatch.plan.logical import (NullFilter, PlanNode, ScanFilter, StatefulNode, StreamingRelation, Transform, Union,
+from microbatch.plan.logical import (BatchFilter, NullFilter, PlanNode, ScanFilter, StatefulNode, StreamingRelation, Transform, Union,
                                      Watermark, children_replaced, rebound)
 
 log = logging.getLogger(__name__)
@@ -321,6 +321,101 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
             return dataclasses.replace(replaced, times_pruned=tuple(found[node]))
         return replaced
     return with_pruned(plan)
+
+
+class _InferredFilters:
+    """The filters Spark's optimizer infers for the sides of one stream-stream join
+    (``spark_internals.join_inferred_filters``), by the sources without data in a batch:
+    Spark's engine reads such a source as an empty relation of a stream's, and its
+    optimizer makes the projections and filters over it an empty relation too
+    (PropagateEmptyRelation) before it infers filters: a side read so in a batch gives
+    the other side nothing (a watermark or a stateful operator over the source stops
+    that: Spark's optimizer keeps them). Found once per such set of sources, when a batch
+    first has it."""
+
+    def __init__(self, join: StreamJoin, empty_inputs: Mapping[Any, DataFrame]):
+        self.join, self.empty_inputs = join, empty_inputs
+        self.relations = frozenset(join.relations())
+        self._found: dict[frozenset, tuple[list[str], list[str]]] = {}
+        self._conditions: dict[tuple[frozenset, int], Any] = {}
+
+    def filters(self, empty: frozenset) -> tuple[list[str], list[str]]:
+        """Each side's filters (SQL text parts) in a batch where ``empty`` have no data."""
+        if empty not in self._found:
+            self._found[empty] = self._find(empty)
+        return self._found[empty]
+
+    def condition(self, side: int, empty: frozenset) -> Any:
+        """The side's filter (a Column, or None) in a batch where ``empty`` have no data."""
+        empty = empty & self.relations
+        if empty == self.relations:     # (no rows reach the join)
+            empty = frozenset()
+        if (empty, side) not in self._conditions:
+            try:
+                parts = self.filters(empty)[side]
+            except Exception:  # noqa: BLE001 - a plan Spark's optimizer does not take so: the filters of a batch with data
+                log.debug("No filters inferred for %s without data from %s", self.join.describe(), empty, exc_info=True)
+                parts = self._found[frozenset()][side]
+            self._conditions[(empty, side)] = F.expr(" AND ".join(f"({p})" for p in parts)) if parts else None
+        return self._conditions[(empty, side)]
+
+    def _find(self, empty: frozenset) -> tuple[list[str], list[str]]:
+        inputs = {r: spark_internals.stream_without_data(df) if r in empty else df
+                  for r, df in self.empty_inputs.items()}
+
+        def batch_plan(node: PlanNode) -> PlanNode:
+            streaming = isinstance(node, Watermark) and bool(empty.intersection(node.relations()))
+            node = children_replaced(node, [batch_plan(c) for c in node.children])
+            if streaming:   # (Spark's EventTimeWatermark stays over a stream's relation: no empty relation passes it)
+                return Transform(node.child, "withWatermark", (node.event_time, node.delay))
+            return node.scan_filter_stand_in() if node.stateful else node
+        join = self.join
+        sides = [batch_plan(join.left), batch_plan(join.right)]
+        found = spark_internals.join_inferred_filters(dataclasses.replace(join, left=sides[0], right=sides[1])
+                                                      .build(inputs))
+        if found is None:
+            return [], []
+        kept: tuple[list[str], list[str]] = ([], [])
+        for side, parts in enumerate(found):
+            over = (join.left, join.right)[side].build(self.empty_inputs)
+            for text in parts:
+                try:     # (each part read back from its SQL text, over the side's columns)
+                    over.where(F.expr(text))
+                except Exception:  # noqa: BLE001 - a part that does not read back: the side goes without it
+                    log.debug("Inferred filter %s does not read back over side %d", text, side, exc_info=True)
+                    continue
+                kept[side].append(text)
+        return kept
+
+
+def join_filters_inferred(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A rewrite the planner makes once per run: each stream-stream join's sides with the
+    filters Spark's optimizer infers for them from the other side's (InferFiltersFromConstraints:
+    ``l.ts >= x`` on the left side of a join on ``l.ts = r.ts`` filters the right side by
+    ``r.ts >= x`` too), on top of the side (``BatchFilter``), where Spark's optimizer
+    pushes them down from: through projections, and below a watermark the parts that do
+    not read its event time, into a file scan (``runtime.scan_filters``); a part that
+    reads the event time stays above the watermark, so the watermark sees the rows it
+    drops, and the side's state does not keep them. Each batch's are those of the sources
+    with data in it (``_InferredFilters``)."""
+    plan = children_replaced(plan, [join_filters_inferred(c, empty_inputs) for c in plan.children])
+    if not isinstance(plan, StreamJoin) or plan.how == "full":
+        return plan
+    finder = _InferredFilters(plan, empty_inputs)
+    try:
+        found = finder.filters(frozenset())
+    except Exception:  # noqa: BLE001 - a join that does not build as a batch: its sides stay as they are
+        log.debug("No filters inferred for %s", plan.describe(), exc_info=True)
+        return plan
+    if not any(found):
+        return plan
+    sides = [plan.left, plan.right]
+    for side, parts in enumerate(found):
+        if parts:
+            log.debug("Join %s: Spark's optimizer infers %s for side %d", plan.describe(), parts, side)
+            sides[side] = BatchFilter(sides[side], " AND ".join(parts),
+                                      lambda empty, side=side: finder.condition(side, empty))
+    return dataclasses.replace(plan, left=sides[0], right=sides[1])
 
 
 #: the sides of a stream-stream join a filter above it may move into: the sides whose rows
