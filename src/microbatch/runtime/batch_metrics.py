@@ -4,7 +4,8 @@
 A source's rows are counted, cheapest first: the source knows them up front
 (``Source.num_rows``: a range's, a Kafka offset range's); or they are the file scans'
 own ``numOutputRows`` in the sink's executions (``spark_internals.ScanRowCounter``), after
-the filters Spark's engine pushes into those scans (``runtime.scan_filters``); or
+the filters Spark's engine pushes into those scans (``runtime.scan_filters``), as many times
+as Spark's engine's plan scans the source (``runtime.engine_scans``); or
 an ``Observation`` of the source's DataFrame counts them (a node that stops Spark's code
 generation).
 
@@ -23,6 +24,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
+from microbatch.runtime.engine_scans import EngineScans
 from microbatch.sinks.base import READS_RDD, READS_SQL, Sink
 from microbatch.sources.base import Source
 
@@ -43,6 +45,10 @@ class BatchMetrics:
         self._rows: dict[int, int] = {}
         self._observations: dict[int, Observation] = {}
         self._scanned: dict[int, dict] = {}        # sources counted from the sink's scans
+        #: how many times Spark's engine's plan of a batch scans each source, where known
+        #: (``runtime.engine_scans``, made once per run)
+        self.engine_scans: EngineScans | None = None
+        self._without_data: set[int] = set()       # the sources without data in the batch
         #: Spark before 4.1: the rows the sink's executions observed, by observation name
         #: (its ``Observation`` keeps a map, not the row)
         self._rows_in_executions = not spark_internals.observation_has_row()
@@ -55,6 +61,7 @@ class BatchMetrics:
 
     def start_batch(self) -> None:
         self._rows, self._observations, self._scanned, self._observed = {}, {}, {}, {}
+        self._without_data = set()
         self._counted_by = {}
         self.kept_plan = False
         self.batch_df = None
@@ -62,6 +69,7 @@ class BatchMetrics:
     def no_input(self, i: int) -> None:
         """Source ``i`` gave no rows to this batch."""
         self._rows[i] = 0
+        self._without_data.add(i)
 
     def input(self, i: int, source: Source, start: Any, end: Any, df: DataFrame) -> DataFrame:
         """Source ``i``'s DataFrame of this batch, set up to count its rows."""
@@ -120,7 +128,8 @@ class BatchMetrics:
             return
         if reads_through != READS_SQL:
             executions.append(spark_internals.query_execution(self.batch_df))
-        self._rows.update(self._scan_counter.count(self._scanned, executions))
+        engine_scans = self.engine_scans.of(frozenset(self._without_data)) if self.engine_scans else None
+        self._rows.update(self._scan_counter.count(self._scanned, executions, engine_scans))
 
     def input_rows(self, i: int) -> int:
         """The rows source ``i`` gave the batch (0 where the sink never ran it)."""

@@ -53,6 +53,7 @@ from microbatch.runtime.checkpoint_checks import (StateSchemas, check_commits_ha
                                                   check_repartition_finished, check_source_count,
                                                   check_source_evolution, check_state, torn_last_entry)
 from microbatch.runtime.confs import SHUFFLE_PARTITIONS, pin_confs
+from microbatch.runtime.engine_scans import EngineScans
 from microbatch.runtime.kept_plans import KeptPlans
 from microbatch.runtime.scan_filters import with_scan_filters
 from microbatch.runtime.incremental import IncrementalExecution, PlannedBatch
@@ -325,6 +326,8 @@ class MicroBatchExecution(StreamExecution):
                                          run_id=self.run_id, storage=self.fs.spec())
         # (the filters Spark's engine gives the file sources' scans: runtime.scan_filters)
         plan = with_scan_filters(self._batch_session, self.plan, empty_inputs)
+        # (how many times Spark's engine scans a source read in two places: runtime.engine_scans)
+        self._metrics.engine_scans = EngineScans(self.plan, self.relations, empty_inputs)
         self._incremental = planner = IncrementalExecution(
             self._batch_session, plan, checkpoint_root=self.checkpoint_root,
             shuffle_partitions=int(conf.get(SHUFFLE_PARTITIONS)), output_mode=self.output_mode,

@@ -181,6 +181,12 @@ class SourceProvider(ABC):
     """Found by ``readStream.format(short_name)``."""
 
     short_name: str = ""
+    #: Spark's engine reads the source as a (v1) ``Source``: MicroBatchExecution puts each of
+    #: its batches under a projection that aliases the batch relation's columns to the
+    #: stream's (a v2 stream's relation has the stream's columns itself), on which depends
+    #: whether Spark's optimizer reuses the exchange of a stream read in two places, and so
+    #: its ``numInputRows`` (``runtime.engine_scans``)
+    spark_v1_source: bool = False
 
     @abstractmethod
     def resolve_schema(self, spark: SparkSession, options: CaseInsensitiveOptions,

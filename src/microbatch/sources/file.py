@@ -451,6 +451,8 @@ def no_files(spark: SparkSession, fmt: str, schema: StructType, options: Mapping
 class FileSourceProvider(SourceProvider):
     """``readStream.format(<fmt>)`` for one file format."""
 
+    spark_v1_source = True   # (Spark's FileStreamSource)
+
     def __init__(self, fmt: str):
         self.short_name = fmt
 

@@ -11,8 +11,8 @@ side-by-side tests exercise every call (``tests/test_pyspark_objects.py``,
 """
 
 # The seam: the engine calls these as ``spark_internals.<name>``; each lives in the
-# module named for what it does (analysis, binding, catalog, errors, jvm, metrics,
-# relations, session, versions).
+# module named for what it does (analysis, binding, catalog, engine_plan, errors, jvm,
+# metrics, relations, session, versions).
 from microbatch.spark_internals.analysis import (
     AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, ambiguous_on_a_stream, analyzed_plan, attribute_positions,
     column_sql, conjunct_sides,
@@ -31,6 +31,7 @@ from microbatch.spark_internals.binding import (
 from microbatch.spark_internals.catalog import (
     CatalogTableInfo, catalog_table, managed_table_location, python_data_source, schema_ddl, temp_view_exists,
 )
+from microbatch.spark_internals.engine_plan import empty_stream_stand_in, engine_file_scans, streaming_file_stand_in
 from microbatch.spark_internals.errors import (
     captured, cause_string, error_condition, exception_message, exception_string,
     foreach_batch_user_error, is_foreach_user_error, jvm_throwable, python_proxy_error,
@@ -187,6 +188,10 @@ foreach_batch_user_error = _by_kind(foreach_batch_user_error,
                                     lambda df, error: _c_errors.foreach_batch_user_error(error))
 query_failure = _c_errors.query_failure
 
+# Spark's engine's plan of a batch (classic only: over Connect no scan counts the input rows)
+streaming_file_stand_in = _by_kind(streaming_file_stand_in, lambda df, aliased: None)
+empty_stream_stand_in = _by_kind(empty_stream_stand_in, lambda df: None)
+engine_file_scans = _by_kind(engine_file_scans, lambda query, stand_ins: None)
 # metrics
 observation_row = _by_kind(observation_row, _c_metrics.observation_row)
 executed_observation_row = _by_kind(executed_observation_row, _c_metrics.executed_observation_row)
@@ -211,5 +216,5 @@ def python_row(row):  # noqa: F811
 __all__ += [
     "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
-    "static_conf",
+    "static_conf", "empty_stream_stand_in", "engine_file_scans", "streaming_file_stand_in",
 ]

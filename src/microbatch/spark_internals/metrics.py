@@ -18,7 +18,9 @@ generation between the scan and the rest of the plan, and costs 2-5% of a 1M-row
 batch to parquet (more when the cores are shared: it is CPU per row). A source's count
 is the largest over the sink's executions (a sink that writes the batch twice, or a
 batch run again to commit its state, is not counted twice), summed over the scans
-within one execution (a self-join reads it twice).
+within one execution (a self-join reads it twice), as often as Spark's engine's plan of
+the batch scans it where that differs (``engine_rows``: Spark's optimizer reuses an
+exchange in one plan and not in the other).
 
 Where the executions come from depends on how the sink reads the batch
 (``Sink.reads_batch_through``): Spark SQL actions (``df.write``, ``collect``) report
@@ -130,6 +132,19 @@ def query_execution(df: Any) -> Any:
 
 log = logging.getLogger(__name__)
 
+
+def engine_rows(scans: list[int], engine_scans: int | None) -> int:
+    """A source's rows in one execution as Spark's engine counts them: ``scans``, the rows
+    each scan of the source returned (a self-join reads it twice), summed, as Spark sums
+    its scans. Where Spark's engine's plan of the batch scans the source another number of
+    times (``engine_scans``: the exchange above a read that microbatch's plan reuses, Spark's
+    does not, or the other way) and every scan here returned the same rows (one read of the
+    source, the same filters), Spark's count is that many times those rows."""
+    if engine_scans is None or engine_scans == len(scans) or len(set(scans)) != 1:
+        return sum(scans)
+    return engine_scans * scans[0]
+
+
 #: Leaves that wrap a plan of their own, and the method that returns it.
 _WRAPPERS = {"AdaptiveSparkPlanExec": "executedPlan", "ShuffleQueryStageExec": "plan",
              "BroadcastQueryStageExec": "plan", "TableCacheQueryStageExec": "plan"}
@@ -211,8 +226,12 @@ class ScanRowCounter:
             self._collecting = False
         return executions
 
-    def count(self, keys_by_source: dict[int, dict[int, Any]], executions: list[Any]) -> dict[int, int]:
-        """Rows per source read by ``executions`` (JVM QueryExecutions that ran)."""
+    def count(self, keys_by_source: dict[int, dict[int, Any]], executions: list[Any],
+              engine_scans: dict[int, int] | None = None) -> dict[int, int]:
+        """Rows per source read by ``executions`` (JVM QueryExecutions that ran), as Spark's
+        engine sums them over its scans (``engine_rows``); ``engine_scans``: how many times
+        Spark's engine's plan of the batch scans a source, where known
+        (``runtime.engine_scans``)."""
         source_of = {key: (i, location) for i, keys in keys_by_source.items()
                      for key, location in keys.items()}
         rows = {i: 0 for i in keys_by_source}
@@ -222,13 +241,13 @@ class ScanRowCounter:
             except Exception:  # noqa: BLE001 (an execution that failed in planning, caught by the sink)
                 log.debug("Skipping an execution without an executed plan", exc_info=True)
                 continue
-            for i, count in scanned.items():
-                rows[i] = max(rows[i], count)
+            for i, scans in scanned.items():
+                rows[i] = max(rows[i], engine_rows(scans, (engine_scans or {}).get(i)))
         return rows
 
-    def _scanned(self, qe: Any, source_of: dict[int, tuple[int, Any]]) -> dict[int, int]:
-        """Rows per source the file scans of one execution returned."""
-        counts: dict[int, int] = {}
+    def _scanned(self, qe: Any, source_of: dict[int, tuple[int, Any]]) -> dict[int, list[int]]:
+        """Per source, the rows each file scan of one execution returned."""
+        counts: dict[int, list[int]] = {}
         pending = [qe.executedPlan()]
         while pending:
             leaves = pending.pop().collectLeaves()
@@ -243,7 +262,7 @@ class ScanRowCounter:
                     if source is not None and known.equals(location):
                         metric = leaf.metrics().get("numOutputRows")
                         if metric.isDefined():
-                            counts[source] = counts.get(source, 0) + int(metric.get().value())
+                            counts.setdefault(source, []).append(int(metric.get().value()))
         return counts
 
     def close(self) -> None:

@@ -81,7 +81,7 @@ class ScanRowCounter:
     def finish(self) -> list:
         return []
 
-    def count(self, scanned: dict, executions: list) -> dict:
+    def count(self, scanned: dict, executions: list, engine_scans: dict | None = None) -> dict:
         return {}
 
     def close(self) -> None:
