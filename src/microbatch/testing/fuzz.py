@@ -34,7 +34,10 @@ remains) and printed as code, with its seed and the first batch that differs.
 Where Spark's engine is not the reference, a result says so, counted and listed apart from
 the failures: ``known-difference`` where Spark's results depend on its optimizer reusing an
 exchange (``EXCHANGE_REUSE``: the query differs as it runs, and Spark's engine with
-``spark.sql.exchange.reuse`` off gives microbatch's results), and ``spark-internal-error``
+``spark.sql.exchange.reuse`` off gives microbatch's results) or on its numbering of stateful
+operators in each batch's plan (``OPERATORS_RENUMBERED``: Spark runs fewer of them in a batch
+where a union's input is empty, and with PropagateEmptyRelation excluded gives microbatch's
+results), and ``spark-internal-error``
 where Spark's engine fails with an internal error (SQLSTATE class ``XX``, e.g. its
 optimizer's plan validation) and microbatch runs the query.
 
@@ -1016,6 +1019,9 @@ def run_case(spark, case: Case, plant: str | None = None, query: Query | None = 
         if result.failed and theirs.error is None and ours.error is None and _reuses_an_exchange(theirs.plan):
             result = _as_without_exchange_reuse(spark, ss, case, query, static, work, (theirs, ours), result,
                                                 compare_state)
+        if result.failed and theirs.error is None and ours.error is None and _renumbers_operators(theirs, ours):
+            result = _as_without_empty_relations(spark, ss, case, query, static, work, (theirs, ours), result,
+                                                 compare_state)
     finally:
         for q in ss.streams.active:
             q.stop()
@@ -1096,25 +1102,75 @@ def _as_without_exchange_reuse(spark, ss, case: Case, query: Query, static, work
     reuse off gives microbatch's results: batch ids, rows, columns, watermarks, operators,
     state rows and the state per partition (``numInputRows`` the first run's: without the
     reuse Spark counts each scan of a source two branches read); else ``result``."""
+    return _as_known_difference(spark, ss, case, query, static, work, runs, result, compare_state,
+                                (REUSE_CONF, "false"), "Spark's engine reused an exchange below a stateful operator",
+                                EXCHANGE_REUSE)
+
+
+EXCLUDED_RULES_CONF = "spark.sql.optimizer.excludedRules"
+EMPTY_RELATIONS_RULE = "org.apache.spark.sql.catalyst.optimizer.PropagateEmptyRelation"
+#: the kind of a known difference: Spark's stateful operators numbered anew when an input is empty
+OPERATORS_RENUMBERED = ("Spark's engine numbers its stateful operators in each batch's optimized plan: in a batch "
+                        "where a union's input has no data its optimizer drops that input (PropagateEmptyRelation) "
+                        "with the stateful operator Spark had pushed into it, and the operators after it take "
+                        "that one's number and its state; with PropagateEmptyRelation excluded Spark's engine "
+                        "gives microbatch's results")
+
+
+def _renumbers_operators(theirs: EngineRun, ours: EngineRun) -> bool:
+    """Whether Spark's engine ran a different number of stateful operators from batch to
+    batch where microbatch ran the same number in every batch (a stateful operator's state
+    is its number's: Spark's numbering changed under it)."""
+    spark_counts = {len(b.operators) for b in theirs.batches.values()}
+    our_counts = {len(b.operators) for b in ours.batches.values()}
+    return len(spark_counts) > 1 and len(our_counts) == 1
+
+
+def _as_without_empty_relations(spark, ss, case: Case, query: Query, static, work: Path, runs: tuple,
+                                result: Result, compare_state: bool) -> Result:
+    """``result`` (a difference, Spark's engine running more stateful operators in some
+    batches than in others) as the known difference ``OPERATORS_RENUMBERED`` where Spark's
+    engine run again with its optimizer's PropagateEmptyRelation excluded gives microbatch's
+    results (``numInputRows`` the first run's: with empty inputs kept Spark scans a source
+    once more in each batch it reads it twice); else ``result``."""
+    return _as_known_difference(spark, ss, case, query, static, work, runs, result, compare_state,
+                                (EXCLUDED_RULES_CONF, EMPTY_RELATIONS_RULE),
+                                "Spark's engine renumbered its stateful operators in a batch with an empty input",
+                                OPERATORS_RENUMBERED)
+
+
+#: each known difference's kind, by what the fuzzer's summary calls it
+KNOWN_DIFFERENCES = {
+    "Spark's engine reused an exchange below a stateful operator": EXCHANGE_REUSE,
+    "Spark's engine renumbered its stateful operators in a batch with an empty input": OPERATORS_RENUMBERED,
+}
+
+
+def _as_known_difference(spark, ss, case: Case, query: Query, static, work: Path, runs: tuple, result: Result,
+                         compare_state: bool, conf: tuple[str, str], kind: str, why: str) -> Result:
+    """``result`` as the known difference ``kind`` where Spark's engine, run again on fresh
+    inputs and checkpoint with ``conf`` set, gives microbatch's results (with the first
+    run's ``numInputRows``, which the conf changes and microbatch must match); else
+    ``result``."""
     theirs, ours = runs
-    again = EngineRun(checkpoint=str(work / "spark-no-reuse"))
-    dirs = (work / "no-reuse" / "src", work / "no-reuse" / "src2")
+    name = conf[0].rpartition(".")[2]
+    again = EngineRun(checkpoint=str(work / f"spark-{name}"))
+    dirs = (work / name / "src", work / name / "src2")
     for d in dirs:
         d.mkdir(parents=True)
-    spark.conf.set(REUSE_CONF, "false")
+    spark.conf.set(*conf)
     try:
         _run_parts(spark, case, query, dirs, static, (("spark", spark, again),), None)
     finally:
-        spark.conf.unset(REUSE_CONF)
+        spark.conf.unset(conf[0])
     again.batches = {bid: dataclasses.replace(b, input_rows=theirs.batches[bid].input_rows)
                      if bid in theirs.batches else b for bid, b in again.batches.items()}
     judged = _judge(spark, ss, case.seed, query, again, ours, compare_state)
     if judged.status != "ok":
         return result
     where = "" if result.batch is None else f" at batch {result.batch}"
-    return Result(case.seed, query, "known-difference", aspect=result.aspect, batch=result.batch,
-                  kind="Spark's engine reused an exchange below a stateful operator",
-                  detail=f"{result.detail}\n  known difference ({result.aspect}{where}): {EXCHANGE_REUSE}",
+    return Result(case.seed, query, "known-difference", aspect=result.aspect, batch=result.batch, kind=kind,
+                  detail=f"{result.detail}\n  known difference ({result.aspect}{where}): {why}",
                   state_compared=judged.state_compared, state_skipped=judged.state_skipped)
 
 
@@ -1273,7 +1329,7 @@ class Summary:
                 lines.append(title)
                 lines += [f"  {len(found)}x (seeds {found[:8]}): {kind}" for kind, found in seeds.items()]
                 if status == "known-difference":
-                    lines.append(f"    ({EXCHANGE_REUSE})")
+                    lines += [f"    {kind}: {KNOWN_DIFFERENCES[kind]}" for kind in seeds if kind in KNOWN_DIFFERENCES]
         for r in self.failures:
             lines.append(r.report())
         return "\n".join(lines)
