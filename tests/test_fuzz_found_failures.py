@@ -84,9 +84,11 @@ def test_a_filter_on_a_replaced_column_of_an_earlier_frame_filters_as_spark(spar
 def union_with_a_branch_filtered_out(session, events, others, delays=("3 seconds", "5 seconds")):
     """Two watermarked streams in a union under a filter Spark's optimizer knows the second
     drops entirely (its ``s`` is a literal): that input's event-time observation is removed
-    from the batch's plan."""
+    from the batch's plan. ``others``: the second stream (a path: read here)."""
     first = json_stream(session, events, SCHEMA).withWatermark("ts", delays[0])
-    second = json_stream(session, others, OTHER_SCHEMA).withWatermark("ts2", delays[1]).select(
+    if isinstance(others, str):
+        others = json_stream(session, others, OTHER_SCHEMA)
+    second = others.withWatermark("ts2", delays[1]).select(
         F.col("ts2").alias("ts"), F.col("k2").alias("k"), F.col("v2").alias("v"), F.lit("u").alias("s"))
     both = first.unionByName(second)
     return both.where(both["s"].isin("a", "b"))
@@ -102,10 +104,10 @@ def test_a_union_input_filtered_out_counts_session_windows_as_spark(spark, ss, e
 
 
 def test_a_union_input_filtered_out_joins_as_spark(spark, ss, events, others, tmp_path):
-    def query(session):   # (seed 2100)
-        left = union_with_a_branch_filtered_out(session, events, others, ("10 seconds", "10 seconds"))
-        right = json_stream(session, others, OTHER_SCHEMA).withWatermark("ts2", "0 seconds").select(
-            F.col("ts2").alias("ts"), F.col("k2").alias("k"), "v2")
+    def query(session):   # (seed 2100: the second stream read in both places)
+        second = json_stream(session, others, OTHER_SCHEMA)
+        left = union_with_a_branch_filtered_out(session, events, second, ("10 seconds", "10 seconds"))
+        right = second.withWatermark("ts2", "0 seconds").select(F.col("ts2").alias("ts"), F.col("k2").alias("k"), "v2")
         return left.join(right, ["k", "ts"], "left_outer").drop(right.k)
 
     both_engines(spark, ss, query, tmp_path)
