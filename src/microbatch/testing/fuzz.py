@@ -853,28 +853,13 @@ def _clause(text: str) -> str:
     return re.split(r"[;:]", text, maxsplit=1)[0][:200]
 
 
-#: Spark's refusals when a step is defined, where microbatch refused an earlier step for
-#: another reason (one Spark's engine refuses only at start); listed as a known difference
-#: in every report, never taken for a match of the same refusal
-KNOWN_REFUSALS = {
-    "_LEGACY_ERROR_TEMP_1182": "Spark's ambiguous self-join check refuses a grouping after a join when it is "
-                               "defined; microbatch refused an earlier step when defined (e.g. a stream-stream "
-                               "left anti join, which Spark's engine refuses at start)",
-}
-
-
 def _same_refusal(theirs: BaseException, ours: BaseException) -> tuple[bool, str]:
     """Whether microbatch refused as Spark did, and the refusal's kind. Spark's error
     condition must match; where Spark's is ``_LEGACY_ERROR_TEMP_*`` (a message-only
-    error) and microbatch's has none, the class and the message's first clause must; a
-    refusal of ``KNOWN_REFUSALS`` that microbatch makes too, for another reason, is
-    reported as that known difference."""
+    error) and microbatch's has none, the class and the message's first clause must."""
     a, b = _error_kind(theirs), _error_kind(ours)
     if a == b:
         return True, a
-    known = next((why for condition, why in KNOWN_REFUSALS.items() if a.endswith(condition)), None)
-    if known is not None:
-        return True, f"{a} (known difference: {known}; microbatch refuses with {b})"
     base_a, _, condition = a.partition(": ")
     if condition.startswith("_LEGACY_ERROR_TEMP_") and b == base_a and \
             _clause(str(theirs)) == _clause(str(ours)):
