@@ -5,10 +5,13 @@ Spark's engine reports a source's ``numInputRows`` from the scans of its batch: 
 optimizer pushes filters down to each scan: the query's deterministic filters on the
 source's columns, through projections and renames, unions, a watermark (the parts that do
 not use the event time) and an aggregation (on its keys), and the not-null filters it infers
-for a join's keys. A JSON or CSV scan (``spark.sql.json.filterPushdown.enabled``,
-``spark.sql.csv.filterPushdown.enabled``) returns only the rows that pass the ones it can
-evaluate, so Spark counts the source's rows after them; and the watermark above a scan
-sees only the rows that pass them all.
+for a join's keys. Its planner hands the scan those it translates
+into the file format's filters (``PushedFilters``: ``v > 2``, ``isnotnull(v)``, not
+``isnotnull((v % 4))``) and prunes partitions by those on partition columns; a JSON or CSV
+scan (``spark.sql.json.filterPushdown.enabled``, ``spark.sql.csv.filterPushdown.enabled``)
+returns only the rows that pass the ones it is handed, so Spark counts the source's rows
+after them, and the others run in a filter right above the scan, after its count; the
+watermark above sees only the rows that pass them all.
 
 microbatch's batch plan is not Spark's (an ``Observation`` at a watermark, which Spark's
 optimizer does not push a filter through; a join run as a task; a SQL step over a rename),
@@ -18,11 +21,17 @@ batch of the stream (a relation over no files wherever the plan reads a source, 
 generator of the event time where it has a watermark, which keeps the parts of a filter
 that read the event time above it, as Spark's EventTimeWatermark does; no streaming
 DataFrame: microbatch never asks Spark's streaming engine), and puts what ends right above
-each read of a file source right above that read in microbatch's plan (a ``ScanFilter``). microbatch's scans then get Spark's pushed filters and count the rows
+each read of a file source right above that read in microbatch's plan (a ``ScanFilter``).
+microbatch's scans then get Spark's pushed filters and count the rows
 Spark's count (``spark_internals.ScanRowCounter``), and the rows they drop are rows Spark's
-engine never reads. Where microbatch's plan applies the same filter there already, Spark's
-optimizer merges the two (``CombineFilters``): the batch runs as before; a query without
-filters gets none.
+engine never reads. The filters Spark's scan does not take are given in a form from which
+Spark's optimizer gives microbatch's scan nothing either (``spark_internals.scan_skips_filter``):
+as plain filters over the scan, it would infer from ``isnotnull((v % 4))`` the
+``isnotnull(v)`` the scan takes (InferFiltersFromConstraints), where Spark's optimizer
+pushed ``isnotnull((v % 4))`` (inferred for a join's key ``v % 4``) to its scan after it
+inferred, and microbatch's scan would count fewer rows (seed 712). Where microbatch's plan
+applies the same filter there already, Spark's optimizer merges the two
+(``CombineFilters``): the batch runs as before; a query without filters gets none.
 """
 from __future__ import annotations
 
@@ -106,17 +115,19 @@ class _ScanFilters:
         found = spark_internals.scan_filters(query, [read.df for read in reads])
         filters: list[str | None] = []
         for k, read in enumerate(reads):
-            parts = []
+            taken, kept = [], []
             if spark_internals.reads_only_files(self.empty_inputs[read.relation]):
-                for text in found.get(k, []):
+                for text, scan_takes in found.get(k, []):
                     try:     # (each part read back from its SQL text, over the source's columns)
                         self.empty_inputs[read.relation].where(F.expr(text))
                     except Exception:  # noqa: BLE001 - a part that does not read back: the scan goes without it
                         log.debug("Filter %s does not read back over %s", text, read.relation.describe(),
                                   exc_info=True)
                         continue
-                    parts.append(f"({text})")
-            filters.append(" AND ".join(parts) or None)
+                    (taken if scan_takes else kept).append(f"({text})")
+            if kept:     # (the rows Spark's scan returns, and its filter above drops: nothing taken from it)
+                taken.append(spark_internals.scan_skips_filter(" AND ".join(kept)))
+            filters.append(" AND ".join(taken) or None)
         return filters
 
 

@@ -20,7 +20,7 @@ from microbatch.spark_internals.analysis import (
     output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column, pruned_from_joins,
-    qualified_alias, reads_only_files, requalified, scan_filters, schema_string, semi_join_branches,
+    qualified_alias, reads_only_files, requalified, scan_filters, scan_skips_filter, schema_string, semi_join_branches,
     window_function_error,
     schema_tree, uses_current_time,
 )
@@ -81,7 +81,7 @@ __all__ = [
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
-    "reads_only_files", "scan_filters", "ambiguous_on_a_stream", "semi_join_branches",
+    "reads_only_files", "scan_filters", "scan_skips_filter", "ambiguous_on_a_stream", "semi_join_branches",
     "join_inferred_filters", "optimized_plan", "stream_without_data",
 ]
 

@@ -823,21 +823,22 @@ def reads_only_files(df: Any) -> bool:
         for i in range(leaves.size()))
 
 
-def scan_filters(query: Any, reads: list[Any]) -> dict[int, list[str]]:
+def scan_filters(query: Any, reads: list[Any]) -> dict[int, list[tuple[str, bool]]]:
     """What Spark's optimizer filters each of ``reads``' rows by before anything else reads
     them, in ``query``: a batch DataFrame over ``reads`` (a relation of its own each, over
     no files), optimized. Per read (by index), the conjuncts (SQL text, columns unqualified)
     of the filters between its leaf and the first node above that is neither a filter nor a
-    projection that are deterministic, hold no subquery and read the leaf's columns only.
-    Spark's file scan is handed these (its ``PushedFilters``: a JSON or CSV scan returns
-    only the rows that pass them). A read the optimized plan does not read has none."""
+    projection that are deterministic, hold no subquery and read the leaf's columns only,
+    each with whether Spark's file scan takes it (``scan_takes_filter``): the scan returns
+    only the rows that pass those it takes, and its ``numOutputRows`` counts them; the
+    others run right above it. A read the optimized plan does not read has none."""
     owner: dict[int, int] = {}     # an attribute id of a read's relation -> the read
     for i, read in enumerate(reads):
         output = analyzed_plan(read).output()
         owner.update((output.apply(j).exprId().id(), i) for j in range(output.size()))
     subquery = jvm_class("org.apache.spark.sql.catalyst.expressions.SubqueryExpression$")
     optimized = optimized_plan(query)
-    found: dict[int, list[str]] = {}
+    found: dict[int, list[tuple[str, bool]]] = {}
     pending = [(optimized, [])]     # a node, and the filters and projections right above it
     while pending:
         node, above = pending.pop()
@@ -856,12 +857,49 @@ def scan_filters(query: Any, reads: list[Any]) -> dict[int, list[str]]:
                     used = part.references().toSeq()
                     if part.deterministic() and not subquery.hasSubquery(part) and all(
                             used.apply(j).exprId().id() in ids for j in range(used.size())):
-                        parts.append(_unqualified(part).sql())
+                        parts.append((_unqualified(part).sql(), scan_takes_filter(node, part)))
             continue
         kind = node.getClass().getSimpleName()
         chain = [node] + above if kind in ("Filter", "Project") else []
         pending.extend((children.apply(j), chain) for j in range(children.size()))
     return {i: list(dict.fromkeys(parts)) for i, parts in found.items()}
+
+
+def scan_takes_filter(relation: Any, condition: Any) -> bool:
+    """Whether Spark's file scan of ``relation`` (a file relation's leaf of an optimized
+    plan) takes ``condition`` (an expression over its columns) from a filter right above
+    it, as Spark's planner makes the scan (FileSourceStrategy): a condition it translates
+    for the file format (its ``PushedFilters``: a JSON or CSV reader returns only the rows
+    that pass them, a Parquet one skips the row groups they rule out) or prunes the
+    partitions by. Its other ``DataFilters`` (``isnotnull((v % 4))``: no source filter
+    reads an expression of a column) run in a filter above the scan, after its
+    ``numOutputRows``. False for a leaf that is no file relation."""
+    if (relation.getClass().getSimpleName() != "LogicalRelation"
+            or relation.relation().getClass().getSimpleName() != "HadoopFsRelation"):
+        return False
+    filtered = jvm_class("org.apache.spark.sql.catalyst.plans.logical.Filter")(condition, relation)
+    planned = jvm_class("org.apache.spark.sql.execution.datasources.FileSourceStrategy").apply(filtered)
+    for i in range(planned.size()):
+        leaves = planned.apply(i).collectLeaves()
+        for j in range(leaves.size()):
+            scan = leaves.apply(j)
+            if scan.getClass().getSimpleName() != "FileSourceScanExec":
+                continue
+            pruning = scan.partitionFilters()
+            if scan.pushedDownFilters().nonEmpty() or any(
+                    pruning.apply(k).references().nonEmpty() for k in range(pruning.size())):
+                return True
+    return False
+
+
+def scan_skips_filter(sql: str) -> str:
+    """``sql`` (a filter's condition) as a condition that passes the same rows and from
+    which Spark's planner gives a file scan nothing: ``element_at(array(c), 1)`` is ``c``
+    to the row, and the optimizer neither simplifies it back nor infers from it the
+    not-null filters of the columns under ``c`` (InferFiltersFromConstraints reads
+    ``isnotnull(v)`` out of ``isnotnull((v % 4))``, and a scan takes that one), nor
+    does the scan translate it for its file format."""
+    return f"element_at(array({sql}), 1)"
 
 
 def optimized_plan(df: Any) -> Any:
