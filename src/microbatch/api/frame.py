@@ -195,6 +195,17 @@ class StreamFrame:
         return self._derive("selectExpr", *expr)
 
     def filter(self, condition: Column | str) -> "StreamFrame":
+        having = None
+        if isinstance(condition, (str, Column)) and spark_internals.is_aggregation(self._template):
+            having = spark_internals.having_condition(self._template.filter(self._own(condition)))
+        if having is not None:
+            # (an aggregate function in a filter right over an aggregation: Spark's analysis
+            # resolves it to the aggregation's output, a HAVING; the step filters by that)
+            resolved, hidden = having
+            if hidden:
+                raise not_yet("A filter by an aggregate function its aggregation does not output "
+                              "(a HAVING with a hidden aggregate)", "issue 57")
+            return self._derive("filter", resolved)
         return self._derive("filter", condition)
 
     where = filter

@@ -728,6 +728,28 @@ def rebound(values: Any, sides: list[tuple[Any, dict[int, Any]]]) -> Any:
     return one(values)
 
 
+def is_aggregation(df: Any) -> bool:
+    """Whether Spark's analysis made ``df``'s plan an aggregation at its top."""
+    return analyzed_plan(df).getClass().getSimpleName() == "Aggregate"
+
+
+def having_condition(df: Any) -> tuple[Any, bool] | None:
+    """Where Spark's analysis made ``df``'s last filter a HAVING (ResolveAggregateFunctions:
+    a filter right over an aggregation, an aggregate function in its condition resolved to
+    the aggregation's output): (the condition as analysed, a Column bound to the
+    aggregation's output attributes; whether the aggregation got hidden aggregate columns
+    for it, which a projection above the filter drops). None for any other plan."""
+    plan = analyzed_plan(df)
+    hidden = False
+    if plan.getClass().getSimpleName() == "Project" and plan.child().getClass().getSimpleName() == "Filter":
+        plan, hidden = plan.child(), True
+    if plan.getClass().getSimpleName() != "Filter" or plan.child().getClass().getSimpleName() != "Aggregate":
+        return None
+    if hidden and plan.child().output().size() == analyzed_plan(df).output().size():
+        return None
+    return column_of_expression(plan.condition()), hidden
+
+
 def is_global_aggregation(df: Any) -> bool:
     """Whether Spark's analysis made ``df``'s last projection an aggregation over all its
     rows (``select(count("*"))``, SQL's ``SELECT count(*) FROM t``: an aggregate function
