@@ -1314,7 +1314,7 @@ class Summary:
                 lines.append(title)
                 lines += [f"  {len(found)}x (seeds {found[:8]}): {kind}" for kind, found in seeds.items()]
                 if status == "known-difference":
-                    lines += [f"    {kind}: {KNOWN_DIFFERENCES[kind]}" for kind in seeds if kind in KNOWN_DIFFERENCES]
+                    lines += [f"    ({KNOWN_DIFFERENCES[kind]})" for kind in seeds if kind in KNOWN_DIFFERENCES]
         for r in self.failures:
             lines.append(r.report())
         return "\n".join(lines)
