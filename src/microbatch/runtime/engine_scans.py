@@ -29,28 +29,15 @@ from __future__ import annotations
 
 import collections
 import logging
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 from pyspark.sql import DataFrame
 
 from microbatch import spark_internals
 from microbatch.plan.logical import PlanNode, StreamingRelation, Watermark, children_replaced
+from microbatch.runtime.segments import Placeholder
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Built(PlanNode):
-    """A child already built as a stream's DataFrame."""
-
-    df: Any
-
-    def build(self, inputs):
-        return self.df
-
-    def describe(self) -> str:
-        return "Built"
 
 
 def _as_stream(plan: PlanNode, stand_ins: Mapping[StreamingRelation, DataFrame]) -> DataFrame:
@@ -66,7 +53,7 @@ def _as_stream(plan: PlanNode, stand_ins: Mapping[StreamingRelation, DataFrame])
             elif isinstance(node, Watermark):
                 df = build(node.child).withWatermark(node.event_time, node.delay)
             else:
-                df = children_replaced(node, [_Built(build(child)) for child in node.children]).build({})
+                df = children_replaced(node, [Placeholder(build(child)) for child in node.children]).build({})
             built[id(node)] = df
         return built[id(node)]
     return build(plan)
