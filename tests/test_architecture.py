@@ -196,7 +196,7 @@ def test_an_operator_that_does_not_answer_for_its_policy_fails_when_defined():
 
     from microbatch.plan.logical import StatefulNode
     with pytest.raises(TypeError, match="does not answer for .*evicts_with"):
-        class Unfinished(StatefulNode):    # noqa: F841 - defined to fail
+        class Unfinished(StatefulNode):  # defined to fail
             def make_step(self, operator_id, state_root, shuffle_partitions):
                 return None
 

@@ -319,7 +319,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         for attempt in range(self.retries.retry_limit + 1):
             try:
                 return operation()
-            except Exception as e:       # noqa: BLE001 - sorted by _transient
+            except Exception as e:  # sorted by _transient
                 if not _transient(e):
                     raise
                 if attempt == self.retries.retry_limit:
@@ -462,7 +462,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                 f"{what} '{location}': cannot reach the store ({_reason(e.__cause__ or e)}; "
                 f"tried {self.retries.retry_limit + 1} times). Check spark.hadoop.fs.s3a.endpoint "
                 "and the credentials.") from None
-        except Exception as e:     # noqa: BLE001 - an error botocore did not sort
+        except Exception as e:  # an error botocore did not sort
             if not isinstance(e, OSError):
                 raise
             raise CheckpointError(

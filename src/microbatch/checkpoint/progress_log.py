@@ -106,7 +106,7 @@ class ProgressLogWriter(ProgressLog):
                 if item is None:
                     return
                 self._apply(*item)
-            except Exception:  # noqa: BLE001 - the log is informational: a batch never fails on it
+            except Exception:  # the log is informational: a batch never fails on it
                 log.warning("Cannot write the progress log %s", self.path, exc_info=True)
             finally:
                 self._queue.task_done()

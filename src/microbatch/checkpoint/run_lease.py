@@ -161,7 +161,7 @@ class RunLease:
             try:
                 if not self.fs.exists(f"{self.path}/{self.number + 1}"):
                     self.fs.write(f"{self.path}/{self.number}", json.dumps(self._record))
-            except Exception:  # noqa: BLE001 - a missed heartbeat is retried; fencing guards writes
+            except Exception:  # a missed heartbeat is retried; fencing guards writes
                 log.warning("Cannot renew the run lease %s/%s", self.path, self.number, exc_info=True)
 
     def check(self) -> None:
@@ -191,6 +191,6 @@ class RunLease:
                 if failure is not None:
                     record["failure"] = failure
                 self.fs.write(f"{self.path}/{self.number}", json.dumps(record))
-        except Exception:  # noqa: BLE001 - the next run finds the process gone instead
+        except Exception:  # the next run finds the process gone instead
             log.warning("Cannot release the run lease %s/%s", self.path, self.number, exc_info=True)
         self.number = None

@@ -62,7 +62,7 @@ class KafkaOffsetReader:
         while True:
             try:
                 return call()
-            except Exception as e:  # noqa: BLE001 (librdkafka's KafkaException and timeouts)
+            except Exception as e:  # librdkafka's KafkaException and timeouts
                 attempt += 1
                 if attempt > self.num_retries:
                     raise KafkaUnavailable(

@@ -252,7 +252,7 @@ class StatefulStep:
         if prepared is None:
             try:
                 prepared = PreparedStep(inputs, task, build)
-            except Exception:  # noqa: BLE001 - e.g. a Spark whose plans differ: build it per batch
+            except Exception:  # e.g. a Spark whose plans differ: build it per batch
                 log.warning("Cannot prepare the stateful step %s once per run; building it every "
                             "batch", self.name, exc_info=True)
                 prepared = False

@@ -144,7 +144,7 @@ class ProcessQueries(StreamingQueryListener):
         if execution is not None:
             try:
                 history.plan = execution.explain_string()
-            except Exception:  # noqa: BLE001 - a plan that cannot be printed is left out
+            except Exception:  # a plan that cannot be printed is left out
                 log.debug("Cannot print the plan of %s", history.key, exc_info=True)
         return history.plan
 

@@ -97,7 +97,7 @@ class BatchMetrics:
             if self._scan_counter is None:
                 self._scan_counter = spark_internals.ScanRowCounter(self.session)
             return self._scan_counter.input_keys(df)
-        except Exception:  # noqa: BLE001 (a Spark without these internals: count another way)
+        except Exception:  # a Spark without these internals: count another way
             log.warning("Cannot count input rows from the scans' metrics; counting them "
                         "with an Observation instead", exc_info=True)
             self._scan_counting_failed = True
@@ -152,7 +152,7 @@ class BatchMetrics:
             return None
         try:
             return spark_internals.executed_observation_row(self.batch_df, observation._name)
-        except Exception:  # noqa: BLE001 (a plan the sink never ran may not even plan)
+        except Exception:  # a plan the sink never ran may not even plan
             log.debug("No observed metrics in the batch's own plan", exc_info=True)
             return None
 

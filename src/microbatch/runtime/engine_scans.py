@@ -96,7 +96,7 @@ class EngineScans:
                 return {}
             found = spark_internals.engine_file_scans(_as_stream(self._plan, stand_ins),
                                                       [stand_ins[self._relations[i]] for i in with_data])
-        except Exception:  # noqa: BLE001 - a plan Spark's planner refuses as a stream's: nothing known
+        except Exception:  # a plan Spark's planner refuses as a stream's: nothing known
             log.debug("Spark's engine's scans of the sources are not known", exc_info=True)
             return {}
         if found is None or any(read != self._reads[id(self._relations[i])] for (read, _), i in zip(found, with_data)):

@@ -103,5 +103,5 @@ class ListenerBus:
         for listener in listeners:
             try:
                 getattr(listener, name)(event)
-            except Exception:  # noqa: BLE001 - as Spark: a listener never fails the query
+            except Exception:  # as Spark: a listener never fails the query
                 log.exception("Listener %s threw an exception", type(listener).__name__)

@@ -281,7 +281,7 @@ class IncrementalExecution:
             split = Transform(dataclasses.replace(below, child=Transform(below.child, "where", (F.expr(pushed),))),
                               "where", (F.expr(kept),))
             split.build(empty_inputs)
-        except Exception:  # noqa: BLE001 - a part whose SQL text does not read back: keep it whole
+        except Exception:  # a part whose SQL text does not read back: keep it whole
             log.debug("Filter %s stays whole above the watermark", filtered.describe(), exc_info=True)
             return None
         log.debug("Filter %s: %s runs below the watermark on %s", filtered.describe(), pushed, below.event_time)

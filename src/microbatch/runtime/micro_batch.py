@@ -182,12 +182,12 @@ class MicroBatchExecution(StreamExecution):
         for source in self.sources:
             try:
                 source.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("Failed to stop streaming source: %s. Resources may have leaked.",
                             source, exc_info=True)
         try:
             self.sink.stop()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("Failed to stop sink %s", self.sink, exc_info=True)
         if self._metrics is not None:
             self._metrics.close()

@@ -61,7 +61,7 @@ def with_scan_filters(spark: SparkSession, plan: PlanNode,
     finder = _ScanFilters(spark, plan, empty_inputs)
     try:
         filters = finder.filters(frozenset())
-    except Exception:  # noqa: BLE001 - a query that does not build as a batch: its scans stay as they are
+    except Exception:  # a query that does not build as a batch: its scans stay as they are
         log.debug("No filters pushed to the scans: the query does not build as a batch", exc_info=True)
         return plan
     if filters is None or not any(filters):
@@ -100,7 +100,7 @@ class _ScanFilters:
         if (empty, k) not in self._conditions:
             try:
                 filters = self.filters(empty)
-            except Exception:  # noqa: BLE001 - a plan Spark's optimizer does not take so: the filters of a batch with data
+            except Exception:  # a plan Spark's optimizer does not take so: the filters of a batch with data
                 log.debug("No filters found for a batch without data from %s", empty, exc_info=True)
                 filters = self._found[frozenset()]
             sql = filters[k] if filters else None
@@ -120,7 +120,7 @@ class _ScanFilters:
                 for text, scan_takes in found.get(k, []):
                     try:     # (each part read back from its SQL text, over the source's columns)
                         self.empty_inputs[read.relation].where(F.expr(text))
-                    except Exception:  # noqa: BLE001 - a part that does not read back: the scan goes without it
+                    except Exception:  # a part that does not read back: the scan goes without it
                         log.debug("Filter %s does not read back over %s", text, read.relation.describe(),
                                   exc_info=True)
                         continue

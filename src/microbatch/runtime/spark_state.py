@@ -115,7 +115,7 @@ def adopt_spark_state(fs: CheckpointFileSystem, checkpoint_root: str, schemas: l
             try:
                 spark_schema = read_state_schema(checkpoint_root, op.id, fs=fs, store_name=store.name)[0]
                 spark_key, spark_value = spark_schema.key_arrow(), spark_schema.value_arrow()
-            except Exception as e:  # noqa: BLE001 - a missing or unreadable schema file, said as such
+            except Exception as e:  # a missing or unreadable schema file, said as such
                 raise refuse(f"the state schema of {where} cannot be read ({e})") from e
             expected_key, expected_value = store.spark_storage()
             if not (_same_types(spark_key, expected_key) and _same_types(spark_value, expected_value)):

@@ -159,7 +159,7 @@ class StreamExecution:
                 self.initialization_latch.set()
                 self.run_activated_stream()
             self.progress.update_status_message("Stopped")
-        except BaseException as e:  # noqa: BLE001 - every failure ends the query
+        except BaseException as e:  # every failure ends the query
             if self.stopped_by_user:
                 log.info("Query %s was interrupted by stop(): %s", self.pretty_id,
                          str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -200,7 +200,7 @@ class StreamExecution:
             return failure.message
         try:
             return self._fail_through_spark(error)
-        except Exception:  # noqa: BLE001 - e.g. the SparkContext stopped under the query
+        except Exception:  # e.g. the SparkContext stopped under the query
             log.warning("Cannot build the JVM exception of query %s", self.pretty_id, exc_info=True)
             message = str(error)
             self._fallback_cause = pyspark_error(

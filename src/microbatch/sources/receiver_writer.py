@@ -138,7 +138,7 @@ class BlockWriter:
                 self._log.write(first, data)
                 crash_points.reached("receiver-block-written")
                 break
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self.failed_writes += 1
                 log.warning("Writing receiver block %s failed (%s: %s)", block_name(first),
                             type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")

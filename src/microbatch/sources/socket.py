@@ -135,7 +135,7 @@ class TextSocketSource(ReceiverSource):
                 complete = lines.feed(chunk)
                 if complete:
                     self._take(complete)
-        except Exception:  # noqa: BLE001 - the reader thread must not die silently
+        except Exception:  # the reader thread must not die silently
             log.exception("%s: the receiver failed", self)
 
     def _take(self, lines: list[bytes]) -> None:

@@ -90,17 +90,17 @@ __all__ = [
 # A Connect client's session, DataFrame, Column or Observation (``connect.is_connect``)
 # goes to ``spark_internals.connect``; everything else to the classic modules above,
 # unchanged. A name without a Connect side refuses there with the list of what runs.
-import functools as _functools  # noqa: E402
+import functools as _functools
 
-from microbatch.spark_internals import session as _session  # noqa: E402
-from microbatch.spark_internals.connect import analysis as _c_analysis  # noqa: E402
-from microbatch.spark_internals.connect import errors as _c_errors  # noqa: E402
-from microbatch.spark_internals.connect import is_connect  # noqa: E402
-from microbatch.spark_internals.connect import metrics as _c_metrics  # noqa: E402
-from microbatch.spark_internals.connect import relations as _c_relations  # noqa: E402
-from microbatch.spark_internals.connect import session as _c_session  # noqa: E402
-from microbatch.spark_internals.connect.support import WHAT_RUNS as CONNECT_RUNS  # noqa: E402
-from microbatch.spark_internals.connect.support import refusal as connect_refusal  # noqa: E402
+from microbatch.spark_internals import session as _session
+from microbatch.spark_internals.connect import analysis as _c_analysis
+from microbatch.spark_internals.connect import errors as _c_errors
+from microbatch.spark_internals.connect import is_connect
+from microbatch.spark_internals.connect import metrics as _c_metrics
+from microbatch.spark_internals.connect import relations as _c_relations
+from microbatch.spark_internals.connect import session as _c_session
+from microbatch.spark_internals.connect.support import WHAT_RUNS as CONNECT_RUNS
+from microbatch.spark_internals.connect.support import refusal as connect_refusal
 
 
 def _by_kind(classic, remote):
@@ -170,7 +170,7 @@ nullable_output = _by_kind(nullable_output, lambda df: df)   # (over Connect the
 _classic_parse_schema_ddl = parse_schema_ddl
 
 
-def parse_schema_ddl(ddl: str):  # noqa: F811 - the seam's choice by the process: a JVM or none
+def parse_schema_ddl(ddl: str):  # the seam's choice by the process: a JVM or none
     """A DDL schema string (by the JVM of a classic session, else by the Connect client)."""
     return _classic_parse_schema_ddl(ddl) if jvm_started() else _c_analysis.parse_schema_ddl(ddl)
 
@@ -179,7 +179,7 @@ def parse_schema_ddl(ddl: str):  # noqa: F811 - the seam's choice by the process
 _classic_spark_error = spark_error
 
 
-def spark_error(kind: str, error_class: str, **parameters):  # noqa: F811 - chosen by the process
+def spark_error(kind: str, error_class: str, **parameters):  # chosen by the process
     """Spark's exception for ``error_class``: built in the JVM of a classic session, else
     as a Connect client raises it."""
     if not jvm_started() and _c_session.is_remote_client():
@@ -206,12 +206,12 @@ binds_plans = _by_kind(_session.binds_plans, lambda df: False)
 _classic_row_json, _classic_python_row = row_json, python_row
 
 
-def row_json(row):  # noqa: F811
+def row_json(row):
     """An observed row as Spark's ``Row.json`` writes it (parsed)."""
     return _c_metrics.row_json(row) if isinstance(row, _c_metrics.ObservedRow) else _classic_row_json(row)
 
 
-def python_row(row):  # noqa: F811
+def python_row(row):
     """An observed row as PySpark hands one to Python."""
     return _c_metrics.python_row(row) if isinstance(row, _c_metrics.ObservedRow) else _classic_python_row(row)
 

@@ -102,7 +102,7 @@ def observed_rows(executions: list[Any]) -> dict[str, Any]:
     for qe in executions:
         try:
             observed = qe.observedMetrics()
-        except Exception:  # noqa: BLE001 (an execution that failed in planning)
+        except Exception:  # an execution that failed in planning
             log.debug("Skipping an execution without observed metrics", exc_info=True)
             continue
         names = observed.keys().iterator()
@@ -238,7 +238,7 @@ class ScanRowCounter:
         for qe in executions:
             try:
                 scanned = self._scanned(qe, source_of)
-            except Exception:  # noqa: BLE001 (an execution that failed in planning, caught by the sink)
+            except Exception:  # an execution that failed in planning, caught by the sink
                 log.debug("Skipping an execution without an executed plan", exc_info=True)
                 continue
             for i, scans in scanned.items():
@@ -271,5 +271,5 @@ class ScanRowCounter:
             return
         try:
             self._session._jsparkSession.listenerManager().unregister(self._listener)
-        except Exception:  # noqa: BLE001 (the JVM may be gone at shutdown)
+        except Exception:  # the JVM may be gone at shutdown
             log.debug("Could not unregister the scan-metrics listener", exc_info=True)

@@ -44,7 +44,7 @@ def arrow_batches_by_rows(spark: Any) -> None:
         return
     try:
         spark.conf.set(ARROW_MAX_BYTES_CONF, UNMEASURED_ARROW_BYTES)
-    except Exception:  # noqa: BLE001 (a Spark whose check refuses Int.MaxValue: its bound stays)
+    except Exception:  # a Spark whose check refuses Int.MaxValue: its bound stays
         log.debug("Spark keeps its Arrow batch byte bound", exc_info=True)
 
 

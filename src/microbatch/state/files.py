@@ -28,7 +28,7 @@ from operator import countOf, is_
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.compute  # pa.compute
 import pyarrow.ipc as ipc
 
 from microbatch import crash_points

@@ -227,7 +227,7 @@ def test_stream(frame, output_mode: str = "append", actions: Sequence[Any] = (),
                 raise AssertionError("ExpectFailure needs a started stream")
             try:
                 query.awaitTermination(timeout)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 cause = e.__cause__ or e   # the engine chains the Python error behind a failure
                 if not isinstance(cause, action.exception_type):
                     raise AssertionError(f"expected {action.exception_type.__name__}, got "

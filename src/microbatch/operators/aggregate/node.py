@@ -126,7 +126,7 @@ def grouping_set_filters(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) 
     try:
         filters = spark_internals.grouping_set_filters(stood_in(plan).build(empty_inputs),
                                                        [n.spec.key_names for n in sets])
-    except Exception:  # noqa: BLE001 - a plan Spark's optimizer refuses here: no filter moves
+    except Exception:  # a plan Spark's optimizer refuses here: no filter moves
         log.debug("No filters read for the grouping sets of %s", plan.describe(), exc_info=True)
         return plan
     found = {n: f for n, f in zip(sets, filters or ()) if f is not None}

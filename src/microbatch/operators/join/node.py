@@ -304,7 +304,7 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
         whole = batch_plan(plan).build(empty_inputs)
         pruned = spark_internals.pruned_from_joins(
             whole, [(reads[join][side].df, join.side_times[side]) for join, side in asked])
-    except Exception:  # noqa: BLE001 - a plan that does not build as a batch: the joins stay as they are
+    except Exception:  # a plan that does not build as a batch: the joins stay as they are
         log.debug("No pruned event times read for the joins of %s", plan.describe(), exc_info=True)
         return plan
     found: dict[StreamJoin, list[bool]] = {}
@@ -353,7 +353,7 @@ class _InferredFilters:
         if (empty, side) not in self._conditions:
             try:
                 parts = self.filters(empty)[side]
-            except Exception:  # noqa: BLE001 - a plan Spark's optimizer does not take so: the filters of a batch with data
+            except Exception:  # a plan Spark's optimizer does not take so: the filters of a batch with data
                 log.debug("No filters inferred for %s without data from %s", self.join.describe(), empty, exc_info=True)
                 parts = self._found[frozenset()][side]
             self._conditions[(empty, side)] = F.expr(" AND ".join(f"({p})" for p in parts)) if parts else None
@@ -381,7 +381,7 @@ class _InferredFilters:
             for text in parts:
                 try:     # (each part read back from its SQL text, over the side's columns)
                     over.where(F.expr(text))
-                except Exception:  # noqa: BLE001 - a part that does not read back: the side goes without it
+                except Exception:  # a part that does not read back: the side goes without it
                     log.debug("Inferred filter %s does not read back over side %d", text, side, exc_info=True)
                     continue
                 kept[side].append(text)
@@ -404,7 +404,7 @@ def join_filters_inferred(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame])
     finder = _InferredFilters(plan, empty_inputs)
     try:
         found = finder.filters(frozenset())
-    except Exception:  # noqa: BLE001 - a join that does not build as a batch: its sides stay as they are
+    except Exception:  # a join that does not build as a batch: its sides stay as they are
         log.debug("No filters inferred for %s", plan.describe(), exc_info=True)
         return plan
     if not any(found):
@@ -445,7 +445,7 @@ def filters_pushed_into_joins(plan: PlanNode, empty_inputs: Mapping[Any, DataFra
                 sides[side].build(empty_inputs)    # (reads back on its side, or stays above)
             else:
                 kept.append(sql)
-    except Exception:  # noqa: BLE001 - a part that does not read back (a Python UDF): the filter stays
+    except Exception:  # a part that does not read back (a Python UDF): the filter stays
         log.debug("Filter %s stays whole above the join", plan.describe(), exc_info=True)
         return plan
     moved = dataclasses.replace(join, left=sides[0], right=sides[1])
@@ -544,7 +544,7 @@ def semi_joins_through_unions(plan: PlanNode, empty_inputs: Mapping[Any, DataFra
         for branch in branches[1:]:
             pushed = Union(pushed, branch)
         pushed.build(empty_inputs)
-    except Exception:  # noqa: BLE001 - a plan that does not build so: the join stays above the union
+    except Exception:  # a plan that does not build so: the join stays above the union
         log.debug("Join %s stays above its union", plan.describe(), exc_info=True)
         return plan
     log.debug("Join %s runs once per input of its union", plan.describe())
