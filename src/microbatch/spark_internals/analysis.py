@@ -449,6 +449,56 @@ class AggregateCall:
     decimal_argument: bool         # avg of a decimal (Spark sums decimals exactly)
     ignore_nulls: bool             # first/last(x, ignoreNulls)
     relative_sd: float | None      # approx_count_distinct's relative standard deviation
+    eval_mode: str | None = None   # sum's and avg's: ANSI, LEGACY or TRY (try_sum, try_avg)
+    argument_types: tuple[str, ...] = ()   # each argument's type (simpleString)
+    replaced: str | None = None    # the function Spark's optimizer replaces this call's by
+                                   # (count_if -> Count...): ``function`` is then that one
+    final: str | None = None       # Spark's final expression over its buffers "{0}", "{1}"...
+                                   # (the moment-based functions: corr, regr_*, skewness...)
+    #: percentile (percentile_cont, percentile_disc, median): (percentages, whether it returns
+    #: an array, reverse, discrete); mode: (reverse or None: the tie-break); listagg: (the
+    #: delimiter's SQL, None or (whether it orders by its value, ascending))
+    parameters: tuple = ()
+
+
+#: The RuntimeReplaceableAggregate functions a streaming aggregation plans as their
+#: replacement (what Spark's optimizer runs: count_if as count(nullif(x, false)), bool_and
+#: as min, bool_or as max, any_value as first, median and percentile_cont as percentile,
+#: regr_avgx/avgy as avg, regr_count as count, regr_sxx/syy as a central moment).
+_REPLACEABLE_AGGREGATES = frozenset({
+    "CountIf", "BoolAnd", "BoolOr", "AnyValue", "RegrCount", "RegrAvgX", "RegrAvgY", "RegrSXX",
+    "RegrSYY", "Median", "PercentileCont"})
+
+
+#: The functions whose final expression is read from Spark (``AggregateCall.final``).
+_FINALS_READ = frozenset({"Corr", "CovPopulation", "CovSample", "RegrSXY", "RegrR2", "RegrSlope",
+                          "RegrIntercept", "RegrReplacement", "Skewness", "Kurtosis"})
+
+
+def _final_sql(function: Any) -> str:
+    """The SQL of a declarative aggregate function's ``evaluateExpression``, its buffer
+    attributes as the placeholders "{0}", "{1}"... (in buffer order; the names may repeat:
+    regr_slope keeps two ``n``)."""
+    import re
+    buffers = function.aggBufferAttributes()
+    ids = {buffers.apply(i).exprId().id(): i for i in range(buffers.size())}
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+
+    def renamed(jexpr):
+        if jexpr.getClass().getSimpleName() == "AttributeReference" and jexpr.exprId().id() in ids:
+            return jexpr.withName(f"__microbatch_buffer_{ids[jexpr.exprId().id()]}")
+        children = [jexpr.children().apply(i) for i in range(jexpr.children().size())]
+        replaced = [renamed(c) for c in children]
+        if all(r is c for r, c in zip(replaced, children)):
+            return jexpr
+        return jexpr.withNewChildren(to_seq(replaced))
+
+    sql = renamed(function.evaluateExpression()).sql().replace("{", "{{").replace("}", "}}")
+    return re.sub(r"`?__microbatch_buffer_(\d+)`?", lambda m: "{" + m.group(1) + "}", sql)
+
+
+def _has_method(jobject: Any, method: str) -> bool:
+    return any(m.getName() == method for m in jobject.getClass().getMethods())
 
 
 @dataclass(frozen=True)
@@ -485,15 +535,46 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list[AggregateOutput]]:
 
     def call(jagg, plain) -> AggregateCall:
         function = jagg.aggregateFunction()
+        pretty = function.prettyName()
+        replaced = None
+        if function.getClass().getSimpleName() in _REPLACEABLE_AGGREGATES:
+            # a RuntimeReplaceableAggregate (count_if, bool_and, any_value, median, regr_avgx...):
+            # Spark's optimizer runs it as its replacement, whose buffers the state keeps
+            replaced = name(function)
+            function = function.replacement()
         kind = name(function)
         children = seq(function.children())
+        eval_mode = None
+        if kind in ("Sum", "Average"):   # (Spark 4.1 moved Sum's into a NumericEvalContext)
+            holder = function.evalContext() if _has_method(function, "evalContext") else function
+            eval_mode = str(holder.evalMode().toString())
+        final = _final_sql(function) if kind in _FINALS_READ else None
+        parameters: tuple = ()
+        if kind in ("Percentile", "PercentileDisc"):
+            parameters = (tuple(float(p) for p in function.percentages()),
+                          name(function.percentageExpression().dataType()) == "ArrayType",
+                          bool(function.reverse()), bool(function.discrete()))
+            children = children[:1] + children[2:]   # (the percentages are a parameter)
+        elif kind == "Mode":
+            reverse = function.reverseOpt()
+            parameters = (bool(reverse.get()) if reverse.isDefined() else None,)
+            children = children[:1]
+        elif kind == "ListAgg":
+            orders = seq(function.orderExpressions())
+            order = None
+            if orders:
+                order = (len(orders) == 1 and orders[0].child().semanticEquals(function.child()),
+                         orders[0].direction().toString() == "Ascending")
+            parameters = (function.delimiter().sql(), order)
+            children = children[:1]
         return AggregateCall(
-            kind, function.prettyName(), plain.sql(), bool(jagg.isDistinct()),
+            kind, pretty, plain.sql(), bool(jagg.isDistinct()),
             tuple(c.sql() for c in children),
             jagg.filter().get().sql() if jagg.filter().isDefined() else None,
             kind == "Average" and function.child().dataType().typeName().startswith("decimal"),
             bool(function.ignoreNulls()) if kind in ("First", "Last") else False,
-            float(function.relativeSD()) if kind == "HyperLogLogPlusPlus" else None)
+            float(function.relativeSD()) if kind == "HyperLogLogPlusPlus" else None,
+            eval_mode, tuple(c.dataType().simpleString() for c in children), replaced, final, parameters)
 
     aggregate_expressions = seq(analyzed.aggregateExpressions())
     unresolved = jvm_class("org.apache.spark.sql.catalyst.analysis.UnresolvedAttribute")

@@ -28,17 +28,46 @@ from pyspark.sql.types import LongType, StructField, StructType
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, UnsupportedOperationError
 
-#: The functions a streaming aggregation supports (Spark class name -> SQL name).
+#: The functions a streaming aggregation supports (Spark class name -> SQL name). A
+#: function Spark's optimizer replaces by another (``count_if`` by ``count``, ``bool_and``
+#: by ``min``, ``any_value`` by ``first``, ``median`` by ``percentile``, ``regr_avgx`` by
+#: ``avg``...) is planned as that one (``spark_internals.AggregateCall.replaced``).
 SUPPORTED = {
     "Count": "count", "Sum": "sum", "Min": "min", "Max": "max", "Average": "avg",
     "First": "first", "Last": "last", "CollectList": "collect_list", "CollectSet": "collect_set",
     "HyperLogLogPlusPlus": "approx_count_distinct", "StddevSamp": "stddev_samp",
     "StddevPop": "stddev_pop", "VarianceSamp": "var_samp", "VariancePop": "var_pop",
+    "MaxBy": "max_by", "MinBy": "min_by", "BitAndAgg": "bit_and", "BitOrAgg": "bit_or",
+    "BitXorAgg": "bit_xor", "Corr": "corr", "CovPopulation": "covar_pop", "CovSample": "covar_samp",
+    "RegrSXY": "regr_sxy", "RegrR2": "regr_r2", "RegrSlope": "regr_slope",
+    "RegrIntercept": "regr_intercept", "RegrReplacement": "regr_sxx", "Skewness": "skewness",
+    "Kurtosis": "kurtosis", "Percentile": "percentile", "PercentileDisc": "percentile_disc",
+    "Mode": "mode", "ListAgg": "listagg",
 }
+#: The SQL names of the supported functions planned as another (their replacement, or an
+#: eval mode of one: try_sum is Sum's TRY mode), for the refusal's list.
+ALSO_SUPPORTED = ("count_if", "bool_and", "every", "bool_or", "some", "any", "any_value",
+                  "first_value", "last_value", "regr_count", "regr_avgx", "regr_avgy", "regr_syy",
+                  "try_sum", "try_avg", "median", "percentile_cont", "string_agg")
 
-#: How two buffers of one function merge, by the number of buffer columns they use.
+#: How two buffers of one function merge, by the number of buffer columns they use
+#: (``moments``: 3 to 5, n, mean and the central moments to the 4th; ``comoments``: 4 or 6,
+#: Spark's covariance buffers, with each side's m2 for corr and regr_r2; ``regression``:
+#: a covariance's 4 and the independent variable's 3 moments).
 MERGES = {"sum": 1, "min": 1, "max": 1, "first": 2, "last": 2, "concat": 1, "union": 1,
-          "moments": 3, "hll": 1}
+          "moments": 3, "hll": 1, "max_by": 2, "min_by": 2, "bit_and": 1, "bit_or": 1,
+          "bit_xor": 1, "try_sum": 2, "try_avg": 2, "comoments": 4, "regression": 7, "counts": 1}
+
+#: Spark's refusals: functions whose streaming answer microbatch cannot reproduce exactly
+#: (a sketch whose partial state depends on how Spark's engine split and merged a batch's
+#: rows), by class name -> why.
+REFUSED = {
+    "ApproximatePercentile": "its answer is read from a quantile sketch (Spark's QuantileSummaries) "
+    "whose compression depends on how Spark's engine splits a batch's rows into partitions and "
+    "merges their sketches, which microbatch's state cannot replay value for value",
+    "HistogramNumeric": "its bins merge by nearest neighbours in the order Spark's engine merges "
+    "each partition's partial histogram, which microbatch's state cannot replay bin for bin",
+}
 
 _MOMENT_FINALS = {
     # n = {0}, mean = {1}, m2 = {2}; Spark 4 returns NULL where it divides by zero.
@@ -59,6 +88,9 @@ class AggCall:
     merge: str                    # a key of MERGES
     final: str                    # SQL over the buffers "{0}", "{1}", ... giving the result
     options: tuple = ()           # merge parameters (HyperLogLog++: precision)
+    #: what the state task emits for the buffers, where not the buffers: the result (a
+    #: percentile's double or array of doubles; "value": mode's, of the argument's type)
+    merged_type: Any = None
 
 
 #: The grouping key that tells a row's grouping set apart in a rollup, cube or grouping
@@ -126,10 +158,15 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
     if found.distinct:
         raise AnalysisException("Distinct aggregations are not supported on streaming "
                                 "DataFrames/Datasets. Consider using approx_count_distinct() instead.;")
+    if name in REFUSED:
+        raise UnsupportedOperationError(
+            f"The aggregate function {pretty} (in {found.sql}) is not supported in a streaming "
+            f"aggregation by microbatch: {REFUSED[name]}.")
     if name not in SUPPORTED:
         raise UnsupportedOperationError(
             f"The aggregate function {pretty} (in {found.sql}) is not supported in a streaming "
-            "aggregation by microbatch yet. Supported: " + ", ".join(sorted(set(SUPPORTED.values())))
+            "aggregation by microbatch yet. Supported: "
+            + ", ".join(sorted(set(SUPPORTED.values()) | set(ALSO_SUPPORTED)))
             + " (and avg's alias mean, stddev's alias std, variance).")
     args = list(found.arguments)
     where = f" FILTER (WHERE {found.filter})" if found.filter is not None else ""
@@ -140,6 +177,30 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
 
     if name == "Count":
         return AggCall(name, found.sql, (agg(f"count({', '.join(args)})"),), "sum", "{0}")
+    if name == "Sum" and found.eval_mode == "TRY":
+        return _try_sum(found, a, agg)
+    if name == "Average" and found.eval_mode == "TRY" and found.decimal_argument:
+        # try_avg of a decimal: its sum is null once it overflowed, its count goes on
+        # (its quotient and its result type's cast are null where they overflow, too)
+        precision, scale = (int(x) for x in found.argument_types[0][len("decimal("):-1].split(","))
+        result = f"DECIMAL({min(38, precision + 4)},{min(38, scale + 4)})"
+        return AggCall(name, found.sql, (agg(f"try_sum({a})"), agg(f"count({a})")), "try_avg",
+                       "CASE WHEN {1} = 0 THEN NULL ELSE try_cast(try_divide({0}, CAST({1} AS DECIMAL(20,0))) AS "
+                       + result + ") END", (_decimal_bound(found.argument_types[0], "try_avg"),))
+    if name in ("MaxBy", "MinBy"):
+        if len(args) != 2:
+            raise UnsupportedOperationError(
+                f"{pretty} with {len(args)} arguments (in {found.sql}) is not supported in a streaming "
+                "aggregation by microbatch yet; max_by(x, y) and min_by(x, y) are.")
+        extremum = "max" if name == "MaxBy" else "min"
+        return AggCall(name, found.sql, (agg(f"{pretty}({args[0]}, {args[1]})"), agg(f"{extremum}({args[1]})")),
+                       "max_by" if name == "MaxBy" else "min_by", "{0}")
+    if name in ("BitAndAgg", "BitOrAgg", "BitXorAgg"):
+        return AggCall(name, found.sql, (agg(f"{SUPPORTED[name]}({a})"),), SUPPORTED[name], "{0}")
+    if found.final is not None:
+        return _moments_call(found, args, agg)
+    if name in ("Percentile", "PercentileDisc", "Mode", "ListAgg"):
+        return _collected_call(found, args, agg)
     if name in ("Sum", "Min", "Max"):
         merge = {"Sum": "sum", "Min": "min", "Max": "max"}[name]
         return AggCall(name, found.sql, (agg(f"{merge}({a})"),), merge, "{0}")
@@ -167,6 +228,105 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
     p = math.ceil(2.0 * math.log(1.106 / found.relative_sd) / math.log(2.0))
     tables = spark_internals.hyperloglog_tables(p)
     return AggCall(name, found.sql, (agg(_hll_registers_sql(a, p)),), "hll", "{0}", (p, *tables))
+
+
+def _decimal_bound(type_name: str, function: str) -> int:
+    """The bound (exclusive) of the absolute value of a sum of ``type_name``'s values
+    (Spark's sum type: decimal(p + 10, s) up to 38 digits; a bigint's), unscaled for a
+    decimal: a sum at or past it overflowed."""
+    if type_name.startswith("decimal("):
+        precision, scale = (int(x) for x in type_name[len("decimal("):-1].split(","))
+        return 10 ** (min(38, precision + 10) - scale)
+    if type_name in ("tinyint", "smallint", "int", "bigint"):
+        return 2 ** 63
+    raise UnsupportedOperationError(
+        f"{function} of a {type_name} is not supported in a streaming aggregation by microbatch yet.")
+
+
+def _try_sum(found: spark_internals.AggregateCall, a: str, agg) -> AggCall:
+    """try_sum: null once the sum overflowed, for good (Spark's buffer: the sum and whether it
+    is empty; the sum null in a buffer that is not empty means it overflowed). Over floating
+    point it is sum."""
+    if found.argument_types[0] in ("float", "double"):
+        return AggCall("Sum", found.sql, (agg(f"sum({a})"),), "sum", "{0}")
+    bound = _decimal_bound(found.argument_types[0], found.pretty_name)
+    return AggCall("Sum", found.sql, (agg(f"try_sum({a})"), agg(f"count({a})") + " > 0"), "try_sum", "{0}",
+                   (bound,))
+
+
+_NUMBERS = ("tinyint", "smallint", "int", "bigint", "float", "double")
+
+
+def _collected_call(found: spark_internals.AggregateCall, args: list[str], agg) -> AggCall:
+    """percentile (median, percentile_cont, percentile_disc) and mode keep, as Spark's
+    buffer does, each value's count (a list of (value, count), sorted by value: merged by
+    adding counts; the task reads the result off it). listagg keeps the values in the order
+    they came (Spark's buffer: the batches' lists, the state's first), joined at the end."""
+    name, pretty, a = found.function, found.pretty_name, args[0]
+    kind = found.argument_types[0]
+    if name == "ListAgg":
+        delimiter, order = found.parameters
+        if kind != "string" or (order is not None and not order[0]):
+            raise UnsupportedOperationError(
+                f"{pretty} (in {found.sql}) is not supported in a streaming aggregation by microbatch yet: "
+                "listagg and string_agg of strings are, in the order the rows came or WITHIN GROUP "
+                "(ORDER BY the value itself).")
+        values = "{0}" if order is None else ("array_sort({0})" if order[1] else "reverse(array_sort({0}))")
+        return AggCall(name, found.sql, (agg(f"collect_list({a})"),), "concat",
+                       f"CASE WHEN size({{0}}) = 0 THEN NULL ELSE array_join({values}, "
+                       f"coalesce({delimiter.replace('{', '{{').replace('}', '}}')}, '')) END")
+    if kind not in _NUMBERS and not kind.startswith("decimal") and (name != "Mode" or kind.startswith("interval")):
+        raise UnsupportedOperationError(
+            f"{pretty} of a {kind} (in {found.sql}) is not supported in a streaming aggregation by microbatch yet.")
+    frequency = args[1] if name != "Mode" and len(args) > 1 else "1L"
+    counted = agg(f"collect_list(IF(({a}) IS NULL OR ({frequency}) IS NULL OR ({frequency}) <= 0, NULL, "
+                  f"named_struct('v', {a}, 'n', CAST({frequency} AS BIGINT))))")
+    if name == "Mode":
+        reverse, = found.parameters
+        if reverse is None:
+            raise UnsupportedOperationError(
+                f"mode(x) (in {found.sql}) is not supported in a streaming aggregation by microbatch: among "
+                "values as frequent, Spark's engine returns the first in its hash map's order, which "
+                "microbatch's state cannot reproduce. mode(x, true) (the smallest of them) and mode() WITHIN "
+                "GROUP (ORDER BY x [DESC]) are supported.")
+        return AggCall(name, found.sql, (counted,), "counts", "{0}", ("mode", reverse), "value")
+    from pyspark.sql.types import ArrayType, DoubleType
+    percentages, is_array, reverse, discrete = found.parameters
+    return AggCall(name, found.sql, (counted,), "counts", "{0}", ("percentile", percentages, is_array, reverse, discrete),
+                   ArrayType(DoubleType(), False) if is_array else DoubleType())
+
+
+def _moments_call(found: spark_internals.AggregateCall, args: list[str], agg) -> AggCall:
+    """A function over central moments or co-moments (Spark's CentralMomentAgg, Covariance,
+    PearsonCorrelation): the batch's buffers as Spark's (n, means, sums of squared
+    deviations...; 0 where the batch had no value), merged pairwise by Spark's formulas,
+    finalised by Spark's own final expression (``found.final``)."""
+    name = found.function
+    if name in ("Skewness", "Kurtosis", "RegrReplacement"):
+        a = args[0]
+        n = agg(f"count({a})")
+        m2 = f"({agg(f'var_pop({a})')} * {n})"
+        partial = [f"CAST({n} AS DOUBLE)", agg(f"avg({a})"), m2]
+        if name in ("Skewness", "Kurtosis"):   # from Spark's own skewness and kurtosis of the batch
+            partial.append(f"coalesce({agg(f'skewness({a})')} * sqrt({m2} * {m2} * {m2}) / sqrt({n}), 0D)")
+        if name == "Kurtosis":
+            partial.append(f"coalesce(({agg(f'kurtosis({a})')} + 3D) * {m2} * {m2} / {n}, 0D)")
+        return AggCall(name, found.sql, tuple(partial), "moments", found.final)
+    # regr_slope(y, x) and regr_intercept(y, x): the covariance of (x, y) and x's moments
+    x, y = (args[1], args[0]) if name in ("RegrSlope", "RegrIntercept") else (args[0], args[1])
+    both = f"({x}) IS NOT NULL AND ({y}) IS NOT NULL"
+    xs, ys = f"IF({both}, {x}, NULL)", f"IF({both}, {y}, NULL)"
+    n = agg(f"count({x}, {y})")
+    partial = [f"CAST({n} AS DOUBLE)", f"coalesce({agg(f'avg({xs})')}, 0D)", f"coalesce({agg(f'avg({ys})')}, 0D)",
+               f"coalesce({agg(f'covar_pop({x}, {y})')} * {n}, 0D)"]
+    if name in ("Corr", "RegrR2"):
+        partial += [f"coalesce({agg(f'var_pop({xs})')} * {n}, 0D)", f"coalesce({agg(f'var_pop({ys})')} * {n}, 0D)"]
+    merge = "comoments"
+    if name in ("RegrSlope", "RegrIntercept"):
+        partial += [f"CAST({n} AS DOUBLE)", f"coalesce({agg(f'avg({xs})')}, 0D)",
+                    f"coalesce({agg(f'var_pop({xs})')} * {n}, 0D)"]
+        merge = "regression"
+    return AggCall(name, found.sql, tuple(partial), merge, found.final)
 
 
 def _hll_registers_sql(arg: str, p: int) -> str:
@@ -208,9 +368,14 @@ def plan_aggregation(grouped: DataFrame, input_template: DataFrame, keys: tuple,
         outputs.append((name, body))
     key_names = tuple(names[:num_keys]) + ((GROUPING_ID,) if grouping.has_sets else ())
     partial = grouped_partial(input_template, keys, calls, buffer_names, grouping=grouping).schema
-    hll_buffers = {names[0] for call, names in zip(calls, buffer_names) if call.merge == "hll"}
-    merged = StructType([StructField(f.name, LongType(), False) if f.name in hll_buffers else f
-                         for f in partial.fields])
+    emitted = {names[0]: LongType() for call, names in zip(calls, buffer_names) if call.merge == "hll"}
+    for call, names in zip(calls, buffer_names):
+        if call.merged_type == "value":   # (a list of (value, count) -> a value)
+            emitted[names[0]] = partial[names[0]].dataType.elementType["v"].dataType
+        elif call.merged_type is not None:
+            emitted[names[0]] = call.merged_type
+    merged = StructType([StructField(f.name, emitted[f.name], not isinstance(emitted[f.name], LongType))
+                         if f.name in emitted else f for f in partial.fields])
     return AggregateSpec(key_names, tuple(calls), tuple(buffer_names), tuple(outputs),
                          grouped.schema, partial, merged)
 

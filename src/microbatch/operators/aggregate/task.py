@@ -28,7 +28,11 @@ Two ways through the store, the same results:
 from __future__ import annotations
 
 import decimal
+import math
 import time
+from bisect import bisect_left
+from functools import cmp_to_key
+from itertools import accumulate
 from dataclasses import dataclass
 from itertools import compress
 from operator import itemgetter
@@ -54,6 +58,14 @@ def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[p
             estimates = [hll_estimate(dict(_merge_hll(v[start], ())), p, threshold, list(raw), list(bias))
                          for v in values]
             columns.append(pa.array(estimates, type=pa.int64()))
+            continue
+        if kind == "counts":
+            results = [collected_result(_counts(v[start]), options) for v in values]
+            if options[0] == "mode":
+                columns.append(from_state_values(results, value_storage[start].value_type.field("v").type,
+                                                 fields[start].type))
+            else:
+                columns.append(pa.array(results, type=fields[start].type))
             continue
         for j in range(start, start + count):
             columns.append(from_state_values([v[j] for v in values], value_storage[j], fields[j].type))
@@ -96,7 +108,157 @@ def _merge_hll(old, new) -> list:
     return sorted(registers.items())
 
 
-def merge_buffers(kind: str, old: list, new: list) -> list:
+def _moments(old: list, new: list) -> list:
+    """Spark's CentralMomentAgg merge: n, mean and the central moments m2 (to m4)."""
+    n1, mean1, *m1 = old
+    n2, mean2, *m2 = new
+    if not n1:
+        return list(new)
+    if not n2:
+        return list(old)
+    m1 = [x or 0.0 for x in m1]
+    m2 = [x or 0.0 for x in m2]
+    n = n1 + n2
+    delta = mean2 - mean1
+    delta_n = delta / n
+    merged = [n, mean1 + delta_n * n2, m1[0] + m2[0] + delta * delta_n * n1 * n2]
+    if len(m1) >= 2:
+        merged.append(m1[1] + m2[1] + delta_n * delta_n * delta * n1 * n2 * (n1 - n2)
+                      + 3.0 * delta_n * (n1 * m2[0] - n2 * m1[0]))
+    if len(m1) >= 3:
+        merged.append(m1[2] + m2[2]
+                      + delta_n * delta_n * delta_n * delta * n1 * n2 * (n1 * n1 - n1 * n2 + n2 * n2)
+                      + 6.0 * delta_n * delta_n * (n1 * n1 * m2[0] + n2 * n2 * m1[0])
+                      + 4.0 * delta_n * (n1 * m2[1] - n2 * m1[1]))
+    return merged
+
+
+def _comoments(old: list, new: list) -> list:
+    """Spark's Covariance merge (n, x's mean, y's mean, ck) and PearsonCorrelation's (with
+    x's and y's m2)."""
+    n1, x1, y1, ck1, *mk1 = old
+    n2, x2, y2, ck2, *mk2 = new
+    if not n1:
+        return list(new)
+    if not n2:
+        return list(old)
+    n = n1 + n2
+    dx, dy = x2 - x1, y2 - y1
+    dx_n, dy_n = dx / n, dy / n
+    merged = [n, x1 + dx_n * n2, y1 + dy_n * n2, ck1 + ck2 + dx * dy_n * n1 * n2]
+    if mk1:
+        merged += [mk1[0] + mk2[0] + dx * dx_n * n1 * n2, mk1[1] + mk2[1] + dy * dy_n * n1 * n2]
+    return merged
+
+
+def _extremum_by(kind: str, old: list, new: list) -> list:
+    """max_by/min_by: (value, ordering); the state's value is kept only where its ordering is
+    strictly greater (less), as Spark's merge keeps its left buffer (the state's)."""
+    if old[1] is None:
+        return list(new) if new[1] is not None else [None, None]
+    if new[1] is None:
+        return list(old)
+    found = _compare(old[1], new[1])
+    return list(old) if (found > 0 if kind == "max_by" else found < 0) else list(new)
+
+
+def _try_add(old, new, bound: int):
+    """A sum (try_sum's, try_avg's) that is None once it overflowed: a bigint's outside
+    [-bound, bound), a decimal's at or past ``bound`` in absolute value."""
+    if old is None or new is None:
+        return None
+    total = old + new
+    if isinstance(total, decimal.Decimal):
+        return None if abs(total) >= bound else total
+    return None if not -bound <= total < bound else total
+
+
+def _bits(kind: str, old: list, new: list, options: tuple) -> list:
+    a, b = old[0], new[0]
+    if a is None or b is None:
+        return [b if a is None else a]
+    return [a & b if kind == "bit_and" else a | b if kind == "bit_or" else a ^ b]
+
+
+def _try_sum(kind: str, old: list, new: list, options: tuple) -> list:
+    """try_sum's (sum, non-empty) and try_avg's (sum, count): a non-empty buffer's null sum
+    overflowed, and stays null."""
+    (sum1, n1), (sum2, n2) = old, new
+    if not n1 or not n2:
+        return list(new) if n2 else list(old)
+    return [_try_add(sum1, sum2, options[0]), True if kind == "try_sum" else n1 + n2]
+
+
+def _counts(values) -> list:
+    """(value, count) pairs as a list of (value, count) sorted by value (Spark's order)."""
+    pairs = [(p["v"], p["n"]) if isinstance(p, dict) else tuple(p) for p in values or ()]
+    return sorted(pairs, key=cmp_to_key(lambda x, y: _compare(x[0], y[0])))
+
+
+def _merge_counts(old, new) -> list:
+    """Two lists of (value, count) -> one, each value once, counts added, sorted by value."""
+    counts: dict = {}
+    for value, n in _counts(old) + _counts(new):
+        found = hashable(value)
+        counts[found] = (value, counts[found][1] + n) if found in counts else (value, n)
+    return _counts(counts.values())
+
+
+def _percentile(pairs: list, percentages, is_array: bool, reverse: bool, discrete: bool):
+    """Spark's Percentile over the counts of each value (sorted): each percentage's position
+    among the values, interpolated between its neighbours (not for percentile_disc)."""
+    if not pairs:
+        return None
+    if reverse:
+        pairs = pairs[::-1]
+    accumulated = list(accumulate(n for _, n in pairs))
+    last = accumulated[-1] - 1
+    results = []
+    for percentage in percentages:
+        position = last * percentage
+        lower, higher = math.floor(position), math.ceil(position)
+        lower_key = pairs[bisect_left(accumulated, lower + 1)][0]
+        higher_key = pairs[bisect_left(accumulated, higher + 1)][0]
+        if higher == lower or higher_key == lower_key or discrete:
+            results.append(float(lower_key))
+        else:
+            results.append((higher - position) * float(lower_key) + (position - lower) * float(higher_key))
+    return results if is_array else results[0]
+
+
+def _mode(pairs: list, reverse: bool):
+    """Spark's Mode with a tie-break: the most frequent value, of those as frequent the
+    smallest (``reverse``) or the largest."""
+    if not pairs:
+        return None
+    top = max(n for _, n in pairs)
+    found = [v for v, n in pairs if n == top]
+    return found[0] if reverse else found[-1]
+
+
+def collected_result(pairs, options: tuple):
+    """What percentile or mode returns over a list of (value, count)."""
+    if options[0] == "mode":
+        return _mode(pairs, options[1])
+    return _percentile(pairs, *options[1:])
+
+
+#: The merges beyond the first ones, by kind: (kind, old, new, options) -> merged.
+_MERGES = {
+    "max_by": lambda kind, old, new, options: _extremum_by(kind, old, new),
+    "min_by": lambda kind, old, new, options: _extremum_by(kind, old, new),
+    "bit_and": _bits, "bit_or": _bits, "bit_xor": _bits, "try_sum": _try_sum, "try_avg": _try_sum,
+    "comoments": lambda kind, old, new, options: _comoments(old, new),
+    "regression": lambda kind, old, new, options: _comoments(old[:4], new[:4]) + _moments(old[4:], new[4:]),
+    "counts": lambda kind, old, new, options: [_merge_counts(old[0], new[0])],
+}
+
+#: The merges whose buffer a new key's first batch brings in another form than the state's
+#: (HLL++ registers as a set, counts in any order and a value more than once)
+_NORMALISED = {"hll": lambda value: _merge_hll((), value), "counts": lambda value: _merge_counts((), value)}
+
+
+def merge_buffers(kind: str, old: list, new: list, options: tuple = ()) -> list:
     """Two buffers of one function (lists of its buffer columns' values) -> one."""
     if kind == "sum":   # element-wise (avg keeps a sum and a count)
         return [b if a is None else a if b is None else a + b for a, b in zip(old, new)]
@@ -123,18 +285,12 @@ def merge_buffers(kind: str, old: list, new: list) -> list:
             merged += [x for x in new[0] or [] if x not in merged]
         return [merged]
     if kind == "moments":
-        n1, mean1, m2_1 = old
-        n2, mean2, m2_2 = new
-        if not n1:
-            return list(new)
-        if not n2:
-            return list(old)
-        n = n1 + n2
-        delta = mean2 - mean1
-        delta_n = delta / n
-        return [n, mean1 + delta_n * n2, (m2_1 or 0.0) + (m2_2 or 0.0) + delta * delta_n * n1 * n2]
+        return _moments(old, new)
     if kind == "hll":
         return [_merge_hll(old[0], new[0])]
+    more = _MERGES.get(kind)
+    if more is not None:
+        return more(kind, old, new, options)
     raise ValueError(f"unknown merge {kind}")
 
 
@@ -328,7 +484,7 @@ class AggregateTask(StateTask):
         so the store is read and written a batch at a time; a key repeated falls back to
         one key at a time, each row seeing the rows before it."""
         # whether a new key's value is its buffers as they came
-        as_they_came = not any(kind == "hll" for kind, *_ in self.merges) and \
+        as_they_came = not any(kind in _NORMALISED for kind, *_ in self.merges) and \
             sum(count for _, _, count, _ in self.merges) == len(self.buffer_fields)
         if len(set(keys)) != len(keys):
             values = []
@@ -347,12 +503,12 @@ class AggregateTask(StateTask):
 
     def _merged(self, old: tuple | None, new: tuple) -> tuple:
         merged: list = []
-        for kind, start, count, _ in self.merges:
+        for kind, start, count, options in self.merges:
             part = list(new[start:start + count])
             if old is not None:
-                merged += merge_buffers(kind, list(old[start:start + count]), part)
+                merged += merge_buffers(kind, list(old[start:start + count]), part, options)
             else:
-                merged += [_merge_hll((), part[0])] if kind == "hll" else part
+                merged += [_NORMALISED[kind](part[0])] if kind in _NORMALISED else part
         return tuple(merged)
 
     def _output(self, rows: list[tuple[tuple, tuple]], key_storage, value_storage) -> pa.RecordBatch:
@@ -462,8 +618,8 @@ class SessionAggregateTask(StateTask):
 
     def _normal(self, value, j: int):
         for kind, start, _count, _ in self.merges:
-            if kind == "hll" and start == j:
-                return _merge_hll((), value)
+            if kind in _NORMALISED and start == j:
+                return _NORMALISED[kind](value)
         return value
 
     def _merge(self, sessions: list[tuple]) -> list[tuple]:
@@ -473,9 +629,9 @@ class SessionAggregateTask(StateTask):
             if merged and session[0] <= merged[-1][1]:
                 last = merged[-1]
                 buffers: list = []
-                for kind, start, count, _ in self.merges:
+                for kind, start, count, options in self.merges:
                     buffers += merge_buffers(kind, list(last[2 + start:2 + start + count]),
-                                             list(session[2 + start:2 + start + count]))
+                                             list(session[2 + start:2 + start + count]), options)
                 merged[-1] = (last[0], max(last[1], session[1]), *buffers)
             else:
                 merged.append(session)
