@@ -211,7 +211,7 @@ def test_the_state_reader_reads_each_side_as_sparks_does(spark, ss, sides, tmp_p
         ours = ss.read.format("statestore").option("joinSide", side).load(str(tmp_path / "microbatch"))
         assert ours.schema.simpleString() == theirs.schema.simpleString()
         assert sorted(map(str, ours.collect())) == sorted(map(str, theirs.collect())) != []
-    with pytest.raises(Exception, match="'joinSide': it must be 'left' or 'right'"):
+    with pytest.raises(Exception, match="STDS_INVALID_OPTION_VALUE.*'joinSide': Valid values are left,right,none"):
         ss.read.format("statestore").option("joinSide", "middle").load(str(tmp_path / "microbatch"))
 
 

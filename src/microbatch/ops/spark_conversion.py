@@ -448,15 +448,21 @@ def _write_transform_with_state_metadata(ckpt: CheckpointReader, op: _Operator, 
     ckpt.fs.write_bytes(schema_path, state_schema_v3(
         (f.name, f.key.jsonValue(), f.value.jsonValue(), f.spec, None if f.user_key is None else f.user_key.jsonValue())
         for f in families))
-    kinds = {"value": "ValueState", "list": "ListState", "map": "MapState"}
-    variables = [{"stateName": v.name, "stateVariableType": kinds[v.kind], "ttlEnabled": v.ttl_ms is not None}
-                 for v in op.variables]
-    if op.time_mode in TIMER_FAMILY_PREFIX:
-        variables.append({"stateName": f"{TIMER_FAMILY_PREFIX[op.time_mode]}_keyToTimestamp",
-                          "stateVariableType": "TimerState", "ttlEnabled": False})
-    properties = {"timeMode": _TIME_MODES[op.time_mode], "outputMode": _OUTPUT_MODES[op.output_mode],
-                  "stateVariables": variables}
     ckpt.fs.mkdirs(directory)
     ckpt.fs.write_bytes(f"{directory}/{batch}", operator_metadata_v2(
-        op.id, op.name, op.num_partitions, _qualified(schema_path), properties))
+        op.id, op.name, op.num_partitions, _qualified(schema_path),
+        tws_operator_properties(op.variables, op.time_mode, op.output_mode)))
+
+
+def tws_operator_properties(variables, time_mode: str, output_mode: str) -> dict:
+    """A transformWithState's operator properties as Spark's engine records them in its
+    operator metadata v2 (``operatorPropertiesJson``, which ``state-metadata`` shows): its
+    modes and state variables, its timers among them."""
+    kinds = {"value": "ValueState", "list": "ListState", "map": "MapState"}
+    found = [{"stateName": v.name, "stateVariableType": kinds[v.kind], "ttlEnabled": v.ttl_ms is not None}
+             for v in variables]
+    if time_mode in TIMER_FAMILY_PREFIX:
+        found.append({"stateName": f"{TIMER_FAMILY_PREFIX[time_mode]}_keyToTimestamp",
+                      "stateVariableType": "TimerState", "ttlEnabled": False})
+    return {"timeMode": _TIME_MODES[time_mode], "outputMode": _OUTPUT_MODES[output_mode], "stateVariables": found}
 

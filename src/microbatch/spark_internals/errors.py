@@ -106,6 +106,35 @@ def spark_error(kind: str, error_class: str, **parameters: Any) -> CapturedExcep
     return exception
 
 
+#: where Spark keeps the errors of its state data source and of its state stores
+_STATE_ERRORS = {
+    "source": "org.apache.spark.sql.execution.datasources.v2.state.StateDataSourceErrors$",
+    "store": "org.apache.spark.sql.execution.streaming.state.StateStoreErrors$",
+}
+
+
+def state_reader_error(kind: str, method: str, *args: Any) -> CapturedException:
+    """The exception Spark's state data source raises, built by Spark's own factory
+    (``StateDataSourceErrors.<method>`` for ``kind`` "source", ``StateStoreErrors`` for
+    "store"), so its class, condition and message are Spark's: e.g.
+    ``state_reader_error("source", "conflictOptions", ["joinSide", "storeName"])``. A list
+    argument is passed as a Scala ``Seq``."""
+    from microbatch.spark_internals.jvm import jvm_class
+    converted = []
+    for arg in args:
+        if isinstance(arg, (list, tuple)):
+            java_list = jvm_class("java.util.ArrayList")()
+            for item in arg:
+                java_list.add(item)
+            arg = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq(java_list)
+        converted.append(arg)
+    jexception = getattr(jvm_class(_STATE_ERRORS[kind]), method)(*converted)
+    exception = convert_exception(jexception)
+    if getattr(exception, "_origin", None) is None:
+        exception._origin = jexception
+    return exception
+
+
 def jvm_throwable(error: BaseException) -> Any:
     """The JVM exception behind ``error``, or a JVM stand-in for a Python one.
 

@@ -1,0 +1,234 @@
+"""The state data source's options on microbatch's own checkpoints, next to Spark's state
+data source reading the checkpoint Spark's engine wrote for the same query over the same
+files (issue 59): ``readChangeFeed`` with ``changeStartBatchId``/``changeEndBatchId``,
+``snapshotStartBatchId``/``snapshotPartitionId``, ``joinSide``, and every refusal of a
+wrong option or combination with Spark's own error condition; ``state-metadata``'s rows.
+Options Spark's source does not know it ignores, and so does microbatch's."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.errors import PySparkException
+from pyspark.sql.streaming import StatefulProcessor
+
+from helpers import collect_batches, confs, json_stream
+
+# the processor below runs in Spark's Python workers, which cannot import this module
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = "k STRING, v INT, ts TIMESTAMP"
+#: (k, v, seconds) per file: windows of 10 s close as the watermark (5 s behind) passes
+FILES = [
+    [("a", 1, 0), ("b", 2, 5)],
+    [("a", 3, 12), ("c", 1, 14)],
+    [("b", 5, 31)],
+    [("a", 1, 45), ("c", 2, 47)],
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(spark, tmp_path_factory):
+    """The windowed count run by both engines (Spark's map provider and microbatch's,
+    snapshots every other version): the checkpoints, Spark's and microbatch's."""
+    from microbatch import StreamingSession
+    ss = StreamingSession(spark)
+    base = tmp_path_factory.mktemp("state-source")
+    events = base / "events"
+    events.mkdir()
+    for i, rows in enumerate(FILES):
+        (events / f"{i}.json").write_text("".join(
+            json.dumps({"k": k, "v": v, "ts": f"2026-01-01T00:00:{s:02d}Z"}) + "\n" for k, v, s in rows))
+        os.utime(events / f"{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))   # (read in this order)
+
+    def count(frame):
+        from pyspark.sql import functions as F
+        return frame.withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds"), "k").count()
+
+    ckpts = {}
+    with confs(spark, {"spark.sql.streaming.stateStore.minDeltasForSnapshot": "1"}):
+        for name, session in (("spark", spark), ("microbatch", ss)):
+            ckpts[name] = base / name
+            batches, _ = collect_batches(count(json_stream(session, events, SCHEMA)), ckpts[name], "append")
+            assert len(batches) == len(FILES) + 1   # (a last batch without data evicts)
+    return ckpts
+
+
+def rows(df) -> list:
+    return sorted((tuple(r) for r in df.collect()), key=repr)
+
+
+def read(session, ckpt, **options):
+    reader = session.read.format("statestore")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load(str(ckpt))
+
+
+def test_the_change_feed_is_sparks_batch_by_batch(spark, ss, checkpoints):
+    theirs = read(spark, checkpoints["spark"], readChangeFeed=True, changeStartBatchId=0)
+    ours = read(ss, checkpoints["microbatch"], readChangeFeed=True, changeStartBatchId=0)
+    assert ours.schema == theirs.schema
+    assert ours.columns == ["batch_id", "change_type", "key", "value", "partition_id"]
+    found = rows(ours)
+    assert found == rows(theirs)
+    assert {r[1] for r in found} == {"update", "delete"}   # windows counted, then evicted
+    assert all(r[3] is None for r in found if r[1] == "delete")
+    some = dict(readChangeFeed="true", changeStartBatchId=1, changeEndBatchId=2)
+    assert rows(read(ss, checkpoints["microbatch"], **some)) == rows(read(spark, checkpoints["spark"], **some))
+    assert {r[0] for r in rows(read(ss, checkpoints["microbatch"], **some))} <= {1, 2}
+
+
+def test_a_snapshot_read_gives_the_partitions_state_after_the_batch(spark, ss, checkpoints):
+    store = checkpoints["microbatch"] / "state" / "0" / "0"
+    snapshots = sorted(int(p.name.split(".")[0]) for p in store.glob("*.snapshot.arrow"))
+    assert snapshots, "minDeltasForSnapshot=1: a snapshot every other version"
+    last = max(int(p.name) for p in (checkpoints["microbatch"] / "commits").iterdir() if p.name.isdigit())
+    start = snapshots[0] - 1
+    for batch in range(start, last + 1):
+        ours = read(ss, checkpoints["microbatch"], snapshotStartBatchId=start, snapshotPartitionId=0,
+                    batchId=batch)
+        theirs = read(spark, checkpoints["spark"], batchId=batch).where("partition_id = 0")
+        assert rows(ours) == rows(theirs), batch
+    # a batch after which no snapshot was written: Spark's error
+    missing = next(v for v in range(1, last + 2) if v not in snapshots) - 1
+    with pytest.raises(PySparkException) as error:
+        read(ss, checkpoints["microbatch"], snapshotStartBatchId=missing, snapshotPartitionId=0).collect()
+    assert error.value.getCondition() == "CANNOT_LOAD_STATE_STORE.CANNOT_READ_MISSING_SNAPSHOT_FILE"
+    with pytest.raises(PySparkException) as error:
+        read(ss, checkpoints["microbatch"], snapshotStartBatchId=start, snapshotPartitionId=7).collect()
+    assert error.value.getCondition() == "CANNOT_LOAD_STATE_STORE.SNAPSHOT_PARTITION_ID_NOT_FOUND"
+
+
+#: options Spark's reader refuses, each with its condition (both engines' readers are asked)
+REFUSED = {
+    "joinSide with storeName": dict(joinSide="left", storeName="left-keyToNumValues"),
+    "joinSide not a side": dict(joinSide="LEFT"),
+    "negative operatorId": dict(operatorId=-1),
+    "empty storeName": dict(storeName="  "),
+    "negative batchId": dict(batchId=-1),
+    "change feed with batchId": dict(readChangeFeed=True, batchId=1, changeStartBatchId=0),
+    "change feed with joinSide": dict(readChangeFeed=True, joinSide="left", changeStartBatchId=0),
+    "change feed with a snapshot": dict(readChangeFeed=True, snapshotStartBatchId=0, changeStartBatchId=0),
+    "change feed with a snapshot partition": dict(readChangeFeed=True, snapshotPartitionId=0, changeStartBatchId=0),
+    "change feed without its start": dict(readChangeFeed=True),
+    "change feed from a negative batch": dict(readChangeFeed=True, changeStartBatchId=-1),
+    "change feed ending before it starts": dict(readChangeFeed=True, changeStartBatchId=2, changeEndBatchId=1),
+    "change start without the change feed": dict(changeStartBatchId=0),
+    "change end without the change feed": dict(changeEndBatchId=1),
+    "snapshot start without a partition": dict(snapshotStartBatchId=0),
+    "snapshot partition without a start": dict(snapshotPartitionId=0),
+    "negative snapshot start": dict(snapshotStartBatchId=-1, snapshotPartitionId=0),
+    "snapshot start after the batch": dict(snapshotStartBatchId=3, snapshotPartitionId=0, batchId=1),
+    "negative snapshot partition": dict(snapshotStartBatchId=0, snapshotPartitionId=-1),
+    "timers and a state variable": dict(readRegisteredTimers=True, stateVarName="x"),
+    "timers not a boolean": dict(readRegisteredTimers="yes"),
+    "flattening not a boolean": dict(flattenCollectionTypes="no"),
+    "a state variable of an aggregation": dict(stateVarName="x"),
+    "timers of an aggregation": dict(readRegisteredTimers=True),
+    "a batch not committed": dict(batchId=99),
+    "a change feed ending after the last batch": dict(readChangeFeed=True, changeStartBatchId=0, changeEndBatchId=99),
+}
+
+
+def condition_of(session, ckpt, options) -> str | None:
+    try:
+        read(session, ckpt, **options).collect()
+    except PySparkException as e:
+        return e.getCondition()
+    return None
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_wrong_option_is_refused_with_sparks_error(spark, ss, checkpoints, case):
+    theirs = condition_of(spark, checkpoints["spark"], REFUSED[case])
+    assert theirs is not None and theirs.startswith(("STDS_", "CANNOT_LOAD")), theirs
+    assert condition_of(ss, checkpoints["microbatch"], REFUSED[case]) == theirs
+
+
+def test_a_checkpoint_without_a_committed_batch_is_refused_as_spark_refuses_it(spark, ss, tmp_path):
+    (tmp_path / "commits").mkdir()
+    with pytest.raises(PySparkException) as theirs:
+        read(spark, tmp_path).collect()
+    with pytest.raises(PySparkException) as ours:
+        read(ss, tmp_path).collect()
+    assert ours.value.getCondition() == theirs.value.getCondition() == "STDS_COMMITTED_BATCH_UNAVAILABLE"
+
+
+def test_an_option_spark_does_not_know_is_ignored_as_spark_ignores_it(spark, ss, checkpoints):
+    assert rows(read(ss, checkpoints["microbatch"], noSuchOption="1")) == \
+        rows(read(spark, checkpoints["spark"], noSuchOption="1"))
+
+
+def test_state_metadata_has_sparks_rows(spark, ss, checkpoints):
+    theirs = spark.read.format("state-metadata").load(str(checkpoints["spark"]))
+    ours = ss.read.format("state-metadata").load(str(checkpoints["microbatch"]))
+    assert ours.schema == theirs.schema
+    assert rows(ours) == rows(theirs) and rows(ours)
+
+
+class Counts(StatefulProcessor):
+    """transformWithStateInPandas without a time mode: a running count per key."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n LONG")
+
+    def handleInputRows(self, key, rows, timerValues):  # noqa: N802, N803 - PySpark's StatefulProcessor
+        import pandas as pd
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(f) for f in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n]})
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tws_checkpoints(spark, checkpoints):
+    """The running count as a transformWithState, run by both engines (Spark's on its
+    RocksDB store, as Spark runs it only there)."""
+    from microbatch import StreamingSession
+    ss = StreamingSession(spark)
+    events = checkpoints["spark"].parent / "events"
+    ckpts = {}
+    rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    for name, session in (("spark", spark), ("microbatch", ss)):
+        ckpts[name] = checkpoints["spark"].parent / f"tws-{name}"
+        frame = json_stream(session, events, SCHEMA).groupBy("k").transformWithStateInPandas(
+            Counts(), "k STRING, n LONG", "update", "None")
+        with confs(spark, {"spark.sql.streaming.stateStore.providerClass": rocksdb if name == "spark" else None}):
+            collect_batches(frame, ckpts[name], "update")
+    return ckpts
+
+
+TWS_REFUSED = {
+    "no state variable": {},
+    "a state variable it does not have": {"stateVarName": "nope"},
+    "timers without a time mode": {"readRegisteredTimers": "true"},
+}
+
+
+@pytest.mark.parametrize("case", list(TWS_REFUSED))
+def test_a_transform_with_states_options_are_checked_as_spark_checks_them(spark, ss, tws_checkpoints, case):
+    theirs = condition_of(spark, tws_checkpoints["spark"], TWS_REFUSED[case])
+    assert theirs is not None and theirs.startswith("STDS_"), theirs
+    assert condition_of(ss, tws_checkpoints["microbatch"], TWS_REFUSED[case]) == theirs
+
+
+def test_a_transform_with_states_state_and_metadata_read_as_sparks(spark, ss, tws_checkpoints):
+    assert rows(read(ss, tws_checkpoints["microbatch"], stateVarName="count")) == \
+        rows(read(spark, tws_checkpoints["spark"], stateVarName="count"))
+    theirs = spark.read.format("state-metadata").load(str(tws_checkpoints["spark"]))
+    ours = ss.read.format("state-metadata").load(str(tws_checkpoints["microbatch"]))
+    assert ours.schema == theirs.schema
+    assert [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in ours.collect()] == \
+        [(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6])) for r in theirs.collect()]
+
+
+def test_a_change_feed_microbatch_does_not_translate_is_refused_by_name(ss, tws_checkpoints):
+    from microbatch.errors import UnsupportedOperationError
+    with pytest.raises(UnsupportedOperationError, match="'readChangeFeed'"):
+        read(ss, tws_checkpoints["microbatch"], stateVarName="count", readChangeFeed=True, changeStartBatchId=0)
