@@ -8,6 +8,7 @@ options ignored, and the order in which ``start(**kwargs)`` applies its argument
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 import uuid
 from typing import Any, Callable
@@ -17,9 +18,9 @@ from pyspark.errors import PySparkTypeError, PySparkValueError
 from microbatch import spark_internals
 from microbatch.api.tables import TableWrite, table_location
 from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, is_local, storage_for
-from microbatch.errors import IllegalArgumentException, pyspark_error
+from microbatch.errors import IllegalArgumentException, UnsupportedOperationError, pyspark_error
 from microbatch.runtime.clock import Clock, SystemClock
-from microbatch.runtime.triggers import ProcessingTime, Trigger, trigger_from_writer_args
+from microbatch.runtime.triggers import AvailableNow, Once, ProcessingTime, Trigger, trigger_from_writer_args
 from microbatch.plan.checks import (CHECK_CORRECTNESS_CONF, check_output_mode, check_runs_over_connect, check_source_names,
                                     normalize_output_mode)
 from microbatch.connectors import lookup_sink
@@ -174,6 +175,8 @@ class DataStreamWriter:
             check_runs_over_connect(self._plan, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
                                     self._output_mode, self._sink is not None)
         opts = CaseInsensitiveOptions(self._options)
+        _check_async_progress_tracking(self._options, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
+                                       self._sink, self._trigger, self._plan)
         if self._sink is not None:
             sink = self._sink
             checkpoint, temporary = self._checkpoint_location(opts, True)
@@ -234,3 +237,52 @@ class DataStreamWriter:
             return location, True
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1298",
                                           config="spark.sql.streaming.checkpointLocation")
+
+
+#: Spark's name of each sink asynchronous progress tracking allows (Spark 4.3's
+#: ``AsyncProgressTrackingMicroBatchExecution.validateAndGetTrigger``), by microbatch's format
+_ASYNC_TRACKING_SINKS = {"noop": "noop-table", "console": "console", "memory": "MemorySink",
+                         "kafka": "KafkaTable", "foreach": "ForeachSink"}
+#: how Spark names the other sinks in its refusal (a v1 sink by its ``toString``)
+_SPARK_SINK_NAMES = {"foreachBatch": "ForeachBatchSink"}
+_FILE_SINKS = ("parquet", "json", "csv", "orc", "text")
+
+
+def _scala_boolean(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise IllegalArgumentException(f'For input string: "{text}"')
+    return text.lower() == "true"
+
+
+def _check_async_progress_tracking(opts: dict[str, str], sink_format: str, sink: Any,
+                                   trigger: Trigger, plan: Any) -> None:
+    """Option ``asyncProgressTrackingEnabled``: Spark's refusals, in its order (the
+    interval's value, the sink, the trigger; a stateful query, which Spark's engine refuses
+    in its first batch, refused here at start), then microbatch's own for what Spark would
+    run: microbatch writes a batch's offsets and commit before and after it, never off its
+    critical path, and does not drop the option silently. Spark's engine reads these
+    options by their exact names (``asyncprogresstrackingenabled`` is no option of its),
+    and so does this check."""
+    if not _scala_boolean(opts.get("asyncProgressTrackingEnabled", "false")):
+        return
+    interval = opts.get("asyncProgressTrackingCheckpointIntervalMs", "1000")
+    if not re.fullmatch(r"[+-]?\d+", interval):   # (Scala's toLong)
+        raise IllegalArgumentException(f'For input string: "{interval}"')
+    override = _scala_boolean(opts.get("_asyncProgressTrackingOverrideSinkSupportCheck", "false"))
+    name = None if sink is not None else _ASYNC_TRACKING_SINKS.get(sink_format.lower())
+    if not override and name is None:
+        shown = "a Sink object" if sink is not None else _SPARK_SINK_NAMES.get(sink_format) or (
+            f"FileSink[{opts.get('path')}]" if sink_format.lower() in _FILE_SINKS else sink_format)
+        raise IllegalArgumentException(f"Sink {shown} does not support async progress tracking")
+    if isinstance(trigger, Once):
+        raise IllegalArgumentException("Async progress tracking cannot be used with Once trigger")
+    if isinstance(trigger, AvailableNow):
+        raise IllegalArgumentException("Async progress tracking cannot be used with AvailableNow trigger")
+    if any(node.stateful for node in plan.nodes()):
+        raise IllegalArgumentException(
+            "Stateful streaming queries does not support async progress tracking at this moment.")
+    raise UnsupportedOperationError(
+        "Option 'asyncProgressTrackingEnabled' (asynchronous progress tracking: offsets and commits "
+        "written off the batch's critical path, every 'asyncProgressTrackingCheckpointIntervalMs') is not "
+        "supported by microbatch: it writes each batch's offsets and commit in the batch, and does not "
+        "ignore the option. Remove it (the query then runs with Spark's default, synchronous tracking).")
