@@ -3,7 +3,8 @@
 microbatch does not track progress asynchronously: where Spark's engine refuses the option
 (its sink, its trigger, a stateful query, a value that is not a number) microbatch refuses it
 with Spark's exception and words, and where Spark would run it, with its own error naming the
-option. Each refusal is Spark's engine's, reproduced."""
+option. Each refusal is Spark's engine's, reproduced. Then a walk of the options and confs
+Spark documents for streaming: each must be honoured or refused by name."""
 from __future__ import annotations
 
 import json
@@ -119,3 +120,120 @@ def test_the_option_off_runs_as_without_it(ss, files, tmp_path):
     finally:
         query.stop()
 
+
+# -- Spark's documented streaming options and confs: each honoured or refused -------------------------
+# A static guard: an option or conf microbatch neither reads nor refuses appears nowhere in its code.
+# Each name below is found in microbatch's source (read where it applies, or refused by name), or is
+# listed in OPEN: documented by Spark, silently without effect in microbatch today; each fails
+# (strict xfail) until it is honoured or refused, and then must leave the list.
+
+#: sources' and sinks' options from Spark 4.3's docs: structured-streaming-programming-guide.md
+#: ("Input Sources", "Output Sinks"), structured-streaming-kafka-integration.md, DataStreamWriter
+DOCUMENTED_OPTIONS = {
+    "file source": ["path", "maxFilesPerTrigger", "maxBytesPerTrigger", "latestFirst", "fileNameOnly",
+                    "maxFileAge", "maxCachedFiles", "discardCachedInputRatio", "cleanSource", "sourceArchiveDir"],
+    "socket source": ["host", "port", "includeTimestamp"],
+    "rate source": ["rowsPerSecond", "rampUpTime", "numPartitions"],
+    "rate-micro-batch source": ["rowsPerBatch", "numPartitions", "startTimestamp", "advanceMillisPerBatch"],
+    "kafka source": ["assign", "subscribe", "subscribePattern", "kafka.bootstrap.servers", "startingTimestamp",
+                     "startingOffsetsByTimestamp", "startingOffsets", "endingTimestamp", "endingOffsetsByTimestamp",
+                     "endingOffsets", "failOnDataLoss", "kafkaConsumer.pollTimeoutMs", "fetchOffset.numRetries",
+                     "fetchOffset.retryIntervalMs", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+                     "minPartitions", "maxRecordsPerPartition", "groupIdPrefix", "kafka.group.id", "includeHeaders",
+                     "startingOffsetsByTimestampStrategy"],
+    "kafka sink": ["topic", "includeHeaders"],
+    "file sink": ["path", "retention"],
+    "console sink": ["numRows", "truncate"],
+    "writeStream": ["checkpointLocation", "asyncProgressTrackingEnabled", "asyncProgressTrackingCheckpointIntervalMs"],
+}
+
+#: the state store's confs the programming guide documents ("RocksDB State Store Implementation")
+#: beside SQLConf's (which ``SET -v`` lists, as Spark's configuration page does)
+ROCKSDB = "spark.sql.streaming.stateStore.rocksdb."
+DOCUMENTED_ROCKSDB_CONFS = [ROCKSDB + name for name in (
+    "compactOnCommit", "changelogCheckpointing.enabled", "blockSizeKB", "blockCacheSizeMB", "lockAcquireTimeoutMs",
+    "maxOpenFiles", "resetStatsOnLoad", "trackTotalNumberOfRows", "writeBufferSizeMB", "maxWriteBufferNumber",
+    "boundedMemoryUsage", "maxMemoryUsageMB", "writeBufferCacheRatio", "highPriorityPoolRatio", "allowFAllocate",
+    "compression")]
+
+#: documented, and neither honoured nor refused by microbatch yet (issue 59)
+OPEN = {
+    "maxRecordsPerPartition",
+    *(ROCKSDB + name for name in ("compactOnCommit", "blockSizeKB", "lockAcquireTimeoutMs", "maxOpenFiles",
+                                  "resetStatsOnLoad", "trackTotalNumberOfRows", "boundedMemoryUsage",
+                                  "maxMemoryUsageMB", "writeBufferCacheRatio", "highPriorityPoolRatio",
+                                  "allowFAllocate", "compression")),
+}
+
+
+def _source_text() -> str:
+    import pathlib
+
+    import microbatch
+    root = pathlib.Path(microbatch.__file__).parent
+    return "\n".join(p.read_text() for p in sorted(root.rglob("*.py")))
+
+
+def _read_or_refused(name: str, text: str) -> bool:
+    """Whether microbatch's code names ``name``: an option quoted (in any case, as options
+    compare), a conf in full or, for a family of confs read by a prefix kept in a constant,
+    as an f-string's ``{PREFIX}.last`` in a module that has the prefix."""
+    import re
+    if "." not in name or not name.startswith("spark."):
+        return re.search(rf"[\"'`]{re.escape(name)}[\"'`]", text, re.IGNORECASE) is not None
+    if name in text:
+        return True
+    prefix, _, last = name.rpartition(".")
+    while prefix.count(".") > 3 and prefix not in text:   # (a name built from a shorter prefix)
+        prefix, _, more = prefix.rpartition(".")
+        last = f"{more}.{last}"
+    return prefix in text and re.search(rf"\}}\.{re.escape(last)}[\"']", text) is not None
+
+
+def _documented_params():
+    params = []
+    for where, names in DOCUMENTED_OPTIONS.items():
+        for name in names:
+            params.append(pytest.param(name, id=f"{where}: {name}", marks=[pytest.mark.xfail(
+                strict=True, reason="documented by Spark, neither honoured nor refused yet")] if name in OPEN else []))
+    for name in DOCUMENTED_ROCKSDB_CONFS:
+        params.append(pytest.param(name, id=name, marks=[pytest.mark.xfail(
+            strict=True, reason="documented by Spark, neither honoured nor refused yet")] if name in OPEN else []))
+    return params
+
+
+@pytest.mark.parametrize("name", _documented_params())
+def test_a_documented_option_is_honoured_or_refused(name):
+    assert _read_or_refused(name, _source_text()), f"{name}: documented by Spark, unknown to microbatch"
+
+
+#: SQLConf's documented streaming confs (``SET -v``: what Spark's configuration page lists)
+#: of a mode microbatch refuses as a whole, so they have nothing to configure
+REFUSED_WITH_THEIR_MODE = {
+    "spark.sql.streaming.continuous.epochBacklogQueueSize": "trigger(continuous=...) is refused",
+    "spark.sql.streaming.realTimeMode.allowlistCheck": "trigger(realTime=...) is refused",
+    "spark.sql.streaming.realTimeMode.minBatchDuration": "trigger(realTime=...) is refused",
+}
+#: documented, and neither honoured nor refused by microbatch yet (issue 59)
+OPEN_CONFS = {
+    "spark.sql.streaming.disabledV2Writers",
+    "spark.sql.streaming.fileSource.cleaner.numThreads",
+    "spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition",
+    "spark.sql.streaming.stateStore.commitValidation.enabled",
+    "spark.sql.streaming.stateStore.stateSchemaCheck",
+    "spark.sql.streaming.stopActiveRunOnRestart",
+    "spark.sql.streaming.stopTimeout",
+    "spark.sql.streaming.streamingQueryListeners",
+    "spark.sql.streaming.transformWithState.stateSchemaVersion",
+    "spark.sql.streaming.ui.enabled",
+    "spark.sql.streaming.validateEventTimeWatermarkColumn",
+}
+
+
+def test_every_documented_streaming_conf_is_honoured_or_refused(spark):
+    documented = {r.key for r in spark.sql("SET -v").collect()
+                  if r.key.startswith(("spark.sql.streaming.", "spark.sql.adaptive.streaming."))}
+    text = _source_text()
+    unknown = {name for name in documented if not _read_or_refused(name, text)} - set(REFUSED_WITH_THEIR_MODE)
+    assert unknown - OPEN_CONFS == set(), f"documented by Spark, unknown to microbatch: {sorted(unknown - OPEN_CONFS)}"
+    assert OPEN_CONFS - unknown == set(), "honoured or refused now: take them off OPEN_CONFS"
