@@ -88,7 +88,8 @@ def _same(values: Any) -> Any:
 
 
 class StreamFrame:
-    def __init__(self, session: Any, plan: PlanNode, template: DataFrame, sides: dict | None = None):
+    def __init__(self, session: Any, plan: PlanNode, template: DataFrame, sides: dict | None = None,
+                 aggregated: tuple | None = None):
         self._session = session
         self._plan = plan
         self._template = template
@@ -96,6 +97,9 @@ class StreamFrame:
         #: position in the join's output (Spark's analysis of a join may give a side's
         #: attributes new ids, where a source is read on both sides; Spark's engine keeps them)
         self._sides = sides or {}
+        #: an aggregation's frame: how it was made (the GroupedStream, its ``apply`` and
+        #: Columns), to make it again with the aggregates a filter above adds (``filter``)
+        self._aggregated = aggregated
 
     @classmethod
     def from_relation(cls, session: Any, relation: StreamingRelation) -> "StreamFrame":
@@ -203,10 +207,29 @@ class StreamFrame:
             # resolves it to the aggregation's output, a HAVING; the step filters by that)
             resolved, hidden = having
             if hidden:
-                raise not_yet("A filter by an aggregate function its aggregation does not output "
-                              "(a HAVING with a hidden aggregate)", "issue 57")
+                return self._having_hidden_aggregates(condition)
             return self._derive("filter", resolved)
         return self._derive("filter", condition)
+
+    def _having_hidden_aggregates(self, condition: Column | str) -> "StreamFrame":
+        """A filter right over an aggregation by aggregate functions it does not output
+        (``groupBy("k").count().where("sum(v) > 2")``), as Spark's analysis makes it
+        (ResolveAggregateFunctions): the aggregation computes them too, as hidden columns
+        (their buffers in its state), the filter reads them, and a projection drops them."""
+        if self._aggregated is None:
+            raise not_yet("A filter by an aggregate function its aggregation does not output "
+                          "(a HAVING with a hidden aggregate) over this aggregation", "issue 57")
+        grouped, apply, exprs = self._aggregated
+        having = self._template.filter(self._own(condition))   # Project(Filter(Aggregate with them))
+
+        def with_hidden(g: Any, rebind: Callable[[Any], Any] = _same) -> DataFrame:
+            return spark_internals.hidden_aggregates_added(apply(g, rebind), having)
+
+        # (its template is the aggregation Spark's analysis made, whose attributes the
+        # condition and the frame's Columns are bound to; each batch's adds them afresh)
+        extended = grouped._aggregate(with_hidden, exprs, spark_internals.having_aggregation(having))
+        kept = spark_internals.output_columns(extended._template)[:len(self.columns)]
+        return extended.filter(condition).select(*kept)
 
     where = filter
 
@@ -613,12 +636,15 @@ class GroupedStream:
         self._keys = keys
         self._grouping = grouping
 
-    def _aggregate(self, apply: Callable[..., DataFrame], exprs: tuple = ()) -> StreamFrame:
+    def _aggregate(self, apply: Callable[..., DataFrame], exprs: tuple = (),
+                   template: DataFrame | None = None) -> StreamFrame:
         """``apply(grouped, rebind)``: the aggregation over a GroupedData, its Columns
-        ``exprs`` (those that may be bound to the frame's attributes) through ``rebind``."""
+        ``exprs`` (those that may be bound to the frame's attributes) through ``rebind``;
+        ``template``: its template, where not ``apply`` over the frame's."""
         frame = self._frame
         grouping = self._grouping or Grouping()
-        template = apply(grouping.of(frame._template, self._keys))
+        if template is None:
+            template = apply(grouping.of(frame._template, self._keys))
         spec = plan_aggregation(template, frame._template, self._keys, "__microbatch_buffer_", grouping)
         session = self._session_key(template, spec.key_names)
         key_index, is_window = self._event_time_key(template, spec.key_names, session)
@@ -626,7 +652,7 @@ class GroupedStream:
                          grouping=self._grouping, positions=_positions(frame._template, (self._keys, exprs)))
         if session is not None:
             node.session_index, node.session_time_column = session
-        return StreamFrame(frame._session, node, template)
+        return StreamFrame(frame._session, node, template, aggregated=(self, apply, exprs))
 
     def _session_key(self, template: DataFrame, key_names: tuple) -> tuple[int, str] | None:
         """(index, time column) of a ``session_window`` grouping key; its gap may be a

@@ -14,6 +14,7 @@ import itertools
 import uuid
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.sql_formatter import SQLStringFormatter
@@ -173,15 +174,23 @@ class _Translation:
         below = self._child(node, scope)
         return below.filter(*self._columns(below, [node.fields["condition"]]))
 
-    _having = _filter
+    def _having(self, node, scope: dict) -> Any:
+        """``GROUP BY ... HAVING c``: the filter right over the aggregation, before its keys
+        are dropped from PySpark's ``agg`` result, so that Spark's analysis resolves an
+        aggregate function in ``c`` to the aggregation's output, or adds it there as a
+        hidden column (ResolveAggregateFunctions), as for SQL's UnresolvedHaving."""
+        child = node.children[0]
+        if child.kind == "aggregate":
+            return self._aggregate(child, scope, having=node.fields["condition"])
+        return self._filter(node, scope)
 
     def _alias(self, node, scope: dict) -> Any:
         return self._qualified(self._child(node, scope), node.fields["name"])
 
-    def _aggregate(self, node, scope: dict) -> Any:
+    def _aggregate(self, node, scope: dict, having: Any = None) -> Any:
         """``GROUP BY g...`` with the select list ``e...``: ``groupBy(g...).agg(e...)`` (Spark's
-        analysis keeps the grouping expressions among ``e`` as SQL does), without the grouping
-        columns PySpark's ``agg`` puts first."""
+        analysis keeps the grouping expressions among ``e`` as SQL does), filtered by the
+        ``having`` condition if any, without the grouping columns PySpark's ``agg`` puts first."""
         frame = self._child(node, scope)
 
         def converted(g: tuple) -> tuple:
@@ -193,14 +202,18 @@ class _Translation:
         parsed = node.fields["grouping"]
         if any(g[0] != "column" for g in parsed):
             one = parsed[0] if len(parsed) == 1 else _one_grouping_sets(parsed)
-            return self._grouping_sets(frame, one, node.fields["columns"], converted(one))
+            return self._grouping_sets(frame, one, node.fields["columns"], converted(one), having)
         keys = [self._columns(frame, [g[1]])[0] for g in parsed]
         columns = self._columns(frame, node.fields["columns"])
-        return self._without_keys(frame.groupBy(*keys).agg(*columns), len(keys))
+        aggregated = frame.groupBy(*keys).agg(*columns)
+        if having is not None:
+            aggregated = aggregated.filter(*self._columns(aggregated, [having]))
+        return self._without_keys(aggregated, len(keys))
 
-    def _grouping_sets(self, frame: Any, parsed: tuple, select: list, converted: tuple) -> Any:
+    def _grouping_sets(self, frame: Any, parsed: tuple, select: list, converted: tuple, having: Any = None) -> Any:
         """ROLLUP, CUBE, GROUPING SETS: the aggregate expressions go to ``agg``; a select-list
-        item that is a grouping expression is the key column PySpark's ``agg`` puts first."""
+        item that is a grouping expression is the key column PySpark's ``agg`` puts first.
+        A ``having`` condition filters ``agg``'s result (``_having``)."""
         kind, *rest = converted
         grouping_exprs = parsed[1] if kind != "groupingSets" else parsed[2]
         keys = rest[0] if kind != "groupingSets" else rest[1]
@@ -214,6 +227,12 @@ class _Translation:
             else:
                 items.append(found)
         aggregated = grouped.agg(*aggregates)
+        late_having = None
+        if having is not None:
+            try:
+                aggregated = aggregated.filter(*self._columns(aggregated, [having]))
+            except AnalysisException:   # (a select-list alias of a key: over the select list)
+                late_having = having
         names = aggregated.columns
         placeholders = [f"__microbatch_sql_{i}" for i in range(len(names))]
         out = []
@@ -222,7 +241,8 @@ class _Translation:
                 out.append(F.col(placeholders[key]).alias(where or names[key]))
             else:
                 out.append(F.col(placeholders[len(keys) + where]).alias(names[len(keys) + where]))
-        return aggregated.toDF(*placeholders).select(*out)
+        selected = aggregated.toDF(*placeholders).select(*out)
+        return selected if late_having is None else selected.filter(*self._columns(selected, [late_having]))
 
     @staticmethod
     def _without_keys(aggregated: Any, count: int) -> Any:

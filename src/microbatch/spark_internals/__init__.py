@@ -17,7 +17,7 @@ from microbatch.spark_internals.analysis import (
     AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, ambiguous_on_a_stream, analyzed_plan, attribute_positions,
     column_sql, conjunct_sides,
     bound_attribute_ids, conjuncts_without_column, event_time_barrier, event_time_marked, grouping_set_filters, is_global_aggregation,
-    having_condition, is_aggregation,
+    having_condition, having_aggregation, hidden_aggregates_added, is_aggregation, output_columns,
     output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column, pruned_from_joins,
@@ -70,7 +70,7 @@ __all__ = [
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
     "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "grouping_set_filters", "empty_batch", "empty_dataframe",
-    "conjunct_sides", "pruned_from_joins", "event_time_marked", "is_global_aggregation", "having_condition", "is_aggregation", "bound_attribute_ids", "event_time_barrier",
+    "conjunct_sides", "pruned_from_joins", "event_time_marked", "is_global_aggregation", "having_condition", "having_aggregation", "hidden_aggregates_added", "is_aggregation", "output_columns", "bound_attribute_ids", "event_time_barrier",
     "output_attribute_ids", "attribute_positions", "rebound", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
@@ -144,6 +144,9 @@ filter_can_skip_column = _by_kind(filter_can_skip_column, _c_analysis.never)
 is_global_aggregation = _by_kind(is_global_aggregation, _c_analysis.never)
 having_condition = _by_kind(having_condition, _c_analysis.no_conjuncts)   # (Connect: none)
 is_aggregation = _by_kind(is_aggregation, _c_analysis.never)
+hidden_aggregates_added = _by_kind(hidden_aggregates_added, _refused("A filter by an aggregate its aggregation does not output"))
+output_columns = _by_kind(output_columns, _refused("A filter by an aggregate its aggregation does not output"))
+having_aggregation = _by_kind(having_aggregation, _refused("A filter by an aggregate its aggregation does not output"))
 filter_passes_projection = _by_kind(filter_passes_projection, _c_analysis.never)
 filter_passes_filter = _by_kind(filter_passes_filter, _c_analysis.never)
 projections_keep_column = _by_kind(projections_keep_column, _c_analysis.never)

@@ -831,6 +831,50 @@ def having_condition(df: Any) -> tuple[Any, bool] | None:
     return column_of_expression(plan.condition()), hidden
 
 
+def hidden_aggregates_added(aggregated: Any, having: Any) -> Any:
+    """``aggregated`` (a DataFrame whose analysed plan is an aggregation) with the aggregate
+    columns Spark's analysis of ``having`` added to an aggregation of the same shape for a
+    filter above it (ResolveAggregateFunctions: ``groupBy("k").count().where("sum(v) > 2")``
+    aggregates ``sum(v)`` too, as a hidden column a projection above the filter drops):
+    those columns appended to ``aggregated``'s aggregation, over its input's attributes in
+    the same positions, each with an attribute of its own (so the analysis of a filter by
+    the same condition over the result finds them there and adds none)."""
+    plan = analyzed_plan(aggregated)
+    found = analyzed_plan(having).child().child()   # (Project, Filter, Aggregate: having_condition's shape)
+
+    def seq(values) -> list:
+        return [values.apply(i) for i in range(values.size())]
+
+    ours, theirs = seq(plan.aggregateExpressions()), seq(found.aggregateExpressions())
+    inputs, their_inputs = seq(plan.child().output()), seq(found.child().output())
+    if len(inputs) != len(their_inputs) or len(theirs) <= len(ours):
+        raise ValueError("the aggregation over the filter's input has another shape")
+    replaced = jvm_class("java.util.HashMap")()
+    for theirs_in, ours_in in zip(their_inputs, inputs):
+        if theirs_in.exprId().id() != ours_in.exprId().id():
+            replaced.put(theirs_in, ours_in)
+    to_map = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    hidden = [(e.transform(to_map(replaced)) if not replaced.isEmpty() else e).newInstance()
+              for e in theirs[len(ours):]]
+    arguments = [plan.productElement(i) for i in range(plan.productArity())]
+    arguments[1] = to_seq(ours + hidden)    # (Aggregate(groupingExpressions, aggregateExpressions, child, ...))
+    return dataframe_of_plan(aggregated.sparkSession, plan.copy(*arguments))
+
+
+def having_aggregation(having: Any) -> Any:
+    """The aggregation, with its hidden aggregate columns, under the filter of ``having``
+    (``having_condition``'s shape with hidden columns), as a DataFrame of its own."""
+    return dataframe_of_plan(having.sparkSession, analyzed_plan(having).child().child())
+
+
+def output_columns(df: Any) -> list:
+    """``df``'s output columns in order, each a Column bound to its attribute (a frame's
+    ``df["x"]``, where two columns may share a name)."""
+    output = analyzed_plan(df).output()
+    return [column_of_expression(output.apply(i)) for i in range(output.size())]
+
+
 def is_global_aggregation(df: Any) -> bool:
     """Whether Spark's analysis made ``df``'s last projection an aggregation over all its
     rows (``select(count("*"))``, SQL's ``SELECT count(*) FROM t``: an aggregate function
