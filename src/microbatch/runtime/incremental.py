@@ -6,7 +6,10 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
 
 - **Rewrites, once.** A step that occurs more than once (a stream branched into two paths
   that meet again, as Nexmark's q5 joins counts with their maximum) is copied, so each
-  occurrence is an operator of its own with its own state, as in Spark's plan. A left semi
+  occurrence is an operator of its own with its own state, as in Spark's plan. First, a
+  stream-stream outer join Spark's optimizer removes (an aggregation of one side's columns
+  by duplicate-agnostic functions: ``operators.join.outer_joins_eliminated``) is that side
+  alone, no operator (as in Spark's plan of every batch). A left semi
   join of a union runs once per input of the union where Spark's optimizer pushes it
   through (``operators.join.semi_joins_through_unions``), each join its own operator. In append mode a limit above a stateful operator becomes the
   streaming limit (whose count is state). A stream-stream join's sides get the "not
@@ -66,7 +69,7 @@ from microbatch import spark_internals
 from microbatch.operators.aggregate.node import grouping_set_filters
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
 from microbatch.operators.join import (filters_pushed_into_joins, join_filters_inferred, joins_null_filtered,
-                                       joins_times_pruned, semi_joins_through_unions)
+                                       joins_times_pruned, outer_joins_eliminated, semi_joins_through_unions)
 from microbatch.operators.limit import limits_over_appends
 from microbatch.plan.logical import (BatchFilter, NullFilter, Observe, PlanNode, ScanFilter, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
@@ -169,7 +172,7 @@ class IncrementalExecution:
         #: Spark 4.3 makes a stateful operator's output nullable (as the checkpoint fixed it)
         self.nullable_output = (spark_internals.records_conf(ALWAYS_NULLABLE_OUTPUT)
                                 and spark.conf.get(ALWAYS_NULLABLE_OUTPUT, "true").lower() == "true")
-        plan = _each_occurrence_its_own(plan)
+        plan = _each_occurrence_its_own(outer_joins_eliminated(plan, empty_inputs))
         if output_mode == "append":
             plan = limits_over_appends(plan)
         plan = filters_pushed_into_joins(plan, empty_inputs)

@@ -48,6 +48,7 @@ from microbatch.spark_internals.metrics import (
 from microbatch.spark_internals.relations import (
     FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
 )
+from microbatch.spark_internals.eliminated_joins import outer_joins_eliminated
 from microbatch.spark_internals.inferred_filters import join_inferred_filters, optimized_plan, stream_without_data
 from microbatch.spark_internals.session import (
     arrow_batches_by_rows, cloned_session, job_tags, session_settings,
@@ -198,6 +199,8 @@ query_failure = _c_errors.query_failure
 streaming_file_stand_in = _by_kind(streaming_file_stand_in, lambda df, aliased: None)
 empty_stream_stand_in = _by_kind(empty_stream_stand_in, lambda df: None)
 engine_file_scans = _by_kind(engine_file_scans, lambda query, stand_ins: None)
+# the outer joins Spark's optimizer removes (over Connect: none known, each join stays)
+outer_joins_eliminated = _by_kind(outer_joins_eliminated, lambda df, joins: [None] * len(joins))
 # metrics
 observation_row = _by_kind(observation_row, _c_metrics.observation_row)
 executed_observation_row = _by_kind(executed_observation_row, _c_metrics.executed_observation_row)
@@ -223,4 +226,5 @@ __all__ += [
     "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
     "static_conf", "empty_stream_stand_in", "engine_file_scans", "streaming_file_stand_in",
+    "outer_joins_eliminated",
 ]

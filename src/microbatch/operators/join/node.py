@@ -4,6 +4,7 @@ planner makes of it once per run as Spark's optimizer does (the null filters Spa
 filters pushed into its sides)."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -321,6 +322,81 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
             return dataclasses.replace(replaced, times_pruned=tuple(found[node]))
         return replaced
     return with_pruned(plan)
+
+
+def outer_joins_eliminated(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A rewrite the planner makes once per run, first: each stream-stream outer join that
+    Spark's optimizer removes from the query (EliminateOuterJoin: an aggregation over a left
+    outer join that reads only the left side's columns, with aggregate functions that do
+    not care for duplicates, ``min(v)`` by ``window(ts)``, aggregates the left side alone;
+    a full outer join is a left one first under a filter that drops rows with a null left
+    column, as the tumbling window's ``isnotnull(ts)``), read from the query built as a
+    batch (each stateful node what stands for it, ``scan_filter_stand_in``;
+    ``spark_internals.outer_joins_eliminated``). Spark's engine optimizes every batch so:
+    the join is no operator of its plan (no state, no operator id: the operators below and
+    after it are numbered without it) and the aggregation reads the kept side's rows as
+    they come. The join becomes the side Spark keeps, with the other side's columns null
+    in their places (nothing above reads them: the optimizer removed the join for that).
+    A join on column names, or one whose removed side reads a source nothing else in the
+    query reads (the source would leave the query's sources), stays as it is."""
+    joins = [n for n in plan.nodes() if isinstance(n, StreamJoin) and n.how in ("left", "right", "full")
+             and not n.using]
+    if not joins:
+        return plan
+    reads: dict[StreamJoin, _SideRead] = {}
+
+    def batch_plan(node: PlanNode) -> PlanNode:
+        built = children_replaced(node, [batch_plan(c) for c in node.children])
+        built = built.scan_filter_stand_in() if built.stateful else built
+        if any(node is j for j in joins):
+            reads[node] = _SideRead(built)
+            return reads[node]
+        return built
+
+    try:
+        whole = batch_plan(plan).build(empty_inputs)
+        kept = spark_internals.outer_joins_eliminated(whole, [reads[j].df for j in joins])
+    except Exception:  # a plan that does not build as a batch: the joins stay
+        log.debug("No joins eliminated in %s", plan.describe(), exc_info=True)
+        return plan
+    found = {}
+    for join, side in zip(joins, kept):
+        if side is None:
+            continue
+        gone = _reads(join.children[1 - side])
+        if any(_reads(plan)[r] <= n for r, n in gone.items()):
+            log.debug("Join %s: Spark's optimizer removes it, its side %d's sources with it: kept", join.describe(), 1 - side)
+            continue
+        found[join] = side
+    if not found:
+        return plan
+
+    def without(node: PlanNode) -> PlanNode:
+        if node in found:
+            return _as_join_output(node, found[node], empty_inputs)
+        return children_replaced(node, [without(c) for c in node.children])
+    return without(plan)
+
+
+def _reads(plan: PlanNode) -> collections.Counter:
+    """How many times ``plan`` reads each source (by its id)."""
+    return collections.Counter(id(n) for n in plan.nodes() if isinstance(n, StreamingRelation))
+
+
+def _as_join_output(join: StreamJoin, side: int, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """``join``'s ``side`` with the join's columns: its own where the join has them, the other
+    side's null (of their types)."""
+    output = join.build(empty_inputs).schema.fields
+    own = join.children[side].build(empty_inputs).columns
+    width = len(join.children[0].build(empty_inputs).columns)
+    columns = []
+    for i, f in enumerate(output):
+        if (i < width) == (side == 0):
+            columns.append(F.col(quoted(own[i if side == 0 else i - width])))
+        else:
+            columns.append(F.lit(None).cast(f.dataType).alias(f.name))
+    log.debug("Join %s: Spark's optimizer removes it and reads side %d alone", join.describe(), side)
+    return Transform(join.children[side], "select", tuple(columns))
 
 
 class _InferredFilters:
