@@ -172,10 +172,17 @@ def sort_ordered(kind: pa.DataType) -> bool:
     return flat(kind)
 
 
+#: Spark's error where a bigint sum overflows in ANSI mode (a task's: the batch fails)
+OVERFLOW = ("[ARITHMETIC_OVERFLOW] long overflow. Use 'try_add' to tolerate overflow and return NULL "
+            "instead. If necessary set \"spark.sql.ansi.enabled\" to \"false\" to bypass this error. SQLSTATE: 22003")
+
+
 def foldable(function: str, kind: pa.DataType) -> bool:
     """Whether ``group_rows`` folds a column of this type with ``function`` as Spark does."""
     if function == "sum":
         return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+    if function == "sum_checked":   # (a bigint sum that fails on overflow, ANSI's)
+        return pa.types.is_int64(kind)
     return function in ("min", "max") and (_hash_ordered(kind) or sort_ordered(kind))
 
 
@@ -221,9 +228,20 @@ def group_rows(table: pa.Table, names: list[str], aggregates: list[tuple[str, st
             ranked[name] = order
             flat = flat.append_column(f"__rank_{name}", pa.array(ranks))
             requests.append((f"__rank_{name}", function))
+        elif function == "sum_checked":
+            # Arrow's sum wraps around: a float sum beside it tells an overflow (a wrapped
+            # sum is 2^64 away from it, a float's rounding far less)
+            flat = flat.append_column(f"__float_{name}", pc.cast(table.column(name), pa.float64(), safe=False))
+            requests += [(name, "sum"), (f"__float_{name}", "sum")]
         else:
             requests.append((name, function))
     grouped = flat.group_by(keys, use_threads=False).aggregate(requests)
+    for name, function in aggregates:
+        if function == "sum_checked":
+            exact = grouped.column(f"{name}_sum").to_numpy(zero_copy_only=False).astype(np.float64)
+            rounded = grouped.column(f"__float_{name}_sum").to_numpy(zero_copy_only=False)
+            if np.any(np.abs(np.nan_to_num(rounded) - np.nan_to_num(exact)) > 2.0 ** 62):
+                raise ArithmeticError(OVERFLOW)
     columns = []
     for name in names:
         kind = table.schema.field(name).type
@@ -243,7 +261,7 @@ def group_rows(table: pa.Table, names: list[str], aggregates: list[tuple[str, st
             by_rank = table.column(name).take(pa.array(ranked[name]))
             columns.append(by_rank.take(chosen))
         else:
-            columns.append(grouped.column(f"{name}_{function}").cast(kind))
+            columns.append(grouped.column(f"{name}_{'sum' if function == 'sum_checked' else function}").cast(kind))
     return pa.Table.from_arrays(columns, names=names + [name for name, _ in aggregates])
 
 

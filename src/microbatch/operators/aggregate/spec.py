@@ -56,7 +56,8 @@ ALSO_SUPPORTED = ("count_if", "bool_and", "every", "bool_or", "some", "any", "an
 #: a covariance's 4 and the independent variable's 3 moments).
 MERGES = {"sum": 1, "min": 1, "max": 1, "first": 2, "last": 2, "concat": 1, "union": 1,
           "moments": 3, "hll": 1, "max_by": 2, "min_by": 2, "bit_and": 1, "bit_or": 1,
-          "bit_xor": 1, "try_sum": 2, "try_avg": 2, "comoments": 4, "regression": 7, "counts": 1}
+          "bit_xor": 1, "try_sum": 2, "try_avg": 2, "comoments": 4, "regression": 7, "counts": 1,
+          "sum_checked": 1}
 
 #: Spark's refusals: functions whose streaming answer microbatch cannot reproduce exactly
 #: (a sketch whose partial state depends on how Spark's engine split and merged a batch's
@@ -201,6 +202,10 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
         return _moments_call(found, args, agg)
     if name in ("Percentile", "PercentileDisc", "Mode", "ListAgg"):
         return _collected_call(found, args, agg)
+    if name == "Sum" and found.eval_mode == "ANSI" and found.argument_types[0] in ("tinyint", "smallint", "int",
+                                                                                 "bigint"):
+        # a bigint sum that overflows fails the batch in ANSI mode, in the merge as in Spark's
+        return AggCall(name, found.sql, (agg(f"sum({a})"),), "sum_checked", "{0}")
     if name in ("Sum", "Min", "Max"):
         merge = {"Sum": "sum", "Min": "min", "Max": "max"}[name]
         return AggCall(name, found.sql, (agg(f"{merge}({a})"),), merge, "{0}")

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
-from microbatch.state.table_form import foldable, group_rows, table_key
+from microbatch.state.table_form import OVERFLOW, foldable, group_rows, table_key
 from microbatch.operators.base import StateTask, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
 
@@ -262,6 +262,12 @@ def merge_buffers(kind: str, old: list, new: list, options: tuple = ()) -> list:
     """Two buffers of one function (lists of its buffer columns' values) -> one."""
     if kind == "sum":   # element-wise (avg keeps a sum and a count)
         return [b if a is None else a if b is None else a + b for a, b in zip(old, new)]
+    if kind == "sum_checked":   # a bigint sum in ANSI mode: an overflow fails the batch
+        a, b = old[0], new[0]
+        total = b if a is None else a if b is None else a + b
+        if total is not None and not -2 ** 63 <= total < 2 ** 63:
+            raise ArithmeticError(OVERFLOW)
+        return [total]
     if kind in ("min", "max"):
         a, b = old[0], new[0]
         if a is None or b is None:
