@@ -29,7 +29,7 @@ from microbatch.operators.aggregate.spec import Grouping, plan_aggregation
 from microbatch.operators.aggregate.node import Aggregate
 from microbatch.operators.dedup import Deduplicate
 from microbatch.operators.group_state import FlatMapGroupsWithState
-from microbatch.operators.join import StreamJoin
+from microbatch.operators.join import StreamJoin, engine_event_times
 from microbatch.operators.limit import StreamingLimit
 from microbatch.operators.transform_with_state.node import TransformWithState
 from microbatch.spark_internals.event_time import marked_in_batches
@@ -417,7 +417,8 @@ class StreamFrame:
             keys = tuple(left[n.lower()] for n in names)
             times = (self._watermarked_column(keys), other._watermarked_column(keys))
             node = StreamJoin(self._plan, other._plan, keys, kind,
-                              side_columns=columns, side_times=times, side_qualifiers=qualifiers)
+                              side_columns=columns, side_times=times, side_qualifiers=qualifiers,
+                              engine_times=engine_event_times(template, columns, times))
         else:
             try:
                 pairs, comparisons = spark_internals.join_condition(template)
@@ -433,6 +434,7 @@ class StreamFrame:
             node = StreamJoin(self._plan, other._plan, keys[0], kind, right_keys=keys[1],
                               comparisons=tuple(comparisons), condition=on, side_columns=columns,
                               side_times=times, side_qualifiers=qualifiers,
+                              engine_times=engine_event_times(template, columns, times),
                               positions=(_positions(self._template, on), _positions(other._template, on)))
         check_source_names(node)
         sides = {}

@@ -32,7 +32,8 @@ from microbatch.spark_internals.binding import (
 from microbatch.spark_internals.catalog import (
     CatalogTableInfo, catalog_table, managed_table_location, python_data_source, schema_ddl, temp_view_exists,
 )
-from microbatch.spark_internals.engine_plan import empty_stream_stand_in, engine_file_scans, streaming_file_stand_in
+from microbatch.spark_internals.engine_plan import (empty_stream_stand_in, engine_file_scans, engine_join_event_times,
+                                                    streaming_file_stand_in)
 from microbatch.spark_internals.errors import (
     captured, cause_string, error_condition, exception_message, exception_string,
     foreach_batch_user_error, is_foreach_user_error, jvm_throwable, python_proxy_error,
@@ -199,6 +200,7 @@ query_failure = _c_errors.query_failure
 streaming_file_stand_in = _by_kind(streaming_file_stand_in, lambda df, aliased: None)
 empty_stream_stand_in = _by_kind(empty_stream_stand_in, lambda df: None)
 engine_file_scans = _by_kind(engine_file_scans, lambda query, stand_ins: None)
+engine_join_event_times = _by_kind(engine_join_event_times, lambda df: None)
 # the outer joins Spark's optimizer removes (over Connect: none known, each join stays)
 outer_joins_eliminated = _by_kind(outer_joins_eliminated, lambda df, joins: [None] * len(joins))
 # metrics
@@ -225,6 +227,6 @@ def python_row(row):
 __all__ += [
     "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
-    "static_conf", "empty_stream_stand_in", "engine_file_scans", "streaming_file_stand_in",
+    "static_conf", "empty_stream_stand_in", "engine_file_scans", "engine_join_event_times", "streaming_file_stand_in",
     "outer_joins_eliminated",
 ]

@@ -106,3 +106,77 @@ def engine_file_scans(query: Any, stand_ins: list[Any]) -> list[tuple[int, int]]
         for k in owners:
             scans[k] += 1
     return list(zip(reads, scans))
+
+
+_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+def _children(node: Any) -> list:
+    children = node.children()
+    return [children.apply(i) for i in range(children.size())]
+
+
+def _attributes(seq: Any) -> list:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def _as_engine_batch(node: Any) -> Any:
+    """``node`` (a stream's template, analysed as a batch) as Spark's engine has it in a
+    batch: each projection that marks an event time (``event_time_marked``) the
+    EventTimeWatermark it stands for, each file relation (a v1 source's batch) a new
+    instance of it under MicroBatchExecution's projection aliasing each of its columns to
+    the stream's attribute (the same id)."""
+    to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
+    name = node.getClass().getSimpleName()
+    if name == "LogicalRelation" and node.relation().getClass().getSimpleName() == "HadoopFsRelation":
+        fresh = node.newInstance()
+        nothing = jvm_class("scala.None$")
+        aliases = [jvm_class("org.apache.spark.sql.catalyst.expressions.Alias")(
+            new, old.name(), old.exprId(), to_seq([]), nothing, to_seq([]))
+            for old, new in zip(_attributes(node.output()), _attributes(fresh.output()))]
+        return jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")(to_seq(aliases), fresh)
+    children = [_as_engine_batch(c) for c in _children(node)]
+    if name == "Project" and len(children) == 1:
+        below = {a.exprId().id(): a for a in _attributes(children[0].output())}
+        listed = _attributes(node.projectList())
+        marked = [a for a in listed if a.getClass().getSimpleName() == "AttributeReference"
+                  and a.metadata().contains(_DELAY_KEY) and a.exprId().id() in below
+                  and not below[a.exprId().id()].metadata().contains(_DELAY_KEY)]
+        if len(marked) == 1 and len(listed) == len(below) and all(
+                a.getClass().getSimpleName() == "AttributeReference" for a in listed):
+            delay_us = marked[0].metadata().getLong(_DELAY_KEY) * 1000
+            interval = jvm_class("org.apache.spark.unsafe.types.CalendarInterval")(0, 0, delay_us)
+            return jvm_class("org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark")(
+                jvm_class("java.util.UUID").randomUUID(), below[marked[0].exprId().id()], interval, children[0])
+    return node.withNewChildren(to_seq(children))
+
+
+def engine_join_event_times(df: Any) -> tuple[str | None, str | None] | None:
+    """The watermarked column of each side of the stream-stream join that ``df`` (a join's
+    template) ends in, as Spark's engine's join exec finds it in its input (the first
+    column marked with a watermark's delay), or None for a side without one; None where
+    the join is not found.
+
+    It is not always the mark Spark's analysis shows: MicroBatchExecution puts a v1 source's
+    batch under a projection aliasing each column of the batch's relation to the stream's
+    attribute, and RemoveRedundantAliases drops those aliases, giving every reference above
+    the relation's attribute instead — through an EventTimeWatermark, the attribute it marks.
+    A column of the frame before ``withWatermark`` (``w = df; df.withWatermark("ts", ..)
+    .select(w.ts.alias("t"))``: the unmarked ``ts`` in analysis) so becomes the marked one in
+    the plan Spark's engine runs, and its join drops the side's late rows by it. Spark's
+    optimizer is asked, on the template made as Spark's engine makes a batch
+    (``_as_engine_batch``); nothing runs."""
+    session = df.sparkSession._jsparkSession
+    plan = _as_engine_batch(analyzed_plan(df))
+    optimized = session.sessionState().optimizer().execute(plan)
+    pending = [optimized]
+    while pending:
+        node = pending.pop(0)
+        if node.getClass().getSimpleName() == "Join":
+            found = []
+            for child in _children(node):
+                marked = [a.name() for a in _attributes(child.output()) if a.metadata().contains(_DELAY_KEY)]
+                found.append(marked[0] if marked else None)
+            return tuple(found)
+        pending.extend(_children(node))
+    return None

@@ -48,6 +48,10 @@ class StreamJoin(StatefulNode):
     condition: Any = None                  # the user's Column (not using), for templates
     side_columns: tuple = ((), ())         # each side's column names (TimeTerm indexes)
     side_times: tuple = (None, None)       # each side's watermarked event-time column
+    #: per side: the watermarked column Spark's engine's join exec finds in its input where
+    #: it is not the one Spark's analysis marks (``side_times``): a column of the frame
+    #: before ``withWatermark`` (``engine_event_times``); None: the analysis's
+    engine_times: tuple | None = None
     side_qualifiers: tuple = ((), ())      # each side's columns' qualifiers (``l`` of ``l.id``)
     positions: tuple = ({}, {})            # (Transform's: of the condition's Columns, per side)
     #: per side: whether Spark's optimizer prunes its event time from the join's input
@@ -160,7 +164,12 @@ class StreamJoin(StatefulNode):
         condition). Its late rows and its state value eviction go by it: with it pruned,
         Spark's exec drops no late row of the side and evicts none of its state by a time
         comparison (its watermark still moves, from the rows below)."""
-        return None if self.times_pruned[side] else self.side_times[side]
+        return None if self.times_pruned[side] else self.engine_event_time(side)
+
+    def engine_event_time(self, side: int) -> str | None:
+        """The side's watermarked column in the input of Spark's engine's join exec, before
+        pruning (``engine_event_times``)."""
+        return (self.engine_times or self.side_times)[side]
 
     def watermark_key(self) -> int | None:
         """The index of the join key that is a side's watermarked event time (Spark looks
@@ -261,6 +270,29 @@ def joins_null_filtered(plan: PlanNode) -> PlanNode:
     return with_null_filters(plan) if isinstance(plan, StreamJoin) else plan
 
 
+def engine_event_times(template: DataFrame, side_columns: tuple, side_times: tuple) -> tuple | None:
+    """Each side's watermarked column as Spark's engine's join exec finds it in its input,
+    for a join whose ``template`` (its analysed frame) marks none on a side: a column of
+    the frame before ``withWatermark`` (``w = df; df.withWatermark("ts", ..)
+    .select(w.ts.alias("t"))``) carries no mark in Spark's analysis, but over a v1 source
+    (a file source) Spark's optimizer gives it the watermark's marked attribute in the plan
+    its engine runs (``spark_internals.engine_join_event_times``), and its join drops that
+    side's late rows by it. None where no side gains one (or the join is not found)."""
+    try:
+        found = spark_internals.engine_join_event_times(template)
+    except Exception:  # a plan Spark's optimizer does not take so: the analysis's marks
+        log.debug("No event times read for the join's exec", exc_info=True)
+        return None
+    if found is None:
+        return None
+    times = list(side_times)
+    for side, name in enumerate(found):
+        columns = {c.lower(): c for c in side_columns[side]}
+        if times[side] is None and name is not None and name.lower() in columns:
+            times[side] = columns[name.lower()]
+    return None if tuple(times) == tuple(side_times) else tuple(times)
+
+
 class _SideRead(PlanNode):
     """A join's side in the batch plan ``joins_times_pruned`` builds: the side's DataFrame
     kept, to find its columns in the whole plan's."""
@@ -287,7 +319,7 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
     optimizer, ``scan_filter_stand_in``): a side's watermarked column that nothing above
     the join reads, nor its condition, never reaches Spark's join exec, which then drops
     no late row of that side (``exec_event_time``)."""
-    joins = [n for n in plan.nodes() if isinstance(n, StreamJoin) and any(n.side_times)]
+    joins = [n for n in plan.nodes() if isinstance(n, StreamJoin) and any(n.engine_times or n.side_times)]
     if not joins:
         return plan
     reads: dict[StreamJoin, tuple[_SideRead, _SideRead]] = {}
@@ -300,11 +332,11 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
         node = children_replaced(node, children)
         return node.scan_filter_stand_in() if node.stateful else node
 
-    asked = [(join, side) for join in joins for side in (0, 1) if join.side_times[side] is not None]
+    asked = [(join, side) for join in joins for side in (0, 1) if join.engine_event_time(side) is not None]
     try:
         whole = batch_plan(plan).build(empty_inputs)
         pruned = spark_internals.pruned_from_joins(
-            whole, [(reads[join][side].df, join.side_times[side]) for join, side in asked])
+            whole, [(reads[join][side].df, join.engine_event_time(side)) for join, side in asked])
     except Exception:  # a plan that does not build as a batch: the joins stay as they are
         log.debug("No pruned event times read for the joins of %s", plan.describe(), exc_info=True)
         return plan
