@@ -168,3 +168,19 @@ def test_a_stream_stream_anti_join_is_refused_where_spark_refuses_it(spark, ss, 
     ours = refusal(ss, query, tmp_path / "microbatch", mode)
     assert theirs == expected
     assert ours == theirs
+
+
+def test_an_action_with_a_wrong_argument_is_pythons_type_error_first(ss):
+    """Seed 3947: ``df.count(1)`` on a stream is PySpark's TypeError (DataFrame.count takes
+    no argument) before any streaming check; ``df.count()`` is the streaming action's
+    AnalysisException."""
+    from microbatch.errors import AnalysisException
+    df = ss.readStream.format("rate").load()
+    with pytest.raises(TypeError, match=r"DataFrame\.count\(\)"):
+        df.count(1)
+    with pytest.raises(TypeError):
+        df.show(1, 2, 3, 4, 5)
+    with pytest.raises(AnalysisException, match="writeStream.start"):
+        df.count()
+    with pytest.raises(AnalysisException, match="writeStream.start"):
+        df.show(5)

@@ -241,3 +241,30 @@ def test_an_internal_error_is_told_by_its_sqlstate_class():
     assert fuzz._spark_internal_error(_failed("[DIVIDE_BY_ZERO] Division by zero. SQLSTATE: 22012 "
                                               "SQLSTATE: XXKST")) is None
     assert fuzz._spark_internal_error(_failed("[_LEGACY_ERROR_TEMP_3102] Something. SQLSTATE: XXKST")) is None
+
+
+def test_a_null_dereference_in_sparks_tasks_is_sparks_internal_error():
+    """Seed 3960: ``rollup(session_window(...), ...)`` fails in Spark's first batch with a
+    NullPointerException in its session merge (the session is null in a grouping set), while
+    microbatch goes on to refuse the query's second watermark. A JVM null dereference is
+    Spark's bug, not a refusal: no reference for microbatch's error, listed apart."""
+    npe = _failed("[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in "
+                  "foreach batch sink. ... java.lang.NullPointerException: Cannot invoke \"org.apache.spark."
+                  "sql.catalyst.expressions.UnsafeRow.getLong(int)\" because \"sessionRow\" is null "
+                  "SQLSTATE: 39000 SQLSTATE: XXKST")
+    assert fuzz._spark_internal_error(npe) == "java.lang.NullPointerException"
+    theirs, ours = fuzz.EngineRun(checkpoint="a"), fuzz.EngineRun(checkpoint="b")
+    theirs.error, theirs.stage = npe, "run"
+    ours.error, ours.stage = _failed("Redefining watermark is disallowed. SQLSTATE: XXKST"), "run"
+    result = fuzz._judge(None, None, 3960, SEMI_JOIN_OF_A_UNION, theirs, ours, compare_state=False)
+    assert result.status == "spark-internal-error" and not result.failed, result.report()
+    assert "Redefining watermark" in result.detail
+
+
+def test_a_column_is_spelt_as_an_attribute_only_where_python_reads_it_so():
+    """Seed 3947: the column ``count(1)`` of ``SELECT count(*)`` was spelt ``df.count(1)``, a
+    call of DataFrame.count (a TypeError on Spark's side) instead of a column."""
+    assert not fuzz._attribute_spelling("count(1)") and not fuzz._attribute_spelling("count")
+    assert fuzz._attribute_spelling("k") and fuzz._attr("df", "count(1)") == 'df["count(1)"]'
+    rendered = fuzz.generate(3947).query.lines
+    assert not any("df.count(" in line for line in rendered), rendered

@@ -587,6 +587,15 @@ class StreamFrame:
     # -- actions: streams run with writeStream.start() --------------------------------
     def _action(name: str):  # noqa: N805 - builds methods
         def method(self, *args: Any, **kwargs: Any):
+            # PySpark's own signature first: a wrong argument is Python's TypeError there,
+            # before any streaming check (``df.count(1)``)
+            import inspect
+
+            from pyspark.sql import DataFrame
+            try:
+                inspect.signature(getattr(DataFrame, name)).bind(self, *args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"DataFrame.{name}() {e}") from None
             raise streaming_action(name)
         method.__name__ = name
         return method

@@ -39,7 +39,8 @@ operators in each batch's plan (``OPERATORS_RENUMBERED``: Spark runs fewer of th
 where a union's input is empty, and with PropagateEmptyRelation excluded gives microbatch's
 results), and ``spark-internal-error``
 where Spark's engine fails with an internal error (SQLSTATE class ``XX``, e.g. its
-optimizer's plan validation) and microbatch runs the query.
+optimizer's plan validation, or a JVM ``NullPointerException`` in a task) and microbatch runs
+the query or fails otherwise (with no reference, its error is listed, not judged).
 
 ``--plant NAME`` sets ``spark.microbatch.testing.plant`` on the session for microbatch's
 runs only: a test-only hook of the engine that plants a known bug, which the fuzzer must
@@ -262,9 +263,16 @@ class _Frame:
         return found if found in self.cols else None
 
 
+def _attribute_spelling(name: str) -> bool:
+    """Whether ``df.<name>`` reads column ``name``: a Python identifier that is no attribute
+    of PySpark's DataFrame (``df.count(1)`` calls DataFrame.count, for the column ``count(1)``
+    of ``SELECT count(*)``)."""
+    return name.isidentifier() and name not in _FRAME_ATTRIBUTES
+
+
 def _attr(var: str, name: str) -> str:
     """Column ``name`` of the frame ``var``, as an attribute where PySpark allows it."""
-    return f'{var}["{name}"]' if name in _FRAME_ATTRIBUTES else f"{var}.{name}"
+    return f"{var}.{name}" if _attribute_spelling(name) else f'{var}["{name}"]'
 
 
 class _Grammar:
@@ -294,8 +302,8 @@ class _Grammar:
         (through the earlier frame ``f.old`` now and then)."""
         if old and f.old is not None and name in f.old[1] and self.chance(0.3):
             var = f.old[0]
-            return f'{var}["{name}"]' if name in _FRAME_ATTRIBUTES or self.chance(0.5) else f"{var}.{name}"
-        spellings = [f'F.col("{name}")', f'{var}["{name}"]'] + ([] if name in _FRAME_ATTRIBUTES else [f"{var}.{name}"])
+            return f'{var}["{name}"]' if not _attribute_spelling(name) or self.chance(0.5) else f"{var}.{name}"
+        spellings = [f'F.col("{name}")', f'{var}["{name}"]'] + ([f"{var}.{name}"] if _attribute_spelling(name) else [])
         return self.rng.choice(spellings)
 
     def name_or_col(self, f: _Frame, name: str, var: str = "df") -> str:
@@ -1162,9 +1170,12 @@ def _as_known_difference(spark, ss, case: Case, query: Query, static, work: Path
 def _spark_internal_error(error: BaseException) -> str | None:
     """Spark's error condition where ``error`` (for a failed run, its cause) is one of Spark's
     internal errors, SQLSTATE class ``XX`` (``INTERNAL_ERROR``, the optimizer's
-    ``PLAN_VALIDATION_FAILED_RULE_IN_BATCH``, ...): a bug of Spark's, not its refusal of the
-    query; else None."""
+    ``PLAN_VALIDATION_FAILED_RULE_IN_BATCH``, ...), or a JVM ``NullPointerException`` (seed
+    3960: a session window under ``rollup``, null in a grouping set, dereferenced by Spark's
+    session merge): a bug of Spark's, not its refusal of the query; else None."""
     import re
+    if "java.lang.NullPointerException" in str(error):   # (a JVM null dereference refuses nothing)
+        return "java.lang.NullPointerException"
     kind = _error_kind(error)
     if ": " not in kind:
         return None
@@ -1192,6 +1203,11 @@ def _judge(spark, ss, seed: int, query: Query, theirs: EngineRun, ours: EngineRu
         if same:
             return Result(seed, query, "both-refused", kind=kind, detail=_first_line(theirs.error))
         a, b = kind, _error_kind(ours.error)
+        internal = _spark_internal_error(theirs.error)
+        if internal is not None:   # (Spark's bug came first: no reference for microbatch's error)
+            return Result(seed, query, "spark-internal-error", kind=internal,
+                          detail=f"Spark ({theirs.stage}): {_first_line(theirs.error)}; microbatch ({ours.stage}) "
+                                 f"[{b}]: {_first_line(ours.error)}")
         return Result(seed, query, "differs", aspect="refusal", errors=(a, b),
                       detail=f"Spark ({theirs.stage}) [{a}]: {_first_line(theirs.error)}\n  "
                              f"microbatch ({ours.stage}) [{b}]: {_first_line(ours.error)}")
