@@ -16,7 +16,9 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
   null" filters Spark infers for its condition (``operators.join.with_null_filters``). A
   deterministic filter right above ``withWatermark`` that does not use the event time is
   moved below it, as Spark's optimizer pushes it, so the watermark sees only the rows that
-  pass (decided on the template, the query over empty inputs). Whether the query reads
+  pass (decided on the template, the query over empty inputs); before that, the parts of a
+  filter over an aggregation that read only its grouping columns filter its input
+  (``operators.aggregate.node.filters_pushed_through_aggregations``). Whether the query reads
   the current time (``current_timestamp()`` and friends, then replaced by the batch
   timestamp recorded in ``offsets/N``) is decided once too.
 - **Stateful operators.** Each gets Spark's operator id (top down, in plan order), its
@@ -66,7 +68,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from microbatch import spark_internals
-from microbatch.operators.aggregate.node import grouping_set_filters
+from microbatch.operators.aggregate.node import filters_pushed_through_aggregations, grouping_set_filters
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
 from microbatch.operators.join import (filters_pushed_into_joins, join_filters_inferred, joins_null_filtered,
                                        joins_times_pruned, outer_joins_eliminated, semi_joins_through_unions)
@@ -173,6 +175,7 @@ class IncrementalExecution:
         self.nullable_output = (spark_internals.records_conf(ALWAYS_NULLABLE_OUTPUT)
                                 and spark.conf.get(ALWAYS_NULLABLE_OUTPUT, "true").lower() == "true")
         plan = _each_occurrence_its_own(outer_joins_eliminated(plan, empty_inputs))
+        plan = filters_pushed_through_aggregations(plan, empty_inputs)
         if output_mode == "append":
             plan = limits_over_appends(plan)
         plan = filters_pushed_into_joins(plan, empty_inputs)

@@ -25,6 +25,7 @@ from microbatch.spark_internals.analysis import (
     window_function_error,
     schema_tree, uses_current_time,
 )
+from microbatch.spark_internals.aggregate_filters import conjuncts_through_aggregation
 from microbatch.spark_internals.binding import (
     BatchInput, BindablePlan, ColumnsKeys, PythonFunctionRef, map_in_arrow_function,
     projected_function, runs_again_alike, with_batch_timestamp,
@@ -71,7 +72,7 @@ __all__ = [
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
-    "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "grouping_set_filters", "empty_batch", "empty_dataframe",
+    "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "conjuncts_through_aggregation", "grouping_set_filters", "empty_batch", "empty_dataframe",
     "conjunct_sides", "pruned_from_joins", "event_time_marked", "is_global_aggregation", "having_condition", "having_aggregation", "hidden_aggregates_added", "is_aggregation", "output_columns", "bound_attribute_ids", "event_time_barrier",
     "output_attribute_ids", "attribute_positions", "rebound", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
@@ -155,6 +156,7 @@ projections_keep_column = _by_kind(projections_keep_column, _c_analysis.never)
 reads_only_files = _by_kind(reads_only_files, _c_analysis.never)   # (over Connect: no scan filters added)
 conjuncts_without_column = _by_kind(conjuncts_without_column, _c_analysis.no_conjuncts)
 grouping_set_filters = _by_kind(grouping_set_filters, _c_analysis.no_conjuncts)
+conjuncts_through_aggregation = _by_kind(conjuncts_through_aggregation, _c_analysis.no_conjuncts)   # (Connect: none)
 schema_tree = _by_kind(schema_tree, _c_analysis.schema_tree)
 join_condition = _by_kind(join_condition, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from microbatch.operators.aggregate.step import AggregateStep
 from microbatch import spark_internals
 from microbatch.plan.checks import output_mode_error, unsupported_operation
-from microbatch.plan.logical import PlanNode, StatefulNode, children_replaced, rebound, stood_in
+from microbatch.plan.logical import PlanNode, StatefulNode, Transform, children_replaced, rebound, stood_in
 
 log = logging.getLogger(__name__)
 
@@ -135,3 +136,71 @@ def grouping_set_filters(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) 
         replaced = children_replaced(node, [with_filters(c) for c in node.children])
         return dataclasses.replace(replaced, key_filter=found[node]) if node in found else replaced
     return with_filters(plan) if found else plan
+
+
+def filters_pushed_through_aggregations(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A rewrite the planner makes once per run, first: each filter over an aggregation
+    (right over it, or over filters and projections that pass the columns it reads through
+    unchanged, as Spark's optimizer combines and pushes them) with the parts Spark's
+    optimizer pushes through the aggregation (PushPredicateThroughNonJoin,
+    ``spark_internals.conjuncts_through_aggregation``: deterministic, reading only its
+    grouping columns) filtering the aggregation's input instead, so the rows they reject
+    never reach its state, as in Spark's engine: ``where("k IS NOT NULL")`` over
+    ``groupBy("k")`` keeps no null key. From there the planner's other rewrites move it on
+    (below a watermark) where Spark's optimizer would; a deduplication under the
+    aggregation stops it, as Spark's streaming Deduplicate does. A filter of which only
+    some parts go down stays whole above too (the parts that went down pass there again).
+    Not through grouping sets (``grouping_set_filters``) or a session window, whose
+    grouping columns the aggregation makes, nor a part that reads another computed
+    grouping column (a time window: its text does not read back over the input)."""
+    plan = children_replaced(plan, [filters_pushed_through_aggregations(c, empty_inputs) for c in plan.children])
+    if isinstance(plan, Transform) and plan.method in ("filter", "where") and _over_aggregation(plan):
+        return _through_aggregation(plan, empty_inputs) or plan
+    return plan
+
+
+def _over_aggregation(filtered: Transform) -> bool:
+    """Whether an aggregation is under ``filtered`` through stateless steps (no analysis)."""
+    under = filtered.child
+    while isinstance(under, Transform) and under.method != "limit":
+        under = under.child
+    return isinstance(under, Aggregate)
+
+
+def _through_aggregation(filtered: Transform, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode | None:
+    """``filtered``'s plan with the parts of it Spark's optimizer pushes through the
+    aggregation under it below that aggregation, or None if none goes."""
+    below = filtered.child
+    if isinstance(below, Aggregate):
+        return _pushed_into(filtered, below, empty_inputs)
+    if filtered.positions or not isinstance(below, Transform) or below.method in ("limit", "alias"):
+        return None   # (a Column bound to the child's positions stays where it was bound)
+    try:
+        template = stood_in(filtered).build(empty_inputs)
+        passes = (spark_internals.filter_passes_filter(template) if below.method in ("filter", "where")
+                  else spark_internals.filter_passes_projection(template))
+    except Exception:  # Spark's analysis refuses it here: it stays
+        log.debug("Filter %s stays above %s", filtered.describe(), below.describe(), exc_info=True)
+        return None
+    if not passes:
+        return None
+    sunk = _through_aggregation(dataclasses.replace(filtered, child=below.child), empty_inputs)
+    return None if sunk is None else dataclasses.replace(below, child=sunk)
+
+
+def _pushed_into(filtered: Transform, aggregate: Aggregate, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode | None:
+    if aggregate.session_index is not None or (aggregate.grouping is not None and aggregate.grouping.has_sets):
+        return None
+    try:
+        parts = spark_internals.conjuncts_through_aggregation(stood_in(filtered).build(empty_inputs))
+        if not parts or not parts[0]:
+            return None
+        pushed, kept = parts
+        condition = F.expr(" AND ".join(f"({p})" for p in pushed))
+        moved = dataclasses.replace(aggregate, child=Transform(aggregate.child, "where", (condition,)))
+        stood_in(moved).build(empty_inputs)   # (a part whose text does not read back over the input stays)
+    except Exception:  # Spark's analysis refuses it: the filter stays whole above
+        log.debug("Filter %s stays above %s", filtered.describe(), aggregate.describe(), exc_info=True)
+        return None
+    log.debug("Filter %s: %s runs below %s", filtered.describe(), " AND ".join(pushed), aggregate.describe())
+    return dataclasses.replace(filtered, child=moved) if kept else moved
