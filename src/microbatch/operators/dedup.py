@@ -13,10 +13,12 @@ tuples of plain values; timestamps are int64 microseconds.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +34,9 @@ from microbatch.operators.base import (KEEP_COLUMN, OperatorBatch, StatefulStep,
 from microbatch.operators.event_time_stats import EventTimeStats
 from microbatch.operators.spark_stores import SparkStore, values_mapped
 from microbatch.plan.checks import unsupported_operation
-from microbatch.plan.logical import Apply, PlanNode, StatefulNode
+from microbatch.plan.logical import Apply, PlanNode, StatefulNode, children_replaced
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -51,10 +55,21 @@ class Deduplicate(StatefulNode):
     #: column with ``spark.watermarkDelayMs``: a renamed event time too; none when the
     #: column was computed anew, ``ts + INTERVAL 1 SECOND AS ts``), found at definition
     marked_event_time: tuple[str, int] | None = None
+    #: whether Spark's optimizer prunes the event time from the input of its Deduplicate
+    #: (``dedups_times_pruned``): nothing above reads it and it is no key
+    time_pruned: bool = False
 
     def event_time(self) -> tuple[str, int] | None:
         """The event-time column of this node's input and its watermark's delay."""
         return self.marked_event_time
+
+    def exec_event_time(self) -> str | None:
+        """The event time as Spark's StreamingDeduplicateExec sees it in its input: None
+        where Spark's optimizer prunes it (ColumnPruning: a Deduplicate reads only its
+        keys, so an event time that is no key and that nothing above reads never reaches
+        the exec, which then drops no late row)."""
+        found = self.event_time()
+        return None if found is None or self.time_pruned else found[0]
 
     def watermark_column(self) -> str | None:
         found = self.event_time()
@@ -112,6 +127,57 @@ class Deduplicate(StatefulNode):
     def describe(self) -> str:
         name = "DeduplicateWithinWatermark" if self.within_watermark else "Deduplicate"
         return f"{name} [{', '.join(self.keys)}]"
+
+
+def dedups_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A rewrite the planner makes once per run: each ``dropDuplicates`` whose event time
+    (no key) Spark's optimizer prunes from its input (``time_pruned``), read from the
+    query built as a batch (each stateful node what stands for it in Spark's optimizer,
+    ``scan_filter_stand_in``; a deduplication also a repartition by its keys, marked by its
+    number of partitions, so that its input is found in the optimized plan). Spark's
+    ColumnPruning gives a Deduplicate an input of its keys and the columns read above
+    it only (``rollup("k").count()`` over ``dropDuplicates(["k"])`` reads no ``ts``), and
+    its exec drops late rows only by a watermarked column of its input."""
+    asked = [n for n in plan.nodes() if isinstance(n, Deduplicate) and not n.within_watermark
+             and n.event_time() is not None and n.event_time()[0] not in n.keys]
+    if not asked:
+        return plan
+    marks = {node: _PRUNING_MARK + i for i, node in enumerate(asked)}
+    inputs: dict[Deduplicate, list[DataFrame]] = {node: [] for node in asked}
+
+    def batch_plan(node: PlanNode) -> PlanNode:
+        replaced = children_replaced(node, [batch_plan(c) for c in node.children])
+        if node in marks:
+            def stand_in(df: DataFrame, node=node) -> DataFrame:
+                inputs[node].append(df)
+                keys = [F.col(quoted(k)) for k in node.keys]
+                return df.repartition(marks[node], *keys).limit(2147483647)
+            return Apply(replaced.child, stand_in, "deduplication")
+        return replaced.scan_filter_stand_in() if replaced.stateful else replaced
+
+    try:
+        whole = batch_plan(plan).build(empty_inputs)
+        pruned = spark_internals.pruned_below_repartitions(
+            whole, [(inputs[node][-1], node.event_time()[0], marks[node]) for node in asked])
+    except Exception:  # a plan that does not build as a batch: the deduplications stay as they are
+        log.debug("No pruned event times read for the deduplications of %s", plan.describe(), exc_info=True)
+        return plan
+    found = {node for node, gone in zip(asked, pruned) if gone}
+    if not found:
+        return plan
+
+    def with_pruned(node: PlanNode) -> PlanNode:
+        replaced = children_replaced(node, [with_pruned(c) for c in node.children])
+        if node in found:
+            log.debug("%s: Spark's optimizer prunes its event time", node.describe())
+            return dataclasses.replace(replaced, time_pruned=True)
+        return replaced
+    return with_pruned(plan)
+
+
+#: the number of partitions of the repartition marking a deduplication's input in
+#: ``dedups_times_pruned`` (plus the deduplication's index): one no query asks for
+_PRUNING_MARK = 1_900_317
 
 
 @dataclass(frozen=True)
@@ -235,6 +301,7 @@ class DedupStep(StatefulStep):
         fields = [store_field(schema.fields[i]) for i in indexes]
         event_time = node.event_time()
         late_column = event_time[0] if event_time and event_time[0] in names else None
+        drops_late = late_column is not None and node.exec_event_time() is not None
         watermark = node.watermark_column()
         columns = list(node.keys)
         if late_column is not None and late_column not in columns:
@@ -250,7 +317,7 @@ class DedupStep(StatefulStep):
             event_time_index=columns.index(late_column) if late_column else None,
             watermark_key=node.keys.index(watermark) if watermark else None,
             expiry_delay_us=event_time[1] * 1000 if node.within_watermark else None,
-            late_us=batch.late_ms * 1000 if late_column else None,
+            late_us=batch.late_ms * 1000 if drops_late else None,
             evict_us=batch.eviction_ms * 1000 if event_time else None,
             event_time_stats=reports_event_time)
         keys, arguments = self.cached("columns", lambda: (

@@ -70,6 +70,7 @@ from pyspark.sql import functions as F
 from microbatch import spark_internals
 from microbatch.operators.aggregate.node import filters_pushed_through_aggregations, grouping_set_filters
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
+from microbatch.operators.dedup import dedups_times_pruned
 from microbatch.operators.join import (filters_pushed_into_joins, join_filters_inferred, joins_null_filtered,
                                        joins_times_pruned, outer_joins_eliminated, semi_joins_through_unions)
 from microbatch.operators.limit import limits_over_appends
@@ -184,7 +185,7 @@ class IncrementalExecution:
         plan = join_filters_inferred(plan, empty_inputs)
         plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
-        plan = joins_times_pruned(plan, empty_inputs)
+        plan = dedups_times_pruned(joins_times_pruned(plan, empty_inputs), empty_inputs)
         self.plan = segments_prepared(plan)
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())

@@ -21,6 +21,7 @@ from microbatch.spark_internals.analysis import (
     output_attribute_ids, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column, pruned_from_joins,
+    pruned_below_repartitions,
     qualified_alias, reads_only_files, requalified, scan_filters, scan_skips_filter, schema_string, semi_join_branches,
     window_function_error,
     schema_tree, uses_current_time,
@@ -73,7 +74,7 @@ __all__ = [
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
     "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "conjuncts_through_aggregation", "grouping_set_filters", "empty_batch", "empty_dataframe",
-    "conjunct_sides", "pruned_from_joins", "event_time_marked", "is_global_aggregation", "having_condition", "having_aggregation", "hidden_aggregates_added", "is_aggregation", "output_columns", "bound_attribute_ids", "event_time_barrier",
+    "conjunct_sides", "pruned_from_joins", "pruned_below_repartitions", "event_time_marked", "is_global_aggregation", "having_condition", "having_aggregation", "hidden_aggregates_added", "is_aggregation", "output_columns", "bound_attribute_ids", "event_time_barrier",
     "output_attribute_ids", "attribute_positions", "rebound", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
@@ -162,6 +163,7 @@ join_condition = _by_kind(join_condition, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
 semi_join_branches = _by_kind(semi_join_branches, _refused("A join"))
 pruned_from_joins = _by_kind(pruned_from_joins, _refused("A join"))
+pruned_below_repartitions = _by_kind(pruned_below_repartitions, lambda df, columns: [False] * len(columns))
 output_qualifiers = _by_kind(output_qualifiers, _refused("A join"))
 requalified = _by_kind(requalified, _refused("A join"))
 event_time_marked = _by_kind(event_time_marked, lambda df, column, delay_ms: df.withMetadata(

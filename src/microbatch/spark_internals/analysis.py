@@ -424,6 +424,32 @@ def pruned_from_joins(df: Any, columns: list[tuple[Any, str]]) -> list[bool]:
     return pruned
 
 
+def pruned_below_repartitions(df: Any, columns: list[tuple[Any, str, int]]) -> list[bool]:
+    """For each ``(below, name, partitions)`` (a DataFrame ``df``'s plan reads under a
+    ``repartition(partitions, ..)`` of its own, that number its mark, and a column of
+    ``below``): whether Spark's optimizer prunes the column from that repartition's input
+    in ``df``'s optimized plan (ColumnPruning: nothing above reads it, nor the
+    repartition). A stand-in for a streaming Deduplicate, which reads only its keys: a
+    column pruned from its input is one its exec has not. False when the marked
+    repartition is not found in the optimized plan or the column is not ``below``'s."""
+    found: dict[int, set[int]] = {}
+    pending = [df._jdf.queryExecution().optimizedPlan()]
+    while pending:
+        node = pending.pop()
+        children = _scala_list(node.children())
+        if node.getClass().getSimpleName() == "RepartitionByExpression" and node.optNumPartitions().isDefined():
+            found.setdefault(node.optNumPartitions().get(), set()).update(
+                a.exprId().id() for child in children for a in _scala_list(child.output()))
+        pending.extend(children)
+    pruned = []
+    for below, name, partitions in columns:
+        output = _scala_list(analyzed_plan(below).output())
+        attribute = next((a for a in output if a.name().lower() == name.lower()), None)
+        pruned.append(attribute is not None and partitions in found
+                      and attribute.exprId().id() not in found[partitions])
+    return pruned
+
+
 #: the column of the grouping set's id an Expand into grouping sets adds (Spark's VirtualColumn)
 GROUPING_ID = "spark_grouping_id"
 
