@@ -17,6 +17,27 @@ def sorted_rows(df) -> list[tuple]:
     return sorted(map(tuple, df.collect()), key=repr)
 
 
+def plain(value, *, lists_ordered: bool = False):
+    """A row's value made comparable across engines: floats rounded (merge order differs
+    in the last bits; NaN as the text "NaN", equal to itself and apart from null), structs
+    as tuples, lists sorted unless ``lists_ordered`` (an aggregate whose list order is its
+    answer)."""
+    import math
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else round(value, 9)
+    if isinstance(value, list):
+        values = [plain(v, lists_ordered=lists_ordered) for v in value]
+        return values if lists_ordered else sorted(values, key=repr)
+    if hasattr(value, "asDict"):
+        return tuple(plain(v, lists_ordered=lists_ordered) for v in value)
+    return value
+
+
+def plain_rows(df, *, lists_ordered: bool = False) -> list:
+    """A batch's rows as ``plain`` tuples, in a fixed order."""
+    return sorted((plain(r, lists_ordered=lists_ordered) for r in df.collect()), key=repr)
+
+
 def json_stream(session, path, schema: str, files_per_trigger: int | None = 1):
     """A JSON file stream of ``session`` (a SparkSession: Spark's engine; a
     StreamingSession: microbatch), ``files_per_trigger`` files a batch."""

@@ -8,13 +8,11 @@ reproduce must be refused when the query is defined, naming it and why.
 """
 from __future__ import annotations
 
-import math
-from decimal import Decimal
 
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, json_stream, plain_rows
 from stream_events import comparable, watermarks, write_event_files
 from microbatch.errors import UnsupportedOperationError
 
@@ -46,21 +44,9 @@ def events(tmp_path):
     return write_event_files(tmp_path / "events", EVENTS, event_record)
 
 
-def _plain(value):
-    if isinstance(value, float):
-        return "NaN" if math.isnan(value) else round(value, 9)
-    if isinstance(value, Decimal):
-        return value
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if hasattr(value, "asDict"):
-        return tuple(_plain(v) for v in value)
-    return value
-
-
 def run(session, events, ckpt, transform, mode):
     return collect_batches(transform(json_stream(session, events, SCHEMA)), ckpt, mode,
-                           rows=lambda df: sorted((_plain(r) for r in df.collect()), key=repr))
+                           rows=lambda df: plain_rows(df, lists_ordered=True))
 
 
 def compare(spark, ss, events, tmp_path, transform, mode):

@@ -7,13 +7,12 @@ event-time stats in every progress entry, and the same state-operator counts.
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks, write_event_files
-from helpers import collect_batches, json_stream
+from helpers import collect_batches, json_stream, plain_rows
 from microbatch import spark_internals
 
 # (key, event time, value) per file; the watermark delay is 5 seconds.
@@ -36,21 +35,9 @@ def event_record(k, t, v):
     return {"k": k, "ts": f"2026-01-01 {t}", "v": v}
 
 
-def _plain(value):
-    """Rows made comparable: floats rounded (merge order differs in the last bits),
-    sets sorted, structs as tuples."""
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 9)
-    if isinstance(value, list):
-        return sorted((_plain(v) for v in value), key=repr)
-    if hasattr(value, "asDict"):
-        return tuple(_plain(v) for v in value)
-    return value
-
-
 def run(session, events, ckpt, transform, mode):
     return collect_batches(transform(json_stream(session, events, SCHEMA)), ckpt, mode,
-                           rows=lambda df: sorted((_plain(r) for r in df.collect()), key=repr))
+                           rows=plain_rows)
 
 
 def sliding_count(frame):

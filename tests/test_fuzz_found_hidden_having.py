@@ -127,16 +127,22 @@ def progress(batches) -> list:
     return comparable([json.loads(p.json) for p in batches])
 
 
-@pytest.mark.porting
-def test_microbatch_continues_the_state_spark_kept_with_its_hidden_aggregate(spark, ss, events, tmp_path):
-    """Spark's engine runs two batches; microbatch adopts its state (the hidden sum's
-    buffer in each key's value) and goes on as Spark's engine goes on from a copy."""
+def two_batches_copied(session, events, tmp_path):
+    """The first two files run on ``session``'s engine into ``moved``, copied to ``stayed``."""
     live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
     live.mkdir()
     names = sorted(os.listdir(events))
     arrive(events, live, names[:2])
-    collect_batches(several_aggregates(spark, live), moved, "update")
+    collect_batches(several_aggregates(session, live), moved, "update")
     shutil.copytree(moved, stayed)
+    return live, moved, stayed, names
+
+
+@pytest.mark.porting
+def test_microbatch_continues_the_state_spark_kept_with_its_hidden_aggregate(spark, ss, events, tmp_path):
+    """Spark's engine runs two batches; microbatch adopts its state (the hidden sum's
+    buffer in each key's value) and goes on as Spark's engine goes on from a copy."""
+    live, moved, stayed, names = two_batches_copied(spark, events, tmp_path)
     arrive(events, live, names[2:])
     theirs, their_progress = collect_batches(several_aggregates(spark, live), stayed, "update")
     ours, our_progress = collect_batches(several_aggregates(ss, live), moved, "update")
@@ -149,12 +155,7 @@ def test_microbatch_continues_the_state_spark_kept_with_its_hidden_aggregate(spa
 def test_spark_continues_the_state_microbatch_kept_with_its_hidden_aggregate(spark, ss, events, tmp_path):
     """microbatch runs two batches; its checkpoint, converted, goes on on Spark's engine
     as microbatch goes on from a copy (the conversion adds a batch)."""
-    live, moved, stayed = tmp_path / "live", tmp_path / "moved", tmp_path / "stayed"
-    live.mkdir()
-    names = sorted(os.listdir(events))
-    arrive(events, live, names[:2])
-    collect_batches(several_aggregates(ss, live), moved, "update")
-    shutil.copytree(moved, stayed)
+    live, moved, stayed, names = two_batches_copied(ss, events, tmp_path)
     convert_to_spark(spark, str(moved))
     assert state(spark.read, moved, 1) == state(ss.read, stayed, 1)
     arrive(events, live, names[2:])

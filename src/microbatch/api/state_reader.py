@@ -39,6 +39,7 @@ from microbatch.checkpoint.offsets import OffsetSeqLog
 from microbatch.operators.base import state_layout
 from microbatch.operators.spark_stores import same_rows, spark_stores
 from microbatch.state.files import REMOVED, StateFiles
+from microbatch.state.spark_format import all_nullable
 from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, StateStoreConf, StateStoreId,
                                     provider_class)
 from microbatch.util import option_value
@@ -513,17 +514,7 @@ def _spark_columns(doc: dict, key_type: StructType, value_type: StructType) -> t
 
 def _nullable(data_type: StructType) -> StructType:
     """``data_type`` with every field, element and map value nullable."""
-    def relaxed(doc):
-        if isinstance(doc, dict):
-            out = {k: relaxed(v) for k, v in doc.items()}
-            for flag in ("nullable", "containsNull", "valueContainsNull"):
-                if flag in out:
-                    out[flag] = True
-            return out
-        if isinstance(doc, list):
-            return [relaxed(v) for v in doc]
-        return doc
-    return StructType.fromJson(relaxed(data_type.jsonValue()))
+    return StructType.fromJson(all_nullable(data_type.jsonValue()))
 
 
 def _recorded_confs(fs: CheckpointFileSystem, root: str, opts: StateSourceOptions) -> dict[str, str]:

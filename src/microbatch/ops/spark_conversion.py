@@ -66,7 +66,7 @@ from microbatch.operators.transform_with_state.schema import (
 from microbatch.ops.checkpoint_reader import CheckpointReader
 from microbatch.state.files import StateFiles
 from microbatch.state.spark_format import (
-    SparkStateStoreFiles, state_schema_path, state_schema_v2, store_options_from_conf,
+    SparkStateStoreFiles, all_nullable, state_schema_path, state_schema_v2, store_options_from_conf,
 )
 from microbatch.state.spark_format.rocksdb_families import MERGE_DELIMITERS, FamilyEncoding
 from microbatch.state.spark_format.rocksdb_writer import (
@@ -276,20 +276,6 @@ def _operators(ckpt: CheckpointReader, recorded: dict[str, str]) -> list[_Operat
     return found
 
 
-def _nullable(data_type):
-    """A Spark JSON type with every field nullable: Spark's schema check takes a stored
-    nullable field for the query's field either way."""
-    if isinstance(data_type, dict):
-        out = {k: _nullable(v) for k, v in data_type.items()}
-        for flag in ("nullable", "containsNull", "valueContainsNull"):
-            if flag in out:
-                out[flag] = True
-        return out
-    if isinstance(data_type, list):
-        return [_nullable(v) for v in data_type]
-    return data_type
-
-
 @dataclass(frozen=True)
 class _Task:
     """Stores of one partition at ``read_version`` written as ``write_version`` in Spark's
@@ -424,8 +410,8 @@ def _write_spark_metadata(ckpt: CheckpointReader, op: _Operator, batch: int) -> 
     for store in op.stores:
         schema = state_schema_path(ckpt.root, op.id, store.name)
         if not ckpt.fs.exists(schema):
-            ckpt.fs.write_bytes(schema, state_schema_v2(json.dumps(_nullable(store.spark_key.jsonValue())),
-                                                        json.dumps(_nullable(store.spark_value.jsonValue()))))
+            ckpt.fs.write_bytes(schema, state_schema_v2(json.dumps(all_nullable(store.spark_key.jsonValue())),
+                                                        json.dumps(all_nullable(store.spark_value.jsonValue()))))
     metadata = f"{ckpt.root}/state/{op.id}/_metadata/metadata"
     if not ckpt.fs.exists(metadata):
         info = {"operatorInfo": {"operatorId": op.id, "operatorName": op.name},

@@ -36,7 +36,7 @@ from microbatch.state.spark_format.rocksdb_families import (
     read_state_schema_v3, read_state_schemas_v3,
 )
 from microbatch.state.spark_format.schema_file import (
-    StateSchema, arrow_schema, arrow_type, parse_state_schema, read_state_schema, state_schema_path,
+    StateSchema, all_nullable, arrow_schema, arrow_type, parse_state_schema, read_state_schema, state_schema_path,
     state_schema_v2,
 )
 from microbatch.state.spark_format.unsafe_row import (
@@ -47,7 +47,7 @@ __all__ = [
     "SparkRocksDBFamilies", "families_options_from_conf", "parse_state_schema_v3",
     "read_operator_metadata_v2", "read_state_schema_v3", "read_state_schemas_v3",
     "SparkRocksDBStoreFiles", "SparkStateFormatError", "SparkStateStoreFiles", "StateSchema",
-    "arrow_schema", "arrow_type", "codec_name", "compress", "decode_row", "decompress", "encode_row",
+    "all_nullable", "arrow_schema", "arrow_type", "codec_name", "compress", "decode_row", "decompress", "encode_row",
     "encode_rows", "fixed_size", "hadoop_checksum_file", "offset_log_conf", "parse_state_schema",
     "read_state_schema", "rocksdb_store_options_from_conf", "row_decoder", "row_encoder",
     "state_schema_path", "state_schema_v2", "store_options_from_conf", "store_path",

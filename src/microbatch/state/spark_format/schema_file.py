@@ -179,6 +179,21 @@ def state_schema_v2(key_schema: dict | str, value_schema: dict | str) -> bytes:
     return _write_utf("v2") + _write_chunked(key) + _write_chunked(value)
 
 
+def all_nullable(data_type):
+    """A Spark JSON type (as ``DataType.jsonValue()`` gives) with every field, array element
+    and map value nullable: Spark's state schema check takes a stored nullable field for the
+    query's field either way, and its state reader reads every column nullable."""
+    if isinstance(data_type, dict):
+        out = {k: all_nullable(v) for k, v in data_type.items()}
+        for flag in ("nullable", "containsNull", "valueContainsNull"):
+            if flag in out:
+                out[flag] = True
+        return out
+    if isinstance(data_type, list):
+        return [all_nullable(v) for v in data_type]
+    return data_type
+
+
 # -- Spark's types as pyarrow storage types -------------------------------------------------
 def arrow_type(spark_type) -> pa.DataType:
     """Spark's JSON data type (a string or a dict, as ``DataType.json`` gives) as the
