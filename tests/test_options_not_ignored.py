@@ -158,7 +158,6 @@ DOCUMENTED_ROCKSDB_CONFS = [ROCKSDB + name for name in (
 
 #: documented, and neither honoured nor refused by microbatch yet (issue 59)
 OPEN = {
-    "maxRecordsPerPartition",
     *(ROCKSDB + name for name in ("compactOnCommit", "blockSizeKB", "lockAcquireTimeoutMs", "maxOpenFiles",
                                   "resetStatsOnLoad", "trackTotalNumberOfRows", "boundedMemoryUsage",
                                   "maxMemoryUsageMB", "writeBufferCacheRatio", "highPriorityPoolRatio",

@@ -55,6 +55,8 @@ def validate_stream_options(options: CaseInsensitiveOptions) -> None:  # noqa: C
             f"'subscribePattern' is '{value}'")
     if _has(options, "minPartitions") and _int(options, "minPartitions") <= 0:
         raise IllegalArgumentException("minPartitions must be positive")
+    if _has(options, "maxRecordsPerPartition") and _int(options, "maxRecordsPerPartition") <= 0:
+        raise IllegalArgumentException("maxRecordsPerPartition must be positive")
     if _has(options, "kafka.group.id"):
         log.warning("Kafka option 'kafka.group.id' has been set on this query, it is not "
                     "recommended to set this option. This option is unsafe to use since multiple "

@@ -16,7 +16,8 @@ The batch protocol (Spark's KafkaMicroBatchStream, the Direct approach):
    ``{"topic":{"partition":offset}}``.
 3. ``get_batch(start, end)`` turns the two offsets into ranges ``[from, until)`` per
    partition (a partition new since ``start`` from its earliest offset; data loss by
-   ``failOnDataLoss``), split into at least ``minPartitions`` pieces, and returns a
+   ``failOnDataLoss``), split into pieces of at most ``maxRecordsPerPartition`` offsets
+   and at least ``minPartitions`` pieces, and returns a
    DataFrame whose Spark tasks each fetch exactly one range with their own consumer.
    A replayed batch has the same offsets, so it reads the same ranges.
 
@@ -84,6 +85,7 @@ class KafkaSource(Source):
         self.include_headers = options.get_bool("includeHeaders", False)
         self.fail_on_data_loss = options.get_bool("failOnDataLoss", True)
         self.min_partitions = options.get_int("minPartitions", 0) or None
+        self.max_records_per_partition = options.get_int("maxRecordsPerPartition", 0) or None
         self.max_offsets = options.get_int("maxOffsetsPerTrigger", 0) or None
         self.min_offsets = options.get_int("minOffsetsPerTrigger", 0) or None
         self.max_trigger_delay_ms = time_string_as_ms(options.get("maxTriggerDelay", "15m"))
@@ -242,7 +244,8 @@ class KafkaSource(Source):
         log.warning("%s %s", reason, INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE)
 
     def offset_ranges(self, start: Any, end: Any) -> list[OffsetRange]:
-        """Spark's getOffsetRangesFromResolvedOffsets, then the minPartitions split."""
+        """Spark's getOffsetRangesFromResolvedOffsets, then the maxRecordsPerPartition and
+        minPartitions splits."""
         start_offsets = parse_offsets(start, "start offset")
         end_offsets = parse_offsets(end, "end offset")
         new = [tp for tp in end_offsets if tp not in start_offsets]
@@ -271,14 +274,15 @@ class KafkaSource(Source):
                     "may have been missed.")
                 continue
             ranges.append(OffsetRange(tp[0], tp[1], begin, until))
-        return split_ranges(ranges, self.min_partitions)
+        return split_ranges(ranges, self.min_partitions, self.max_records_per_partition)
 
     def _task_groups(self, ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
         # Spark runs a task per range; a Python task costs tens of ms more than a JVM one,
         # so ranges share tasks up to the cores (each task one consumer for its ranges),
-        # unless minPartitions asks for more
-        tasks = self.min_partitions or spark_internals.default_parallelism(self._context.spark)
-        return task_groups(ranges, max(tasks, len(ranges)) if self.min_partitions else tasks)
+        # unless minPartitions or maxRecordsPerPartition asks for more: then a task per range, as Spark
+        if self.min_partitions or self.max_records_per_partition:
+            return task_groups(ranges, max(self.min_partitions or 0, len(ranges)))
+        return task_groups(ranges, spark_internals.default_parallelism(self._context.spark))
 
     def get_batch(self, start: Any, end: Any) -> DataFrame:
         spark = self._context.spark

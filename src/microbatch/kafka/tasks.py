@@ -1,11 +1,12 @@
 """The Kafka source's Spark tasks: the offset ranges a batch reads (split for
-``minPartitions``, packed into tasks), the read of a task's ranges by a consumer in the
+``maxRecordsPerPartition`` and ``minPartitions``, packed into tasks), the read of a task's ranges by a consumer in the
 executor's Python worker (as Arrow batches with the source's columns), and the
 ``mapInArrow`` functions that run it."""
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -31,19 +32,45 @@ class OffsetRange:
         return self.until - self.start
 
 
-def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
-    """Spark's KafkaOffsetRangeCalculator: with ``minPartitions`` above the number of
-    ranges, split the large ones in proportion to their size."""
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
+                 max_records: int | None = None) -> list[OffsetRange]:
+    """Spark's KafkaOffsetRangeCalculator.getRanges (Spark 4.x): empty ranges dropped; a
+    range of more than ``maxRecordsPerPartition`` offsets split into
+    ``ceil(size / maxRecordsPerPartition)`` pieces; then, with ``minPartitions`` above
+    the number of ranges, the large ones split in proportion to their size (the small
+    ones, each worth one part, kept whole and left out of the proportion)."""
     ranges = [r for r in ranges if r.size > 0]
+    if max_records:
+        ranges = [piece for r in ranges for piece in _divided(r, -(-r.size // max_records))]
     if not min_partitions or min_partitions <= len(ranges):
         return ranges
     total = sum(r.size for r in ranges)
-    out = []
-    for r in ranges:
-        parts = max(1, round(r.size / total * min_partitions))
-        step = r.size / parts
-        bounds = [r.start + round(i * step) for i in range(parts)] + [r.until]
-        out += [OffsetRange(r.topic, r.partition, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    unsplit = [r for r in ranges if _part_count(r.size, total, min_partitions) == 1]
+    unsplit_partitions = {(r.topic, r.partition) for r in unsplit}   # (Spark keys them by topic-partition)
+    split_total = total - sum(r.size for r in unsplit)
+    split_min = max(min_partitions - len(unsplit), 1)
+    return [piece for r in ranges
+            for piece in _divided(r, 1 if (r.topic, r.partition) in unsplit_partitions
+                                  else _part_count(r.size, split_total, split_min))]
+
+
+def _part_count(size: int, total: int, parts: int) -> int:
+    """Spark's getPartCount: ``max(round(size / total * parts), 1)``, rounding half up as
+    Scala's math.round."""
+    return max(math.floor(size / total * parts + 0.5), 1)
+
+
+def _divided(r: OffsetRange, parts: int) -> list[OffsetRange]:
+    """Spark's getDividedPartition: ``parts`` pieces by integer division of what remains,
+    the last taking the remainder; empty pieces dropped."""
+    out, remaining, start = [], r.size, r.start
+    for part in range(parts):
+        this = remaining // (parts - part)
+        remaining -= this
+        end = min(start + this, r.until)
+        if end > start:
+            out.append(OffsetRange(r.topic, r.partition, start, end))
+        start = end
     return out
 
 
