@@ -94,6 +94,11 @@ class ColumnsKeys:
         return tuple(key)
 
 
+#: Nodes over a batch's relation that pass its rows' columns as they are, which a batch's
+#: hidden columns are exposed under (Spark's AddMetadataColumns passes them so).
+_PASSING_ROWS = ("Filter", "CollectMetrics")
+
+
 class BindablePlan:
     """An analysed plan with placeholder leaves, bound to each batch's DataFrames.
 
@@ -209,10 +214,11 @@ class BindablePlan:
         AddMetadataColumns exposes them: the batch's file relation (under the projection
         that orders its partition columns, if any) with its metadata columns added. A batch
         without such a relation (none of the source's files) has no rows: nulls stand in.
-        A filter over the batch (the one Spark's engine gives the scan: ``ScanFilter``)
-        stays over it."""
+        A filter over the batch (the one Spark's engine gives the scan: ``ScanFilter``) and
+        the observation of a watermark's event times over it (``CollectMetrics``) stay over
+        it."""
         plan, found, filters = given.plan, {}, []
-        while plan.getClass().getSimpleName() == "Filter":
+        while plan.getClass().getSimpleName() in _PASSING_ROWS:
             filters.append(plan)
             plan = plan.child()
         relation = plan.children().apply(0) if plan.getClass().getSimpleName() == "Project" else plan
