@@ -157,12 +157,7 @@ DOCUMENTED_ROCKSDB_CONFS = [ROCKSDB + name for name in (
     "compression")]
 
 #: documented, and neither honoured nor refused by microbatch yet (issue 59)
-OPEN = {
-    *(ROCKSDB + name for name in ("compactOnCommit", "blockSizeKB", "lockAcquireTimeoutMs", "maxOpenFiles",
-                                  "resetStatsOnLoad", "trackTotalNumberOfRows", "boundedMemoryUsage",
-                                  "maxMemoryUsageMB", "writeBufferCacheRatio", "highPriorityPoolRatio",
-                                  "allowFAllocate", "compression")),
-}
+OPEN: set[str] = set()
 
 
 def _source_text() -> str:

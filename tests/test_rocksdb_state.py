@@ -13,7 +13,9 @@ import pyarrow as pa
 import pytest
 
 from microbatch.state.rocksdb import RocksDBStateStoreProvider, TupleCodec, database
-from microbatch.state.store import EARLIER_ROCKSDB_PROVIDER, ROCKSDB_PROVIDER, StateStoreConf, StateStoreId
+from microbatch.state.store import (
+    EARLIER_ROCKSDB_PROVIDER, ROCKSDB_PROVIDER, RocksDBConfs, StateStoreConf, StateStoreId,
+)
 from stream_events import comparable, id_and_time, write_event_files
 from helpers import collect_batches, confs, json_stream
 
@@ -145,9 +147,9 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
     get the database (another task of the partition holds it) works on a private copy."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path / 'local'},{tmp_path / 'other'}")
     monkeypatch.setattr(database, "SHARED", {})
-    monkeypatch.setattr(database, "RELEASE_WAIT_S", 0.3)
     key, value = pa.schema([("k", pa.int64())]), pa.schema([("v", pa.int64())])
-    conf = StateStoreConf(min_deltas_for_snapshot=1, run_id="run")
+    # (a hand-over waited for 0.3 s: lockAcquireTimeoutMs)
+    conf = StateStoreConf(min_deltas_for_snapshot=1, run_id="run", rocksdb=RocksDBConfs(lock_wait_ms=300))
     store_id = StateStoreId(str(tmp_path / "state"), 0, 0)
     workers = [RocksDBStateStoreProvider(store_id, key, value, conf) for _ in range(2)]
 
@@ -190,7 +192,7 @@ def test_the_working_copy_lives_in_sparks_local_dir_shared_by_the_executors_work
     store = workers[0].get_store(3)
     assert store.get((7,)) == (21,)
     # while worker 0's task holds the database, worker 1 reads the same answer from a
-    # private copy, after waiting _RELEASE_WAIT_S for a hand-over that does not come
+    # private copy, after waiting lockAcquireTimeoutMs for a hand-over that does not come
     other = workers[1].get_store(3)
     assert other.get((7,)) == (21,) and workers[1].path != shared
     assert workers[1].opened["privateCopy"] == 1 and workers[1].opened["handOverWaitMs"] >= 250   # about 300

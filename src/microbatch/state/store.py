@@ -101,6 +101,9 @@ class StateStoreConf:
     rocksdb_block_cache_mb: int = 8
     rocksdb_write_buffer_mb: int = 16
     rocksdb_max_write_buffers: int = 2
+    #: The rest of Spark's RocksDB confs (``spark.sql.streaming.stateStore.rocksdb.*``), as
+    #: ``RocksDBConfs`` reads them; ``state/rocksdb/database.py`` says how each is honoured.
+    rocksdb: "RocksDBConfs" = field(default_factory=lambda: RocksDBConfs())
     #: How files written with an older value schema are read (a transformWithState's state,
     #: whose schema may evolve across restarts): "name" (Avro's rules, fields matched by
     #: name), "position" (Spark's unsafe-row encoding, fields by position), or "" (not at all).
@@ -115,18 +118,109 @@ class StateStoreConf:
     def from_session(cls, spark: Any) -> "StateStoreConf":
         get = spark.conf.get
         codec = get("spark.sql.streaming.stateStore.compression.codec", "lz4").lower()
+        provider = provider_name(get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER))
         return cls(
             min_deltas_for_snapshot=int(get("spark.sql.streaming.stateStore.minDeltasForSnapshot", "10")),
             min_versions_to_retain=int(get("spark.sql.streaming.minBatchesToRetain", "100")),
             max_versions_in_memory=int(get("spark.sql.streaming.maxBatchesToRetainInMemory", "2")),
             compression="zstd" if codec == "zstd" else "lz4",
-            provider_class=provider_name(get(PROVIDER_CLASS_CONF, DEFAULT_PROVIDER)),
+            provider_class=provider,
             rocksdb_block_cache_mb=_positive(get(f"{_ROCKSDB}.blockCacheSizeMB", "8"), 8),
             rocksdb_write_buffer_mb=_positive(get(f"{_ROCKSDB}.writeBufferSizeMB", "-1"), 16),
-            rocksdb_max_write_buffers=_positive(get(f"{_ROCKSDB}.maxWriteBufferNumber", "-1"), 2))
+            rocksdb_max_write_buffers=_positive(get(f"{_ROCKSDB}.maxWriteBufferNumber", "-1"), 2),
+            rocksdb=RocksDBConfs.from_conf(get) if provider == ROCKSDB_PROVIDER else RocksDBConfs())
 
 
 _ROCKSDB = "spark.sql.streaming.stateStore.rocksdb"
+
+
+@dataclass(frozen=True)
+class RocksDBConfs:
+    """Spark's RocksDB state store confs beyond the memory sizes, read and checked as Spark's
+    RocksDBConf reads them (its messages for a bad value). Spark reads them only for its
+    RocksDB provider, and so does microbatch: ``check`` runs when a query starts with it."""
+
+    compact_on_commit: bool = False          # compactOnCommit
+    block_size_kb: int = 4                   # blockSizeKB
+    #: lockAcquireTimeoutMs when set: how long a task waits for another Python worker to hand
+    #: the store's database over before it builds a private copy (microbatch's 5 s otherwise)
+    lock_wait_ms: int = 5000
+    max_open_files: int = -1                 # maxOpenFiles
+    reset_stats_on_load: bool = True         # resetStatsOnLoad
+    track_total_rows: bool = True            # trackTotalNumberOfRows
+    bounded_memory: bool = False             # boundedMemoryUsage
+    max_memory_mb: int = 500                 # maxMemoryUsageMB
+    write_buffer_cache_ratio: float = 0.5    # writeBufferCacheRatio
+    high_priority_pool_ratio: float = 0.1    # highPriorityPoolRatio
+    high_priority_pool_ratio_set: bool = False
+    allow_fallocate: bool = True             # allowFAllocate
+    compression: str = "lz4"                 # compression
+
+    @classmethod
+    def from_conf(cls, get) -> "RocksDBConfs":
+        """The confs as the session has them (``get(name, default)``), unchecked (``check``)."""
+        def raw(name: str, default: str) -> str:
+            return str(get(name, default)).strip()
+        ratio = raw(f"{_ROCKSDB}.highPriorityPoolRatio", "")
+        lock = raw(f"{_ROCKSDB}.lockAcquireTimeoutMs", "")
+        confs = cls(
+            compact_on_commit=_bool(raw(f"{_ROCKSDB}.compactOnCommit", "false"), f"{_ROCKSDB}.compactOnCommit"),
+            block_size_kb=_long(raw(f"{_ROCKSDB}.blockSizeKB", "4"), f"{_ROCKSDB}.blockSizeKB", positive=True),
+            lock_wait_ms=_long(lock, f"{_ROCKSDB}.lockAcquireTimeoutMs", positive=True) if lock else 5000,
+            max_open_files=_long(raw(f"{_ROCKSDB}.maxOpenFiles", "-1"), f"{_ROCKSDB}.maxOpenFiles",
+                                 kind="an integer"),
+            reset_stats_on_load=_bool(raw(f"{_ROCKSDB}.resetStatsOnLoad", "true"), f"{_ROCKSDB}.resetStatsOnLoad"),
+            track_total_rows=_bool(raw(f"{_ROCKSDB}.trackTotalNumberOfRows", "true"),
+                                   f"{_ROCKSDB}.trackTotalNumberOfRows"),
+            bounded_memory=_bool(raw(f"{_ROCKSDB}.boundedMemoryUsage", "false"), f"{_ROCKSDB}.boundedMemoryUsage"),
+            max_memory_mb=_long(raw(f"{_ROCKSDB}.maxMemoryUsageMB", "500"), f"{_ROCKSDB}.maxMemoryUsageMB",
+                                kind="a long"),
+            write_buffer_cache_ratio=_ratio(raw(f"{_ROCKSDB}.writeBufferCacheRatio", "0.5"),
+                                            f"{_ROCKSDB}.writeBufferCacheRatio"),
+            high_priority_pool_ratio=_ratio(ratio or "0.1", f"{_ROCKSDB}.highPriorityPoolRatio"),
+            high_priority_pool_ratio_set=bool(ratio),
+            allow_fallocate=_bool(raw(f"{_ROCKSDB}.allowFAllocate", "true"), f"{_ROCKSDB}.allowFAllocate"),
+            compression=raw(f"{_ROCKSDB}.compression", "lz4"))
+        if confs.bounded_memory and confs.high_priority_pool_ratio_set:
+            from microbatch.errors import UnsupportedOperationError
+            raise UnsupportedOperationError(
+                f"{_ROCKSDB}.highPriorityPoolRatio cannot be honoured by microbatch's RocksDB state "
+                "store: under boundedMemoryUsage Spark reserves that share of the shared block "
+                "cache for index and filter blocks, and the block cache microbatch's RocksDB "
+                "(rocksdict) makes takes a capacity only. Unset highPriorityPoolRatio (the cache "
+                "then splits as RocksDB's default does), or set boundedMemoryUsage=false.")
+        return confs
+
+
+def _invalid(name: str, what: str) -> IllegalArgumentException:
+    """Spark's RocksDBConf message, which names the conf in lower case (its confs map)."""
+    return IllegalArgumentException(f"Invalid value for '{name.lower()}', must be {what}")
+
+
+def _bool(value: str, name: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise _invalid(name, "boolean")
+    return value.lower() == "true"
+
+
+def _long(value: str, name: str, positive: bool = False, kind: str = "a positive integer") -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise _invalid(name, kind) from None
+    if positive and number < 0:   # (Spark's "positive" confs take 0)
+        raise _invalid(name, kind)
+    return number
+
+
+def _ratio(value: str, name: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise _invalid(name, "a ratio between 0.0 and 1.0") from None
+    if not 0.0 <= number <= 1.0:
+        raise _invalid(name, "a ratio between 0.0 and 1.0")
+    return number
 
 
 def _positive(value: str, default: int) -> int:
@@ -146,6 +240,9 @@ class StateStoreMetrics:
     commit_time_ms: int = 0
     #: Provider-specific metrics (progress ``customMetrics``), e.g. the map cache's hits.
     custom: dict[str, int] = field(default_factory=dict)
+    #: False where the provider does not count its rows (Spark's RocksDB provider under
+    #: ``trackTotalNumberOfRows=false``): the operator's ``numRowsTotal`` is then 0, as Spark's
+    rows_tracked: bool = True
 
 
 class StateStore(ABC):
@@ -363,6 +460,7 @@ def unload_all() -> None:
 def task_metrics(partition: int, store_metrics: StateStoreMetrics, **counts) -> dict:
     """What a state task adds to its operator's accumulator: Spark's progress fields,
     the provider's custom metrics, and the partition that committed."""
+    untracked = {} if store_metrics.rows_tracked else {"numRowsTotal": 0}
     return {"numRowsTotal": store_metrics.num_keys, "commitTimeMs": store_metrics.commit_time_ms,
             "memoryUsedBytes": store_metrics.memory_used_bytes, "numStateStoreInstances": 1,
-            **store_metrics.custom, **counts, f"partition_{partition}": 1}
+            **store_metrics.custom, **counts, **untracked, f"partition_{partition}": 1}

@@ -138,9 +138,11 @@ class JoinTask(StateTask):
             yield self._output(output)
         total = memory = commit_ms = 0
         custom: dict[str, int] = {}
+        tracked = True
         for name, store in stores.items():
             store.commit()
             m = store.metrics()
+            tracked = tracked and m.rows_tracked
             if name.endswith("keyWithIndexToValue"):
                 total += m.num_keys
             memory += m.memory_used_bytes
@@ -148,7 +150,7 @@ class JoinTask(StateTask):
             for key, value in m.custom.items():
                 custom[key] = custom.get(key, 0) + value
         combined = StateStoreMetrics(num_keys=total, memory_used_bytes=memory, commit_time_ms=commit_ms,
-                                     custom=custom)
+                                     custom=custom, rows_tracked=tracked)
         self.finish(partition, combined, numRowsUpdated=updated, numRowsRemoved=removed,
                     allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
                     numRowsDroppedByWatermark=late, numStateStoreInstances=len(stores))

@@ -123,19 +123,20 @@ class TransformWithStateTask(StateTask):
         ttl_removed = handle._remove_expired()
         counts.removed += ttl_removed
         updates_ms = (time.monotonic() - started) * 1000
-        total, memory, commit_ms = 0, 0, 0
+        total, memory, commit_ms, tracked = 0, 0, 0, True
         for name, store in list(stores.items()) + [(TIMERS_STORE, timers)]:
             variable = next((v for v in self.variables if v.name == name), None)
             if variable is not None and variable.kind == MAP:   # (read before the commit ends the store's use)
                 total += sum(len(value[0] or []) for _, value in store.iterator())
             store.commit()
             m = store.metrics()
+            tracked = tracked and m.rows_tracked
             memory += m.memory_used_bytes
             commit_ms += m.commit_time_ms
             if variable is not None and variable.kind != MAP:
                 total += m.num_keys
         kinds = [(v.kind, v.ttl_ms is not None) for v in self.variables]
-        self.finish(partition, _combined(total, memory, commit_ms),
+        self.finish(partition, _combined(total, memory, commit_ms, tracked),
                     numRowsUpdated=counts.updated, numRowsRemoved=counts.removed,
                     numRowsDroppedByWatermark=late, allUpdatesTimeMs=int(updates_ms),
                     numRegisteredTimers=counts.registered_timers, numDeletedTimers=counts.deleted_timers,
@@ -244,6 +245,7 @@ class TransformWithStateTask(StateTask):
         return {n: storage_value(v) for n, v in zip(names, values)}
 
 
-def _combined(total: int, memory: int, commit_ms: int):
+def _combined(total: int, memory: int, commit_ms: int, tracked: bool = True):
     from microbatch.state.store import StateStoreMetrics
-    return StateStoreMetrics(num_keys=total, memory_used_bytes=memory, commit_time_ms=commit_ms, custom={})
+    return StateStoreMetrics(num_keys=total, memory_used_bytes=memory, commit_time_ms=commit_ms, custom={},
+                             rows_tracked=tracked)

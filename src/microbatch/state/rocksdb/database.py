@@ -25,9 +25,9 @@ INSTANCES = itertools.count()
 META = b"\x00microbatch"
 FIRST_KEY = b"\x01"
 #: A process that wants a database another process keeps open creates ``<path>.release``
-#: and retries for this long; the holder's watcher thread closes it between tasks.
+#: and retries (for ``lockAcquireTimeoutMs`` when set, else 5 s: ``RocksDBConfs.lock_wait_ms``);
+#: the holder's watcher thread closes it between tasks.
 RELEASE_REQUEST = ".release"
-RELEASE_WAIT_S = 5.0
 KEPT_OPEN: set = set()       # providers of this process keeping their database open
 #: One snapshot at a time in a worker process: each holds a chunk of rows and its whole
 #: compressed file in memory until the write (a worker killed at 50M keys under a 1 GB
@@ -69,20 +69,76 @@ def local_root() -> str:
     return root
 
 
+def _shared_memory(conf: StateStoreConf):
+    """The block cache this worker process's stores share, and the write buffer manager
+    that charges their memtables to it under ``boundedMemoryUsage`` (else None), as Spark's
+    RocksDBMemoryManager: one cache of ``maxMemoryUsageMB`` for every store of the
+    executor, memtables capped at ``writeBufferCacheRatio`` of it; without the bound, a
+    cache of ``blockCacheSizeMB`` and memtables sized each by their own confs. Kept per
+    setting, so a query with other settings in the same worker gets its own."""
+    from rocksdict import Cache, WriteBufferManager
+    rocks = conf.rocksdb
+    if rocks.bounded_memory:
+        key = ("bounded", rocks.max_memory_mb, rocks.write_buffer_cache_ratio)
+        if key not in SHARED:
+            total = rocks.max_memory_mb << 20
+            cache = Cache(total)
+            SHARED[key] = (cache, WriteBufferManager.new_write_buffer_manager_with_cache(
+                int(total * rocks.write_buffer_cache_ratio), False, cache))
+        return SHARED[key]
+    key = ("cache", conf.rocksdb_block_cache_mb)
+    if key not in SHARED:   # one block cache for every store of this worker process
+        SHARED[key] = (Cache(conf.rocksdb_block_cache_mb << 20), None)
+    return SHARED[key]
+
+
+def _base_options():
+    from rocksdict import Options
+    return Options(raw_mode=True)
+
+
+def _options_without_fallocate(cache):
+    """Options with ``allow_fallocate`` off (``allowFAllocate=false``): rocksdict has no
+    setter for it, so they are loaded from an options file of this worker's that says so
+    (RocksDB's own format; everything else is set after, as for the other options)."""
+    from rocksdict import Env, Options
+    template = os.path.join(local_root(), "options-no-fallocate")
+    if not os.path.exists(os.path.join(template, "OPTIONS-000001")):
+        os.makedirs(template, exist_ok=True)
+        part = os.path.join(template, f"OPTIONS-000001.{os.getpid()}")
+        with open(part, "w") as out:
+            out.write("[Version]\n  rocksdb_version=9.8.4\n  options_file_version=1.1\n\n"
+                      "[DBOptions]\n  allow_fallocate=false\n\n[CFOptions \"default\"]\n\n"
+                      "[TableOptions/BlockBasedTable \"default\"]\n")
+        os.replace(part, os.path.join(template, "OPTIONS-000001"))
+    options, _ = Options.load_latest(template, Env(), False, cache)
+    return options
+
+
 def _options(conf: StateStoreConf):
-    from rocksdict import BlockBasedOptions, Cache, Options
-    cache = SHARED.get("cache")
-    if cache is None:   # one block cache for every store of this worker process
-        cache = SHARED["cache"] = Cache(conf.rocksdb_block_cache_mb << 20)
+    """The database's options: microbatch's tuning, then Spark's RocksDB confs as its
+    RocksDB instance takes them (``blockSizeKB``, ``maxOpenFiles``, ``compression``,
+    ``allowFAllocate``, the bounded memory's shared cache and write buffer manager, with
+    index and filter blocks in the cache and level 0's pinned there)."""
+    from rocksdict import BlockBasedOptions
+    rocks = conf.rocksdb
+    cache, manager = _shared_memory(conf)
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)   # a new key (most of a dedup's) is decided in memory
     table.set_block_cache(cache)
-    options = Options(raw_mode=True)
+    table.set_block_size(rocks.block_size_kb << 10)
+    if manager is not None:
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    options = _base_options() if rocks.allow_fallocate else _options_without_fallocate(cache)
     options.create_if_missing(True)
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(conf.rocksdb_write_buffer_mb << 20)
     options.set_max_write_buffer_number(conf.rocksdb_max_write_buffers)
-    options.set_compression_type(_compression(conf.compression))
+    if manager is not None:
+        options.set_write_buffer_manager(manager)
+    options.set_max_open_files(rocks.max_open_files)
+    options.set_compression_type(compression_type(rocks.compression))
     options.increase_parallelism(2)
     # Level 1 of half a memtable (RocksDB's default is 256 MB): a partition's database
     # is tens to hundreds of MB, so with the default all of it sat in level 1 and every
@@ -106,6 +162,12 @@ def open_database(path: str, conf: StateStoreConf):
     return Rdict(path, _options(conf), column_families={"default": _options(conf)})
 
 
-def _compression(codec: str):
+#: ``spark.sql.streaming.stateStore.rocksdb.compression``'s names, as RocksDB's Java
+#: CompressionType.getCompressionType reads them (its library names); any other name is no
+#: compression there too
+_COMPRESSIONS = {"snappy": "snappy", "z": "zlib", "bzip2": "bz2", "lz4": "lz4", "lz4hc": "lz4hc", "zstd": "zstd"}
+
+
+def compression_type(name: str):
     from rocksdict import DBCompressionType
-    return DBCompressionType.zstd() if codec == "zstd" else DBCompressionType.lz4()
+    return getattr(DBCompressionType, _COMPRESSIONS.get(name, "none"))()

@@ -55,13 +55,16 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         #: since its last task of the partition), waiting for another worker to hand it
         #: over, in how long, or on a private copy (the store metrics' ``rocksdbOpen*``)
         self.opened = {"opened": 0, "handOverWaitMs": 0, "openMs": 0, "privateCopy": 0}
+        #: gets and puts since this provider was made: what the store metrics report under
+        #: resetStatsOnLoad=false, as Spark's RocksDB instance's statistics, never reset
+        self.ops_since_made = {"get": 0, "put": 0}
 
     # -- the database ------------------------------------------------------------------
     def _open(self) -> None:
         """Open the store's database, or keep the one this process kept open since its last
         task of the partition (nobody else could write it meanwhile). Another worker
         process that holds it open is asked to release it (a request file its watcher
-        thread answers between tasks); if it does not within ``database.RELEASE_WAIT_S`` (it runs
+        thread answers between tasks); if it does not within ``lockAcquireTimeoutMs`` (it runs
         a task of the partition: a speculative or retried one), this task works on a
         private copy built from the files. Reads the version it holds from its own record."""
         with self._lock:
@@ -70,7 +73,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             if self.db is not None:
                 return
         started = time.monotonic()
-        deadline = started + database.RELEASE_WAIT_S
+        deadline = started + self.conf.rocksdb.lock_wait_ms / 1000   # (lockAcquireTimeoutMs)
         asked = None                      # when this process first found the database held
         while True:
             try:
@@ -296,7 +299,11 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             previous[data] = held[key]
         self._apply(version + 1, changes, previous)
         done = time.monotonic()
-        return {"changelog": int((changelog - started) * 1000), "writeBatch": int((done - changelog) * 1000)}
+        if self.conf.rocksdb.compact_on_commit:   # Spark's compactOnCommit: the whole range, every commit
+            self.db.compact_range(None, None)
+        compacted = time.monotonic()
+        return {"changelog": int((changelog - started) * 1000), "writeBatch": int((done - changelog) * 1000),
+                "compact": int((compacted - done) * 1000)}
 
     # -- maintenance --------------------------------------------------------------------------
     def _snapshot_due(self) -> bool:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from microbatch.state.files import REMOVED, to_struct_array
 from microbatch.state.rocksdb import database
 from microbatch.state.rocksdb.codec import TupleCodec
-from microbatch.state.store import Key, StateStore, StateStoreId, StateStoreMetrics, Value, table_rows
+from microbatch.state.store import Key, StateStore, StateStoreConf, StateStoreId, StateStoreMetrics, Value, table_rows
 
 _MISSING = REMOVED
 
@@ -28,6 +28,8 @@ class StoreDatabase(Protocol):
     db: object
     num_keys: int
     opened: dict
+    ops_since_made: dict
+    conf: StateStoreConf
 
     def load(self, version: int) -> bool: ...
     def commit(self, version: int, pending: dict, held: dict, arrays=None) -> dict: ...
@@ -190,12 +192,18 @@ class RocksDBStateStore(StateStore):
         self._committed = True
         removed = sum(1 for v in pending.values() if v is _MISSING)
         provider = self.provider
+        ops = provider.ops_since_made
+        ops["get"] += self._gets
+        ops["put"] += self._puts
+        if not provider.conf.rocksdb.reset_stats_on_load:   # counted since the provider was made, as Spark's
+            self._gets, self._puts = ops["get"], ops["put"]
         self._metrics = StateStoreMetrics(
             num_keys=provider.num_keys, num_updated=len(pending) - removed, num_removed=removed,
             memory_used_bytes=provider.memory_used_bytes(), commit_time_ms=sum(timings.values()),
             custom={"rocksdbGetCount": self._gets, "rocksdbPutCount": self._puts,
                     "rocksdbCommitWriteBatchLatency": timings["writeBatch"],
                     "rocksdbCommitChangelogLatency": timings["changelog"],
+                    "rocksdbCommitCompactLatency": timings["compact"],
                     "rocksdbSstFileSize": provider.sst_bytes(),
                     "rocksdbLoadedFromMemoryCount": int(self._cache_hit),
                     "rocksdbLoadedFromCheckpointCount": int(not self._cache_hit),
@@ -204,7 +212,8 @@ class RocksDBStateStore(StateStore):
                     "rocksdbOpenedCount": provider.opened["opened"],
                     "rocksdbOpenLatencyMs": provider.opened["openMs"],
                     "rocksdbHandOverWaitMs": provider.opened["handOverWaitMs"],
-                    "rocksdbPrivateCopyCount": provider.opened["privateCopy"]})
+                    "rocksdbPrivateCopyCount": provider.opened["privateCopy"]},
+            rows_tracked=provider.conf.rocksdb.track_total_rows)
         provider.release()
         return self.version + 1
 
