@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from microbatch.operators.aggregate.spec import PANDAS_UDAF
 from microbatch.operators.aggregate.step import AggregateStep
 from microbatch import spark_internals
 from microbatch.plan.checks import output_mode_error, unsupported_operation
@@ -80,6 +81,10 @@ class Aggregate(StatefulNode):
             return output_mode_error("update", "session window streaming aggregations")   # (Spark: the top one)
         if mode == "append" and self.event_time_key is None:
             return output_mode_error("append", "streaming aggregations without watermark")
+        if any(call.function == PANDAS_UDAF for call in self.spec.calls):
+            # Spark's StatefulAggregationStrategy, as it plans the first batch
+            # (QueryCompilationErrors.groupAggPandasUDFUnsupportedByStreamingAggError)
+            return spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_3067")
         return None
 
     def affected_by_late_rows(self) -> bool:

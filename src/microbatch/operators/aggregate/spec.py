@@ -150,6 +150,10 @@ class AggregateSpec:
         return sum(len(b) for b in self.buffer_names)
 
 
+#: Spark's aggregate function of a group aggregate pandas (or Arrow) UDF
+PANDAS_UDAF = "PythonUDAF"
+
+
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -159,6 +163,11 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
     if found.distinct:
         raise AnalysisException("Distinct aggregations are not supported on streaming "
                                 "DataFrames/Datasets. Consider using approx_count_distinct() instead.;")
+    if name == PANDAS_UDAF:
+        # a group aggregate pandas or Arrow UDF: Spark's engine refuses it when it plans the
+        # query's first batch, and the aggregation refuses it at start (Aggregate's
+        # output_mode_refusal); a stand-in that is never run meanwhile
+        return AggCall(name, found.sql, ("count(1)",), "sum", "NULL")
     if name in REFUSED:
         raise UnsupportedOperationError(
             f"The aggregate function {pretty} (in {found.sql}) is not supported in a streaming "
