@@ -420,8 +420,9 @@ class StreamFrame:
                               side_columns=columns, side_times=times, side_qualifiers=qualifiers,
                               engine_times=engine_event_times(template, columns, times))
         else:
+            others: list = []
             try:
-                pairs, comparisons = spark_internals.join_condition(template)
+                pairs, comparisons = spark_internals.join_condition(template, others)
             except ValueError as e:
                 raise not_yet(f"A stream-stream join on this condition ({e}: only equal columns of the "
                               "two sides and time comparisons between them are planned so far)",
@@ -429,13 +430,15 @@ class StreamFrame:
             if not pairs:
                 raise AnalysisException(
                     "Stream-stream join without equality predicate is not supported;")
+            extra = self._join_condition_parts(other, template, others)
             keys = (tuple(columns[0][i] for i, _ in pairs), tuple(columns[1][j] for _, j in pairs))
             times = (self._watermarked_column(keys[0]), other._watermarked_column(keys[1]))
             node = StreamJoin(self._plan, other._plan, keys[0], kind, right_keys=keys[1],
                               comparisons=tuple(comparisons), condition=on, side_columns=columns,
                               side_times=times, side_qualifiers=qualifiers,
                               engine_times=engine_event_times(template, columns, times),
-                              positions=(_positions(self._template, on), _positions(other._template, on)))
+                              positions=(_positions(self._template, on), _positions(other._template, on)),
+                              **extra)
         check_source_names(node)
         sides = {}
         if not node.using and not spark_internals.is_connect(template):
@@ -448,6 +451,39 @@ class StreamFrame:
                 sides.update({i: len(left) + n for n, i in enumerate(spark_internals.output_attribute_ids(other._template))
                               if i not in own and i not in sides})
         return StreamFrame(self._session, node, template, sides)
+
+    def _join_condition_parts(self, other: "StreamFrame", template: DataFrame, others: list) -> dict:
+        """The parts of a stream-stream join's condition beside its keys and time comparisons
+        (``a.num >= b.maxn``), as ``StreamJoin`` keeps them: a part reading one side's
+        columns only as SQL text over that side (``side_conditions``), a part of both sides
+        as the tree the join's task evaluates (``pair_conditions``), and the columns Spark
+        infers "not null" for from them (``condition_nulls``). A part the task cannot
+        evaluate is refused, named."""
+        if not others:
+            return {}
+        parts, nulls = spark_internals.join_condition_parts(template, others)
+        sides: tuple[list[str], list[str]] = ([], [])
+        bounds: tuple[list, list] = ([], [])
+        trees = []
+        for part in parts:
+            if part.side is not None:
+                try:    # (read back over the side's columns, as the join's task gets them)
+                    _ = (self, other)[part.side]._template.where(F.expr(part.sql)).schema
+                except Exception:  # noqa: BLE001 - a part that does not read back alone: named below
+                    raise not_yet(f"A stream-stream join on this condition ('{part.sql}' does not read back over "
+                                  "its side's columns alone)", "more stream-stream join conditions") from None
+                sides[part.side].append(part.sql)
+                bounds[part.side].append(part.bound_ms)
+            elif part.tree is None:
+                raise not_yet(f"A stream-stream join on this condition ({part.refusal}: the parts that read both "
+                              "sides are comparisons, AND, OR, NOT, IN, IS NULL over columns, literals, numeric "
+                              "casts and +, -, * so far)", "more stream-stream join conditions")
+            else:
+                trees.append(part.tree)
+        names = (self.columns, other.columns)
+        return {"side_conditions": (tuple(sides[0]), tuple(sides[1])), "side_bounds": (tuple(bounds[0]), tuple(bounds[1])),
+                "pair_conditions": tuple(trees),
+                "condition_nulls": tuple(tuple(names[side][i] for i in nulls[side]) for side in (0, 1))}
 
     def _watermarked_column(self, keys: tuple[str, ...] = ()) -> str | None:
         """The column of this stream that carries its watermark, as Spark's analysis marks

@@ -52,6 +52,7 @@ from microbatch.spark_internals.relations import (
     FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
 )
 from microbatch.spark_internals.eliminated_joins import outer_joins_eliminated
+from microbatch.spark_internals.join_conditions import ConditionPart, join_condition_parts
 from microbatch.spark_internals.inferred_filters import join_inferred_filters, optimized_plan, stream_without_data
 from microbatch.spark_internals.session import (
     arrow_batches_by_rows, cloned_session, job_tags, session_settings,
@@ -79,7 +80,7 @@ __all__ = [
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
     "foreach_batch_user_error", "grouping_column_names", "grouping_columns", "hyperloglog_tables",
-    "is_foreach_user_error", "job_tags", "join_condition", "jvm_class", "jvm_started",
+    "is_foreach_user_error", "job_tags", "join_condition", "join_condition_parts", "ConditionPart", "jvm_class", "jvm_started",
     "jvm_throwable", "managed_table_location", "map_in_arrow_function", "observation_row", "parse_schema_ddl",
     "processing_time_ms", "projected_function", "projections_keep_column", "python_data_source",
     "python_proxy_error", "python_row", "query_exception", "query_execution", "row_json",
@@ -160,6 +161,7 @@ grouping_set_filters = _by_kind(grouping_set_filters, _c_analysis.no_conjuncts)
 conjuncts_through_aggregation = _by_kind(conjuncts_through_aggregation, _c_analysis.no_conjuncts)   # (Connect: none)
 schema_tree = _by_kind(schema_tree, _c_analysis.schema_tree)
 join_condition = _by_kind(join_condition, _refused("A join"))
+join_condition_parts = _by_kind(join_condition_parts, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
 semi_join_branches = _by_kind(semi_join_branches, _refused("A join"))
 pruned_from_joins = _by_kind(pruned_from_joins, _refused("A join"))

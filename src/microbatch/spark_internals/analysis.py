@@ -44,10 +44,12 @@ class TimeTerm:
     offset_us: int
 
 
-def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, TimeTerm, TimeTerm]]]:  # noqa: C901 - one walk of the condition; its helpers share the sides
+def join_condition(joined: Any, others: list | None = None) -> tuple[list[tuple[int, int]], list[tuple[str, TimeTerm, TimeTerm]]]:  # noqa: C901 - one walk of the condition; its helpers share the sides
     """The equality keys (left index, right index) and the time comparisons
     (op, lhs, rhs) of ``left.join(right, condition)``, read from Spark's analyzed ``Join``;
-    ValueError naming the part of the condition that is neither."""
+    ValueError naming the part of the condition that is neither, unless ``others`` is
+    given: such parts are then appended to it (Spark's expressions, for
+    ``join_condition_parts``)."""
     plan = joined._jdf.queryExecution().analyzed()
     if plan.getClass().getSimpleName() != "Join" or plan.condition().isEmpty():
         raise ValueError("the join has no condition")
@@ -119,7 +121,17 @@ def join_condition(joined: Any) -> tuple[list[tuple[int, int]], list[tuple[str, 
                 return
         raise ValueError(f"'{e.toString()}'")
 
-    split(plan.condition().get())
+    def part(e: Any) -> None:
+        if others is None:
+            split(e)
+            return
+        try:
+            split(e)
+        except ValueError:
+            others.append(e)
+
+    for conjunct in _conjuncts(plan.condition().get()):
+        part(conjunct)
     return keys, comparisons
 
 

@@ -20,13 +20,13 @@ watermark are evicted — by the key, when a join key is a watermarked event tim
 the side's state value watermark from the time comparisons — an outer side's rows that
 never matched coming out with nulls; and the four stores commit version N+1.
 """
-from microbatch.operators.join.node import (StreamJoin, engine_event_times, filters_pushed_into_joins, join_filters_inferred,
+from microbatch.operators.join.node import (StreamJoin, condition_sides_pushed, engine_event_times, filters_pushed_into_joins, join_filters_inferred,
                                             joins_null_filtered, joins_times_pruned, outer_joins_eliminated,
                                             semi_joins_through_unions,
                                             with_null_filters)
 from microbatch.operators.join.step import JOIN_SIDE_TAGS, JoinStep, JoinTask, join_statistics_column
 
-__all__ = ["JOIN_SIDE_TAGS", "JoinStep", "JoinTask", "StreamJoin", "engine_event_times", "filters_pushed_into_joins", "join_filters_inferred",
+__all__ = ["JOIN_SIDE_TAGS", "JoinStep", "JoinTask", "StreamJoin", "condition_sides_pushed", "engine_event_times", "filters_pushed_into_joins", "join_filters_inferred",
            "join_statistics_column", "joins_null_filtered", "joins_times_pruned", "outer_joins_eliminated",
            "semi_joins_through_unions",
            "with_null_filters"]

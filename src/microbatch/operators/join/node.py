@@ -57,6 +57,21 @@ class StreamJoin(StatefulNode):
     #: per side: whether Spark's optimizer prunes its event time from the join's input
     #: (``joins_times_pruned``), so that Spark's join exec sees no event time on it
     times_pruned: tuple = (False, False)
+    #: the condition's parts beside its keys and time comparisons (``a.num >= b.maxn``): per
+    #: side, as SQL text over its columns, those reading that side only; Spark's join exec
+    #: filters the side's new rows by them (a row failing them is never stored, and comes
+    #: out at once with nulls on an outer side), where its optimizer has not pushed them
+    #: into the side (``condition_sides_pushed``)
+    side_conditions: tuple = ((), ())
+    #: per side, beside each of ``side_conditions``: the state value watermark (ms) Spark's
+    #: StreamingJoinHelper finds in it while it stays in the condition (``num > 2``: 2000,
+    #: a literal read as seconds), else None
+    side_bounds: tuple = ((), ())
+    #: the parts reading both sides, as the task evaluates them on a pair
+    #: (``spark_internals.join_condition_parts``; ``step.evaluate``)
+    pair_conditions: tuple = ()
+    #: per side: the columns Spark infers "not null" for from those parts
+    condition_nulls: tuple = ((), ())
 
     def __post_init__(self):
         if not self.right_keys:
@@ -205,6 +220,7 @@ class StreamJoin(StatefulNode):
                 continue   # Spark substitutes only the watermarked column
             value = int((watermark_ms * 1000 + a.offset_us - b.offset_us) / 1000)
             found.append(value - 1 if op == "<=" else value)
+        found += [b for b in self.side_bounds[side] if b is not None]
         return min(found) if found else None
 
     def output_watermark_ms(self, watermark_ms: int) -> int:
@@ -255,6 +271,7 @@ def with_null_filters(join: StreamJoin) -> StreamJoin:
             for t in (a, b):
                 if t.side == side and columns[t.index] not in names:
                     names.append(columns[t.index])
+        names += [c for c in join.condition_nulls[side] if c not in names]
         for timed in (False, True):   # the event time's filter outermost
             for k in names:
                 if (k.lower() == event_time) == timed:
@@ -262,6 +279,34 @@ def with_null_filters(join: StreamJoin) -> StreamJoin:
                     plan = NullFilter(plan, "where", (condition,), column=k)
         sides[side] = plan
     return dataclasses.replace(join, left=sides[0], right=sides[1])
+
+
+#: the sides into which Spark's optimizer pushes a join condition's parts that read that
+#: side only (PushPredicateThroughJoin); the others stay in the join's condition
+_CONDITION_PUSHED_SIDES = {"inner": (0, 1), "semi": (0, 1), "left": (1,), "right": (0,), "full": ()}
+
+
+def condition_sides_pushed(plan: PlanNode) -> PlanNode:
+    """A rewrite the planner makes once per run: the parts of each stream-stream join's
+    condition that read one side only, as filters on that side (below the join, and from
+    there below the side's watermark where they do not read its event time), where
+    Spark's optimizer pushes them (PushPredicateThroughJoin: both sides of an inner or
+    left semi join, the right side of a left outer join, the left of a right outer one);
+    the join keeps the others, which its exec checks on the side's new rows."""
+    plan = children_replaced(plan, [condition_sides_pushed(c) for c in plan.children])
+    if not isinstance(plan, StreamJoin) or not any(plan.side_conditions):
+        return plan
+    sides, kept, bounds = [plan.left, plan.right], [(), ()], [(), ()]
+    for side in (0, 1):
+        parts = plan.side_conditions[side]
+        if not parts:
+            continue
+        if side in _CONDITION_PUSHED_SIDES.get(plan.how, ()):
+            sides[side] = Transform(sides[side], "where", (F.expr(" AND ".join(f"({p})" for p in parts)),))
+        else:
+            kept[side], bounds[side] = parts, plan.side_bounds[side]
+    return dataclasses.replace(plan, left=sides[0], right=sides[1], side_conditions=tuple(kept),
+                               side_bounds=tuple(bounds))
 
 
 def joins_null_filtered(plan: PlanNode) -> PlanNode:

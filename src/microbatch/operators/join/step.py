@@ -1,6 +1,7 @@
 """A stream-stream join's step and task (``operators.join`` says what they do)."""
 from __future__ import annotations
 
+import decimal
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -54,6 +55,13 @@ class JoinTask(StateTask):
     #: and a matched left row evicted at once (it can match nothing more); before 4.2, the
     #: left side first, as the other joins, and left rows kept until the watermark
     semi_evicts_matched: bool = True
+    #: per side: whether its rows carry ``__f``, the condition's parts that read that side
+    #: only (Spark's pre-join filter): a row failing them is never stored nor joined, and
+    #: comes out at once with nulls on an outer side
+    pre_filtered: tuple = (False, False)
+    #: the condition's parts that read both sides (beside the keys and time comparisons),
+    #: as trees ``evaluate`` reads: a pair matches only where each is true
+    pair_conditions: tuple = ()
 
     def _stores(self, partition: int) -> dict[str, Any]:
         counts = pa.schema([pa.field("value", pa.int64())])
@@ -66,9 +74,10 @@ class JoinTask(StateTask):
                 stores[name] = self.store(partition, key, value, name)
         return stores
 
-    def _side_rows(self, table: pa.Table, side: int, partition: int) -> tuple[list, list, int]:
-        """A side's (keys, rows) without its late rows, and how many were late; the
-        event-time statistics of all its rows reported, when the task reports them."""
+    def _side_rows(self, table: pa.Table, side: int, partition: int) -> tuple[list, list, int, list | None]:
+        """A side's (keys, rows) without its late rows, how many were late, and whether each
+        passes the side's pre-join filter (None: it has none); the event-time statistics of
+        all its rows reported, when the task reports them."""
         prefix = "__l" if side == 0 else "__r"
         rows_table = table.filter(pc.equal(table.column("__side"), side))
         if self.event_time_stats[side] is not None:
@@ -80,12 +89,15 @@ class JoinTask(StateTask):
                           for i, f in enumerate(self.key_schema)]))
         rows = list(zip(*[state_values(rows_table.column(f"{prefix}{j}"), f.type)
                           for j, f in enumerate(self.row_schemas[side])]))
+        passes = rows_table.column("__f").to_pylist() if self.pre_filtered[side] else None
         time_index = self.event_times[side]
         if time_index is None or self.late_us is None:
-            return keys, rows, 0
-        kept = [(k, r) for k, r in zip(keys, rows)
-                if (t := _time_us(r[time_index])) is None or t > self.late_us]
-        return [k for k, _ in kept], [r for _, r in kept], len(rows) - len(kept)
+            return keys, rows, 0, passes
+        on_time = [(t := _time_us(r[time_index])) is None or t > self.late_us for r in rows]
+        if passes is not None:
+            passes = [p for p, kept in zip(passes, on_time) if kept]
+        return ([k for k, kept in zip(keys, on_time) if kept], [r for r, kept in zip(rows, on_time) if kept],
+                len(rows) - sum(on_time), passes)
 
     def _behind_watermark(self, key: tuple, row: tuple = (), side: int = 0) -> bool:
         """Spark's state watermark predicates: the key's, or the side's value predicate."""
@@ -123,9 +135,9 @@ class JoinTask(StateTask):
         if batches:
             table = pa.Table.from_batches(batches)
             for side in ((1, 0) if self.how == "semi" and self.semi_evicts_matched else (0, 1)):
-                keys, rows, dropped = self._side_rows(table, side, partition)
+                keys, rows, dropped, passes = self._side_rows(table, side, partition)
                 late += dropped
-                updated += self._store_and_join(stores, side, keys, rows, output)
+                updated += self._store_and_join(stores, side, keys, rows, output, passes)
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
         removed = 0
@@ -155,14 +167,21 @@ class JoinTask(StateTask):
                     allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
                     numRowsDroppedByWatermark=late, numStateStoreInstances=len(stores))
 
-    def _store_and_join(self, stores, side: int, keys: list, rows: list, output: list) -> int:
+    def _store_and_join(self, stores, side: int, keys: list, rows: list, output: list,
+                        passes: list | None = None) -> int:
         """Join a side's rows with the other side's state and add them to their own."""
         this, other = SIDES[side], SIDES[1 - side]
         counts, values = stores[f"{this}-keyToNumValues"], stores[f"{this}-keyWithIndexToValue"]
         other_counts, other_values = stores[f"{other}-keyToNumValues"], stores[f"{other}-keyWithIndexToValue"]
         semi = self.how == "semi"
+        outer = self.how == "full" or self.how == this
         added = 0
-        for key, row in zip(keys, rows):
+        for n, (key, row) in enumerate(zip(keys, rows)):
+            if passes is not None and passes[n] is not True:
+                # (Spark's pre-join filter: the row can match nothing; an outer side's comes out now)
+                if outer:
+                    output.append((row, None) if side == 0 else (None, row))
+                continue
             held = other_counts.get(key)   # (a null key meets a null key, as in Spark's state)
             matched = False
             for index in range(held[0] if held else 0):
@@ -172,6 +191,8 @@ class JoinTask(StateTask):
                     continue   # a left row comes out once, at its first match
                 pair = (row, other_row) if side == 0 else (other_row, row)
                 if self.comparisons and not self._condition(*pair):
+                    continue
+                if self.pair_conditions and not all(evaluate(c, pair) is True for c in self.pair_conditions):
                     continue
                 if not semi:
                     output.append(pair)
@@ -251,6 +272,67 @@ class JoinTask(StateTask):
         return pa.RecordBatch.from_arrays(columns, names=names)
 
 
+def evaluate(tree: tuple, pair: tuple) -> Any:
+    """A part of a join's condition (``spark_internals.join_condition_parts``' tree) on a
+    pair of rows (left, right), as Spark evaluates it: SQL's three-valued logic (None for
+    null), NaN equal to itself and above every other number, integer overflow an error
+    (ANSI)."""
+    kind = tree[0]
+    if kind == "col":
+        return pair[tree[1]][tree[2]]
+    if kind == "lit":
+        return tree[1]
+    if kind in ("and", "or"):
+        a, b = evaluate(tree[1], pair), evaluate(tree[2], pair)
+        decided = kind == "or"   # (true decides an OR, false an AND)
+        if a is decided or b is decided:
+            return decided
+        return None if a is None or b is None else not decided
+    if kind == "not":
+        a = evaluate(tree[1], pair)
+        return None if a is None else not a
+    if kind in ("isnull", "isnotnull"):
+        return (evaluate(tree[1], pair) is None) == (kind == "isnull")
+    if kind == "cmp":
+        return _compare(tree[1], evaluate(tree[2], pair), evaluate(tree[3], pair))
+    if kind == "in":
+        value = evaluate(tree[1], pair)
+        if value is None:
+            return None
+        found = [_compare("=", value, evaluate(item, pair)) for item in tree[2]]
+        return True if True in found else None if None in found else False
+    value = [evaluate(t, pair) for t in tree[1:3]]
+    if any(v is None for v in value):
+        return None
+    if kind == "float":
+        return float(value[0])
+    if kind == "decimal":
+        return decimal.Decimal(value[0])
+    a, b = value
+    result = a + b if kind == "+" else a - b if kind == "-" else a * b
+    bits = tree[3] if len(tree) > 3 else None
+    if bits and not -(1 << (bits - 1)) <= result < (1 << (bits - 1)):
+        raise ArithmeticError(f"[ARITHMETIC_OVERFLOW] {a} {kind} {b} overflows in a join condition.")
+    return result
+
+
+def _compare(op: str, a: Any, b: Any) -> bool | None:
+    """``a op b`` as Spark compares: null gives null (``<=>``: equal when both null), NaN
+    equal to NaN and greater than any other number."""
+    if op == "<=>":
+        if a is None or b is None:
+            return a is None and b is None
+        op = "="
+    elif a is None or b is None:
+        return None
+    if isinstance(a, float) or isinstance(b, float):
+        a = (1, 0.0) if a != a else (0, a)
+        b = (1, 0.0) if b != b else (0, b)
+    if op == "=":
+        return a == b
+    return a < b if op == "<" else a <= b if op == "<=" else a > b if op == ">" else a >= b
+
+
 def _time_us(value: Any) -> int | None:
     """An event time in µs: a timestamp, or a time window (Spark compares a window's end
     with the watermark), which the state encoding gives as a tuple or a dict."""
@@ -311,7 +393,8 @@ class JoinStep(StatefulStep):
             late_us=batch.late_ms * 1000 if watermarked else None,
             evict_us=eviction_ms * 1000 if watermarked else None,
             event_time_stats=tuple(reports), counts_outer_removals=spark_internals.running_version().at_least(4, 3),
-            semi_evicts_matched=spark_internals.running_version().at_least(4, 2))
+            semi_evicts_matched=spark_internals.running_version().at_least(4, 2),
+            pre_filtered=tuple(bool(c) for c in node.side_conditions), pair_conditions=node.pair_conditions)
         partitions = self.num_partitions
 
         def build(inputs: list[DataFrame], task: JoinTask):
@@ -351,6 +434,9 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame) -> dict:
         for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
             columns += [(F.col(quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
                         for j, f in enumerate(schema.fields)]
+        if any(node.side_conditions):   # (the side's pre-join filter, as Spark's join exec checks it)
+            parts = node.side_conditions[side]
+            columns.append((F.expr(" AND ".join(f"({p})" for p in parts)) if parts else F.lit(True)).alias("__f"))
         tagged.append(columns)
     both = left.select(*tagged[0]).union(right.select(*tagged[1]))   # the keys' common types
     key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
