@@ -784,8 +784,8 @@ class GroupedStream:
         across batches and timeouts (``GroupStateTimeout``), as PySpark's
         ``GroupedData.applyInPandasWithState`` on a stream."""
         from pyspark.sql.streaming.state import GroupStateTimeout
-        from pyspark.sql.types import (BinaryType, BooleanType, DateType, NumericType, StringType,
-                                       TimestampNTZType, TimestampType)
+        from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, MapType, NumericType,
+                                       StringType, StructType, TimestampNTZType, TimestampType)
 
         frame = self._frame
         if self._grouping is not None:
@@ -808,13 +808,23 @@ class GroupedStream:
         frame, keys, data_columns = self._key_columns(lambda grouped: grouped.applyInPandasWithState(
             func, output, state, outputMode, timeoutConf))
         plain = (NumericType, StringType, BooleanType, BinaryType, DateType, TimestampType, TimestampNTZType)
+
+        def supported(t: Any) -> bool:   # (structs, arrays and maps of those, at any depth)
+            if isinstance(t, StructType):
+                return all(supported(f.dataType) for f in t.fields)
+            if isinstance(t, ArrayType):
+                return supported(t.elementType)
+            if isinstance(t, MapType):
+                return supported(t.keyType) and supported(t.valueType)
+            return isinstance(t, plain)
         by_name = {f.name.lower(): f for f in frame._template.schema.fields}
         for what, fields in (("grouping column", [by_name[k.lower()] for k in keys]), ("state field", state.fields)):
             for f in fields:
-                if not isinstance(f.dataType, plain):
+                if not supported(f.dataType):
                     raise not_yet(f"applyInPandasWithState with the {what} {f.name} of type "
-                                  f"{f.dataType.simpleString()} (numbers, strings, booleans, binary, dates "
-                                  "and timestamps are supported so far)", "arbitrary stateful processing (issue 18)")
+                                  f"{f.dataType.simpleString()} (numbers, strings, booleans, binary, dates, "
+                                  "timestamps, and structs, arrays and maps of them are supported so far)",
+                                  "arbitrary stateful processing (issue 18)")
         node = FlatMapGroupsWithState(frame._plan, keys, func, output, state, mode, timeoutConf,
                                       data_columns=data_columns,
                                       late_rows_column=self._late_rows_column(frame, keys, data_columns))

@@ -164,6 +164,8 @@ def keyed_state_shape(node: Any, df: DataFrame) -> dict:
         "input_names": schema.fieldNames()[:node.data_columns],
         "key_types": tuple(schema.fields[names.index(k.lower())].dataType for k in node.keys),
         "key_schema": pa.schema([store_field(schema.fields[names.index(k.lower())]) for k in node.keys]),
+        "key_arrow": pa.schema([pa.field(k, spark_internals.arrow_type(schema.fields[names.index(k.lower())].dataType))
+                                for k in node.keys]),
         "value_schema": pa.schema([pa.field("groupState", pa.struct(state_fields)),
                                    pa.field(TIMEOUT_FIELD, pa.int64())]),
         "pandas": PandasConversion.of(node.output_schema, pa.schema(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
 from pyspark.sql import DataFrame
-from pyspark.sql.types import LongType, StructField, StructType
+from pyspark.sql.types import ArrayType, LongType, MapType, StructField, StructType
 
 from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
@@ -29,6 +30,7 @@ class GroupStateTask(StateTask):
     key_types: tuple = ()              # their Spark types
     input_names: tuple = ()            # the input columns the function gets (the leading ones)
     key_schema: pa.Schema = None       # as stored
+    key_arrow: pa.Schema = None        # as the input has them (a timed-out key is given to the function so)
     value_schema: pa.Schema = None     # groupState (struct of the state's fields), timeoutTimestamp
     state_type: Any = None             # the state's StructType (GroupState's valueSchema)
     pandas: PandasConversion = None    # rows to pandas and the function's DataFrames back
@@ -55,9 +57,15 @@ class GroupStateTask(StateTask):
         table, late = without_late_rows(table, self.event_time_index, self.late_us)
         counts = {"updated": 0, "removed": 0}
         if table.num_rows:
-            frame = self.pandas.to_pandas(table)   # once per partition; a key's rows are taken from it
-            data = frame if frame.shape[1] == len(self.input_names) else frame.iloc[:, :len(self.input_names)]
             size = self.pandas.chunk_rows(table)
+            if _dtypes_vary(table):
+                # PySpark's worker converts each DataFrame of a key's rows on its own: an int
+                # column is float64 only in a DataFrame with a null, an array of ints an int
+                # array only where it holds no null; so is each DataFrame converted here
+                frame, data = None, table
+            else:   # once per partition; a key's rows are taken from it
+                frame = self.pandas.to_pandas(table)
+                data = frame if frame.shape[1] == len(self.input_names) else frame.iloc[:, :len(self.input_names)]
             for key, rows in self._groups(table):
                 yield from self._call(store, key, (frame, data, size, rows), False, counts)
         if self.timeout_conf != "NoTimeout":
@@ -79,7 +87,7 @@ class GroupStateTask(StateTask):
         rows_of: dict[tuple, list[int]] = {}
         for row, key in enumerate(keys):
             rows_of.setdefault(key, []).append(row)
-        for key in sorted(rows_of, key=lambda k: tuple((v is not None, v) for v in k)):
+        for key in sorted(rows_of, key=_ascending):
             yield key, rows_of[key]
 
     def _call(self, store, key: tuple, rows: tuple | None, timed_out: bool, counts: dict):
@@ -101,7 +109,15 @@ class GroupStateTask(StateTask):
         if rows is None:   # as PySpark calls a timed-out key: one empty DataFrame
             import pandas as pd
             frames: Iterator = iter([pd.DataFrame(columns=list(self.input_names))])
-            python_key = tuple(python_value(t, v) for t, v in zip(self.key_types, key))
+            python_key = self._python_key(key)
+        elif rows[0] is None:   # each DataFrame converted from the key's rows in the table
+            _, table, size, positions = rows
+            chunks = [table.take(positions[start:start + size]) for start in range(0, len(positions), size)]
+            first = self.pandas.to_pandas(chunks[0])
+            python_key = tuple(first.iat[0, i] for i in self.key_indexes)
+            width = len(self.input_names)
+            frames = (f if f.shape[1] == width else f.iloc[:, :width]
+                      for f in chain([first], (self.pandas.to_pandas(c) for c in chunks[1:])))
         else:
             frame, data, size, positions = rows
             frames = (data.take(positions[start:start + size]).reset_index(drop=True)
@@ -121,15 +137,62 @@ class GroupStateTask(StateTask):
             store.put(key, (value, timeout))
             counts["updated"] += 1
 
+    def _python_key(self, key: tuple) -> tuple:
+        """A stored key as the function gets a timed-out key: as PySpark's worker reads the
+        key's columns from Arrow (a struct as a dict, an array as a numpy array, a map as a
+        dict; numbers as numpy's, timestamps as pandas')."""
+        from microbatch.state.files import from_state_values
+        columns = [from_state_values([v], stored.type, field.type)
+                   for v, stored, field in zip(key, self.key_schema, self.key_arrow)]
+        frame = self.pandas.to_pandas(pa.table(columns, names=self.key_arrow.names))
+        return tuple(frame.iat[0, i] for i in range(len(columns)))
+
     def _from_store(self, value: tuple | None) -> tuple | None:
-        """A stored state as the function sees it (timestamps as datetimes, as PySpark's)."""
+        """A stored state as the function sees it: as PySpark's worker reads the JVM's
+        pickled state (``StructType.fromInternal``): timestamps as datetimes, structs as
+        ``Row`` s with their names, arrays as lists, maps as dicts."""
         if value is None:
             return None
-        return tuple(python_value(f.dataType, v) for f, v in zip(self.state_type.fields, value))
+        return tuple(_python(f.dataType, v) for f, v in zip(self.state_type.fields, value))
 
     def _to_store(self, value: tuple) -> tuple:
-        """A state value as the store keeps it (timestamps as µs, numpy scalars as Python's)."""
-        return tuple(stored_value(f.dataType, storage_value(v)) for f, v in zip(self.state_type.fields, value))
+        """A state value as the store keeps it: as PySpark's worker hands it to the JVM
+        (``StructType.toInternal``: timestamps as µs, a struct given as a tuple, ``Row`` or
+        dict as its fields), numpy scalars as Python's."""
+        return tuple(stored_value(f.dataType, storage_value(v))
+                     if not isinstance(f.dataType, (StructType, ArrayType, MapType)) or v is None
+                     else f.dataType.toInternal(v)
+                     for f, v in zip(self.state_type.fields, value))
+
+
+def _python(spark_type, value):
+    """A stored value (structs as tuples or dicts, maps as pairs or dicts) as PySpark's
+    ``fromInternal`` gives it."""
+    if value is None:
+        return None
+    if isinstance(spark_type, StructType):
+        from pyspark.sql.types import _create_row
+        items = [value.get(f.name) for f in spark_type.fields] if isinstance(value, dict) else value
+        return _create_row(spark_type.names, [_python(f.dataType, v) for f, v in zip(spark_type.fields, items)])
+    if isinstance(spark_type, ArrayType):
+        return [_python(spark_type.elementType, v) for v in value]
+    if isinstance(spark_type, MapType):
+        pairs = value.items() if isinstance(value, dict) else value
+        return {_python(spark_type.keyType, k): _python(spark_type.valueType, v) for k, v in pairs}
+    return python_value(spark_type, value)
+
+
+def _dtypes_vary(table: pa.Table) -> bool:
+    """Whether the pandas types of a key's rows may differ from those of the whole table's:
+    a column with a null, or a nested one (its elements' nulls are its children's)."""
+    return any(column.null_count or pa.types.is_nested(column.type) for column in table.columns)
+
+
+def _ascending(key: tuple) -> tuple:
+    """The order of Spark's sort of the grouping keys: ascending, nulls first, at every
+    depth (a struct field by field, an array element by element)."""
+    return tuple((False, ()) if v is None else (True, _ascending(v) if isinstance(v, tuple) else v) for v in key)
+
 
 class GroupStateStep(StatefulStep):
     """Rows hash-partitioned by the grouping keys, then the task that calls the user's
@@ -152,6 +215,7 @@ class GroupStateStep(StatefulStep):
             self.state_root, self.operator_id, batch.batch_id, batch.store_conf, batch.metrics,
             func=node.func, key_indexes=shape["key_indexes"], key_types=shape["key_types"],
             input_names=tuple(shape["input_names"]), key_schema=shape["key_schema"],
+            key_arrow=shape["key_arrow"],
             value_schema=shape["value_schema"], state_type=node.state_schema,
             pandas=shape["pandas"], timeout_conf=node.timeout,
             batch_timestamp_ms=batch.batch_timestamp_ms,
