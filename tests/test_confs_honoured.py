@@ -257,3 +257,90 @@ def test_high_priority_pool_ratio_under_bounded_memory_is_refused_by_name(ss, tm
     # (the query fails in its first batch, as Spark's engine fails a bad RocksDB conf)
     assert "UnsupportedOperationError" in str(refused.value) or isinstance(refused.value, UnsupportedOperationError)
 
+
+# -- spark.sql.streaming.stopActiveRunOnRestart, stopTimeout ----------------------------------------
+
+def _rate_like_stream(session, path):
+    from stream_events import id_and_time, write_event_files
+    files = write_event_files(path, [[(1, "00:00:10")], [(2, "00:00:20")]], id_and_time)
+    from helpers import json_stream
+    return json_stream(session, files, "id INT, ts TIMESTAMP")
+
+
+def _start(frame, ckpt, **trigger):
+    return (frame.writeStream.format("noop").option("checkpointLocation", str(ckpt))
+            .trigger(**(trigger or {"processingTime": "10 seconds"})).start())
+
+
+def test_a_new_run_of_an_active_query_stops_the_old_run_as_spark(spark, ss, tmp_path):
+    """Spark's default (stopActiveRunOnRestart=true): starting a query from the checkpoint of
+    a run still active stops that run and starts the new one."""
+    for session in (spark, ss):
+        frame = _rate_like_stream(session, tmp_path / f"in{id(session)}")
+        ckpt = tmp_path / f"ck{id(session)}"
+        first = _start(frame, ckpt)
+        first.processAllAvailable()
+        second = _start(frame, ckpt)
+        try:
+            assert first.id == second.id and first.runId != second.runId
+            assert not first.isActive and second.isActive, session
+            assert [q.runId for q in session.streams.active] == [second.runId]
+        finally:
+            second.stop()
+
+
+def test_with_stop_active_run_on_restart_false_a_new_run_is_refused_as_spark(spark, ss, tmp_path):
+    from helpers import confs
+    said = []
+    for session in (spark, ss):
+        frame = _rate_like_stream(session, tmp_path / f"in{id(session)}")
+        ckpt = tmp_path / f"ck{id(session)}"
+        first = _start(frame, ckpt)
+        try:
+            first.processAllAvailable()
+            with confs(session, {"spark.sql.streaming.stopActiveRunOnRestart": "false"}):
+                with pytest.raises(Exception) as refused:
+                    _start(frame, ckpt)
+            assert first.isActive
+            # (PySpark's start() lets py4j's Py4JJavaError through: its second line is Java's)
+            said.append((type(refused.value).__name__, str(refused.value).split("\n")[1], str(first.id)))
+        finally:
+            first.stop()
+    theirs, ours = said
+    assert ours[0] == theirs[0] == "Py4JJavaError", said
+    assert ours[1] == theirs[1].replace(theirs[2], ours[2]), said
+    assert ours[1].startswith(": java.lang.IllegalStateException: Cannot start query with id ")
+    assert "spark.sql.streaming.stopActiveRunOnRestart" in ours[1]
+
+
+def test_stop_timeout_bounds_the_wait_for_a_stuck_batch(ss, tmp_path):
+    """A foreachBatch function that does not return (here: until released) keeps the query
+    thread; stop() waits for it at most stopTimeout, then fails with Spark's TimeoutException
+    and words (StreamExecution.interruptAndAwaitExecutionThreadTermination). (Spark's engine
+    cannot be run beside: its stop() of such a query blocks before that wait.)"""
+    import threading
+
+    from helpers import confs
+    release, entered = threading.Event(), threading.Event()
+
+    def stuck(df, batch_id):
+        entered.set()
+        release.wait()
+    frame = _rate_like_stream(ss, tmp_path / "in")
+    with confs(ss, {"spark.sql.streaming.stopTimeout": "300"}):
+        query = (frame.writeStream.foreachBatch(stuck).option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(processingTime="10 seconds").start())
+    entered.wait()
+    try:
+        with pytest.raises(Exception) as timed_out:
+            query.stop()
+    finally:
+        release.set()
+    query.awaitTermination(60)
+    assert not query.isActive
+    assert type(timed_out.value).__name__ == "UnknownException"   # PySpark's, for a Java TimeoutException
+    assert str(timed_out.value).split("\n")[0] == (
+        f"java.util.concurrent.TimeoutException: Stream Execution thread for stream [id = {query.id}, "
+        f"runId = {query.runId}] failed to stop within 300 milliseconds (specified by "
+        "spark.sql.streaming.stopTimeout). See the cause on what was being executed in the streaming query thread.")
+

@@ -215,8 +215,6 @@ OPEN_CONFS = {
     "spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition",
     "spark.sql.streaming.stateStore.commitValidation.enabled",
     "spark.sql.streaming.stateStore.stateSchemaCheck",
-    "spark.sql.streaming.stopActiveRunOnRestart",
-    "spark.sql.streaming.stopTimeout",
     "spark.sql.streaming.streamingQueryListeners",
     "spark.sql.streaming.transformWithState.stateSchemaVersion",
     "spark.sql.streaming.ui.enabled",

@@ -1,6 +1,7 @@
 """StreamingQueryManager (``ss.streams``): the active queries and the listeners."""
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -10,9 +11,15 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from microbatch.api.query import StreamingQuery
 from microbatch.errors import IllegalArgumentException, pyspark_error
+from microbatch.spark_internals.errors import java_exception
+from microbatch.util import conf_bool
 from microbatch.runtime.events import ListenerBus
 from microbatch.runtime.micro_batch import MicroBatchExecution
 from microbatch.runtime.stream_execution import StreamExecution
+
+log = logging.getLogger(__name__)
+#: Spark's conf: a new run of a query active here stops the old run (true) or is refused
+STOP_ACTIVE_RUN_ON_RESTART = "spark.sql.streaming.stopActiveRunOnRestart"
 
 
 class StreamingQueryManager:
@@ -66,30 +73,54 @@ class StreamingQueryManager:
     def start_query(self, *, name: str | None, checkpoint_root: str, **kwargs: Any) -> StreamingQuery:
         """Start a run of a query (what ``DataStreamWriter.start`` calls): refused while a
         query of that name, that id or that checkpoint is active here, or while another
-        process runs the checkpoint (its run lease)."""
-        with self._lock:
-            if name is not None and any(q.name == name for q in self._active.values()):
-                raise IllegalArgumentException(
-                    f"Cannot start query with name {name} as a query with that name is already "
-                    "active in this SparkSession. Stop it first, or choose another queryName.")
-            execution = MicroBatchExecution(
-                spark=self._spark, name=name, checkpoint_root=checkpoint_root,
-                listener_bus=self._bus, on_terminated=self._on_terminated, **kwargs)
-            if execution.id in self._active:
-                raise IllegalArgumentException(
-                    f"Cannot start query with id {execution.id} as another query with same id is "
-                    "already active. Perhaps you are attempting to restart a query from checkpoint "
-                    f"that is already active (checkpoint '{checkpoint_root}').")
-            for other in self._active.values():
-                if other.checkpointLocation == checkpoint_root:
-                    raise IllegalArgumentException(
-                        f"Cannot start a query on checkpoint '{checkpoint_root}': the active "
-                        f"query {self._executions[other.id].pretty_id} uses it.")
-            execution.lease.acquire()   # another process's run of this checkpoint: refused here
-            query = StreamingQuery(execution)
-            self._active[execution.id] = query
-            self._executions[execution.id] = execution
+        process runs the checkpoint (its run lease). A run of the same query (its id) active
+        here is stopped first, as Spark's engine stops it under
+        ``spark.sql.streaming.stopActiveRunOnRestart`` (its default), or refused with Spark's
+        IllegalStateException when that is false."""
+        execution = None
+        while True:
+            with self._lock:
+                if execution is None:
+                    execution = self._new_execution(name, checkpoint_root, kwargs)
+                old = self._active.get(execution.id)
+                if old is None:
+                    query = self._register(execution, checkpoint_root)
+                    break
+            log.warning("Stopping existing streaming query [id=%s, runId=%s], as a new run is being "
+                        "started.", execution.id, old.runId)
+            old.stop()
         execution.start()
+        return query
+
+    def _new_execution(self, name: str | None, checkpoint_root: str, kwargs: dict) -> MicroBatchExecution:
+        if name is not None and any(q.name == name for q in self._active.values()):
+            raise IllegalArgumentException(
+                f"Cannot start query with name {name} as a query with that name is already "
+                "active in this SparkSession. Stop it first, or choose another queryName.")
+        execution = MicroBatchExecution(
+            spark=self._spark, name=name, checkpoint_root=checkpoint_root,
+            listener_bus=self._bus, on_terminated=self._on_terminated, **kwargs)
+        if execution.id in self._active and not conf_bool(self._spark, STOP_ACTIVE_RUN_ON_RESTART, True):
+            raise java_exception(
+                "java.lang.IllegalStateException",
+                f"Cannot start query with id {execution.id} as another query with same id is "
+                "already active. Perhaps you are attempting to restart a query from checkpoint "
+                "that is already active. You may stop the old query by setting the SQL "
+                f'configuration: spark.conf.set("{STOP_ACTIVE_RUN_ON_RESTART}", true) and retry.',
+                called="start")   # (PySpark's start() lets py4j's error through)
+        return execution
+
+    def _register(self, execution: MicroBatchExecution, checkpoint_root: str) -> StreamingQuery:
+        """(Under the lock.) The new run's query, once no run of it is active here."""
+        for other in self._active.values():
+            if other.checkpointLocation == checkpoint_root:
+                raise IllegalArgumentException(
+                    f"Cannot start a query on checkpoint '{checkpoint_root}': the active "
+                    f"query {self._executions[other.id].pretty_id} uses it.")
+        execution.lease.acquire()   # another process's run of this checkpoint: refused here
+        query = StreamingQuery(execution)
+        self._active[execution.id] = query
+        self._executions[execution.id] = execution
         return query
 
     def _on_terminated(self, execution: StreamExecution) -> None:

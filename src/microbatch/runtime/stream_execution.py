@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 import uuid
 from typing import Any, Callable
 
@@ -33,13 +34,15 @@ from microbatch.checkpoint.run_lease import (DEFAULT_TIMEOUT_MS as DEFAULT_LEASE
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.checkpoint.markers import unfinished_rollback
 from microbatch.errors import CheckpointError, UserFunctionError, pyspark_error, raised_in_worker
-from microbatch.util import conf_bool
+from microbatch.util import conf_bool, time_string_as_ms
 from microbatch.runtime.clock import Clock
 from microbatch.runtime.events import (ListenerBus, QueryIdleEvent, QueryProgressEvent,
                                          QueryTerminatedEvent)
 from microbatch.runtime.progress import ProgressReporter, format_timestamp
 
 log = logging.getLogger(__name__)
+#: How long stop() waits for the query thread (Spark's conf, in ms or a time string; 0: no limit)
+STOP_TIMEOUT = "spark.sql.streaming.stopTimeout"
 
 
 class State(enum.Enum):
@@ -66,6 +69,8 @@ class StreamExecution:
                  listener_bus: ListenerBus, on_terminated: Callable[["StreamExecution"], None]):
         self.spark = spark
         self.name = name
+        #: spark.sql.streaming.stopTimeout as the query starts (Spark reads its clone of the session)
+        self.stop_timeout_ms = time_string_as_ms(str(spark.conf.get(STOP_TIMEOUT, "0")))
         self.checkpoint_root = checkpoint_root
         self.delete_checkpoint_on_stop = delete_checkpoint_on_stop
         self.clock = clock
@@ -245,16 +250,27 @@ class StreamExecution:
         return self.spark
 
     def stop(self) -> None:
-        """Stop the query; blocks until its thread has ended."""
+        """Stop the query; blocks until its thread has ended, or for at most
+        ``spark.sql.streaming.stopTimeout`` (as the query started; 0 or less: no limit), then
+        fails with Spark's TimeoutException."""
         self.stopped_by_user = True
         self.state = State.TERMINATED
         self.interrupt.set()
         if threading.current_thread() is not self.thread:
             # Cancel the running batch's jobs (job group = run id) until the thread has ended;
             # a job that starts during the stop is cancelled on the next round.
+            timeout_ms = max(self.stop_timeout_ms, 0)
+            deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
             while self.thread.is_alive():
                 spark_internals.cancel_run(self.jobs_session(), self.run_id)
-                self.thread.join(0.1)
+                if deadline is not None and time.monotonic() >= deadline:
+                    from microbatch.spark_internals.errors import java_exception
+                    raise java_exception(
+                        "java.util.concurrent.TimeoutException",
+                        f"Stream Execution thread for stream {self.pretty_id} failed to stop within "
+                        f"{timeout_ms} milliseconds (specified by {STOP_TIMEOUT}). See the cause on "
+                        "what was being executed in the streaming query thread.")
+                self.thread.join(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic())))
         log.info("Query %s was stopped", self.pretty_id)
 
     def await_termination(self, timeout: float | None = None) -> bool:

@@ -249,3 +249,19 @@ def query_exception(jexception: Any) -> CapturedException:
     message = jexception.toString().split(": ", 1)[1]
     stack_trace = "\n\t at ".join(e.toString() for e in jexception.getStackTrace())
     return StreamingQueryException(message, stack_trace, jexception.getCause())
+
+
+def java_exception(class_name: str, message: str, called: str | None = None) -> Exception:
+    """A plain Java exception (``java.lang.IllegalStateException``,
+    ``java.util.concurrent.TimeoutException``) with ``message``, as PySpark raises it when
+    Spark throws one: a class PySpark does not know is its ``UnknownException``; or, for a
+    call PySpark makes without converting what it throws (``called``, e.g. ``"start"``:
+    DataStreamWriter.start), py4j's own ``Py4JJavaError`` for that call."""
+    constructor = _jvm()
+    for part in class_name.split("."):
+        constructor = getattr(constructor, part)
+    jexception = constructor(message)
+    if called is not None:
+        from py4j.protocol import Py4JJavaError
+        return Py4JJavaError(f"An error occurred while calling o0.{called}.\n", jexception)
+    return convert_exception(jexception)
