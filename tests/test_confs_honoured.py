@@ -344,3 +344,81 @@ def test_stop_timeout_bounds_the_wait_for_a_stuck_batch(ss, tmp_path):
         f"runId = {query.runId}] failed to stop within 300 milliseconds (specified by "
         "spark.sql.streaming.stopTimeout). See the cause on what was being executed in the streaming query thread.")
 
+
+# -- Spark 4.1's stateless queries: adaptive execution, shuffle partitions on restart ------------------
+AQE_STATELESS = "spark.sql.adaptive.streaming.stateless.enabled"
+
+
+def _partitions_per_batch(session, files, ckpt, transform, settings, mode="append"):
+    """Each batch's DataFrame's number of partitions (as foreachBatch gets it) and rows."""
+    from helpers import confs, json_stream
+    seen = []
+
+    def batch(df, batch_id):
+        seen.append((batch_id, df.rdd.getNumPartitions(), sorted(tuple(r) for r in df.collect())))
+    with confs(session, settings):
+        query = (transform(json_stream(session, files, "id INT, ts TIMESTAMP")).writeStream.foreachBatch(batch)
+                 .outputMode(mode).option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+    return seen
+
+
+@pytest.mark.parametrize("aqe", ["true", "false"])
+def test_a_stateless_querys_batches_run_with_adaptive_execution_as_spark(spark, ss, tmp_path, aqe):
+    """Spark 4.1+: adaptive execution stays on for a stateless query (its internal conf, true
+    by default): the 40 partitions of repartition(40, "id") are coalesced, as Spark's engine
+    coalesces them; off, they stay 40. A stateful query runs without it either way."""
+    from stream_events import id_and_time, write_event_files
+    files = write_event_files(tmp_path / "events", [[(1, "00:00:10"), (2, "00:00:20")], [(3, "00:00:30")]],
+                              id_and_time)
+    settings = {AQE_STATELESS: aqe, "spark.sql.adaptive.enabled": "true", "spark.sql.shuffle.partitions": "40"}
+    stateless = [(side, _partitions_per_batch(side_session, files, tmp_path / f"{side}-stateless",
+                                              lambda f: f.repartition("id"), settings))
+                 for side, side_session in (("spark", spark), ("microbatch", ss))]
+    assert stateless[0][1] == stateless[1][1], stateless
+    assert all((n < 40) == (aqe == "true") for _, n, _ in stateless[1][1]), stateless
+    stateful = [_partitions_per_batch(s, files, tmp_path / f"{i}-stateful",
+                                      lambda f: f.repartition("id").groupBy("id").count(), settings, "update")
+                for i, s in enumerate((spark, ss))]
+    assert stateful[0] == stateful[1] and all(n == 40 for _, n, _ in stateful[1]), stateful
+
+
+def _offsets_conf(ckpt, batch):
+    import json
+    return json.loads((ckpt / "offsets" / str(batch)).read_text().split("\n")[1])["conf"]
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_shuffle_partitions_change_on_restart_for_stateless_shuffles_as_spark(spark, ss, tmp_path, stateful):
+    """Spark 4.1+: the checkpoint's spark.sql.shuffle.partitions is the state's number of
+    partitions (recorded again in every offsets/N); every other shuffle takes the
+    session's, so a stateless query's shuffles follow a restart's new value, and a stateful
+    query's state keeps its partitions."""
+    import shutil
+    from pathlib import Path
+
+    from stream_events import id_and_time, write_event_files
+    batches = [[(1, "00:00:10"), (2, "00:00:20")], [(3, "00:00:30"), (1, "00:00:40")]]
+    if stateful:
+        transform, mode = (lambda f: f.repartition("id").groupBy("id").count()), "update"
+    else:
+        transform, mode = (lambda f: f.repartition("id")), "append"
+    results = []
+    for side, session in (("spark", spark), ("microbatch", ss)):
+        files = Path(write_event_files(tmp_path / f"events-{side}", batches[:1], id_and_time))
+        ckpt = tmp_path / f"ck-{side}"
+        first = _partitions_per_batch(session, files, ckpt, transform,
+                                      {AQE_STATELESS: "false", "spark.sql.shuffle.partitions": "3"}, mode)
+        more = Path(write_event_files(tmp_path / f"more-{side}", batches, id_and_time))
+        for name in sorted(p.name for p in more.iterdir())[1:]:
+            shutil.copy(more / name, files / name)
+        second = _partitions_per_batch(session, files, ckpt, transform,
+                                       {AQE_STATELESS: "false", "spark.sql.shuffle.partitions": "5"}, mode)
+        state = sorted(p.name for p in (ckpt / "state" / "0").iterdir()) if stateful else []
+        results.append((first, second, _offsets_conf(ckpt, 1)["spark.sql.shuffle.partitions"], state))
+    theirs, ours = results
+    assert ours == theirs, results
+    assert ours[2] == "3"
+    assert [n for _, n, _ in ours[1]] == ([3] if stateful else [5])
+

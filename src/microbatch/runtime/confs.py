@@ -114,6 +114,13 @@ def pin_confs(conf: Any, recorded: dict[str, str] | None, stateful: bool, fs: Ch
             conf.set(key, chosen)
             fixed[key] = chosen
             continue
+        if key == SHUFFLE_PARTITIONS and recorded is not None and key in recorded:
+            # Spark 4.1+ (OffsetSeqMetadata's rebinding): the recorded value is the state's
+            # partitions (its STATEFUL_SHUFFLE_PARTITIONS_INTERNAL), recorded again in every
+            # offsets/N; the session keeps its own spark.sql.shuffle.partitions for every
+            # other shuffle, so a stateless query's partitions change on a restart
+            fixed[key] = recorded[key]
+            continue
         if recorded is not None and (key in recorded or key in LEGACY_VALUES):
             value = recorded.get(key, LEGACY_VALUES.get(key))
             if value != session_value:

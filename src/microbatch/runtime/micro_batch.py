@@ -67,6 +67,8 @@ from microbatch.state.store import StateStoreConf
 from microbatch.util import conf_bool
 
 log = logging.getLogger(__name__)
+#: Spark 4.1's internal conf: adaptive query execution for a stateless query's batches
+AQE_STATELESS = "spark.sql.adaptive.streaming.stateless.enabled"
 
 
 class AvailableNowPin:
@@ -141,7 +143,11 @@ class MicroBatchExecution(StreamExecution):
         # its constructor: a conf the user changes after start() returns is not the query's.
         spark = self.spark
         self._batch_session = spark_internals.cloned_session(spark)
-        self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
+        # Spark 4.1+ keeps adaptive query execution for a stateless query, under
+        # spark.sql.adaptive.enabled and spark.sql.adaptive.streaming.stateless.enabled (an
+        # internal conf, true by default); a stateful query's batches run without it
+        if self.stateful or not conf_bool(spark, AQE_STATELESS, True):
+            self._batch_session.conf.set("spark.sql.adaptive.enabled", "false")
         self._batch_session.conf.set("spark.sql.cbo.enabled", "false")
         spark_internals.arrow_batches_by_rows(self._batch_session)
         super().start()
@@ -330,7 +336,7 @@ class MicroBatchExecution(StreamExecution):
         self._metrics.engine_scans = EngineScans(self.plan, self.relations, empty_inputs)
         self._incremental = planner = IncrementalExecution(
             self._batch_session, plan, checkpoint_root=self.checkpoint_root,
-            shuffle_partitions=int(conf.get(SHUFFLE_PARTITIONS)), output_mode=self.output_mode,
+            shuffle_partitions=int(self.offset_seq_metadata.conf[SHUFFLE_PARTITIONS]), output_mode=self.output_mode,
             empty_inputs=empty_inputs, store_conf=store_conf)
         self.stateful = [op.node for op in planner.operators]
         self._kept_plans.decide(planner.keeps_batch_plan, self.sink, self._batch_session)
