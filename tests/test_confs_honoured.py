@@ -4,6 +4,8 @@ honours it, side by side with Spark's engine where it shows an effect, or refuse
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 from pyspark.errors import IllegalArgumentException
 
@@ -422,3 +424,117 @@ def test_shuffle_partitions_change_on_restart_for_stateless_shuffles_as_spark(sp
     assert ours[2] == "3"
     assert [n for _, n, _ in ours[1]] == ([3] if stateful else [5])
 
+
+# -- spark.sql.streaming.fileSource.cleaner.numThreads -------------------------------------------------
+
+@pytest.mark.parametrize("threads", ["0", "4"])
+def test_the_cleaner_threads_archive_the_files_of_committed_batches_as_spark(spark, ss, tmp_path, threads):
+    """Spark's cleaner hands a committed batch's files to numThreads threads (0: cleans them
+    itself); microbatch cleans them on as many threads and waits. The same files are
+    archived when the query ends, the same left, the same rows read."""
+    from helpers import confs
+    results = []
+    for session in (spark, ss):
+        root = tmp_path / f"s{id(session)}"
+        source = root / "in"
+        source.mkdir(parents=True)
+        for i in range(6):
+            (source / f"f{i}.json").write_text(f'{{"v": {i}}}\n')
+            os.utime(source / f"f{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+        rows = []
+        with confs(session, {"spark.sql.streaming.fileSource.cleaner.numThreads": threads}):
+            query = (session.readStream.schema("v INT").option("cleanSource", "archive")
+                     .option("sourceArchiveDir", str(root / "archive")).option("maxFilesPerTrigger", 2)
+                     .json(str(source)).writeStream.foreachBatch(lambda df, _, rows=rows: rows.extend(r.v for r in df.collect()))
+                     .option("checkpointLocation", str(root / "ck")).trigger(availableNow=True).start())
+            query.awaitTermination(120)
+        assert query.exception() is None
+        archived = sorted(p.name for p in (root / "archive").rglob("*.json")) if (root / "archive").exists() else []
+        results.append((sorted(rows), sorted(p.name for p in source.iterdir()), archived))
+    assert results[0] == results[1], results
+    assert results[1][0] == list(range(6)) and len(results[1][2]) >= 4, results
+
+
+# -- spark.sql.streaming.disabledV2Writers, validateEventTimeWatermarkColumn ---------------------------
+
+@pytest.mark.parametrize("fmt, provider, refused", [
+    ("console", "org.apache.spark.sql.execution.streaming.ConsoleSinkProvider", True),
+    ("noop", "org.apache.spark.sql.execution.datasources.noop.NoopDataSource", True),
+    # another class (not console's provider): nothing disabled
+    ("console", "org.apache.spark.sql.execution.streaming.sources.ConsoleSinkProvider", False),
+])
+def test_a_disabled_v2_writer_without_a_v1_sink_is_refused_as_spark(spark, ss, tmp_path, fmt, provider, refused):
+    from helpers import confs
+    said = []
+    for session in (spark, ss):
+        frame = _rate_like_stream(session, tmp_path / f"in{id(session)}")
+        with confs(session, {"spark.sql.streaming.disabledV2Writers": f"some.Other, {provider}"}):
+            try:
+                query = (frame.writeStream.format(fmt).option("checkpointLocation", str(tmp_path / f"ck{id(session)}"))
+                         .trigger(availableNow=True).start())
+            except Exception as e:   # noqa: BLE001 - compared below
+                said.append((type(e).__name__, str(e).split("\n")[0]))
+                continue
+            query.awaitTermination(120)
+            said.append(("ran", query.exception() is None))
+    assert said[0] == said[1], said
+    assert (said[1][0] == "UnsupportedOperationException") == refused, said
+    if refused:
+        assert said[1][1] == f"Data source {fmt} does not support streamed writing."
+
+
+@pytest.mark.parametrize("validate", ["true", "false"])
+def test_a_nested_event_time_is_checked_as_sparks_analysis_checks_it(spark, ss, tmp_path, validate):
+    """withWatermark's event time is checked by Spark's own analysis of the frame microbatch
+    keeps beside the stream, under the session's validateEventTimeWatermarkColumn: a nested
+    field fails with EVENT_TIME_MUST_BE_TOP_LEVEL_COLUMN, or (the check off) as Spark fails."""
+    from helpers import confs
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "0.json").write_text('{"s": {"ts": "2024-01-01 00:00:01"}}\n')
+    said = []
+    for session in (spark, ss):
+        frame = session.readStream.schema("s STRUCT<ts: TIMESTAMP>").json(str(tmp_path / "in"))
+        with confs(session, {"spark.sql.streaming.validateEventTimeWatermarkColumn": validate}):
+            with pytest.raises(Exception) as failed:
+                frame.withWatermark("s.ts", "10 seconds")
+        said.append((type(failed.value).__name__, str(failed.value).split("\n")[0]))
+    assert said[0][0] == said[1][0], said
+    if validate == "true":
+        assert said[0] == said[1] and "EVENT_TIME_MUST_BE_TOP_LEVEL_COLUMN" in said[1][1], said
+
+
+# -- spark.sql.streaming.transformWithState.stateSchemaVersion -------------------------------------------
+
+def test_a_state_schema_version_other_than_3_is_refused_by_name(ss, tmp_path):
+    """Spark 4.3's engine fails to plan a transformWithState under version 2 (INTERNAL_ERROR);
+    microbatch refuses it by name when the query starts; 3 (the default) runs."""
+    import pandas as pd
+    from pyspark.sql.streaming import StatefulProcessor
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from helpers import confs
+
+    class Count(StatefulProcessor):
+        def init(self, handle):
+            self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
+
+        def handleInputRows(self, key, rows, timerValues):  # noqa: N802, N803 - PySpark's names
+            yield pd.DataFrame({"k": [key[0]], "n": [sum(len(r) for r in rows)]})
+
+        def close(self):
+            pass
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "0.json").write_text('{"k": "a"}\n{"k": "b"}\n')
+    frame = ss.readStream.schema("k STRING").json(str(tmp_path / "in")).groupBy("k").transformWithStateInPandas(
+        Count(), "k STRING, n LONG", "update", "none")
+    rocksdb = {"spark.sql.streaming.stateStore.providerClass": SPARK_ROCKSDB}
+    for version, fails in (("2", True), ("3", False)):
+        with confs(ss, {**rocksdb, "spark.sql.streaming.transformWithState.stateSchemaVersion": version}):
+            query = (frame.writeStream.format("noop").outputMode("update")
+                     .option("checkpointLocation", str(tmp_path / f"ck{version}")).trigger(availableNow=True).start())
+            try:
+                query.awaitTermination(120)
+            except Exception as e:   # noqa: BLE001
+                assert fails and "transformWithState.stateSchemaVersion=2" in str(e), str(e)[:500]
+            else:
+                assert not fails and query.exception() is None

@@ -210,15 +210,11 @@ REFUSED_WITH_THEIR_MODE = {
 }
 #: documented, and neither honoured nor refused by microbatch yet (issue 59)
 OPEN_CONFS = {
-    "spark.sql.streaming.disabledV2Writers",
-    "spark.sql.streaming.fileSource.cleaner.numThreads",
     "spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition",
     "spark.sql.streaming.stateStore.commitValidation.enabled",
     "spark.sql.streaming.stateStore.stateSchemaCheck",
     "spark.sql.streaming.streamingQueryListeners",
-    "spark.sql.streaming.transformWithState.stateSchemaVersion",
     "spark.sql.streaming.ui.enabled",
-    "spark.sql.streaming.validateEventTimeWatermarkColumn",
 }
 
 

@@ -511,7 +511,10 @@ class StreamFrame:
             delay_ms = interval_to_ms(delayThreshold, "delay threshold")
         except ValueError as e:
             raise IllegalArgumentException(str(e)) from None
-        template = self._template.withWatermark(eventTime, delayThreshold)   # PySpark's checks
+        # PySpark's and Spark's checks, Spark's analysis under the session's
+        # "spark.sql.streaming.validateEventTimeWatermarkColumn" (a nested event time:
+        # EVENT_TIME_MUST_BE_TOP_LEVEL_COLUMN, or Spark's failure without the check)
+        template = self._template.withWatermark(eventTime, delayThreshold)
         # (a batch plan drops the watermark: the template marks the column as a stream's plan does)
         template = spark_internals.event_time_marked(template, eventTime, delay_ms)
         node = Watermark(self._plan, eventTime, delayThreshold, delay_ms)

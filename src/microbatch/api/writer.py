@@ -182,6 +182,7 @@ class DataStreamWriter:
             checkpoint, temporary = self._checkpoint_location(opts, True)
         else:
             name = self._format or spark.conf.get("spark.sql.sources.default", "parquet")
+            _check_v2_writer_not_disabled(name, spark)
             provider = lookup_sink(name, spark)
             checkpoint, temporary = self._checkpoint_location(opts, provider.allows_temporary_checkpoint)
             context = SinkContext(spark, opts, self._output_mode, self._frame.schema,
@@ -237,6 +238,26 @@ class DataStreamWriter:
             return location, True
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1298",
                                           config="spark.sql.streaming.checkpointLocation")
+
+
+#: Spark's sinks that write only through its DataSource V2 API, by format: their provider
+#: class (its canonical name), which spark.sql.streaming.disabledV2Writers may list. Spark's
+#: other sinks write the same with its V1 API (kafka's KafkaSink, the file formats) or are
+#: not looked up (memory, foreach, foreachBatch).
+_V2_ONLY_WRITERS = {"console": "org.apache.spark.sql.execution.streaming.ConsoleSinkProvider",
+                    "noop": "org.apache.spark.sql.execution.datasources.noop.NoopDataSource"}
+
+
+def _check_v2_writer_not_disabled(fmt: str, spark: Any) -> None:
+    """Spark's DataStreamWriter: a provider listed in ``spark.sql.streaming.disabledV2Writers``
+    falls back to its V1 sink, and one without (console, noop) is refused when the query
+    starts, with Spark's UnsupportedOperationException."""
+    provider = _V2_ONLY_WRITERS.get(fmt.lower())
+    disabled = [n.strip() for n in (spark.conf.get("spark.sql.streaming.disabledV2Writers", "") or "").split(",")]
+    if provider is not None and provider in disabled:
+        from microbatch.spark_internals.errors import java_exception
+        raise java_exception("java.lang.UnsupportedOperationException",
+                             f"Data source {fmt} does not support streamed writing.")
 
 
 #: Spark's name of each sink asynchronous progress tracking allows (Spark 4.3's

@@ -37,7 +37,6 @@ from pyspark.errors import AnalysisException as PySparkAnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
-from microbatch import crash_points
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR, FileEntry,
                                                    FileStreamSourceLog, live_files, path_to_uri)
 from microbatch import spark_internals
@@ -45,7 +44,7 @@ from microbatch.errors import (AnalysisException, IllegalArgumentException,
                                UnsupportedOperationError)
 from microbatch.sources.base import (ALL_AVAILABLE, ReadAllAvailable, ReadLimit, ReadMaxBytes,
                                      ReadMaxFiles, Source, SourceContext, SourceProvider)
-from microbatch.sources.file_clean_source import SourceFileCleaner
+from microbatch.sources.file_clean_source import CLEANER_THREADS, SourceFileCleaner
 from microbatch.sources.file_listing import ListedFile, is_glob_path, list_input_files
 from microbatch.sources.file_sink_log import has_sink_metadata, sink_log_reader
 from microbatch.util import CaseInsensitiveOptions, conf_bool, local_path, time_string_as_ms
@@ -224,7 +223,8 @@ class FileStreamSource(Source):
             self.seen_files.add(entry.path, entry.timestamp)
         self.seen_files.purge()
         self.source_has_metadata: bool | None = False if is_glob_path(path) else None
-        self.cleaner = (SourceFileCleaner(opts.clean_source, path, opts.source_archive_dir)
+        self.cleaner = (SourceFileCleaner(opts.clean_source, path, opts.source_archive_dir,
+                                          int(spark.conf.get(CLEANER_THREADS, "1")))
                         if opts.clean_source != "off" else None)
         self._unread_files: list[ListedFile] | None = None
         self._available_now_files: list[ListedFile] | None = None
@@ -422,10 +422,8 @@ class FileStreamSource(Source):
         log_offset = _log_offset(end)
         if log_offset < 0:
             return
-        for entry in self.metadata_log.files_in_range(log_offset, log_offset):
-            if entry.batchId == log_offset:
-                self.cleaner.clean(entry)
-                crash_points.reached("source-file-cleaned")
+        self.cleaner.clean_all([entry for entry in self.metadata_log.files_in_range(log_offset, log_offset)
+                                if entry.batchId == log_offset])
 
 
 # -- providers -------------------------------------------------------------------

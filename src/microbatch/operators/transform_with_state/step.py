@@ -41,6 +41,10 @@ def with_initial_state(node: Any, df: DataFrame, partitions: int) -> DataFrame:
     return both.repartition(partitions, *[F.col(f"__k{i}") for i in range(len(node.keys))])
 
 
+#: Spark's conf: the version of a transformWithState's state schema files (3, the only one)
+SCHEMA_VERSION_CONF = "spark.sql.streaming.transformWithState.stateSchemaVersion"
+
+
 class TransformWithStateStep(StatefulStep):
     """``transformWithStateInPandas`` / ``transformWithState`` (Spark's
     TransformWithStateInPySparkExec)."""
@@ -50,8 +54,17 @@ class TransformWithStateStep(StatefulStep):
         return "transformWithStateInPySparkExec" if self.node.rows_api else "transformWithStateInPandasExec"
 
     def check_state_conf(self, conf: Any) -> None:
-        """Spark's refusal of state variables with nullable fields in its Avro encoding."""
+        """Spark's refusal of state variables with nullable fields in its Avro encoding; a
+        state schema version other than 3, which Spark 4.3's planning fails on with an
+        INTERNAL_ERROR, refused by name."""
         check_nullable_state(self.node.variables, conf.get(ENCODING_FORMAT_CONF, "unsaferow").lower())
+        version = str(conf.get(SCHEMA_VERSION_CONF, "3")).strip()
+        if version != "3":
+            from microbatch.errors import UnsupportedOperationError
+            raise UnsupportedOperationError(
+                f"{SCHEMA_VERSION_CONF}={version}: transformWithState writes its state schema "
+                "in version 3 only (Spark 4.3's engine fails to plan the query with any other, "
+                "with an INTERNAL_ERROR). Unset the conf or set it to 3.")
 
     def stored_schema_check(self, stored: dict, key: StructType, value: StructType,
                             conf: Any) -> tuple[str | None, str | None]:
