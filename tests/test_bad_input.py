@@ -112,16 +112,19 @@ def _start_without_checkpoint(frame):
     return frame.writeStream.format("strict-noop").start()
 
 
-def test_two_active_queries_cannot_share_a_name_or_a_checkpoint(ss, tmp_path):
+def test_two_active_queries_cannot_share_a_name_and_a_restart_stops_the_active_run(ss, tmp_path):
     first = rate(ss).writeStream.format("noop").queryName("dup").trigger(processingTime="1 hour") \
         .option("checkpointLocation", str(tmp_path / "a")).start()
     with pytest.raises(IllegalArgumentException, match="name dup as a query with that name is already active"):
         rate(ss).writeStream.format("noop").queryName("dup") \
             .option("checkpointLocation", str(tmp_path / "b")).start()
-    with pytest.raises(IllegalArgumentException, match="another query with same id is already active"):
-        rate(ss).writeStream.format("noop").option("checkpointLocation", str(tmp_path / "a")).start()
     assert first.isActive
-    first.stop()
+    # the same query (its checkpoint) again: Spark's engine stops the active run and starts
+    # the new one (spark.sql.streaming.stopActiveRunOnRestart, true by default; false refuses:
+    # tests/test_confs_honoured.py)
+    second = rate(ss).writeStream.format("noop").option("checkpointLocation", str(tmp_path / "a")).start()
+    assert not first.isActive and second.isActive and second.id == first.id
+    second.stop()
 
 
 def test_checkpoint_of_another_query_is_refused_and_kept(ss, tmp_path):
