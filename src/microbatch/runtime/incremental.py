@@ -271,6 +271,13 @@ class IncrementalExecution:
                 spark_internals.filter_passes_filter(filtered.build(empty_inputs))
                 if below.method in ("filter", "where")
                 else spark_internals.filter_passes_projection(filtered.build(empty_inputs))):
+            if filtered.positions and below.method not in ("filter", "where"):
+                # (a Column bound to the projection's output, ``df["v"]``, is bound below it
+                # to the same column's place in the projection's input: seed 5176)
+                positions = spark_internals.positions_below_projection(below.build(empty_inputs), filtered.positions)
+                if positions is None:
+                    return None
+                moved = dataclasses.replace(moved, positions=positions)
             sunk = self._sink_filter(moved, empty_inputs)
             return None if sunk is None else dataclasses.replace(below, child=sunk)
         return None

@@ -792,6 +792,29 @@ def attribute_positions(df: Any, ids: set[int]) -> dict[int, Any]:
     return found
 
 
+def positions_below_projection(projected: Any, positions: dict[int, Any]) -> dict[int, Any] | None:
+    """``positions`` (a step's bound Columns: ``{attribute id: output index}`` in
+    ``projected``'s output, ``attribute_positions``) as the same columns' indexes in the
+    output of the input of the step at the top of ``projected``'s analysed plan (a
+    projection, a repartition: one input), for a step moved below it: each column must be
+    passed through unchanged (the same attribute); None where one is not, is found only
+    below the output, or the top has other than one input."""
+    plan = analyzed_plan(projected)
+    if plan.children().size() != 1:
+        return None
+    output, below = plan.output(), plan.children().apply(0).output()
+    below_ids = [below.apply(i).exprId().id() for i in range(below.size())]
+    moved: dict[int, Any] = {}
+    for key, where in positions.items():
+        if not isinstance(where, int) or where >= output.size():
+            return None
+        there = output.apply(where).exprId().id()
+        if there not in below_ids:
+            return None
+        moved[key] = below_ids.index(there)
+    return moved
+
+
 def _attribute_at(plan: Any, output: Any, where: Any, name: str) -> Any:
     """The attribute ``attribute_positions`` found at ``where``, in ``plan`` (whose output
     is ``output``); None where ``plan`` has another shape on the way, or another column there."""
