@@ -71,16 +71,6 @@ def test_a_hidden_column_a_source_does_not_have_gets_sparks_error(spark, ss):
     assert errors[0] == errors[1] and errors[0]
 
 
-def test_metadata_read_past_a_later_watermark_is_refused_naming_the_fix(ss, events, tmp_path):
-    """Spark runs it; microbatch exposes ``_metadata`` up to the source's own watermark only."""
-    from pyspark.errors import StreamingQueryException
-    frame = json_stream(ss, events, SCHEMA).withColumn("t", F.timestamp_seconds("id")) \
-        .withWatermark("t", "1 second").select("id", "_metadata.file_name")
-    query = frame.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c")).start()
-    with pytest.raises(StreamingQueryException, match=r"select\('\*', '_metadata'\)"):
-        query.awaitTermination(120)
-
-
 def test_a_window_function_on_a_stream_is_refused_as_spark_refuses_it(spark, ss, events, tmp_path):
     from pyspark.sql import Window
     said = []

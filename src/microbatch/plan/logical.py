@@ -440,6 +440,12 @@ class StatefulNode(PlanNode):
         raise NotImplementedError
 
     # -- answers most kinds share -----------------------------------------------------------
+    def passes_hidden_columns(self) -> bool:
+        """Whether a step above may read its input's hidden columns (a file source's
+        ``_metadata``) through it: its output rows are its input's, as Spark's logical node
+        gives its child's ``metadataOutput`` (a Deduplicate; not an Aggregate)."""
+        return False
+
     def output_marks_event_time(self) -> bool:
         """Whether its output carries the event-time mark of its input (a ``withWatermark``
         above it would redefine the watermark)."""

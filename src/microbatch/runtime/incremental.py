@@ -77,7 +77,7 @@ from microbatch.operators.limit import limits_over_appends
 from microbatch.plan.logical import (BatchFilter, NullFilter, Observe, PlanNode, ScanFilter, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
 from microbatch.plan.checks import unsupported_operation
-from microbatch.runtime.segments import PreparedSegment, segments_prepared
+from microbatch.runtime.segments import PreparedSegment, hidden_columns_carried, segments_prepared
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.state.store import StateStoreConf
 
@@ -187,7 +187,7 @@ class IncrementalExecution:
         plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         plan = dedups_times_pruned(joins_times_pruned(plan, empty_inputs), empty_inputs)
-        self.plan = segments_prepared(plan)
+        self.plan = segments_prepared(hidden_columns_carried(plan, empty_inputs, spark))
         self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())
         stateful = [n for n in nodes if n.stateful]

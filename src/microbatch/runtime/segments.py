@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.plan.logical import (Apply, PlanNode, ScanFilter, StaticJoin, StreamingRelation, Transform, Union,
@@ -90,6 +92,14 @@ class PreparedSegment(PlanNode):
             while isinstance(source, (Watermark, ScanFilter)):
                 source = source.child
             empty = source.empty_batch(df.sparkSession) if isinstance(source, StreamingRelation) else None
+            if df.columns[-1:] == [spark_internals.CARRIED_METADATA]:
+                # (a hole that carries its source's _metadata, ``hidden_columns_carried``: a
+                # relation of the source's format with the columns before it, which has the
+                # hidden column the binding gives the carried one as)
+                empty = _hidden_placeholder(hole, StructType(df.schema.fields[:-1]), df.sparkSession)
+                if empty is not None:
+                    empties.append(empty)
+                    continue
             if empty is None or empty.schema != df.schema:
                 # (with the columns' qualifiers: a stream-stream join's ``l.id`` and ``r.id``)
                 empty = spark_internals.requalified(spark_internals.empty_dataframe(df.sparkSession, df.schema),
@@ -109,11 +119,11 @@ class PreparedSegment(PlanNode):
             if "_metadata" not in str(e):
                 raise
             raise AnalysisException(
-                "The file source's hidden column _metadata is read here after a withWatermark "
-                "that follows other steps, or after a stateful step: microbatch exposes it only "
-                "up to the source's own withWatermark. Select it right after the source, "
-                "e.g. readStream...load().select('*', '_metadata'), and use that column "
-                f"afterwards. ({e})") from e
+                "The file source's hidden column _metadata is read here through a step that "
+                "microbatch does not carry it through (a stream-stream join, a "
+                "flatMapGroupsWithState, transformWithState or applyInPandasWithState): "
+                "select it right after the source, e.g. readStream...load().select('*', "
+                f"'_metadata'), and use that column afterwards. ({e})") from e
         return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
 
     def describe(self) -> str:
@@ -145,3 +155,98 @@ def segments_prepared(node: PlanNode) -> PlanNode:
 
     template = over_holes(node)
     return PreparedSegment(template, tuple(holes))
+
+
+def _direct(hole: PlanNode) -> bool:
+    """Whether ``hole`` is a source read directly (under its watermark or scan filter):
+    its batch is the source's relation, whose hidden columns a segment's binding exposes."""
+    while isinstance(hole, (Watermark, ScanFilter)):
+        hole = hole.child
+    return isinstance(hole, StreamingRelation)
+
+
+def _passes_hidden(node: PlanNode) -> bool:
+    """Whether ``node``'s output rows are its input's, hidden columns included, for a step
+    above (Spark's ``metadataOutput`` of a watermark, a deduplication)."""
+    return isinstance(node, (Watermark, ScanFilter)) or (node.stateful and node.passes_hidden_columns())
+
+
+def _may_carry(hole: PlanNode) -> bool:
+    """Whether ``hole``, not read directly, could carry a source's hidden columns up: it
+    passes them, down to a stateless step or a source."""
+    while _passes_hidden(hole):
+        hole = hole.child
+    return isinstance(hole, (StreamingRelation,) + SEGMENT_STEPS)
+
+
+def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame | None:
+    """A relation of no rows with ``schema``'s columns and the hidden columns of the file
+    source read under ``hole`` (its format over no files), or None."""
+    for node in hole.nodes():
+        if isinstance(node, StreamingRelation) and node.provider is not None:
+            try:
+                empty = node.provider.empty_batch(spark, node.options, schema)
+            except Exception:   # noqa: BLE001 - a format that cannot hold these columns: none
+                continue
+            if spark_internals.has_hidden_columns(empty):
+                return empty
+    return None
+
+
+def _run_holes(node: PlanNode) -> list[PlanNode]:
+    """The holes of the run of stateless steps rooted at ``node``, in the template's order."""
+    if isinstance(node, SEGMENT_STEPS):
+        return [hole for child in node.children for hole in _run_holes(child)]
+    return [node]
+
+
+def _run_over(node: PlanNode, holes: list[PlanNode]) -> PlanNode:
+    remaining = iter(holes)
+
+    def over(step: PlanNode) -> PlanNode:
+        if isinstance(step, SEGMENT_STEPS):
+            return children_replaced(step, [over(c) for c in step.children])
+        return next(remaining)
+    return over(node)
+
+
+def hidden_columns_carried(plan: PlanNode, empty_inputs, spark) -> PlanNode:
+    """A rewrite the planner makes once per run, before the segments: where stateless steps
+    read a file source's hidden ``_metadata`` through a watermark that follows other steps
+    or through a deduplication (both pass their input's rows, and Spark's analysis reads a
+    relation's hidden columns through them: AddMetadataColumns), the steps below put it in
+    a column of their own (``spark_internals.CARRIED_METADATA``, last) that the watermark or
+    deduplication passes on, and the segment above reads it as the hidden column (its
+    placeholder a relation of the source's format with the hole's other columns, which has
+    the hidden column). Which reads need it is Spark's analysis of the steps over such
+    placeholders; a source read directly needs none (the binding exposes its relation's)."""
+
+    def carried(node: PlanNode, needed: bool) -> PlanNode:
+        if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node) and _passes_hidden(node):
+            return children_replaced(node, [carried(node.child, True)])
+        if needed:    # (a source read directly, or stateless steps: they select it)
+            node = Transform(node, "select", ("*", F.col("_metadata").alias(spark_internals.CARRIED_METADATA)))
+        if not isinstance(node, SEGMENT_STEPS):
+            return children_replaced(node, [carried(c, False) for c in node.children])
+        holes = _run_holes(node)
+        reads = _holes_read_for_hidden(node, holes)
+        return _run_over(node, [carried(hole, read) for hole, read in zip(holes, reads)])
+
+    def _holes_read_for_hidden(run: PlanNode, holes: list[PlanNode]) -> list[bool]:
+        asked = [not _direct(h) and _may_carry(h) for h in holes]
+        if not any(asked):
+            return asked
+        try:
+            placeholders = []
+            for hole, ask in zip(holes, asked):
+                built = hole.build(empty_inputs)
+                stand_in = _hidden_placeholder(hole, built.schema, spark) if ask else None
+                placeholders.append(stand_in if stand_in is not None else built)
+            analyzed = spark_internals.analyzed_plan(_run_over(run, [Placeholder(p) for p in placeholders]).build({}))
+        except AnalysisException:    # (read through a step that does not carry it: the segment says so)
+            return [False] * len(holes)
+        read = spark_internals.hidden_columns_read(
+            analyzed, [spark_internals.analyzed_plan(p) for p in placeholders])
+        return [ask and r for ask, r in zip(asked, read)]
+
+    return carried(plan, False)

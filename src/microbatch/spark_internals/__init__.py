@@ -28,7 +28,8 @@ from microbatch.spark_internals.analysis import (
 )
 from microbatch.spark_internals.aggregate_filters import conjuncts_through_aggregation
 from microbatch.spark_internals.binding import (
-    BatchInput, BindablePlan, ColumnsKeys, PythonFunctionRef, map_in_arrow_function,
+    CARRIED_METADATA, BatchInput, BindablePlan, ColumnsKeys, PythonFunctionRef, has_hidden_columns,
+    hidden_columns_read, map_in_arrow_function,
     projected_function, runs_again_alike, with_batch_timestamp,
 )
 from microbatch.spark_internals.catalog import (
@@ -63,10 +64,11 @@ from microbatch.spark_internals.versions import (
     query_started_event, records_conf, require, running_version,
 )
 from microbatch.spark_internals.sql import (
-    SqlNode, grouping_position, parse_sql, sql_column, sql_int, sql_parameters,
+    SqlNode, behind_a_view, grouping_position, parse_sql, sql_column, sql_int, sql_parameters,
 )
 
 __all__ = [
+    "CARRIED_METADATA", "behind_a_view", "has_hidden_columns", "hidden_columns_read",
     "CHECKPOINTED_CONF_SINCE", "FEATURES", "OLDEST_SUPPORTED", "arrow_schema", "arrow_type", "check_supported", "dataframe_of_arrow", "SparkVersion", "has_arrow_udf", "max_offset_log_version",
     "observation_has_row", "observed_rows", "progress_operator_name", "progress_shuffle_partitions", "user_progress", "with_observed_rows", "na_functions", "query_started_event",
     "records_conf", "require", "running_version",
@@ -160,6 +162,7 @@ conjuncts_without_column = _by_kind(conjuncts_without_column, _c_analysis.no_con
 grouping_set_filters = _by_kind(grouping_set_filters, _c_analysis.no_conjuncts)
 conjuncts_through_aggregation = _by_kind(conjuncts_through_aggregation, _c_analysis.no_conjuncts)   # (Connect: none)
 schema_tree = _by_kind(schema_tree, _c_analysis.schema_tree)
+behind_a_view = _by_kind(behind_a_view, lambda df, name: df)   # (Connect: its own views' rules)
 join_condition = _by_kind(join_condition, _refused("A join"))
 join_condition_parts = _by_kind(join_condition_parts, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))

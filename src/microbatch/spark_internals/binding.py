@@ -94,6 +94,31 @@ class ColumnsKeys:
         return tuple(key)
 
 
+#: The column in which a batch that is no file relation (a deduplication's output, a
+#: watermark's over other steps) carries the hidden ``_metadata`` of the file relation it
+#: was read from, last, for a plan above that reads it as the hidden column
+#: (``runtime.segments.hidden_columns_carried``).
+CARRIED_METADATA = "__microbatch_carried_metadata"
+
+
+def hidden_columns_read(analyzed: Any, placeholders: list[Any]) -> list[bool]:
+    """For each placeholder (an analysed plan among ``analyzed``'s leaves), whether the
+    plan reads its hidden columns: Spark's analyser (AddMetadataColumns) put the
+    placeholder with them exposed in its place."""
+    leaves = analyzed.collectLeaves()
+    leaves = [leaves.apply(i) for i in range(leaves.size())]
+    found = []
+    for placeholder in placeholders:
+        exposed = placeholder.withMetadataColumns() if placeholder.metadataOutput().nonEmpty() else None
+        found.append(exposed is not None and any(leaf.equals(exposed) for leaf in leaves))
+    return found
+
+
+def has_hidden_columns(df: Any) -> bool:
+    """Whether ``df``'s plan has hidden columns (a file relation's ``_metadata``)."""
+    return analyzed_plan(df).metadataOutput().nonEmpty()
+
+
 #: Nodes over a batch's relation that pass its rows' columns as they are, which a batch's
 #: hidden columns are exposed under (Spark's AddMetadataColumns passes them so).
 _PASSING_ROWS = ("Filter", "CollectMetrics")
@@ -214,15 +239,19 @@ class BindablePlan:
         AddMetadataColumns exposes them: the batch's file relation (under the projection
         that orders its partition columns, if any) with its metadata columns added. A batch
         without such a relation (none of the source's files) has no rows: nulls stand in.
+        A batch whose last column is ``CARRIED_METADATA`` gives that column as ``_metadata``.
         A filter over the batch (the one Spark's engine gives the scan: ``ScanFilter``) and
         the observation of a watermark's event times over it (``CollectMetrics``) stay over
         it."""
         plan, found, filters = given.plan, {}, []
-        while plan.getClass().getSimpleName() in _PASSING_ROWS:
+        last = given.output.apply(given.output.size() - 1)
+        if last.name() == CARRIED_METADATA:     # (the batch carries them in a column of its own)
+            found = {"_metadata": last}
+        while not found and plan.getClass().getSimpleName() in _PASSING_ROWS:
             filters.append(plan)
             plan = plan.child()
         relation = plan.children().apply(0) if plan.getClass().getSimpleName() == "Project" else plan
-        if relation.getClass().getSimpleName() == "LogicalRelation" and relation.metadataOutput().nonEmpty():
+        if not found and relation.getClass().getSimpleName() == "LogicalRelation" and relation.metadataOutput().nonEmpty():
             metadata = relation.metadataOutput()
             found = {metadata.apply(j).name(): metadata.apply(j) for j in range(metadata.size())}
             exposed = relation.withMetadataColumns()

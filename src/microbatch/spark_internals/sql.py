@@ -242,3 +242,27 @@ def grouping_position(expression: Any, grouping: list) -> tuple[int, str | None]
         if expression.equals(candidate):
             return index, alias
     return None
+
+
+def behind_a_view(df: Any, name: str) -> Any:
+    """``df`` as Spark's SQL reads a temporary view of it (``df.createOrReplaceTempView(name)``
+    then ``FROM name``): under Spark's ``View`` node, whose ``metadataOutput`` is empty, so
+    the relation's hidden columns (a file source's ``_metadata``) do not resolve above it,
+    and qualified by the view's name. ``df`` itself when it has no hidden columns. The
+    ``View`` is made by Spark's catalog, as a temporary view of a name of its own, dropped
+    at once."""
+    import uuid
+    from microbatch.spark_internals.versions import dataframe_of_plan
+    spark = df.sparkSession
+    plan = df._jdf.queryExecution().analyzed()
+    if not plan.metadataOutput().nonEmpty():
+        return df
+    temporary = f"microbatch_view_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(temporary)
+    try:
+        viewed = spark.table(temporary)._jdf.queryExecution().analyzed()
+    finally:
+        spark.catalog.dropTempView(temporary)
+    while viewed.getClass().getSimpleName() == "SubqueryAlias":
+        viewed = viewed.child()
+    return dataframe_of_plan(spark, viewed).alias(name)
