@@ -168,7 +168,9 @@ class _Translation:
             return self._qualified(scope[name.lower()], name)
         view = self.session._stream_view(name)
         if view is not None:
-            return self._qualified(_as_view(view, node.fields["name"][-1]), node.fields["name"][-1])
+            # (not ``_as_view(view, ...)`` yet: under Spark's View a qualified column of an
+            # aggregation, ``sum(events.v)``, no longer resolves in the aggregation's plan)
+            return self._qualified(view, node.fields["name"][-1])
         if node.fields["streaming"]:
             return self._qualified(self.session.readStream.table(name), node.fields["name"][-1])
         return self.session.spark.table(name)   # Spark's TABLE_OR_VIEW_NOT_FOUND for an unknown one

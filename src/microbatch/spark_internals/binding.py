@@ -109,9 +109,20 @@ def hidden_columns_read(analyzed: Any, placeholders: list[Any]) -> list[bool]:
     leaves = [leaves.apply(i) for i in range(leaves.size())]
     found = []
     for placeholder in placeholders:
-        exposed = placeholder.withMetadataColumns() if placeholder.metadataOutput().nonEmpty() else None
+        exposed = _exposed(placeholder) if placeholder.metadataOutput().nonEmpty() else None
         found.append(exposed is not None and any(leaf.equals(exposed) for leaf in leaves))
     return found
+
+
+def _exposed(plan: Any) -> Any:
+    """``plan`` with its hidden columns exposed (``withMetadataColumns``), or None for a
+    plan that has hidden columns but cannot expose them itself (not an
+    ExposesMetadataColumns: a union of two streams' batches)."""
+    from py4j.protocol import Py4JError
+    try:
+        return plan.withMetadataColumns()
+    except Py4JError:
+        return None
 
 
 def has_hidden_columns(df: Any) -> bool:
@@ -157,7 +168,7 @@ class BindablePlan:
             self.placeholders.append((placeholder, [(output.apply(i).name(), output.apply(i).exprId())
                                                     for i in range(output.size())]))
             hidden = placeholder.metadataOutput()
-            exposed = placeholder.withMetadataColumns() if hidden.nonEmpty() else None
+            exposed = _exposed(placeholder) if hidden.nonEmpty() else None
             if exposed is not None and any(leaf.equals(exposed) for leaf in leaves):
                 self._hidden.append((exposed, [(hidden.apply(i).name(), hidden.apply(i).exprId(),
                                                 hidden.apply(i).dataType()) for i in range(hidden.size())]))
