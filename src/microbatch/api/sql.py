@@ -10,7 +10,6 @@ stream is Spark's own ``spark.sql``: a plain DataFrame.
 """
 from __future__ import annotations
 
-import copy
 import itertools
 import uuid
 from typing import Any
@@ -130,18 +129,6 @@ def _reads_stream(session: Any, relation) -> bool:
     return relation.fields["streaming"] or session._stream_view(_name(relation)) is not None
 
 
-def _as_view(frame: StreamFrame, name: str) -> StreamFrame:
-    """The stream as SQL reads its temporary view: the same steps, over a template under
-    Spark's ``View``, which hides the relation's hidden columns as Spark's SQL does (``SELECT
-    _metadata.file_name FROM v`` is UNRESOLVED_COLUMN unless the view selects ``_metadata``)."""
-    template = spark_internals.behind_a_view(frame._template, name)
-    if template is frame._template:
-        return frame
-    viewed = copy.copy(frame)
-    viewed._template = template
-    return viewed
-
-
 class _Translation:
     """A parsed query as the DataFrame calls it stands for."""
 
@@ -168,7 +155,7 @@ class _Translation:
             return self._qualified(scope[name.lower()], name)
         view = self.session._stream_view(name)
         if view is not None:
-            # (not ``_as_view(view, ...)`` yet: under Spark's View a qualified column of an
+            # (not under Spark's View yet, spark_internals.behind_a_view: there a qualified column of an
             # aggregation, ``sum(events.v)``, no longer resolves in the aggregation's plan)
             return self._qualified(view, node.fields["name"][-1])
         if node.fields["streaming"]:
