@@ -14,7 +14,8 @@ from pyspark.sql import functions as F
 from pyspark.errors import AnalysisException
 
 from microbatch.errors import UnsupportedOperationError
-from test_aggregation_differential import SCHEMA, _plain, events  # noqa: F401 - the events fixture
+from helpers import plain as _plain
+from test_aggregation_differential import SCHEMA, events  # noqa: F401 - the events fixture
 
 
 def stream(ss, events, files_per_batch=1):
