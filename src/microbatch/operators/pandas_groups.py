@@ -137,6 +137,25 @@ def python_value(spark_type: Any, value: Any) -> Any:
     return spark_type.fromInternal(value) if value is not None and is_timestamp(spark_type) else value
 
 
+def user_value(spark_type: Any, value: Any) -> Any:
+    """A stored value as PySpark gives it to a user's function (``fromInternal``; Spark's
+    rows unpickled by its state client): a struct a ``Row`` (stored as a tuple, or as a dict
+    when read back from files), an array a list, a map a dict (stored as pairs or a dict), a
+    timestamp a datetime."""
+    from pyspark.sql.types import ArrayType, MapType, _create_row
+    if value is None:
+        return None
+    if isinstance(spark_type, StructType):
+        items = [value.get(f.name) for f in spark_type.fields] if isinstance(value, dict) else value
+        return _create_row(spark_type.names, [user_value(f.dataType, v) for f, v in zip(spark_type.fields, items)])
+    if isinstance(spark_type, ArrayType):
+        return [user_value(spark_type.elementType, v) for v in value]
+    if isinstance(spark_type, MapType):
+        pairs = value.items() if isinstance(value, dict) else value
+        return {user_value(spark_type.keyType, k): user_value(spark_type.valueType, v) for k, v in pairs}
+    return python_value(spark_type, value)
+
+
 def stored_value(spark_type: Any, value: Any) -> Any:
     """A Python value of ``spark_type`` as the store keeps it (datetime -> µs)."""
     if value is None or not is_timestamp(spark_type) or isinstance(value, int):

@@ -15,7 +15,7 @@ from pyspark.sql.types import ArrayType, LongType, MapType, StructField, StructT
 from microbatch.operators.base import OperatorBatch, StatefulStep, StateTask, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
 from microbatch.operators.pandas_groups import (TIMEOUT_FIELD, PandasConversion, arrow_table, keyed_state_shape,
-                                                python_value, state_fields, storage_value, stored_value,
+                                                state_fields, storage_value, stored_value, user_value,
                                                 without_late_rows)
 
 NO_TIMESTAMP = -1
@@ -153,7 +153,7 @@ class GroupStateTask(StateTask):
         ``Row`` s with their names, arrays as lists, maps as dicts."""
         if value is None:
             return None
-        return tuple(_python(f.dataType, v) for f, v in zip(self.state_type.fields, value))
+        return tuple(user_value(f.dataType, v) for f, v in zip(self.state_type.fields, value))
 
     def _to_store(self, value: tuple) -> tuple:
         """A state value as the store keeps it: as PySpark's worker hands it to the JVM
@@ -163,23 +163,6 @@ class GroupStateTask(StateTask):
                      if not isinstance(f.dataType, (StructType, ArrayType, MapType)) or v is None
                      else f.dataType.toInternal(v)
                      for f, v in zip(self.state_type.fields, value))
-
-
-def _python(spark_type, value):
-    """A stored value (structs as tuples or dicts, maps as pairs or dicts) as PySpark's
-    ``fromInternal`` gives it."""
-    if value is None:
-        return None
-    if isinstance(spark_type, StructType):
-        from pyspark.sql.types import _create_row
-        items = [value.get(f.name) for f in spark_type.fields] if isinstance(value, dict) else value
-        return _create_row(spark_type.names, [_python(f.dataType, v) for f, v in zip(spark_type.fields, items)])
-    if isinstance(spark_type, ArrayType):
-        return [_python(spark_type.elementType, v) for v in value]
-    if isinstance(spark_type, MapType):
-        pairs = value.items() if isinstance(value, dict) else value
-        return {_python(spark_type.keyType, k): _python(spark_type.valueType, v) for k, v in pairs}
-    return python_value(spark_type, value)
 
 
 def _dtypes_vary(table: pa.Table) -> bool:

@@ -5,30 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from microbatch.operators.pandas_groups import python_value, storage_value, stored_value
+from microbatch.operators.pandas_groups import storage_value, stored_value, user_value
 from microbatch.operators.transform_with_state.variables import LIST, MAP, VALUE, StateVariable
 
 def _fields(stored: Any) -> tuple:
     """A stored struct as a tuple of its fields (files give structs back as dicts)."""
     return tuple(stored.values()) if isinstance(stored, dict) else tuple(stored)
-
-
-def to_user(spark_type: Any, value: Any) -> Any:
-    """A stored value as PySpark's state client gives it (Spark's rows unpickled): a nested
-    struct a ``Row``, an array a list, a map a dict, a timestamp a datetime."""
-    from pyspark.sql import Row
-    from pyspark.sql.types import ArrayType, MapType, StructType
-    if value is None:
-        return None
-    if isinstance(spark_type, StructType):
-        fields = _fields(value)
-        return Row(**{f.name: to_user(f.dataType, v) for f, v in zip(spark_type.fields, fields)})
-    if isinstance(spark_type, ArrayType):
-        return [to_user(spark_type.elementType, v) for v in value]
-    if isinstance(spark_type, MapType):
-        pairs = value.items() if isinstance(value, dict) else value
-        return {to_user(spark_type.keyType, k): to_user(spark_type.valueType, v) for k, v in pairs}
-    return python_value(spark_type, value)
 
 
 def to_storage(spark_type: Any, value: Any) -> Any:
@@ -58,7 +40,7 @@ def _codec_in(schema: Any) -> Callable[[Any], tuple]:
     fields = schema.fields
 
     def decode(stored: Any) -> tuple:
-        return tuple(to_user(f.dataType, v) for f, v in zip(fields, _fields(stored)))
+        return tuple(user_value(f.dataType, v) for f, v in zip(fields, _fields(stored)))
     return decode
 
 
