@@ -385,11 +385,14 @@ class StreamFrame:
         kind = _STATIC_JOIN_TYPES.get((how or "inner").lower())
         if kind is None:
             raise IllegalArgumentException(f"Unsupported join type '{how}'.")
-        refused = {"left": "LeftOuter", "full": "FullOuter", "semi": "LeftSemi", "anti": "LeftAnti"}
+        on_the_left = " and a static DataFrame/Dataset on the left is not supported"
+        refused = {   # (Spark's UnsupportedOperationChecker's words)
+            "left": "LeftOuter join with a streaming DataFrame/Dataset on the right" + on_the_left,
+            "full": "FullOuter joins with streaming DataFrames/Datasets on the right" + on_the_left,
+            "semi": "LeftSemi join with a streaming DataFrame/Dataset on the right" + on_the_left,
+            "anti": "LeftAnti joins with a streaming DataFrame/Dataset on the right are not supported"}
         if kind in refused:
-            raise AnalysisException(
-                f"{refused[kind]} join with a streaming DataFrame/Dataset on the right and a static "
-                "DataFrame/Dataset on the left is not supported")
+            raise AnalysisException(refused[kind])
         template = static.join(self._template, on, how or "inner")
         node = StaticJoin(self._plan, static, on, how or "inner", "right", positions=_positions(self._template, on))
         return StreamFrame(self._session, node, template)
@@ -935,3 +938,36 @@ class GroupedStream:
         return self._aggregate(lambda g, rebind=_same: g.avg(*cols))
 
     mean = avg
+
+
+def _static_joins_take_streams() -> None:
+    """``static_df.join(stream, on, how)``, as Spark's engine runs it: PySpark's
+    ``DataFrame.join`` reaches into its argument's JVM DataFrame (``other._jdf``; over
+    Connect ``other._plan``), which a microbatch stream does not have. Each of PySpark's
+    DataFrame classes that defines ``join`` gets it wrapped once, passing a microbatch stream
+    to ``StreamFrame._joined_by_static`` (inner and right outer joins, Spark's rules for a
+    static left side) and anything else to PySpark's own ``join`` unchanged."""
+    import importlib
+    for module, name in (("pyspark.sql.dataframe", "DataFrame"), ("pyspark.sql.classic.dataframe", "DataFrame"),
+                         ("pyspark.sql.connect.dataframe", "DataFrame")):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except Exception:          # noqa: BLE001 - an older PySpark, or Connect's packages absent
+            continue
+        join = cls.__dict__.get("join")
+        if join is None or getattr(join, "_takes_streams", False):
+            continue
+
+        def taking_streams(self, other, on=None, how=None, _join=join):
+            if isinstance(other, StreamFrame):
+                return other._joined_by_static(self, on, how)
+            return _join(self, other, on, how)
+
+        taking_streams._takes_streams = True
+        taking_streams.__doc__ = join.__doc__
+        taking_streams.__name__ = "join"
+        taking_streams.__qualname__ = join.__qualname__
+        cls.join = taking_streams
+
+
+_static_joins_take_streams()
