@@ -833,7 +833,9 @@ class GroupedStream:
                                   "arbitrary stateful processing (issue 18)")
         node = FlatMapGroupsWithState(frame._plan, keys, func, output, state, mode, timeoutConf,
                                       data_columns=data_columns,
-                                      late_rows_column=self._late_rows_column(frame, keys, data_columns))
+                                      late_rows_column=self._late_rows_column(frame, keys, data_columns),
+                                      input_marked=any(WATERMARK_DELAY in f.metadata
+                                                       for f in frame._template.schema.fields))
         template = spark_internals.empty_batch(frame._template.sparkSession, output)
         return StreamFrame(frame._session, node, template)
 

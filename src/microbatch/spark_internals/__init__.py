@@ -171,8 +171,18 @@ pruned_from_joins = _by_kind(pruned_from_joins, _refused("A join"))
 pruned_below_repartitions = _by_kind(pruned_below_repartitions, lambda df, columns: [False] * len(columns))
 output_qualifiers = _by_kind(output_qualifiers, _refused("A join"))
 requalified = _by_kind(requalified, _refused("A join"))
-event_time_marked = _by_kind(event_time_marked, lambda df, column, delay_ms: df.withMetadata(
-    column, {"spark.watermarkDelayMs": int(delay_ms)}))
+
+
+def _connect_event_time_marked(df, column, delay_ms):
+    """Over Connect: ``column`` marked, every other column's mark removed (EventTimeWatermark)."""
+    for field in df.schema.fields:
+        if field.name.lower() != column.lower() and "spark.watermarkDelayMs" in field.metadata:
+            df = df.withMetadata(field.name, {k: v for k, v in field.metadata.items()
+                                              if k != "spark.watermarkDelayMs"})
+    return df.withMetadata(column, {"spark.watermarkDelayMs": int(delay_ms)})
+
+
+event_time_marked = _by_kind(event_time_marked, _connect_event_time_marked)
 grouping_columns = _by_kind(grouping_columns, _refused("applyInPandasWithState or transformWithState"))
 grouping_column_names = _by_kind(grouping_column_names, _refused("applyInPandasWithState or transformWithState"))
 ambiguous_on_a_stream = _by_kind(ambiguous_on_a_stream, lambda df, step: None)   # (Connect: none)

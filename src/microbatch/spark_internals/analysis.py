@@ -950,17 +950,20 @@ def event_time_marked(df: Any, column: str, delay_ms: int) -> Any:
     A batch plan drops ``withWatermark`` in analysis, so a stream's template marks it here;
     Spark's analysis of the steps above then carries the mark as it does on a stream:
     through aliases and renames, onto windows over the column and the grouping keys of an
-    aggregation, and not onto expressions over it or onto a column of an earlier frame."""
+    aggregation, and not onto expressions over it or onto a column of an earlier frame.
+    As EventTimeWatermark's output (``updateEventTimeColumn``), every other column loses
+    a mark it had: after a second ``withWatermark`` only its column is the event time."""
     to_seq = jvm_class("org.apache.spark.api.python.PythonUtils").toSeq
     plan = analyzed_plan(df)
     output = _scala_list(plan.output())
     resolver = plan.conf().resolver()
     marked = []
     for attribute in output:
+        builder = jvm_class("org.apache.spark.sql.types.MetadataBuilder")().withMetadata(attribute.metadata())
         if resolver.apply(attribute.name(), column):
-            metadata = (jvm_class("org.apache.spark.sql.types.MetadataBuilder")().withMetadata(attribute.metadata())
-                        .putLong("spark.watermarkDelayMs", int(delay_ms)).build())
-            attribute = attribute.withMetadata(metadata)
+            attribute = attribute.withMetadata(builder.putLong("spark.watermarkDelayMs", int(delay_ms)).build())
+        elif attribute.metadata().contains("spark.watermarkDelayMs"):
+            attribute = attribute.withMetadata(builder.remove("spark.watermarkDelayMs").build())
         marked.append(attribute)
     project = jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")(to_seq(marked), plan)
     return dataframe_of_plan(df.sparkSession, project)

@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from microbatch.spark_internals.analysis import analyzed_plan
+from microbatch.spark_internals.event_time import newly_marked
 from microbatch.spark_internals.jvm import jvm_class
 from microbatch.spark_internals.versions import dataframe_of_plan
 
@@ -136,18 +137,13 @@ def _as_engine_batch(node: Any) -> Any:
             for old, new in zip(_attributes(node.output()), _attributes(fresh.output()))]
         return jvm_class("org.apache.spark.sql.catalyst.plans.logical.Project")(to_seq(aliases), fresh)
     children = [_as_engine_batch(c) for c in _children(node)]
-    if name == "Project" and len(children) == 1:
+    marked = newly_marked(node, children[0]) if name == "Project" and len(children) == 1 else None
+    if marked is not None:
         below = {a.exprId().id(): a for a in _attributes(children[0].output())}
-        listed = _attributes(node.projectList())
-        marked = [a for a in listed if a.getClass().getSimpleName() == "AttributeReference"
-                  and a.metadata().contains(_DELAY_KEY) and a.exprId().id() in below
-                  and not below[a.exprId().id()].metadata().contains(_DELAY_KEY)]
-        if len(marked) == 1 and len(listed) == len(below) and all(
-                a.getClass().getSimpleName() == "AttributeReference" for a in listed):
-            delay_us = marked[0].metadata().getLong(_DELAY_KEY) * 1000
-            interval = jvm_class("org.apache.spark.unsafe.types.CalendarInterval")(0, 0, delay_us)
-            return jvm_class("org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark")(
-                jvm_class("java.util.UUID").randomUUID(), below[marked[0].exprId().id()], interval, children[0])
+        delay_us = marked.metadata().getLong(_DELAY_KEY) * 1000
+        interval = jvm_class("org.apache.spark.unsafe.types.CalendarInterval")(0, 0, delay_us)
+        return jvm_class("org.apache.spark.sql.catalyst.plans.logical.EventTimeWatermark")(
+            jvm_class("java.util.UUID").randomUUID(), below[marked.exprId().id()], interval, children[0])
     return node.withNewChildren(to_seq(children))
 
 

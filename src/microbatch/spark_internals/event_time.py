@@ -33,6 +33,22 @@ def _marked(attribute: Any) -> bool:
     return attribute.metadata().contains(WATERMARK_DELAY)
 
 
+def newly_marked(project: Any, child: Any) -> Any:
+    """The attribute a projection made by ``analysis.event_time_marked`` (the
+    EventTimeWatermark a stream's template stands for) marks as the event time, or None
+    when ``project`` (a Project over ``child``) is not such a projection: each of the
+    child's attributes in its order and nothing else, exactly one of them marked where the
+    child's is not."""
+    listed = _scala_list(project.projectList())
+    below = _scala_list(child.output())
+    if len(listed) != len(below) or not all(
+            a.getClass().getSimpleName() == "AttributeReference" and a.exprId().id() == b.exprId().id()
+            for a, b in zip(listed, below)):
+        return None
+    marked = [a for a, b in zip(listed, below) if _marked(a) and not _marked(b)]
+    return marked[0] if len(marked) == 1 else None
+
+
 def _marked_ids(node: Any) -> set[int]:
     """The expression ids of ``node``'s output attributes that carry the mark once every
     reference takes its child's attribute (as Spark's optimized plan of a batch with data)."""
@@ -44,6 +60,9 @@ def _marked_ids(node: Any) -> set[int]:
         return attribute.exprId().id() in below or _marked(attribute)
 
     kind = node.getClass().getSimpleName()
+    if kind == "Project" and newly_marked(node, node.child()) is not None:
+        # (an EventTimeWatermark's output: its column marked, the marks it removes gone)
+        return {a.exprId().id() for a in _scala_list(node.output()) if _marked(a)}
     if kind not in ("Project", "Aggregate"):
         return {a.exprId().id() for a in _scala_list(node.output()) if carries(a)}
     found = set()

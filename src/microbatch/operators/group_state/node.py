@@ -29,6 +29,7 @@ class FlatMapGroupsWithState(StatefulNode):
     timeout: str                           # a GroupStateTimeout value
     data_columns: int | None = None        # the input's leading columns the function gets (None: all)
     late_rows_column: str | None = None    # the input's event time, as Spark's exec finds it (api.frame)
+    input_marked: bool = False             # a column of the input carries a mark in Spark's analysis
 
     # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> GroupStateStep:
@@ -58,9 +59,11 @@ class FlatMapGroupsWithState(StatefulNode):
             return unsupported_operation(
                 f"applyInPandasWithState in {self.func_mode} mode is not supported with "
                 f"{mode.capitalize()} output mode on a streaming DataFrame/Dataset;")
-        if self.timeout == "EventTimeTimeout" and self.late_rows_column is None:
-            # (Spark's checker asks the input's columns for a watermark's mark, not the plan
-            # for a withWatermark: a column that replaced the watermarked one has none, seed 5998)
+        if self.timeout == "EventTimeTimeout" and not self.input_marked:
+            # (Spark's checker asks the input's columns in its analysed plan for a watermark's
+            # mark, not the plan for a withWatermark: a column that replaced the watermarked
+            # one has none, seed 5998; nor one read through the frame before a second
+            # withWatermark, though Spark's engine marks it in a batch with data, seed 6234)
             return unsupported_operation(
                 "Watermark must be specified in the query using '[Dataset/DataFrame].withWatermark()' "
                 "for using event-time timeout in a applyInPandasWithState. Event-time timeout not "
