@@ -5,8 +5,9 @@ seed 5998), run on Spark's engine and on microbatch by the fuzzer's own comparis
 watermark's mark, and Spark's checker, which looks for a marked column in the input of
 applyInPandasWithState, refuses the event-time timeout at start (``_LEGACY_ERROR_TEMP_3102``,
 "Watermark must be specified ..."). microbatch looked for a ``withWatermark`` anywhere below
-and ran the query. It now asks the input's columns, as Spark does (the operator's
-``late_rows_column``, Spark's findEventTimeColumn).
+and ran the query. It now asks the input's columns in Spark's analysed plan, as Spark's
+checker does (the operator's ``input_marked``; seed 6234 in
+``tests/test_fuzz_found_second_watermark.py`` is why it is not ``late_rows_column``).
 """
 from __future__ import annotations
 
