@@ -410,6 +410,13 @@ class StreamFrame:
             # (defined as Spark defines it, after its analysis; refused when the query starts,
             # where Spark's checker refuses it, after the aggregations' output-mode rules)
             return StreamFrame(self._session, StreamJoin(self._plan, other._plan, (), kind), template)
+        if kind == "semi" and spark_internals.semi_join_below_aggregation(template):
+            # (Spark's engine then aggregates the joined rows: its stateful operators, their
+            # order and numbers, and the state of each are not those of the query as written)
+            raise not_yet("A stream-stream left semi join over an aggregation that Spark's optimizer moves "
+                          "below the aggregation (PushDownLeftSemiAntiJoin: the condition reads only its "
+                          "grouping columns; join the aggregation's input, or aggregate after the join)",
+                          "a left semi join pushed below an aggregation")
         StreamJoin.check_sides(self._plan, other._plan)
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))

@@ -22,7 +22,7 @@ from microbatch.spark_internals.analysis import (
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column, pruned_from_joins,
     pruned_below_repartitions,
-    qualified_alias, reads_only_files, requalified, scan_filters, scan_skips_filter, schema_string, semi_join_branches,
+    qualified_alias, reads_only_files, requalified, scan_filters, scan_skips_filter, schema_string, semi_join_below_aggregation, semi_join_branches,
     window_function_error,
     schema_tree, uses_current_time,
 )
@@ -90,6 +90,7 @@ __all__ = [
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
     "reads_only_files", "scan_filters", "scan_skips_filter", "ambiguous_on_a_stream", "semi_join_branches",
+    "semi_join_below_aggregation",
     "join_inferred_filters", "optimized_plan", "stream_without_data",
 ]
 
@@ -167,6 +168,7 @@ join_condition = _by_kind(join_condition, _refused("A join"))
 join_condition_parts = _by_kind(join_condition_parts, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
 semi_join_branches = _by_kind(semi_join_branches, _refused("A join"))
+semi_join_below_aggregation = _by_kind(semi_join_below_aggregation, _c_analysis.never)
 pruned_from_joins = _by_kind(pruned_from_joins, _refused("A join"))
 pruned_below_repartitions = _by_kind(pruned_below_repartitions, lambda df, columns: [False] * len(columns))
 output_qualifiers = _by_kind(output_qualifiers, _refused("A join"))

@@ -347,6 +347,27 @@ def semi_join_branches(joined: Any) -> int:
     return 1
 
 
+def semi_join_below_aggregation(joined: Any) -> bool:
+    """Whether Spark's optimizer moves the left semi join that is ``joined``'s last step
+    below the aggregation on its left side (PushDownLeftSemiAntiJoin: through the
+    deterministic projections and filters above the aggregation, and through the
+    aggregation when each part of the condition reads only its grouping columns and the
+    other side and the join can be planned as a broadcast join): the optimized plan's top,
+    under its projections and filters, is then that aggregation, not the join."""
+    def under(plan: Any, kinds: tuple[str, ...]) -> Any:
+        while plan.getClass().getSimpleName() in kinds:
+            plan = plan.child()
+        return plan
+
+    analyzed = under(joined._jdf.queryExecution().analyzed(), ("Project", "Filter", "SubqueryAlias"))
+    if analyzed.getClass().getSimpleName() != "Join" or analyzed.joinType().toString() != "LeftSemi":
+        return False
+    if under(analyzed.left(), ("Project", "Filter", "SubqueryAlias")).getClass().getSimpleName() != "Aggregate":
+        return False
+    optimized = under(joined._jdf.queryExecution().optimizedPlan(), ("Project", "Filter"))
+    return optimized.getClass().getSimpleName() == "Aggregate"
+
+
 def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any] | None:
     """What Spark's optimizer filters between each expansion into grouping sets (rollup,
     cube, groupingSets) and its aggregation in ``df``'s plan: a filter above an aggregation
