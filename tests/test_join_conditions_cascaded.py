@@ -104,16 +104,3 @@ def test_a_condition_part_the_join_cannot_evaluate_is_refused_by_name(ss, tmp_pa
     with pytest.raises(UnsupportedOperationError, match="concat"):
         left.join(right, F.expr(RANGE + " AND concat(num, maxn) = '12'"))
 
-
-def test_a_join_of_a_join_is_refused_when_defined(ss, tmp_path):
-    # (Spark 4.3's engine fails it in its first batch with MULTIPLE_EVENT_TIME_COLUMNS while
-    # both of the lower join's event times reach the upper join; with one dropped it runs:
-    # microbatch refuses both so far, naming what it does not run)
-    paths = (write(tmp_path / "left", generated(1)), write(tmp_path / "right", generated(2, value="maxn")))
-    left, right = frames(ss, paths)
-    third = json_stream(ss, paths[1], "id INT, ts TIMESTAMP, maxn INT").toDF("cid", "cts", "v") \
-        .withWatermark("cts", "10 seconds")
-    lower = left.join(right, F.expr(RANGE + " AND num >= maxn"))
-    for joined in (lower, lower.drop("rts")):
-        with pytest.raises(UnsupportedOperationError, match="A stream-stream join of a join"):
-            joined.join(third, F.expr("id = cid AND lts = cts"))

@@ -417,7 +417,7 @@ class StreamFrame:
                           "below the aggregation (PushDownLeftSemiAntiJoin: the condition reads only its "
                           "grouping columns; join the aggregation's input, or aggregate after the join)",
                           "a left semi join pushed below an aggregation")
-        StreamJoin.check_sides(self._plan, other._plan)
+        StreamJoin.check_sides(self._plan, other._plan, kind)
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))
         qualifiers = (spark_internals.output_qualifiers(self._template),
@@ -428,7 +428,8 @@ class StreamFrame:
             times = (self._watermarked_column(keys), other._watermarked_column(keys))
             node = StreamJoin(self._plan, other._plan, keys, kind,
                               side_columns=columns, side_times=times, side_qualifiers=qualifiers,
-                              engine_times=engine_event_times(template, columns, times))
+                              engine_times=engine_event_times(template, columns, times),
+                              side_marks=(self._event_time_marks(), other._event_time_marks()))
         else:
             others: list = []
             try:
@@ -447,6 +448,7 @@ class StreamFrame:
                               comparisons=tuple(comparisons), condition=on, side_columns=columns,
                               side_times=times, side_qualifiers=qualifiers,
                               engine_times=engine_event_times(template, columns, times),
+                              side_marks=(self._event_time_marks(), other._event_time_marks()),
                               positions=(_positions(self._template, on), _positions(other._template, on)),
                               **extra)
         check_source_names(node)
@@ -494,6 +496,13 @@ class StreamFrame:
         return {"side_conditions": (tuple(sides[0]), tuple(sides[1])), "side_bounds": (tuple(bounds[0]), tuple(bounds[1])),
                 "pair_conditions": tuple(trees),
                 "condition_nulls": tuple(tuple(names[side][i] for i in nulls[side]) for side in (0, 1))}
+
+    def _event_time_marks(self) -> tuple[tuple[str, int], ...]:
+        """Each column of this stream that Spark's analysis marks with a watermark, as
+        (name, delay ms): what Spark's join exec finds as the event times of a side (more
+        than one: a join's output keeping both of its sides' event times)."""
+        return tuple((f.name, int(f.metadata[WATERMARK_DELAY]))
+                     for f in _marked_fields(self._plan, self._template.schema.fields, self._session.spark))
 
     def _watermarked_column(self, keys: tuple[str, ...] = ()) -> str | None:
         """The column of this stream that carries its watermark, as Spark's analysis marks

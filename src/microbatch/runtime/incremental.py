@@ -72,7 +72,8 @@ from microbatch.operators.aggregate.node import filters_pushed_through_aggregati
 from microbatch.operators.base import DictSum, OperatorBatch, StatefulStep, committed_partitions, quoted
 from microbatch.operators.dedup import dedups_times_pruned
 from microbatch.operators.join import (condition_sides_pushed, filters_pushed_into_joins, join_filters_inferred, joins_null_filtered,
-                                       joins_times_pruned, outer_joins_eliminated, semi_joins_through_unions)
+                                       joins_times_pruned, outer_joins_eliminated, outer_joins_narrowed,
+                                       semi_joins_through_unions)
 from microbatch.operators.limit import limits_over_appends
 from microbatch.plan.logical import (BatchFilter, NullFilter, Observe, PlanNode, ScanFilter, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
@@ -175,7 +176,7 @@ class IncrementalExecution:
         #: Spark 4.3 makes a stateful operator's output nullable (as the checkpoint fixed it)
         self.nullable_output = (spark_internals.records_conf(ALWAYS_NULLABLE_OUTPUT)
                                 and spark.conf.get(ALWAYS_NULLABLE_OUTPUT, "true").lower() == "true")
-        plan = _each_occurrence_its_own(outer_joins_eliminated(plan, empty_inputs))
+        plan = _each_occurrence_its_own(outer_joins_narrowed(outer_joins_eliminated(plan, empty_inputs), empty_inputs))
         plan = condition_sides_pushed(plan)
         plan = filters_pushed_through_aggregations(plan, empty_inputs)
         if output_mode == "append":

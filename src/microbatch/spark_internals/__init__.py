@@ -52,7 +52,7 @@ from microbatch.spark_internals.metrics import (
 from microbatch.spark_internals.relations import (
     FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
 )
-from microbatch.spark_internals.eliminated_joins import outer_joins_eliminated
+from microbatch.spark_internals.eliminated_joins import outer_joins_eliminated, outer_joins_narrowed
 from microbatch.spark_internals.join_conditions import ConditionPart, join_condition_parts
 from microbatch.spark_internals.inferred_filters import join_inferred_filters, optimized_plan, stream_without_data
 from microbatch.spark_internals.session import (
@@ -224,6 +224,8 @@ engine_file_scans = _by_kind(engine_file_scans, lambda query, stand_ins: None)
 engine_join_event_times = _by_kind(engine_join_event_times, lambda df: None)
 # the outer joins Spark's optimizer removes (over Connect: none known, each join stays)
 outer_joins_eliminated = _by_kind(outer_joins_eliminated, lambda df, joins: [None] * len(joins))
+# the outer joins Spark's optimizer makes of another type (over Connect: none known)
+outer_joins_narrowed = _by_kind(outer_joins_narrowed, lambda df, joins: [None] * len(joins))
 # metrics
 observation_row = _by_kind(observation_row, _c_metrics.observation_row)
 executed_observation_row = _by_kind(executed_observation_row, _c_metrics.executed_observation_row)
@@ -249,5 +251,5 @@ __all__ += [
     "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
     "static_conf", "empty_stream_stand_in", "engine_file_scans", "engine_join_event_times", "streaming_file_stand_in",
-    "outer_joins_eliminated",
+    "outer_joins_eliminated", "outer_joins_narrowed",
 ]

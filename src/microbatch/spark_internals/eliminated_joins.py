@@ -12,7 +12,7 @@ from typing import Any
 
 from microbatch.spark_internals.analysis import _attribute_references, _scala_list, optimized_plan
 
-__all__ = ["outer_joins_eliminated"]
+__all__ = ["outer_joins_eliminated", "outer_joins_narrowed"]
 
 
 def _ids(plan: Any) -> set[int]:
@@ -74,4 +74,33 @@ def outer_joins_eliminated(df: Any, joins: list[Any]) -> list[int | None]:
         joined = any((a & ids[0] and b & ids[1]) or (a & ids[1] and b & ids[0]) for a, b in kept_joins)
         kept = [side for side in (0, 1) if ids[side] & present]
         found.append(kept[0] if fewer and not joined and len(kept) == 1 else None)
+    return found
+
+
+#: Spark's join types, as ``StreamJoin.how`` names them
+_JOIN_TYPES = {"Inner": "inner", "LeftOuter": "left", "RightOuter": "right", "FullOuter": "full", "LeftSemi": "semi"}
+
+
+def outer_joins_narrowed(df: Any, joins: list[Any]) -> list[str | None]:
+    """For each of ``joins`` (the DataFrames of outer joins that ``df``'s plan reads), the
+    join type Spark's optimizer gives it in ``df``'s optimized plan where it differs
+    (EliminateOuterJoin: a full outer join under a filter that drops the rows whose left
+    columns are null is a left outer join, an outer join whose nullable side's nulls are
+    all dropped an inner one; such a filter is often one Spark infers, a join above
+    reading the join's columns as keys), as ``StreamJoin.how`` names it; else None (the
+    same type, or the join not found)."""
+    optimized = [(j, _ids(j.left()), _ids(j.right())) for j in _joins(optimized_plan(df))]
+    found: list[str | None] = []
+    for join_df in joins:
+        join = _join_of(join_df._jdf.queryExecution().analyzed())
+        if join is None:
+            found.append(None)
+            continue
+        left, right = _ids(join.left()), _ids(join.right())
+        kept = [j for j, a, b in optimized if a & left and b & right and not (a & right) and not (b & left)]
+        if len(kept) != 1:
+            found.append(None)
+            continue
+        now, before = (_JOIN_TYPES.get(str(j.joinType())) for j in (kept[0], join))
+        found.append(now if now is not None and before is not None and now != before else None)
     return found

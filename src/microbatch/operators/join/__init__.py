@@ -22,11 +22,12 @@ never matched coming out with nulls; and the four stores commit version N+1.
 """
 from microbatch.operators.join.node import (StreamJoin, condition_sides_pushed, engine_event_times, filters_pushed_into_joins, join_filters_inferred,
                                             joins_null_filtered, joins_times_pruned, outer_joins_eliminated,
+                                            outer_joins_narrowed,
                                             semi_joins_through_unions,
                                             with_null_filters)
 from microbatch.operators.join.step import JOIN_SIDE_TAGS, JoinStep, JoinTask, join_statistics_column
 
 __all__ = ["JOIN_SIDE_TAGS", "JoinStep", "JoinTask", "StreamJoin", "condition_sides_pushed", "engine_event_times", "filters_pushed_into_joins", "join_filters_inferred",
-           "join_statistics_column", "joins_null_filtered", "joins_times_pruned", "outer_joins_eliminated",
+           "join_statistics_column", "joins_null_filtered", "joins_times_pruned", "outer_joins_eliminated", "outer_joins_narrowed",
            "semi_joins_through_unions",
            "with_null_filters"]

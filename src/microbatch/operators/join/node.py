@@ -72,6 +72,13 @@ class StreamJoin(StatefulNode):
     pair_conditions: tuple = ()
     #: per side: the columns Spark infers "not null" for from those parts
     condition_nulls: tuple = ((), ())
+    #: per side: every column Spark's analysis marks with a watermark, (name, delay ms);
+    #: more than one where the side is a join's output keeping both its sides' event times
+    side_marks: tuple = ((), ())
+    #: the join type Spark's engine's exec runs where its optimizer changes it after the
+    #: filters it infers (``outer_joins_narrowed``): its state rules and null-padded rows;
+    #: None: ``how``
+    exec_how: str | None = None
 
     def __post_init__(self):
         if not self.right_keys:
@@ -86,8 +93,9 @@ class StreamJoin(StatefulNode):
         return (self.left, self.right)
 
     # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
-    #: a stream-stream join over a join's output is not planned yet (``check_sides``)
-    stream_join_reads_output = False
+    #: a stream-stream join may read a join's output (a join of a join: chained operators,
+    #: the upper one's input watermark the lower one's ``output_watermark_ms``)
+    stream_join_reads_output = True
 
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> JoinStep:
         return JoinStep(self, operator_id, state_root, shuffle_partitions)
@@ -150,13 +158,35 @@ class StreamJoin(StatefulNode):
                     f"({JOIN_FORMAT_CONF}); only version 2 is read")
         return None
 
+    def planning_refusal(self) -> Exception | None:
+        """Spark's join exec finds at most one event time in a side's columns (its
+        WatermarkSupport.findEventTimeColumn, with multiple stateful operators allowed):
+        a side that is a join's output keeping both that join's event times fails in
+        Spark's first batch with MULTIPLE_EVENT_TIME_COLUMNS; here when the query starts,
+        in its thread, so the query fails as Spark's does."""
+        for marks in self.side_marks:
+            if len({name.lower() for name, _ in marks}) > 1:
+                named = ",".join(f"{name}-T{delay}ms" for name, delay in marks)
+                return spark_internals.spark_error("AnalysisException", "MULTIPLE_EVENT_TIME_COLUMNS",
+                                                   eventTimeCols=f"({named})")
+        return None
+
     @staticmethod
-    def check_sides(*sides: PlanNode) -> None:
+    def check_sides(left: PlanNode, right: PlanNode, how: str = "inner") -> None:
         """Refuse a join of two streams one of which is the output of a stateful operator
-        a join cannot read yet (a join, a limit: chained stateful operators)."""
-        for side in sides:
+        a join cannot read yet (a limit: chained stateful operators), and a left semi join
+        of a stream-stream join (through stateless steps): Spark's optimizer pushes it
+        into a side of that join where its condition reads that side only
+        (PushLeftSemiLeftAntiThroughJoin), which changes the operators and their state."""
+        for side in (left, right):
             if any(n.stateful and not n.stream_join_reads_output for n in side.nodes()):
-                raise not_yet("A stream-stream join of a join or of a limit (chained stateful operators)")
+                raise not_yet("A stream-stream join of a limit (chained stateful operators)")
+        node = left
+        while how == "semi" and not node.stateful and len(node.children) == 1:
+            node = node.children[0]
+        if how == "semi" and isinstance(node, StreamJoin):
+            raise not_yet("A left semi join of a stream-stream join (Spark's optimizer moves it into a "
+                          "side of that join)", "more stream-stream join shapes")
 
     # -- the state watermarks of its sides (Spark's StreamingJoinHelper) ----------------------
 
@@ -453,6 +483,52 @@ def outer_joins_eliminated(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]
             return _as_join_output(node, found[node], empty_inputs)
         return children_replaced(node, [without(c) for c in node.children])
     return without(plan)
+
+
+def outer_joins_narrowed(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
+    """A rewrite the planner makes once per run, after ``outer_joins_eliminated``: each
+    stream-stream outer join on a condition whose type Spark's optimizer changes
+    (EliminateOuterJoin: a full outer join under a filter that drops rows with a null left
+    column is a left outer join; such a filter is often the one Spark infers from a join
+    above on the join's columns, ``a.join(b, ..., "full").join(c, "id = cid AND ts = cts")``),
+    read from the query built as a batch (``spark_internals.outer_joins_narrowed``), runs its
+    task as the join Spark's engine runs (``exec_how``), with that join's state rules (a
+    right row behind the watermark that matched nothing is kept only by a right or full
+    outer join) and null-padded rows (those the filter above drops never come out). Its
+    other rewrites stay those of the join as written: Spark narrows it after its optimizer
+    inferred the filters (its "Infer Filters" batch runs once, before), so the newly
+    inner side gets none."""
+    joins = [n for n in plan.nodes() if isinstance(n, StreamJoin) and n.how in ("left", "right", "full")
+             and not n.using]
+    if not joins:
+        return plan
+    reads: dict[StreamJoin, _SideRead] = {}
+
+    def batch_plan(node: PlanNode) -> PlanNode:
+        built = children_replaced(node, [batch_plan(c) for c in node.children])
+        built = built.scan_filter_stand_in() if built.stateful else built
+        if any(node is j for j in joins):
+            reads[node] = _SideRead(built)
+            return reads[node]
+        return built
+
+    try:
+        whole = batch_plan(plan).build(empty_inputs)
+        narrowed = spark_internals.outer_joins_narrowed(whole, [reads[j].df for j in joins])
+    except Exception:  # a plan that does not build as a batch: the joins stay
+        log.debug("No joins narrowed in %s", plan.describe(), exc_info=True)
+        return plan
+    found = {j: how for j, how in zip(joins, narrowed) if how is not None and how != "semi"}
+    if not found:
+        return plan
+
+    def narrowed_joins(node: PlanNode) -> PlanNode:
+        replaced = children_replaced(node, [narrowed_joins(c) for c in node.children])
+        if node in found:
+            log.debug("Join %s: Spark's optimizer makes it a %s join", node.describe(), found[node])
+            return dataclasses.replace(replaced, exec_how=found[node])
+        return replaced
+    return narrowed_joins(plan)
 
 
 def _reads(plan: PlanNode) -> collections.Counter:

@@ -388,7 +388,7 @@ class JoinStep(StatefulStep):
             self.state_root, self.operator_id, batch.batch_id, batch.store_conf, batch.metrics,
             key_schema=shape["key_schema"], row_schemas=shape["row_schemas"],
             output_types=shape["output_types"], event_times=times,
-            watermark_key=node.watermark_key(), how=node.how, comparisons=shape["comparisons"],
+            watermark_key=node.watermark_key(), how=node.exec_how or node.how, comparisons=shape["comparisons"],
             value_evict_us=tuple(None if v is None else v * 1000 for v in value_watermarks),
             late_us=batch.late_ms * 1000 if watermarked else None,
             evict_us=eviction_ms * 1000 if watermarked else None,
