@@ -394,6 +394,41 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
     def write(self, path: str, text: str) -> None:
         self.write_bytes(path, text.encode("utf-8"))
 
+    # -- the file source's listing (keys are ``bucket/key``, without the scheme) ----------
+    @staticmethod
+    def _entry(info: Mapping[str, Any]) -> tuple[str, bool, int, int]:
+        modified = info.get("LastModified") or info.get("mtime")
+        ms = int(modified.timestamp() * 1000) if hasattr(modified, "timestamp") else 0
+        return (str(info["name"]).rstrip("/"), info.get("type") == "directory",
+                int(info.get("size") or 0), ms)
+
+    def entries(self, key: str) -> list[tuple[str, bool, int, int]]:
+        """(key, is a directory, size, modification ms) of what is directly under ``key``
+        (one LIST with ``/`` as delimiter); empty when nothing is."""
+        try:
+            found = self._retrying("list", key, lambda: self._fs.ls(key, detail=True, refresh=True))
+        except FileNotFoundError:
+            return []
+        return [self._entry(info) for info in found if str(info["name"]).rstrip("/") != key.rstrip("/")]
+
+    def kind(self, key: str) -> tuple[str, int, int] | None:
+        """("file" or "directory", size, modification ms) of ``key``, or None if absent."""
+        try:
+            info = self._retrying("stat", key, lambda: self._fs.info(key, refresh=True))
+        except FileNotFoundError:
+            return None
+        _, is_dir, size, ms = self._entry(info)
+        return ("directory" if is_dir else "file"), size, ms
+
+    def glob(self, pattern: str) -> list[str]:
+        """Keys matching a glob pattern (``*``, ``?``, ``[...]``; braces already expanded)."""
+        return list(self._retrying("list", pattern, lambda: self._fs.glob(pattern)))
+
+    def move(self, source: str, target: str) -> None:
+        """Copy ``source`` to ``target`` then delete ``source`` (a store has no rename)."""
+        self._retrying("copy", source, lambda: self._fs.copy(self._key(source), self._key(target)))
+        self.delete(source)
+
     def create(self, path: str, text: str) -> bool:
         """A conditional PUT. Any attempt may have written the object without this writer
         learning it (a reset after the request was sent; botocore and this layer then

@@ -8,7 +8,10 @@ from __future__ import annotations
 import fnmatch
 import glob as globlib
 import os
+import posixpath
+import stat
 from dataclasses import dataclass
+from typing import Any, Iterator
 
 from microbatch import spark_internals
 
@@ -21,7 +24,7 @@ def is_glob_path(path: str) -> bool:
 
 @dataclass(frozen=True)
 class ListedFile:
-    path: str           # absolute local path
+    path: str           # absolute local path, or ``<scheme>://bucket/key`` on an object store
     size: int
     mtime_ms: int
 
@@ -63,24 +66,96 @@ def is_hidden(name: str) -> bool:
             or name.endswith("._COPYING_"))
 
 
-def _walk(directory: str, leaf_dirs: dict[str, list[ListedFile]]) -> None:
-    """Every data file under ``directory``, grouped by the directory that holds it."""
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if is_hidden(entry.name):
-            continue
+class _LocalFiles:
+    """The listing's primitives on local disk (``os.scandir``: one ``stat`` per file)."""
+
+    def glob(self, pattern: str) -> list[str]:
+        return globlib.glob(_to_python_glob(pattern))
+
+    def kind(self, path: str) -> tuple[str, int, int] | None:
         try:
-            if entry.is_dir():
-                _walk(entry.path, leaf_dirs)
-            else:
-                st = entry.stat()
-                leaf_dirs.setdefault(directory, []).append(
-                    ListedFile(entry.path, st.st_size, st.st_mtime_ns // 1_000_000))
-        except FileNotFoundError:
-            continue  # removed while listing
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return ("directory" if stat.S_ISDIR(st.st_mode) else "file"), st.st_size, st.st_mtime_ns // 1_000_000
+
+    def entries(self, directory: str) -> Iterator[tuple[str, bool, int, int]]:
+        try:
+            found = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in found:
+            if is_hidden(entry.name):
+                continue
+            try:
+                if entry.is_dir():
+                    yield entry.path, True, 0, 0
+                else:
+                    st = entry.stat()
+                    yield entry.path, False, st.st_size, st.st_mtime_ns // 1_000_000
+            except FileNotFoundError:
+                continue  # removed while listing
+
+    def root(self, path: str) -> str:
+        return os.path.normpath(path)
+
+    def path(self, key: str) -> str:
+        return key
+
+    def shown(self, key: str) -> str:
+        return "file:" + key
+
+
+class StoreFiles:
+    """The listing's primitives on an object store (``ObjectStoreFileSystem``, fsspec's
+    s3fs): one LIST (``/`` as delimiter) per directory, no request per file. Keys are
+    ``bucket/key``; listed files are named ``<scheme>://bucket/key``."""
+
+    def __init__(self, storage: Any):
+        self.storage = storage
+        self.scheme = storage.scheme
+
+    def glob(self, pattern: str) -> list[str]:
+        wanted = pattern.strip("/").split("/")
+        # as Python's glob: a wildcard does not match a name starting with "."
+        return [m for m in self.storage.glob(pattern)
+                if not any(got.startswith(".") and not want.startswith(".")
+                           for want, got in zip(wanted, m.strip("/").split("/")))]
+
+    def kind(self, key: str) -> tuple[str, int, int] | None:
+        return self.storage.kind(key)
+
+    def entries(self, directory: str) -> Iterator[tuple[str, bool, int, int]]:
+        for key, is_dir, size, ms in self.storage.entries(directory):
+            if not is_hidden(posixpath.basename(key)):
+                yield key, is_dir, size, ms
+
+    def root(self, path: str) -> str:
+        return path.rstrip("/")
+
+    def key(self, uri: str) -> str:
+        """``bucket/key`` of ``<scheme>://bucket/key`` (not urlparse: a glob's ``?`` and
+        ``#`` are part of the pattern, not a query or a fragment)."""
+        _, sep, rest = uri.partition("://")
+        return rest if sep else uri
+
+    def path(self, key: str) -> str:
+        return f"{self.scheme}://{key}"
+
+    def shown(self, key: str) -> str:
+        return self.path(key)
+
+
+LOCAL_FILES = _LocalFiles()
+
+
+def _walk(files: Any, directory: str, leaf_dirs: dict[str, list[ListedFile]]) -> None:
+    """Every data file under ``directory``, grouped by the directory that holds it."""
+    for path, is_dir, size, mtime_ms in files.entries(directory):
+        if is_dir:
+            _walk(files, path, leaf_dirs)
+        else:
+            leaf_dirs.setdefault(directory, []).append(ListedFile(path, size, mtime_ms))
 
 
 def _partition_of(leaf_dir: str, base_paths: set[str]) -> tuple[list[str] | None, str]:
@@ -105,16 +180,17 @@ def _partition_of(leaf_dir: str, base_paths: set[str]) -> tuple[list[str] | None
     return list(reversed(columns)), current
 
 
-def _check_partitions(found: dict[str, tuple[list[str] | None, str]]) -> bool:
+def _check_partitions(found: dict[str, tuple[list[str] | None, str]], files: Any = None) -> bool:
     """Whether the leaf directories are partitions; Spark's errors for layouts it refuses."""
     partitioned = {d: cols for d, (cols, _) in found.items() if cols is not None}
     if not partitioned:
         return False
+    shown = (files or LOCAL_FILES).shown
     bases = sorted({base for _, base in found.values()})
     if len(bases) > 1:
         raise spark_internals.spark_error(
             "SparkRuntimeException", "CONFLICTING_DIRECTORY_STRUCTURES",
-            discoveredBasePaths="\n\t" + "\n\t".join("file:" + b for b in bases) + "\n")
+            discoveredBasePaths="\n\t" + "\n\t".join(shown(b) for b in bases) + "\n")
     names = []
     for cols in partitioned.values():
         lowered = [c.lower() for c in cols]
@@ -123,7 +199,7 @@ def _check_partitions(found: dict[str, tuple[list[str] | None, str]]) -> bool:
     if len(names) > 1:
         lists = "\n\t".join(f"Partition column name list #{i}: {', '.join(n)}"
                              for i, n in enumerate(names))
-        paths = "\n\t".join("file:" + d for d in sorted(partitioned))
+        paths = "\n\t".join(shown(d) for d in sorted(partitioned))
         raise spark_internals.spark_error(
             "SparkRuntimeException", "CONFLICTING_PARTITION_COLUMN_NAMES",
             distinctPartColLists="\n\t" + lists + "\n", suspiciousPaths="\n\t" + paths)
@@ -131,7 +207,7 @@ def _check_partitions(found: dict[str, tuple[list[str] | None, str]]) -> bool:
 
 
 def list_input_files(path: str, path_glob_filter: str | None = None,
-                     recursive: bool = False) -> list[ListedFile]:
+                     recursive: bool = False, files: Any = LOCAL_FILES) -> list[ListedFile]:
     """The data files a stream over ``path`` (a directory, a file or a glob pattern) reads,
     as Spark's file index lists them for its file source:
 
@@ -140,34 +216,65 @@ def list_input_files(path: str, path_glob_filter: str | None = None,
     - every file below, when the subdirectories are partition directories (``k=v``;
       Spark's partition discovery, with its errors for conflicting layouts);
     - every file below, with ``recursiveFileLookup`` (no partition discovery then).
+
+    ``files``: where to list: local disk (``LOCAL_FILES``) or an object store
+    (``StoreFiles``); the rules above are the same code for both.
     """
+    if isinstance(files, StoreFiles):
+        path = files.key(path)
     if is_glob_path(path):
-        roots = sorted({m for p in expand_braces(path)
-                        for m in globlib.glob(_to_python_glob(p))})
+        roots = sorted({m for p in expand_braces(path) for m in files.glob(p)})
     else:
         roots = [path]
     leaf_dirs: dict[str, list[ListedFile]] = {}
     root_dirs: list[str] = []
     single_files: list[ListedFile] = []
     for root in roots:
-        if os.path.isdir(root):
-            root = os.path.normpath(root)
+        found = files.kind(root)
+        if found is None:
+            continue
+        kind, size, mtime_ms = found
+        if kind == "directory":
+            root = files.root(root)
             root_dirs.append(root)
-            _walk(root, leaf_dirs)
-        elif os.path.isfile(root) and not is_hidden(os.path.basename(root)):
-            st = os.stat(root)
-            single_files.append(ListedFile(root, st.st_size, st.st_mtime_ns // 1_000_000))
+            _walk(files, root, leaf_dirs)
+        elif not is_hidden(posixpath.basename(root)):
+            single_files.append(ListedFile(root, size, mtime_ms))
     if path_glob_filter:
         patterns = [_to_python_glob(p) for p in expand_braces(path_glob_filter)]
 
         def matches(f: ListedFile) -> bool:
-            return any(fnmatch.fnmatchcase(os.path.basename(f.path), p) for p in patterns)
+            return any(fnmatch.fnmatchcase(posixpath.basename(f.path), p) for p in patterns)
         single_files = [f for f in single_files if matches(f)]
-        leaf_dirs = {d: kept for d, files in leaf_dirs.items() if (kept := [f for f in files if matches(f)])}
+        leaf_dirs = {d: kept for d, listed in leaf_dirs.items() if (kept := [f for f in listed if matches(f)])}
     if recursive:
-        return single_files + [f for files in leaf_dirs.values() for f in files]
-    base_paths = set(root_dirs) | {os.path.dirname(f.path) for f in single_files}
-    found = {d: _partition_of(d, base_paths) for d in leaf_dirs}
-    if _check_partitions(found):
-        return single_files + [f for files in leaf_dirs.values() for f in files]
-    return single_files + [f for root in root_dirs for f in leaf_dirs.get(root, [])]
+        chosen = single_files + [f for listed in leaf_dirs.values() for f in listed]
+    else:
+        base_paths = set(root_dirs) | {posixpath.dirname(f.path) for f in single_files}
+        found_partitions = {d: _partition_of(d, base_paths) for d in leaf_dirs}
+        if _check_partitions(found_partitions, files):
+            chosen = single_files + [f for listed in leaf_dirs.values() for f in listed]
+        else:
+            chosen = single_files + [f for root in root_dirs for f in leaf_dirs.get(root, [])]
+    if isinstance(files, StoreFiles):
+        chosen = [ListedFile(files.path(f.path), f.size, f.mtime_ms) for f in chosen]
+    return chosen
+
+
+def partition_values(path: str) -> list[tuple[str, str | None]]:
+    """The ``k=v`` directories a file sits under, outermost first, walking up from its
+    directory to the first name that is not one (Spark's partition values, unescaped;
+    ``__HIVE_DEFAULT_PARTITION__`` is null)."""
+    from urllib.parse import unquote
+    values: list[tuple[str, str | None]] = []
+    current = posixpath.dirname(path)
+    while True:
+        key, sep, value = posixpath.basename(current).partition("=")
+        if not (sep and key and value):
+            break
+        values.append((unquote(key), None if value == "__HIVE_DEFAULT_PARTITION__" else unquote(value)))
+        parent = posixpath.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return list(reversed(values))
