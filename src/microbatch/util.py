@@ -160,7 +160,8 @@ def local_path(path: str, what: str) -> str:
     elif "://" in path:
         from microbatch.errors import UnsupportedOperationError
         raise UnsupportedOperationError(
-            f"The {what} path '{path}' is not on the local file system. microbatch's file "
-            "source reads local paths (or file: URIs); its file sink writes local paths and "
-            "s3://, s3a:// object stores.")
+            f"The {what} path '{path}' is on a file system microbatch cannot reach here. Its "
+            "file source, file sink, checkpoint and Delta tables take local paths, file: URIs "
+            "and the s3://, s3a:// object stores (endpoint and keys from "
+            "spark.hadoop.fs.s3a.*); ADLS (abfss://), GCS (gs://) and HDFS are not supported yet.")
     return os.path.abspath(os.path.expanduser(path))

@@ -22,6 +22,11 @@ that log, so only files of committed batches are read.
 
 Replayable: the same range always reads the same files, as long as they exist.
 
+The path may be local or on an object store (``s3://``, ``s3a://``): listed through
+s3fs by the same rules, each batch read by Spark's reader where this Spark has the
+store's Hadoop connector, else in Spark tasks (``file_store``; the progress metric
+``readPath`` says which).
+
 Modules beside this one hold its parts: ``file_listing`` (the listing),
 ``file_sink_log`` (a file sink's log read as the listing) and ``file_clean_source``
 (``cleanSource``); this one holds the stream's options, the source and its providers.
@@ -45,8 +50,11 @@ from microbatch.errors import (AnalysisException, IllegalArgumentException,
 from microbatch.sources.base import (ALL_AVAILABLE, ReadAllAvailable, ReadLimit, ReadMaxBytes,
                                      ReadMaxFiles, Source, SourceContext, SourceProvider)
 from microbatch.sources.file_clean_source import CLEANER_THREADS, SourceFileCleaner
-from microbatch.sources.file_listing import ListedFile, is_glob_path, list_input_files
+from microbatch.sources.file_listing import LOCAL_FILES, ListedFile, StoreFiles, is_glob_path, list_input_files
+from microbatch.sources.file_store import (READ_BY_SPARK, READ_IN_TASKS, StoreBatches, check_readable,
+                                           describe_read_path, infer_schema, store_scheme)
 from microbatch.sources.file_sink_log import has_sink_metadata, sink_log_reader
+from microbatch.spark_internals.file_text import has_hadoop_file_system
 from microbatch.util import CaseInsensitiveOptions, conf_bool, local_path, time_string_as_ms
 
 log = logging.getLogger(__name__)
@@ -160,6 +168,26 @@ class SeenFilesMap:
         return len(self._map)
 
 
+# -- where the files are --------------------------------------------------------
+def _store(spark: SparkSession, path: str) -> Any:
+    """The object store (``checkpoint.fs.ObjectStoreFileSystem``) ``path`` is on, with the
+    endpoint and credentials of ``spark.hadoop.fs.s3a.*``; None for a local path."""
+    if store_scheme(path) is None:
+        return None
+    from microbatch.checkpoint.fs import storage_for
+    return storage_for(path, spark_internals.session_settings(spark))
+
+
+def _uri(path: str) -> str:
+    """A listed file's name in the source log: ``file://`` URI of a local path, or the
+    object store's URI as listed."""
+    return path if "://" in path else path_to_uri(path)
+
+
+def _entry_path(entry: FileEntry) -> str:
+    return entry.path if store_scheme(entry.path) else entry.local_path
+
+
 # -- the source ------------------------------------------------------------------
 def _log_offset(offset: Any) -> int:
     if offset is None:
@@ -192,11 +220,26 @@ class FileStreamSource(Source):
         self._ignore_corrupt = options.get_bool(
             "ignoreCorruptFiles", conf_bool(spark, "spark.sql.files.ignoreCorruptFiles", False))
         inner = reader_options(options)
-        if not is_glob_path(path) and os.path.isdir(path):
+        self._store = _store(spark, path)
+        self._files = LOCAL_FILES if self._store is None else StoreFiles(self._store)
+        self.read_path: str | None = None     # on an object store: who reads the files
+        if self._store is not None:
+            scheme = store_scheme(path)
+            self.read_path = (READ_BY_SPARK if has_hadoop_file_system(spark, scheme)
+                              else READ_IN_TASKS)
+            if self.read_path == READ_IN_TASKS:
+                check_readable(fmt, path, inner)
+            log.info("File source %s on an object store: listed through s3fs, each batch's files read by %s",
+                     path, describe_read_path(self.read_path, scheme))
+            found = None if is_glob_path(path) else self._files.kind(self._files.key(path))
+            if found is not None and found[0] == "directory":
+                inner["basePath"] = path
+        elif not is_glob_path(path) and os.path.isdir(path):
             inner["basePath"] = path
         inner["__globPaths__"] = "false"  # file names are names, not patterns
         self._reader_options = inner
         self._batches: spark_internals.FileBatches | None = None   # made at the first batch
+        self._store_batches: StoreBatches | None = None
         self._no_files: DataFrame | None = None    # the batch of a log range whose files are gone
         self.metadata_log = FileStreamSourceLog(
             context.metadata_path, context.fs,
@@ -224,7 +267,7 @@ class FileStreamSource(Source):
         self.seen_files.purge()
         self.source_has_metadata: bool | None = False if is_glob_path(path) else None
         self.cleaner = (SourceFileCleaner(opts.clean_source, path, opts.source_archive_dir,
-                                          int(spark.conf.get(CLEANER_THREADS, "1")))
+                                          int(spark.conf.get(CLEANER_THREADS, "1")), self._store)
                         if opts.clean_source != "off" else None)
         self._unread_files: list[ListedFile] | None = None
         self._available_now_files: list[ListedFile] | None = None
@@ -236,7 +279,12 @@ class FileStreamSource(Source):
         return self._schema
 
     def __str__(self) -> str:
-        return f"FileStreamSource[file:{self.path}]"
+        return f"FileStreamSource[{self.path if self._store is not None else 'file:' + self.path}]"
+
+    def metrics(self, consumed: Any) -> dict[str, str]:
+        """On an object store, ``readPath``: ``sparkReader`` (Spark's own reader, through
+        its Hadoop connector) or ``pythonTasks`` (read in Spark tasks through s3fs)."""
+        return {} if self.read_path is None else {"readPath": self.read_path}
 
     def initial_offset(self) -> Any:
         return None
@@ -257,13 +305,15 @@ class FileStreamSource(Source):
     # -- listing ------------------------------------------------------------
     def fetch_all_files(self) -> list[ListedFile]:
         """All files of the path, oldest first (newest first with ``latestFirst``)."""
-        if self.source_has_metadata is None:
+        if self._store is not None:
+            self._refuse_store_sink_output()
+        elif self.source_has_metadata is None:
             if has_sink_metadata(self._spark, self.path):
                 self._set_has_metadata()
         if self.source_has_metadata:
             files = self._files_from_sink_log()
         else:
-            files = list_input_files(self.path, self._path_glob_filter, self._recursive)
+            files = list_input_files(self.path, self._path_glob_filter, self._recursive, self._files)
             if files and self.source_has_metadata is None:
                 # The sink may have created its log after the check above.
                 if has_sink_metadata(self._spark, self.path):
@@ -276,6 +326,21 @@ class FileStreamSource(Source):
         else:
             files.sort(key=lambda f: (f.mtime_ms, f.path))
         return files
+
+    def _refuse_store_sink_output(self) -> None:
+        """A file sink's output on an object store would be read through its log, which
+        microbatch does not read there yet: refused rather than listed as plain files."""
+        if self.source_has_metadata is not None or is_glob_path(self.path):
+            self.source_has_metadata = False
+            return
+        if not conf_bool(self._spark, "spark.sql.streaming.fileStreamSink.ignoreMetadata", False) and \
+                self._store.exists(f"{self.path.rstrip('/')}/{SINK_METADATA_DIR}"):
+            raise UnsupportedOperationError(
+                f"The file source '{self.path}' is the output of a file sink (it has "
+                f"{SINK_METADATA_DIR}), which microbatch reads through the sink's log on local "
+                "disk only. Set spark.sql.streaming.fileStreamSink.ignoreMetadata=true to read "
+                "every file of the directory instead.")
+        self.source_has_metadata = False
 
     def _set_has_metadata(self) -> None:
         if self.cleaner is not None:
@@ -302,7 +367,7 @@ class FileStreamSource(Source):
             candidates = (self._available_now_files if self._available_now_files is not None
                           else self.fetch_all_files())
             new_files = [f for f in candidates
-                         if self.seen_files.is_new_file(path_to_uri(f.path), f.mtime_ms)]
+                         if self.seen_files.is_new_file(_uri(f.path), f.mtime_ms)]
         should_cache = not self.options.latest_first and self._available_now_files is None
         ratio = self.options.discard_cached_input_ratio
         unselected: list[ListedFile] | None = None
@@ -324,12 +389,12 @@ class FileStreamSource(Source):
         else:
             self._unread_files = None
         for f in batch:
-            self.seen_files.add(path_to_uri(f.path), f.mtime_ms)
+            self.seen_files.add(_uri(f.path), f.mtime_ms)
             log.debug("New file: %s", f.path)
         self.seen_files.purge()
         if batch:
             next_offset = self.current_log_offset + 1
-            entries = [FileEntry(path_to_uri(f.path), f.mtime_ms, next_offset) for f in batch]
+            entries = [FileEntry(_uri(f.path), f.mtime_ms, next_offset) for f in batch]
             if not self.metadata_log.add(next_offset, entries):
                 raise IllegalArgumentException(
                     "Concurrent update to the log. Multiple streaming jobs detected for "
@@ -360,8 +425,9 @@ class FileStreamSource(Source):
         assert start_offset <= end_offset, f"{start_offset} > {end_offset}"
         entries = self.metadata_log.files_in_range(start_offset + 1, end_offset)
         log.info("Processing %d files from %d:%d", len(entries), start_offset + 1, end_offset)
-        paths = [e.local_path for e in entries]
-        missing = [p for p in paths if not os.path.exists(p)]
+        paths = [_entry_path(e) for e in entries]
+        # on a store, a missing file is found by the task reading it (no request per file here)
+        missing = [] if self._store is not None else [p for p in paths if not os.path.exists(p)]
         if missing:
             if not self._ignore_missing:
                 shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -377,7 +443,12 @@ class FileStreamSource(Source):
             if self._no_files is None:
                 self._no_files = no_files(self._spark, self.format, self._schema, self._reader_options)
             return self._no_files
-        df = self._file_batches().dataframe(["file://" + p for p in paths])
+        if self.read_path == READ_IN_TASKS:
+            if self._store_batches is None:
+                self._store_batches = StoreBatches(self._spark, self.format, self._schema, self._reader_options,
+                                                   self._store.spec(), self._ignore_missing)
+            return self._store_batches.dataframe(paths)
+        df = self._file_batches().dataframe([p if self._store is not None else "file://" + p for p in paths])
         if df.columns != self._schema.fieldNames():
             # e.g. partition directories that appeared after the stream's schema was fixed
             df = df.select(*self._schema.fieldNames())
@@ -401,7 +472,7 @@ class FileStreamSource(Source):
         whole-stage code generation and filter pushdown at the scan (100-150 ms a batch
         of 1M rows). Spark counts the rows its scan returned, which is fewer when a
         pushed filter skips whole row groups; this counts the rows in the files."""
-        if self.format != "parquet" or self._ignore_corrupt:   # Spark's scan skips corrupt files
+        if self.format != "parquet" or self._ignore_corrupt or self._store is not None:   # Spark's scan skips corrupt files
             return None
         batch = getattr(self, "_batch_paths", None)
         if batch is None or batch[0] != (_log_offset(start), _log_offset(end)):
@@ -427,9 +498,10 @@ class FileStreamSource(Source):
 
 
 # -- providers -------------------------------------------------------------------
-def _listed(path: str, options: CaseInsensitiveOptions) -> list[ListedFile]:
+def _listed(path: str, options: CaseInsensitiveOptions, store: Any = None) -> list[ListedFile]:
     return list_input_files(path, options["pathGlobFilter"] if "pathGlobFilter" in options else None,
-                            options.get_bool("recursiveFileLookup", False))
+                            options.get_bool("recursiveFileLookup", False),
+                            LOCAL_FILES if store is None else StoreFiles(store))
 
 
 def _nullable(schema: StructType) -> StructType:
@@ -459,12 +531,18 @@ class FileSourceProvider(SourceProvider):
             raise IllegalArgumentException(
                 f"'path' is not specified. Give the directory to watch: "
                 f"readStream.format('{self.short_name}').load('/path/to/dir').")
-        return local_path(options["path"], "input")
+        raw = str(options["path"])
+        if store_scheme(raw) is not None:
+            scheme, _, rest = raw.partition("://")
+            return f"{scheme}://{rest.rstrip('/')}" if rest.strip("/") else raw
+        return local_path(raw, "input")
 
     def resolve_schema(self, spark: SparkSession, options: CaseInsensitiveOptions,
                        user_schema: StructType | None) -> StructType:
         path = self._path(options)
         FileStreamOptions.parse(options)
+        if store_scheme(path) is not None:
+            return self._resolve_store_schema(spark, path, options, user_schema)
         glob = is_glob_path(path)
         if not glob and not os.path.exists(path):
             raise spark_internals.spark_error("AnalysisException", "PATH_NOT_FOUND", path=path)
@@ -490,6 +568,48 @@ class FileSourceProvider(SourceProvider):
             schema = reader.load("file://" + path).schema
         except PySparkAnalysisException as e:
             raise AnalysisException(f"{e} (file source '{path}')") from e
+        if conf_bool(spark, "spark.sql.streaming.fileSource.schema.forceNullable", True):
+            schema = _nullable(schema)
+        return schema
+
+    def _resolve_store_schema(self, spark: SparkSession, path: str, options: CaseInsensitiveOptions,
+                              user_schema: StructType | None) -> StructType:
+        """The schema of a stream over an object store: Spark's reader resolves it where
+        this Spark has the store's connector; else as Spark's would (file_store.infer_schema)."""
+        store = _store(spark, path)
+        scheme = store_scheme(path)
+        connector = has_hadoop_file_system(spark, scheme)
+        if not connector:
+            check_readable(self.short_name, path, reader_options(options))
+        glob = is_glob_path(path)
+        if not glob and store.kind(StoreFiles(store).key(path)) is None:
+            raise spark_internals.spark_error("AnalysisException", "PATH_NOT_FOUND", path=path)
+        inference = conf_bool(spark, "spark.sql.streaming.schemaInference", False)
+        self_describing = self.short_name in ("parquet", "orc")
+        listed = _listed(path, options, store)
+        if user_schema is None and not inference and self.short_name != "text":
+            if not self_describing or not listed:
+                raise spark_internals.spark_error("SparkIllegalArgumentException",
+                                                  "_LEGACY_ERROR_TEMP_2048")
+        if not listed and (glob or not connector):
+            if user_schema is None and self.short_name != "text":
+                raise AnalysisException(
+                    f"Unable to infer schema for {self.short_name.upper()}: no file matches "
+                    f"'{path}' yet. It must be specified manually with .schema(...).")
+            schema = user_schema if user_schema is not None else StructType([StructField("value", StringType())])
+            return _nullable(schema)
+        if connector:
+            reader = spark.read.format(self.short_name).options(**reader_options(options))
+            if user_schema is not None:
+                reader = reader.schema(user_schema)
+            try:
+                schema = reader.load(path).schema
+            except PySparkAnalysisException as e:
+                raise AnalysisException(f"{e} (file source '{path}')") from e
+        else:
+            schema = infer_schema(spark, self.short_name, listed, user_schema, reader_options(options),
+                                  store.spec(), conf_bool(spark, "spark.sql.sources.partitionColumnTypeInference.enabled", True),
+                                  glob)
         if conf_bool(spark, "spark.sql.streaming.fileSource.schema.forceNullable", True):
             schema = _nullable(schema)
         return schema

@@ -85,3 +85,83 @@ def read_parquet_files(spark: SparkSession, files: list[ParquetFile], schema: St
     groups = tuple(tuple(files[i::tasks]) for i in range(tasks))
     read = ReadParquetFilesTask(groups, schema.json(), storage)
     return spark.range(0, tasks, 1, tasks).mapInArrow(read, schema)
+
+
+# -- text files: their lines, for Spark's own JSON and CSV parsers ------------------------
+_LINE_BREAK = None   # compiled on first use in a task
+
+
+def _split_lines(text: str, line_sep: str | None) -> list[str]:
+    """Hadoop's LineRecordReader: lines end at ``\\n``, ``\\r\\n`` or ``\\r`` (or at
+    ``lineSep``); a last line break ends the last line, it does not start an empty one."""
+    global _LINE_BREAK
+    if line_sep:
+        lines = text.split(line_sep)
+    else:
+        if _LINE_BREAK is None:
+            import re
+            _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+        lines = _LINE_BREAK.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _decompressed(path: str, data: bytes) -> bytes:
+    """The file's bytes, decompressed by its extension as Hadoop's codecs are picked."""
+    lowered = path.lower()
+    if lowered.endswith(".gz"):
+        import gzip
+        return gzip.decompress(data)
+    if lowered.endswith(".bz2"):
+        import bz2
+        return bz2.decompress(data)
+    return data
+
+
+@dataclass(frozen=True)
+class ReadTextFilesTask:
+    """The ``mapInArrow`` function reading files' lines (or each whole file, ``whole_text``)
+    as one string column ``value``."""
+
+    groups: tuple[tuple[str, ...], ...]
+    line_sep: str | None
+    whole_text: bool
+    encoding: str
+    ignore_missing: bool
+    storage: tuple = field(repr=False, default=("file", ()))   # may hold credentials
+
+    #: rows per Arrow batch handed to Spark
+    ROWS_PER_BATCH = 8192
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        store = storage_from_spec(self.storage)
+        schema = pa.schema([("value", pa.string())])
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                for path in self.groups[index]:
+                    try:
+                        data = store.read_bytes(path)
+                    except FileNotFoundError:
+                        if self.ignore_missing:
+                            continue
+                        raise FileNotFoundError(
+                            f"[FILE_SOURCE_MISSING_FILE] The file source listed {path}, but it no "
+                            "longer exists. Restore the file, or set the option "
+                            "ignoreMissingFiles=true to skip files removed after they were listed.") from None
+                    text = _decompressed(path, data).decode(self.encoding)
+                    lines = [text] if self.whole_text else _split_lines(text, self.line_sep)
+                    for at in range(0, len(lines), self.ROWS_PER_BATCH):
+                        yield pa.RecordBatch.from_arrays(
+                            [pa.array(lines[at:at + self.ROWS_PER_BATCH], pa.string())], schema=schema)
+
+
+def read_text_lines(spark: SparkSession, paths: list[str], storage: tuple, *, line_sep: str | None = None,
+                    whole_text: bool = False, encoding: str = "utf-8", ignore_missing: bool = False) -> DataFrame:
+    """A DataFrame of one string column ``value``: the lines of ``paths`` (in Spark tasks,
+    as ``read_parquet_files`` reads parquet); each file is read whole into its task's memory."""
+    from pyspark.sql.types import StringType, StructField
+    tasks = max(1, min(len(paths), spark.sparkContext.defaultParallelism))
+    groups = tuple(tuple(paths[i::tasks]) for i in range(tasks))
+    read = ReadTextFilesTask(groups, line_sep, whole_text, encoding, ignore_missing, storage)
+    return spark.range(0, tasks, 1, tasks).mapInArrow(read, StructType([StructField("value", StringType())]))
