@@ -181,9 +181,6 @@ def test_metadata_where_spark_does_not_resolve_it_gets_sparks_error(spark, ss, f
     assert ours == theirs and theirs[0] == "UNRESOLVED_COLUMN.WITH_SUGGESTION"
 
 
-@pytest.mark.xfail(strict=True, reason="microbatch's SQL resolves a stream view's _metadata, which Spark's View "
-                   "hides: reading the view under Spark's View (spark_internals.behind_a_view) broke qualified columns "
-                   "in aggregations (sum(events.v), tests/test_sql_differential.py); issue 59")
 @pytest.mark.parametrize("case", list(SQL_REFUSED))
 def test_sql_over_a_view_does_not_see_its_hidden_columns_as_in_spark(spark, ss, files, case):
     fmt, path = files

@@ -10,6 +10,7 @@ stream is Spark's own ``spark.sql``: a plain DataFrame.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import uuid
 from typing import Any
@@ -129,6 +130,20 @@ def _reads_stream(session: Any, relation) -> bool:
     return relation.fields["streaming"] or session._stream_view(_name(relation)) is not None
 
 
+def _as_view(frame: StreamFrame) -> StreamFrame:
+    """The stream as SQL reads its temporary view: the same steps, over a template under
+    Spark's ``View``, which hides the relation's hidden columns as Spark's SQL does (``SELECT
+    _metadata.file_name FROM v`` is Spark's UNRESOLVED_COLUMN where the SQL is defined,
+    unless the view selects ``_metadata``). The view's name qualifies its columns only
+    through ``_qualified``, a step of the stream's plan too (``spark_internals.behind_a_view``)."""
+    template = spark_internals.behind_a_view(frame._template)
+    if template is frame._template:
+        return frame
+    viewed = copy.copy(frame)
+    viewed._template = template
+    return viewed
+
+
 class _Translation:
     """A parsed query as the DataFrame calls it stands for."""
 
@@ -155,9 +170,7 @@ class _Translation:
             return self._qualified(scope[name.lower()], name)
         view = self.session._stream_view(name)
         if view is not None:
-            # (not under Spark's View yet, spark_internals.behind_a_view: there a qualified column of an
-            # aggregation, ``sum(events.v)``, no longer resolves in the aggregation's plan)
-            return self._qualified(view, node.fields["name"][-1])
+            return self._qualified(_as_view(view), node.fields["name"][-1])
         if node.fields["streaming"]:
             return self._qualified(self.session.readStream.table(name), node.fields["name"][-1])
         return self.session.spark.table(name)   # Spark's TABLE_OR_VIEW_NOT_FOUND for an unknown one

@@ -244,13 +244,18 @@ def grouping_position(expression: Any, grouping: list) -> tuple[int, str | None]
     return None
 
 
-def behind_a_view(df: Any, name: str) -> Any:
+def behind_a_view(df: Any) -> Any:
     """``df`` as Spark's SQL reads a temporary view of it (``df.createOrReplaceTempView(name)``
     then ``FROM name``): under Spark's ``View`` node, whose ``metadataOutput`` is empty, so
-    the relation's hidden columns (a file source's ``_metadata``) do not resolve above it,
-    and qualified by the view's name. ``df`` itself when it has no hidden columns. The
-    ``View`` is made by Spark's catalog, as a temporary view of a name of its own, dropped
-    at once."""
+    the relation's hidden columns (a file source's ``_metadata``) do not resolve above it.
+    ``df`` itself when it has no hidden columns. The ``View`` is made by Spark's catalog, as
+    a temporary view of a name of its own, dropped at once. Not qualified by the view's
+    name (Spark's SubqueryAlias over the View is dropped): a stream's template must say no
+    more than the steps its plan replays over each batch, and an alias in the template
+    alone has Spark's analysis qualify the columns it resolves (``sum(v)`` of an
+    aggregation becomes ``sum(events.v)``), which the batch's plan, without the alias,
+    cannot resolve. The SQL translation aliases the frame itself, as a step, where the
+    query qualifies columns by the name (``api/sql.py``, ``_qualified``)."""
     import uuid
     from microbatch.spark_internals.versions import dataframe_of_plan
     spark = df.sparkSession
@@ -265,4 +270,4 @@ def behind_a_view(df: Any, name: str) -> Any:
         spark.catalog.dropTempView(temporary)
     while viewed.getClass().getSimpleName() == "SubqueryAlias":
         viewed = viewed.child()
-    return dataframe_of_plan(spark, viewed).alias(name)
+    return dataframe_of_plan(spark, viewed)
