@@ -516,7 +516,8 @@ class AggregateCall:
                                    # (the moment-based functions: corr, regr_*, skewness...)
     #: percentile (percentile_cont, percentile_disc, median): (percentages, whether it returns
     #: an array, reverse, discrete); mode: (reverse or None: the tie-break); listagg: (the
-    #: delimiter's SQL, None or (whether it orders by its value, ascending))
+    #: delimiter's SQL, None or (whether it orders by its value, ascending));
+    #: percentile_approx: (percentages, whether it returns an array, accuracy)
     parameters: tuple = ()
 
 
@@ -558,6 +559,50 @@ def _final_sql(function: Any) -> str:
 
 def _has_method(jobject: Any, method: str) -> bool:
     return any(m.getName() == method for m in jobject.getClass().getMethods())
+
+
+def _call_parameters(kind: str, function: Any, children: list) -> tuple[tuple, list]:
+    """An aggregate function's constant parameters (``AggregateCall.parameters``) and its
+    children without them."""
+
+    def seq(values) -> list:
+        return [values.apply(i) for i in range(values.size())]
+
+    def name(jexpr) -> str:
+        return jexpr.getClass().getSimpleName()
+
+    parameters: tuple = ()
+    if kind in ("Percentile", "PercentileDisc"):
+        parameters = (tuple(float(p) for p in function.percentages()),
+                      name(function.percentageExpression().dataType()) == "ArrayType",
+                      bool(function.reverse()), bool(function.discrete()))
+        children = children[:1] + children[2:]   # (the percentages are a parameter)
+    elif kind == "ApproximatePercentile":
+        parameters = _approx_percentile_parameters(function)
+        children = children[:1]
+    elif kind == "Mode":
+        reverse = function.reverseOpt()
+        parameters = (bool(reverse.get()) if reverse.isDefined() else None,)
+        children = children[:1]
+    elif kind == "ListAgg":
+        orders = seq(function.orderExpressions())
+        order = None
+        if orders:
+            order = (len(orders) == 1 and orders[0].child().semanticEquals(function.child()),
+                     orders[0].direction().toString() == "Ascending")
+        parameters = (function.delimiter().sql(), order)
+        children = children[:1]
+    return parameters, children
+
+
+def _approx_percentile_parameters(function: Any) -> tuple:
+    """percentile_approx's (percentages, whether it returns an array, accuracy), its
+    constants evaluated as Spark's ApproximatePercentile does."""
+    percentage = function.percentageExpression()
+    is_array = percentage.dataType().getClass().getSimpleName() == "ArrayType"
+    found = percentage.eval(None)
+    percentages = tuple(float(p) for p in found.toDoubleArray()) if is_array else (float(found),)
+    return percentages, is_array, int(function.accuracyExpression().eval(None))
 
 
 @dataclass(frozen=True)
@@ -608,24 +653,7 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list[AggregateOutput]]:
             holder = function.evalContext() if _has_method(function, "evalContext") else function
             eval_mode = str(holder.evalMode().toString())
         final = _final_sql(function) if kind in _FINALS_READ else None
-        parameters: tuple = ()
-        if kind in ("Percentile", "PercentileDisc"):
-            parameters = (tuple(float(p) for p in function.percentages()),
-                          name(function.percentageExpression().dataType()) == "ArrayType",
-                          bool(function.reverse()), bool(function.discrete()))
-            children = children[:1] + children[2:]   # (the percentages are a parameter)
-        elif kind == "Mode":
-            reverse = function.reverseOpt()
-            parameters = (bool(reverse.get()) if reverse.isDefined() else None,)
-            children = children[:1]
-        elif kind == "ListAgg":
-            orders = seq(function.orderExpressions())
-            order = None
-            if orders:
-                order = (len(orders) == 1 and orders[0].child().semanticEquals(function.child()),
-                         orders[0].direction().toString() == "Ascending")
-            parameters = (function.delimiter().sql(), order)
-            children = children[:1]
+        parameters, children = _call_parameters(kind, function, children)
         return AggregateCall(
             kind, pretty, plain.sql(), bool(jagg.isDistinct()),
             tuple(c.sql() for c in children),

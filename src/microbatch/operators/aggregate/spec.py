@@ -42,13 +42,13 @@ SUPPORTED = {
     "RegrSXY": "regr_sxy", "RegrR2": "regr_r2", "RegrSlope": "regr_slope",
     "RegrIntercept": "regr_intercept", "RegrReplacement": "regr_sxx", "Skewness": "skewness",
     "Kurtosis": "kurtosis", "Percentile": "percentile", "PercentileDisc": "percentile_disc",
-    "Mode": "mode", "ListAgg": "listagg",
+    "Mode": "mode", "ListAgg": "listagg", "ApproximatePercentile": "percentile_approx",
 }
 #: The SQL names of the supported functions planned as another (their replacement, or an
 #: eval mode of one: try_sum is Sum's TRY mode), for the refusal's list.
 ALSO_SUPPORTED = ("count_if", "bool_and", "every", "bool_or", "some", "any", "any_value",
                   "first_value", "last_value", "regr_count", "regr_avgx", "regr_avgy", "regr_syy",
-                  "try_sum", "try_avg", "median", "percentile_cont", "string_agg")
+                  "try_sum", "try_avg", "median", "percentile_cont", "string_agg", "approx_percentile")
 
 #: How two buffers of one function merge, by the number of buffer columns they use
 #: (``moments``: 3 to 5, n, mean and the central moments to the 4th; ``comoments``: 4 or 6,
@@ -57,15 +57,12 @@ ALSO_SUPPORTED = ("count_if", "bool_and", "every", "bool_or", "some", "any", "an
 MERGES = {"sum": 1, "min": 1, "max": 1, "first": 2, "last": 2, "concat": 1, "union": 1,
           "moments": 3, "hll": 1, "max_by": 2, "min_by": 2, "bit_and": 1, "bit_or": 1,
           "bit_xor": 1, "try_sum": 2, "try_avg": 2, "comoments": 4, "regression": 7, "counts": 1,
-          "sum_checked": 1}
+          "sum_checked": 1, "quantiles": 3}
 
 #: Spark's refusals: functions whose streaming answer microbatch cannot reproduce exactly
 #: (a sketch whose partial state depends on how Spark's engine split and merged a batch's
 #: rows), by class name -> why.
 REFUSED = {
-    "ApproximatePercentile": "its answer is read from a quantile sketch (Spark's QuantileSummaries) "
-    "whose compression depends on how Spark's engine splits a batch's rows into partitions and "
-    "merges their sketches, which microbatch's state cannot replay value for value",
     "HistogramNumeric": "its bins merge by nearest neighbours in the order Spark's engine merges "
     "each partition's partial histogram, which microbatch's state cannot replay bin for bin",
 }
@@ -209,7 +206,7 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
         return AggCall(name, found.sql, (agg(f"{SUPPORTED[name]}({a})"),), SUPPORTED[name], "{0}")
     if found.final is not None:
         return _moments_call(found, args, agg)
-    if name in ("Percentile", "PercentileDisc", "Mode", "ListAgg"):
+    if name in ("Percentile", "PercentileDisc", "Mode", "ListAgg", "ApproximatePercentile"):
         return _collected_call(found, args, agg)
     if name == "Sum" and found.eval_mode == "ANSI" and found.argument_types[0] in ("tinyint", "smallint", "int",
                                                                                  "bigint"):
@@ -278,6 +275,8 @@ def _collected_call(found: spark_internals.AggregateCall, args: list[str], agg) 
     they came (Spark's buffer: the batches' lists, the state's first), joined at the end."""
     name, pretty, a = found.function, found.pretty_name, args[0]
     kind = found.argument_types[0]
+    if name == "ApproximatePercentile":
+        return _approx_percentile_call(found, args, agg)
     if name == "ListAgg":
         delimiter, order = found.parameters
         if kind != "string" or (order is not None and not order[0]):
@@ -307,6 +306,46 @@ def _collected_call(found: spark_internals.AggregateCall, args: list[str], agg) 
     from pyspark.sql.types import ArrayType, DoubleType
     percentages, is_array, reverse, discrete = found.parameters
     return AggCall(name, found.sql, (counted,), "counts", "{0}", ("percentile", percentages, is_array, reverse, discrete),
+                   ArrayType(DoubleType(), False) if is_array else DoubleType())
+
+
+#: percentile_approx's argument as Spark's update makes it a double (a date's days, a
+#: timestamp's or day-time interval's microseconds, a year-month interval's months), and
+#: the result back from the double as its eval does (``.toInt``, ``.toLong``: truncated).
+_EPOCH_NTZ = "TIMESTAMP_NTZ'1970-01-01 00:00:00'"
+_AS_DOUBLE = {
+    "date": ("CAST(unix_date({0}) AS DOUBLE)", "date_from_unix_date(CAST({0} AS INT))"),
+    "timestamp": ("CAST(unix_micros({0}) AS DOUBLE)", "timestamp_micros(CAST({0} AS BIGINT))"),
+    "timestamp_ntz": (f"CAST(timestampdiff(MICROSECOND, {_EPOCH_NTZ}, {{0}}) AS DOUBLE)",
+                      f"timestampadd(MICROSECOND, CAST({{0}} AS BIGINT), {_EPOCH_NTZ})"),
+    "interval day": (f"CAST(timestampdiff(MICROSECOND, {_EPOCH_NTZ}, {_EPOCH_NTZ} + {{0}}) AS DOUBLE)",
+                     "CAST({0} AS BIGINT) * INTERVAL '0.000001' SECOND"),
+    "interval year": ("CAST(extract(YEAR FROM {0}) * 12 + extract(MONTH FROM {0}) AS DOUBLE)",
+                      "CAST({0} AS INT) * INTERVAL '1' MONTH"),
+}
+
+
+def _approx_percentile_call(found: spark_internals.AggregateCall, args: list[str], agg) -> AggCall:
+    """percentile_approx (approx_percentile): the state keeps Spark's QuantileSummaries
+    (``quantiles``: the samples' values, g and delta); a batch brings its values, as doubles
+    (Spark's update's conversion), which the task inserts and merges as Spark's buffer does."""
+    from pyspark.sql.types import ArrayType, DoubleType
+    percentages, is_array, accuracy = found.parameters
+    kind, a = found.argument_types[0], args[0]
+    if kind.startswith("interval"):   # year-month: of years or months; the rest day-time
+        kind = "interval year" if kind.startswith("interval year") or kind == "interval month" else "interval day"
+    to_double, back = _AS_DOUBLE.get(kind, ("CAST({0} AS DOUBLE)", None))
+    if back is None and kind not in _NUMBERS and not kind.startswith("decimal"):
+        raise UnsupportedOperationError(
+            f"{found.pretty_name} of a {kind} (in {found.sql}) is not supported in a streaming aggregation "
+            "by microbatch yet.")
+    values = agg(f"collect_list({to_double.format(a)})")
+    final = "{0}"
+    if back is not None:
+        # (array_compact: an array of elements never null, as Spark types the result)
+        final = f"array_compact(transform({{0}}, x_ -> {back.format('x_')}))" if is_array else back
+    return AggCall(found.function, found.sql, (values, "CAST(NULL AS ARRAY<BIGINT>)", "CAST(NULL AS ARRAY<BIGINT>)"),
+                   "quantiles", final, (1.0 / accuracy, percentages, is_array),
                    ArrayType(DoubleType(), False) if is_array else DoubleType())
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from microbatch.operators.aggregate import quantiles
 from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
 from microbatch.state.table_form import OVERFLOW, foldable, group_rows, table_key
@@ -66,6 +67,14 @@ def buffer_columns(values: list[tuple], merges, value_storage, fields) -> list[p
                                                  fields[start].type))
             else:
                 columns.append(pa.array(results, type=fields[start].type))
+            continue
+        if kind == "quantiles":   # the percentiles, then the summary's other two columns as nulls
+            eps, percentages, is_array = options
+            results = [quantiles.query(v[start:start + 3], percentages, eps) for v in values]
+            if not is_array:
+                results = [None if r is None else r[0] for r in results]
+            columns.append(pa.array(results, type=fields[start].type))
+            columns += [pa.nulls(len(values), fields[j].type) for j in (start + 1, start + 2)]
             continue
         for j in range(start, start + count):
             columns.append(from_state_values([v[j] for v in values], value_storage[j], fields[j].type))
@@ -251,11 +260,25 @@ _MERGES = {
     "comoments": lambda kind, old, new, options: _comoments(old, new),
     "regression": lambda kind, old, new, options: _comoments(old[:4], new[:4]) + _moments(old[4:], new[4:]),
     "counts": lambda kind, old, new, options: [_merge_counts(old[0], new[0])],
+    "quantiles": lambda kind, old, new, options: list(
+        quantiles.merge(tuple(old), _summary(new, options), options[0])),
 }
 
-#: The merges whose buffer a new key's first batch brings in another form than the state's
-#: (HLL++ registers as a set, counts in any order and a value more than once)
-_NORMALISED = {"hll": lambda value: _merge_hll((), value), "counts": lambda value: _merge_counts((), value)}
+
+def _summary(buffers: list, options: tuple) -> tuple:
+    """A percentile_approx buffer as a summary: a batch's values (g null: not inserted yet)
+    become the summary Spark's partial aggregation makes of them."""
+    values, gs, deltas = buffers
+    if gs is None:
+        return quantiles.summary(values or [], options[0])
+    return values, gs, deltas
+
+#: The merges whose buffers a new key's first batch brings in another form than the state's
+#: (HLL++ registers as a set, counts in any order and a value more than once, a
+#: percentile_approx's values not yet in a summary): (buffers, options) -> buffers
+_NORMALISED = {"hll": lambda part, options: [_merge_hll((), part[0])],
+               "counts": lambda part, options: [_merge_counts((), part[0])],
+               "quantiles": lambda part, options: list(_summary(part, options))}
 
 
 def merge_buffers(kind: str, old: list, new: list, options: tuple = ()) -> list:
@@ -514,7 +537,7 @@ class AggregateTask(StateTask):
             if old is not None:
                 merged += merge_buffers(kind, list(old[start:start + count]), part, options)
             else:
-                merged += [_NORMALISED[kind](part[0])] if kind in _NORMALISED else part
+                merged += _NORMALISED[kind](part, options) if kind in _NORMALISED else part
         return tuple(merged)
 
     def _output(self, rows: list[tuple[tuple, tuple]], key_storage, value_storage) -> pa.RecordBatch:
@@ -583,7 +606,7 @@ class SessionAggregateTask(StateTask):
                     window = keys[s][r]
                     group = tuple(keys[i][r] for i in range(num_keys) if i != s)
                     incoming.setdefault(group, []).append(
-                        (window[0], window[1], *[self._normal(column[r], j) for j, column in enumerate(buffers)]))
+                        (window[0], window[1], *self._normal([column[r] for column in buffers])))
             updated = removed = 0
             for group, new in incoming.items():
                 saved = [_session(x) for x in (store.get(group) or ((),))[0]]
@@ -622,11 +645,11 @@ class SessionAggregateTask(StateTask):
                     # Spark 4.3 reports no state store instances for this operator in complete mode.
                     numStateStoreInstances=0 if self.mode == "complete" else 1)
 
-    def _normal(self, value, j: int):
-        for kind, start, _count, _ in self.merges:
-            if kind in _NORMALISED and start == j:
-                return _NORMALISED[kind](value)
-        return value
+    def _normal(self, buffers: list) -> list:
+        for kind, start, count, options in self.merges:
+            if kind in _NORMALISED:
+                buffers[start:start + count] = _NORMALISED[kind](buffers[start:start + count], options)
+        return buffers
 
     def _merge(self, sessions: list[tuple]) -> list[tuple]:
         """Sessions sorted by start -> the merged sessions (overlapping or touching)."""
