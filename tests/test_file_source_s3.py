@@ -199,3 +199,18 @@ def test_the_reader_is_chosen_by_whether_spark_has_a_connector_for_the_scheme(sp
 def test_a_missing_path_on_s3_is_named(ss, lake):
     with pytest.raises(Exception, match="PATH_NOT_FOUND.*s3a://lake/nowhere"):
         ss.readStream.schema("id INT").json(f"s3a://{BUCKET}/nowhere")
+
+
+def test_gzip_json_and_a_text_stream_on_s3(ss, spark, lake, tmp_path):
+    """A .gz file is decompressed as Hadoop's codec does; the text format gives the lines."""
+    import gzip
+    put(lake, tmp_path / "copy", "gz/f0.json.gz", gzip.compress(json_lines(FILES[0] + FILES[1])))
+    put(lake, tmp_path / "copy", "lines/f0.txt", b"one\r\ntwo\n\nthree")
+
+    def read(session, fmt, path):
+        frame = session.readStream.format(fmt)
+        return (frame if fmt == "text" else frame.schema("id INT, ts TIMESTAMP")).load(path)
+    for fmt, prefix in (("json", "gz"), ("text", "lines")):
+        ours, _ = collect_batches(read(ss, fmt, f"s3a://{BUCKET}/{prefix}"), tmp_path / f"ours-{fmt}")
+        theirs, _ = collect_batches(read(spark, fmt, str(tmp_path / "copy" / prefix)), tmp_path / f"spark-{fmt}")
+        assert ours == theirs and len(ours[0][1]) == 4

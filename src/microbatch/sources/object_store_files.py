@@ -116,6 +116,11 @@ def _decompressed(path: str, data: bytes) -> bytes:
     if lowered.endswith(".bz2"):
         import bz2
         return bz2.decompress(data)
+    if lowered.endswith((".deflate", ".lz4", ".snappy", ".zst", ".zstd", ".br")):
+        raise ValueError(
+            f"The file source cannot read '{path}' in a Python task: its compression "
+            f"('{lowered.rsplit('.', 1)[-1]}') is read by Hadoop's codecs only; the tasks read "
+            "gzip (.gz) and bzip2 (.bz2). Use one of those, or a Spark with the store's connector.")
     return data
 
 
@@ -149,7 +154,8 @@ class ReadTextFilesTask:
                             f"[FILE_SOURCE_MISSING_FILE] The file source listed {path}, but it no "
                             "longer exists. Restore the file, or set the option "
                             "ignoreMissingFiles=true to skip files removed after they were listed.") from None
-                    text = _decompressed(path, data).decode(self.encoding)
+                    # malformed bytes become U+FFFD, as Hadoop's Text decodes them
+                    text = _decompressed(path, data).decode(self.encoding, errors="replace")
                     lines = [text] if self.whole_text else _split_lines(text, self.line_sep)
                     for at in range(0, len(lines), self.ROWS_PER_BATCH):
                         yield pa.RecordBatch.from_arrays(
