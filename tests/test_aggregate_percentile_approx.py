@@ -162,3 +162,17 @@ def test_a_large_group_stays_within_the_rank_guarantee(ss, tmp_path, accuracy):
         (_, answers), = rows
         errors = [_rank_error(seen, answer, q) for answer, q in zip(answers, percentages)]
         assert max(errors) <= len(seen) / accuracy, errors
+
+
+@pytest.mark.parametrize("accuracy", [10000, 1000, 100])
+def test_the_port_makes_sparks_sketch_of_one_partition(spark, accuracy):
+    """70,000 values in one partition (past Spark's head buffer of 50,000 and its
+    compression at 10,000 samples), in Spark's batch percentile_approx and in the port
+    (``quantiles.summary``, then ``query``): the same answers, value for value."""
+    from microbatch.operators.aggregate import quantiles
+    frame = spark.range(0, 70_000, numPartitions=1).selectExpr("CAST((id * 7919) % 10007 AS DOUBLE) + id / 64 AS x")
+    percentages = [0.0, 0.00005, 0.001, 0.1, 0.25, 0.5, 0.75, 0.9, 0.999, 1.0]
+    theirs = frame.agg(F.percentile_approx("x", percentages, accuracy)).first()[0]
+    values = [r.x for r in frame.collect()]
+    eps = 1.0 / accuracy
+    assert quantiles.query(quantiles.summary(values, eps), percentages, eps) == theirs
