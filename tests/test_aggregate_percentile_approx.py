@@ -104,10 +104,13 @@ def test_windowed_append_mode_with_watermark(spark, ss, events, tmp_path):
 
 
 def test_session_windows_merge_their_summaries(spark, ss, events, tmp_path):
-    """Sessions that meet merge their summaries (both already summaries, not a batch's values)."""
+    """Sessions that meet merge their summaries (both already summaries, not a batch's values);
+    beside the other buffers a batch brings in another form than the state's (HLL++
+    registers, percentile's counts)."""
     compare(spark, ss, events, tmp_path, lambda frame: (
         frame.withWatermark("ts", "5 seconds").groupBy(F.session_window("ts", "2 seconds"), "k")
-        .agg(F.percentile_approx("v", [0.5, 0.2]).alias("p"), F.expr("approx_percentile(d, 0.5, 20)"))), "append")
+        .agg(F.percentile_approx("v", [0.5, 0.2]).alias("p"), F.expr("approx_percentile(d, 0.5, 20)"),
+             F.approx_count_distinct("v").alias("n"), F.expr("percentile(v, 0.5)").alias("m"))), "append")
 
 
 def test_a_restart_carries_the_summaries_on(spark, ss, tmp_path):
