@@ -13,6 +13,7 @@ they are ``F.col("x")``.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Callable
 
 from pyspark.errors import PySparkTypeError
@@ -958,19 +959,27 @@ class GroupedStream:
     mean = avg
 
 
-def _static_joins_take_streams() -> None:
+def static_joins_take_streams() -> None:
     """``static_df.join(stream, on, how)``, as Spark's engine runs it: PySpark's
     ``DataFrame.join`` reaches into its argument's JVM DataFrame (``other._jdf``; over
     Connect ``other._plan``), which a microbatch stream does not have. Each of PySpark's
     DataFrame classes that defines ``join`` gets it wrapped once, passing a microbatch stream
     to ``StreamFrame._joined_by_static`` (inner and right outer joins, Spark's rules for a
-    static left side) and anything else to PySpark's own ``join`` unchanged."""
+    static left side) and anything else to PySpark's own ``join`` unchanged.
+
+    The classic classes at import; Connect's only once imported (a ``StreamingSession``
+    over a Connect session calls this again): importing it here would import grpc,
+    protobuf, pandas and ``pyspark.testing`` into every process that imports microbatch
+    (about 2.5 s each: the drivers, the tests' subprocesses)."""
     import importlib
     for module, name in (("pyspark.sql.dataframe", "DataFrame"), ("pyspark.sql.classic.dataframe", "DataFrame"),
                          ("pyspark.sql.connect.dataframe", "DataFrame")):
         try:
-            cls = getattr(importlib.import_module(module), name)
-        except Exception:          # noqa: BLE001 - an older PySpark, or Connect's packages absent
+            imported = sys.modules.get(module) if ".connect." in module else importlib.import_module(module)
+        except ImportError:        # (an older PySpark: no pyspark.sql.classic)
+            continue
+        cls = getattr(imported, name, None)
+        if cls is None:
             continue
         join = cls.__dict__.get("join")
         if join is None or getattr(join, "_takes_streams", False):
@@ -988,4 +997,4 @@ def _static_joins_take_streams() -> None:
         cls.join = taking_streams
 
 
-_static_joins_take_streams()
+static_joins_take_streams()

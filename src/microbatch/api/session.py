@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 
 from microbatch import spark_internals
 
+from microbatch.api.frame import static_joins_take_streams
 from microbatch.api.manager import StreamingQueryManager
 from microbatch.api.reader import DataStreamReader
 
@@ -69,6 +70,7 @@ class StreamingSession:
         # Stop Spark on stop() only if this object started it.
         self._embedded = spark is None and SparkSession.getActiveSession() is None
         self.spark = spark if spark is not None else embedded_spark(master, conf=conf)
+        static_joins_take_streams()      # (a Connect session's DataFrame class is imported by now)
         if (spark_internals.static_conf(self.spark, UNIX_SOCKETS_CONF, "false") or "false").lower() != "true":
             log.info("This session's Python workers talk to the JVM over TCP, which costs each "
                      "Python task (every state task) about 40 ms; start the session with %s=true "
