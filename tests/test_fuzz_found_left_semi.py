@@ -65,11 +65,25 @@ def test_the_refusal_names_the_rule_and_a_semi_join_on_an_aggregate_is_still_pla
     counts = left.groupBy(F.window("ts", "10 seconds"), "k").count()
     right = ss.readStream.schema(fuzz.SCHEMA2).json(str(tmp_path / "b")).withWatermark("ts2", "10 seconds")
     right = right.select(F.window("ts2", "10 seconds").alias("rw"), "k2")
+    moved = counts.join(right, F.expr("window = rw AND k = k2"), "left_semi")
     with pytest.raises(UnsupportedOperationError, match="PushDownLeftSemiAntiJoin"):
-        counts.join(right, F.expr("window = rw AND k = k2"), "left_semi")
+        (moved.writeStream.foreachBatch(lambda df, batch_id: None)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    assert not (tmp_path / "ckpt" / "offsets").exists()
     # (a part reading the count keeps the join above the aggregation in Spark's plan too)
     joined = counts.join(right, F.expr("window = rw AND count > k2"), "left_semi")
     assert joined.columns == ["window", "k", "count"]
+
+
+@pytest.mark.timeout(600)
+def test_a_refusal_of_sparks_checker_comes_before_microbatchs(spark):
+    """Seed 6845: the left semi join Spark's optimizer would move below the aggregation has
+    no watermark in its keys and no range condition: Spark's checker refuses it when the
+    query starts, and microbatch with Spark's error, not with its own refusal of the
+    moved join (which came first, at definition)."""
+    result = fuzz.run_case(spark, fuzz.generate(6845))
+    assert result.status == "both-refused", result.report()
+    assert "_LEGACY_ERROR_TEMP_3102" in result.detail or "watermark in the join keys" in result.detail, result.report()
 
 
 @pytest.mark.timeout(900)

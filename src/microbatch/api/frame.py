@@ -411,10 +411,12 @@ class StreamFrame:
             # (defined as Spark defines it, after its analysis; refused when the query starts,
             # where Spark's checker refuses it, after the aggregations' output-mode rules)
             return StreamFrame(self._session, StreamJoin(self._plan, other._plan, (), kind), template)
+        below_aggregation = None
         if kind == "semi" and spark_internals.semi_join_below_aggregation(template):
             # (Spark's engine then aggregates the joined rows: its stateful operators, their
-            # order and numbers, and the state of each are not those of the query as written)
-            raise not_yet("A stream-stream left semi join over an aggregation that Spark's optimizer moves "
+            # order and numbers, and the state of each are not those of the query as written;
+            # refused when the query starts, after the checks Spark's checker makes there)
+            below_aggregation = not_yet("A stream-stream left semi join over an aggregation that Spark's optimizer moves "
                           "below the aggregation (PushDownLeftSemiAntiJoin: the condition reads only its "
                           "grouping columns; join the aggregation's input, or aggregate after the join)",
                           "a left semi join pushed below an aggregation")
@@ -452,6 +454,7 @@ class StreamFrame:
                               side_marks=(self._event_time_marks(), other._event_time_marks()),
                               positions=(_positions(self._template, on), _positions(other._template, on)),
                               **extra)
+        node.deferred_refusal = below_aggregation
         check_source_names(node)
         sides = {}
         if not node.using and not spark_internals.is_connect(template):

@@ -74,6 +74,9 @@ def check_output_mode(plan: PlanNode, mode: str, check_correctness: bool = True)
         raise AnalysisException(
             "Sorting is not supported on streaming DataFrames/Datasets, unless it is on "
             "aggregated DataFrame/Dataset in Complete output mode;")
+    for node in nodes:     # (what microbatch does not plan yet: after Spark's own rules)
+        if node.stateful and node.deferred_refusal is not None:
+            raise node.deferred_refusal
 
 
 #: Spark's conf that turns the check below into a warning.

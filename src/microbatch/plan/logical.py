@@ -370,6 +370,9 @@ class StatefulNode(PlanNode):
     aggregation = False
     #: a stream-stream join may read its output (``operators.join``)
     stream_join_reads_output = True
+    #: a shape of it microbatch does not plan yet, refused when the query starts, after the
+    #: rules of Spark's checker (which refuse first on Spark's engine); set where defined
+    deferred_refusal: Exception | None = None
     child: PlanNode
 
     #: what every kind answers for itself

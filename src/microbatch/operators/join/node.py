@@ -79,6 +79,7 @@ class StreamJoin(StatefulNode):
     #: filters it infers (``outer_joins_narrowed``): its state rules and null-padded rows;
     #: None: ``how``
     exec_how: str | None = None
+    deferred_refusal: Exception | None = None    # (plan.logical.StatefulNode's)
 
     def __post_init__(self):
         if not self.right_keys:
