@@ -155,9 +155,9 @@ def filters_pushed_through_aggregations(plan: PlanNode, empty_inputs: Mapping[An
     (below a watermark) where Spark's optimizer would; a deduplication under the
     aggregation stops it, as Spark's streaming Deduplicate does. A filter of which only
     some parts go down stays whole above too (the parts that went down pass there again).
-    Not through grouping sets (``grouping_set_filters``) or a session window, whose
-    grouping columns the aggregation makes, nor a part that reads another computed
-    grouping column (a time window: its text does not read back over the input)."""
+    Not through grouping sets (``grouping_set_filters``), nor a part that reads a grouping
+    column the aggregation computes (a session window, which the aggregation makes here; a
+    time window: its text does not read back over the input)."""
     plan = children_replaced(plan, [filters_pushed_through_aggregations(c, empty_inputs) for c in plan.children])
     if isinstance(plan, Transform) and plan.method in ("filter", "where") and _over_aggregation(plan):
         return _through_aggregation(plan, empty_inputs) or plan
@@ -193,14 +193,30 @@ def _through_aggregation(filtered: Transform, empty_inputs: Mapping[Any, DataFra
     return None if sunk is None else dataclasses.replace(below, child=sunk)
 
 
+def _reads_back(child: PlanNode, condition: str, empty_inputs: Mapping[Any, DataFrame]) -> bool:
+    try:
+        stood_in(Transform(child, "where", (F.expr(condition),))).build(empty_inputs)
+    except Exception:  # noqa: BLE001 - Spark's analysis refuses it over the input
+        return False
+    return True
+
+
 def _pushed_into(filtered: Transform, aggregate: Aggregate, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode | None:
-    if aggregate.session_index is not None or (aggregate.grouping is not None and aggregate.grouping.has_sets):
+    if aggregate.grouping is not None and aggregate.grouping.has_sets:
         return None
     try:
         parts = spark_internals.conjuncts_through_aggregation(stood_in(filtered).build(empty_inputs))
         if not parts or not parts[0]:
             return None
         pushed, kept = parts
+        if aggregate.session_index is not None:
+            # (its session window is a column the aggregation makes here: a part reading it
+            # does not read back over the input, and stays above with the whole filter)
+            reads_input = [p for p in pushed if _reads_back(aggregate.child, p, empty_inputs)]
+            kept = kept + [p for p in pushed if p not in reads_input]
+            pushed = reads_input
+            if not pushed:
+                return None
         condition = F.expr(" AND ".join(f"({p})" for p in pushed))
         moved = dataclasses.replace(aggregate, child=Transform(aggregate.child, "where", (condition,)))
         stood_in(moved).build(empty_inputs)   # (a part whose text does not read back over the input stays)
