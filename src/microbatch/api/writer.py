@@ -21,8 +21,8 @@ from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, is_local, sto
 from microbatch.errors import IllegalArgumentException, UnsupportedOperationError, pyspark_error
 from microbatch.runtime.clock import Clock, SystemClock
 from microbatch.runtime.triggers import AvailableNow, Once, ProcessingTime, Trigger, trigger_from_writer_args
-from microbatch.plan.checks import (CHECK_CORRECTNESS_CONF, check_output_mode, check_runs_over_connect, check_source_names,
-                                    normalize_output_mode)
+from microbatch.plan.checks import (CHECK_CORRECTNESS_CONF, check_joins_kept, check_output_mode, check_runs_over_connect,
+                                    check_source_names, normalize_output_mode)
 from microbatch.connectors import lookup_sink
 from microbatch.sinks.base import SinkContext
 from microbatch.sinks.foreach import check_foreach_writer
@@ -171,6 +171,7 @@ class DataStreamWriter:
         check_source_names(self._plan)
         check_output_mode(self._plan, self._output_mode,
                           spark.conf.get(CHECK_CORRECTNESS_CONF, "true").lower() == "true")
+        check_joins_kept(self._plan, self._frame._template)
         if spark_internals.is_connect(spark):
             check_runs_over_connect(self._plan, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
                                     self._output_mode, self._sink is not None)

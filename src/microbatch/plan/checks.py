@@ -5,6 +5,7 @@ Messages follow Spark's wording where Spark has one.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, UnsupportedOperationError
@@ -105,6 +106,18 @@ def _check_global_watermark_limit(plan: PlanNode, mode: str, enabled: bool) -> N
                 raise AnalysisException(_CORRECTNESS_MESSAGE)
             log.warning(_CORRECTNESS_MESSAGE)
             return
+
+
+def check_joins_kept(plan: PlanNode, template: Any) -> None:
+    """Refuse a query whose stream-stream join (a stateful operator of two inputs) Spark's
+    optimizer removes from the query as written (``spark_internals.joins_removed``): Spark's
+    engine then runs neither the join nor its other side, their state and their late rows
+    included, where microbatch would run both (fuzzer seed 6673)."""
+    if any(n.stateful and len(n.children) == 2 for n in plan.nodes()) and spark_internals.joins_removed(template):
+        raise not_yet("A stream-stream join that Spark's optimizer removes from the query (EliminateOuterJoin: "
+                      "an outer join whose other side is unique on the join keys, none of whose columns "
+                      "is read above it; read a column of that side, or leave the join out)",
+                      "a join Spark's optimizer removes")
 
 
 def not_yet(operation: str, issue: str = "stateful streaming") -> UnsupportedOperationError:

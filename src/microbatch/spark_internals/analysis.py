@@ -368,6 +368,22 @@ def semi_join_below_aggregation(joined: Any) -> bool:
     return optimized.getClass().getSimpleName() == "Aggregate"
 
 
+def joins_removed(df: Any) -> bool:
+    """Whether Spark's optimizer removes a join of ``df``'s analysed plan: an outer join
+    whose other side is unique on the join keys and of which nothing above reads a
+    column (EliminateOuterJoin, after a filter above made a full outer join a left one),
+    or a join that other rules fold away. The optimized plan then has fewer joins."""
+    def joins(plan: Any) -> int:
+        count, pending = 0, [plan]
+        while pending:
+            node = pending.pop()
+            count += node.getClass().getSimpleName() == "Join"
+            pending.extend(_scala_list(node.children()))
+        return count
+    execution = df._jdf.queryExecution()
+    return joins(execution.optimizedPlan()) < joins(execution.analyzed())
+
+
 def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any] | None:
     """What Spark's optimizer filters between each expansion into grouping sets (rollup,
     cube, groupingSets) and its aggregation in ``df``'s plan: a filter above an aggregation
