@@ -31,6 +31,11 @@ from microbatch.testing.kafka_broker import KafkaBroker, free_port
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
+#: the tasks' poll timeout where the query must ride a fault out: longer than an outage or a
+#: restart (under 10 s), and than a first fetch from the persistent broker (its S3 engine on
+#: a moto server) takes on a loaded CI machine, where 10 s failed a batch before any fault
+POLL_TIMEOUT_MS = 30_000
+
 
 @pytest.fixture(scope="module")
 def proxied():
@@ -99,7 +104,7 @@ def test_the_source_rides_out_an_outage_shorter_than_its_retries(ss, spark, brok
     broker.produce("ride", [(b"%d" % i, None, i % 2) for i in range(20)])
     out = str(tmp_path / "out")
     query = kafka_to_parquet(ss, broker, "ride", out, str(tmp_path / "ckpt"),
-                             **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
+                             **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": POLL_TIMEOUT_MS})
     try:
         wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, 120, "two batches")
         dropped = proxy.dropped
@@ -218,7 +223,7 @@ def test_the_source_reads_every_record_once_across_a_broker_restart(ss, spark, r
     broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(16)])
     out = str(tmp_path / "out")
     query = kafka_to_parquet(ss, broker, "restart-source", out, str(tmp_path / "ckpt"), interval="3 seconds",
-                             **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
+                             **{"fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": POLL_TIMEOUT_MS})
     try:
         wait_for(lambda: query.lastProgress is not None and query.lastProgress.batchId >= 1, 120, "two batches")
         batch_at_restart = query.lastProgress.batchId
@@ -250,7 +255,7 @@ def test_the_source_rides_out_a_broker_killed_during_its_offset_request(ss, spar
     out = str(tmp_path / "out")
     query = kafka_to_parquet(ss, broker, "restart-inflight", out, str(tmp_path / "ckpt"),
                              **{"assign": json.dumps({"restart-inflight": [0, 1]}),
-                                "fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": 10_000})
+                                "fetchOffset.retryIntervalMs": 1000, "kafkaConsumer.pollTimeoutMs": POLL_TIMEOUT_MS})
     try:
         wait_for(lambda: sum(p.numInputRows for p in query.recentProgress) >= 8, 120, "the first records")
         time.sleep(1)                      # idle: only the triggers' ListOffsets now
