@@ -110,13 +110,15 @@ def _check_global_watermark_limit(plan: PlanNode, mode: str, enabled: bool) -> N
 
 def check_joins_kept(plan: PlanNode, template: Any) -> None:
     """Refuse a query whose stream-stream join (a stateful operator of two inputs) Spark's
-    optimizer removes from the query as written (``spark_internals.joins_removed``): Spark's
-    engine then runs neither the join nor its other side, their state and their late rows
-    included, where microbatch would run both (fuzzer seed 6673)."""
-    if any(n.stateful and len(n.children) == 2 for n in plan.nodes()) and spark_internals.joins_removed(template):
-        raise not_yet("A stream-stream join that Spark's optimizer removes from the query (EliminateOuterJoin: "
-                      "an outer join whose other side is unique on the join keys, none of whose columns "
-                      "is read above it; read a column of that side, or leave the join out)",
+    optimizer removes with the only reads of a source (``spark_internals.sources_removed``):
+    Spark's engine then runs neither the join nor its other side and reads nothing of that
+    source, which stays one of its sources; microbatch does not plan a source read by
+    nothing (fuzzer seed 6673). A join removed while its other side's sources are read
+    elsewhere runs as Spark's does (``operators.join.outer_joins_eliminated``)."""
+    if any(n.stateful and len(n.children) == 2 for n in plan.nodes()) and spark_internals.sources_removed(template):
+        raise not_yet("A stream-stream join that Spark's optimizer removes from the query with every read of a "
+                      "source (EliminateOuterJoin: an outer join whose other side is unique on the join keys, "
+                      "none of whose columns is read above it; read a column of that side, or leave the join out)",
                       "a join Spark's optimizer removes")
 
 

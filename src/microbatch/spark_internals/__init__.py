@@ -17,7 +17,7 @@ from microbatch.spark_internals.analysis import (
     AggregateCall, AggregateOutput, TimeTerm, aggregation_parts, ambiguous_on_a_stream, analyzed_plan, attribute_positions,
     column_sql, conjunct_sides,
     bound_attribute_ids, conjuncts_without_column, event_time_barrier, event_time_marked, grouping_set_filters, is_global_aggregation,
-    having_condition, having_aggregation, hidden_aggregates_added, is_aggregation, joins_removed, output_columns,
+    having_condition, having_aggregation, hidden_aggregates_added, is_aggregation, sources_removed, output_columns,
     output_attribute_ids, positions_below_projection, rebound, filter_can_skip_column, filter_passes_filter,
     filter_passes_projection, grouped_dataframe, nullable_output, grouping_column_names, grouping_columns, hyperloglog_tables,
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column, pruned_from_joins,
@@ -90,7 +90,7 @@ __all__ = [
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
     "reads_only_files", "scan_filters", "scan_skips_filter", "ambiguous_on_a_stream", "semi_join_branches",
-    "semi_join_below_aggregation", "joins_removed",
+    "semi_join_below_aggregation", "sources_removed",
     "join_inferred_filters", "optimized_plan", "stream_without_data",
 ]
 
@@ -169,7 +169,7 @@ join_condition_parts = _by_kind(join_condition_parts, _refused("A join"))
 conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
 semi_join_branches = _by_kind(semi_join_branches, _refused("A join"))
 semi_join_below_aggregation = _by_kind(semi_join_below_aggregation, _c_analysis.never)
-joins_removed = _by_kind(joins_removed, _c_analysis.never)   # (Connect runs no stream-stream join)
+sources_removed = _by_kind(sources_removed, _c_analysis.never)   # (Connect runs no stream-stream join)
 pruned_from_joins = _by_kind(pruned_from_joins, _refused("A join"))
 pruned_below_repartitions = _by_kind(pruned_below_repartitions, lambda df, columns: [False] * len(columns))
 output_qualifiers = _by_kind(output_qualifiers, _refused("A join"))

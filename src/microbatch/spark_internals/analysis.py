@@ -368,20 +368,26 @@ def semi_join_below_aggregation(joined: Any) -> bool:
     return optimized.getClass().getSimpleName() == "Aggregate"
 
 
-def joins_removed(df: Any) -> bool:
-    """Whether Spark's optimizer removes a join of ``df``'s analysed plan: an outer join
-    whose other side is unique on the join keys and of which nothing above reads a
+def sources_removed(df: Any) -> bool:
+    """Whether Spark's optimizer removes every read of one of the relations ``df``'s
+    analysed plan reads (a stream's template reads its source's files, or an RDD): an outer
+    join whose other side is unique on the join keys and of which nothing above reads a
     column (EliminateOuterJoin, after a filter above made a full outer join a left one),
-    or a join that other rules fold away. The optimized plan then has fewer joins."""
-    def joins(plan: Any) -> int:
-        count, pending = 0, [plan]
+    where that side is the only reader of its source. Spark's engine then reads nothing of
+    that source, though it stays one of the query's sources."""
+    def relations(plan: Any) -> set[tuple[str, int]]:
+        found, pending = set(), [plan]
         while pending:
             node = pending.pop()
-            count += node.getClass().getSimpleName() == "Join"
+            kind = node.getClass().getSimpleName()
+            if kind == "LogicalRDD":
+                found.add((kind, node.rdd().id()))
+            elif kind == "LogicalRelation":     # (a file source's template: its files' relation, one
+                found.add((kind, node.relation().hashCode()))   # hash however often it is read)
             pending.extend(_scala_list(node.children()))
-        return count
+        return found
     execution = df._jdf.queryExecution()
-    return joins(execution.optimizedPlan()) < joins(execution.analyzed())
+    return bool(relations(execution.analyzed()) - relations(execution.optimizedPlan()))
 
 
 def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any] | None:
