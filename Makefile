@@ -98,6 +98,10 @@ VERSION_TESTS := tests/test_differential_rate.py tests/test_aggregation_differen
 # time (issue 58).
 VERSION_TESTS_BETWEEN := tests/test_dedup_differential.py tests/test_stream_engine.py tests/test_spark_versions.py \
 	tests/test_kept_batch_plan.py tests/test_python_worker.py tests/test_batch_session_confs.py
+# 4.2 and 4.1 keep the deduplication's refusals, its recorded provider and its state
+# source, not its batch-by-batch comparisons, which 4.0 and 3.5 run (the deduplication
+# runs one code path on every 4.x line); the comparisons were half of each line's time
+VERSION_DESELECT_4_1 := -k "not test_drop_duplicates_matches_spark_batch_by_batch"
 test-versions: setup
 	set -e; for v in $(SPARK_VERSIONS); do \
 	  venv=.venvs/pyspark-$$v; \
@@ -109,7 +113,8 @@ test-versions: setup
 	  echo "== PySpark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
 	  PYSPARK_PYTHON=$$(pwd)/$$venv/bin/python PYSPARK_DRIVER_PYTHON=$$(pwd)/$$venv/bin/python \
 	    tests="$(VERSION_TESTS)"; case $$v in 4.0|4.1|4.2) tests="$(VERSION_TESTS_BETWEEN)";; esac; \
-	    $$venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider -m "not porting and not faults and not upgrade and not nexmark" $$tests; \
+	    case $$v in 4.1|4.2) set -- $(VERSION_DESELECT_4_1);; *) set --;; esac; \
+	    $$venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider -m "not porting and not faults and not upgrade and not nexmark" "$$@" $$tests; \
 	done; \
 	for v in $(UPGRADE_FROM); do \
 	  echo "== a checkpoint PySpark $$v wrote, resumed on $$($(PY) -c 'import pyspark; print(pyspark.__version__)')"; \

@@ -85,8 +85,9 @@ def run(session, paths, ckpt, condition, how):
     return batches, progress
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-@pytest.mark.parametrize("case", list(CASES))
+#: one generated input per case, the two inputs taking turns (each case on both was the
+#: same comparison again: the differential fuzzer generates inputs at large, issue 58)
+@pytest.mark.parametrize("case, seed", [(case, 1 + i % 2) for i, case in enumerate(CASES)])
 def test_a_join_on_more_than_keys_and_time_matches_spark(spark, ss, tmp_path, case, seed):
     condition, how = CASES[case]
     paths = (write(tmp_path / "left", generated(seed)), write(tmp_path / "right", generated(seed + 100, value="maxn")))

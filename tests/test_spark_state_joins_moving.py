@@ -38,9 +38,15 @@ def arrive(sources, live, files) -> None:
             os.rename(os.path.join(source, name), os.path.join(target, name))
 
 
-@pytest.mark.parametrize("direction", ["spark to microbatch", "spark's rocksdb to microbatch", "microbatch to spark",
-                                       "microbatch's rocksdb to spark's rocksdb"])
-@pytest.mark.parametrize("case", list(MOVED))
+#: each join moves both ways, one way on Spark's default provider and the other on RocksDB,
+#: and each of the four moves runs under two of the joins (every move under all four joins
+#: read the same layouts again: issue 58)
+DIRECTIONS = (("spark to microbatch", "microbatch's rocksdb to spark's rocksdb"),
+              ("spark's rocksdb to microbatch", "microbatch to spark"))
+
+
+@pytest.mark.parametrize("case, direction", [(case, direction) for i, case in enumerate(MOVED)
+                                             for direction in DIRECTIONS[i % 2]])
 def test_a_join_moves_between_the_engines_with_its_state(spark, ss, tmp_path, case, direction):
     transform = MOVED[case]
     provider_confs = PROVIDERS["rocksdb, changelogs"] if "rocksdb" in direction else {}
