@@ -964,8 +964,8 @@ class GroupedStream:
 
 def static_joins_take_streams() -> None:
     """``static_df.join(stream, on, how)``, as Spark's engine runs it: PySpark's
-    ``DataFrame.join`` reaches into its argument's JVM DataFrame (``other._jdf``; over
-    Connect ``other._plan``), which a microbatch stream does not have. Each of PySpark's
+    ``DataFrame.join`` reaches into its argument's Spark-side DataFrame (over Connect, its
+    plan), which a microbatch stream does not have. Each of PySpark's
     DataFrame classes that defines ``join`` gets it wrapped once, passing a microbatch stream
     to ``StreamFrame._joined_by_static`` (inner and right outer joins, Spark's rules for a
     static left side) and anything else to PySpark's own ``join`` unchanged.

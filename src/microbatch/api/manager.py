@@ -107,7 +107,7 @@ class StreamingQueryManager:
                 "already active. Perhaps you are attempting to restart a query from checkpoint "
                 "that is already active. You may stop the old query by setting the SQL "
                 f'configuration: spark.conf.set("{STOP_ACTIVE_RUN_ON_RESTART}", true) and retry.',
-                called="start")   # (PySpark's start() lets py4j's error through)
+                called="start")   # (PySpark's start() lets the JVM's error through unconverted)
         return execution
 
     def _register(self, execution: MicroBatchExecution, checkpoint_root: str) -> StreamingQuery:
