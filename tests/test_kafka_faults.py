@@ -29,7 +29,7 @@ from helpers import wait_for
 from microbatch.testing.fault_proxy import FaultProxy
 from microbatch.testing.kafka_broker import KafkaBroker, free_port
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
 
 #: the tasks' poll timeout where the query must ride a fault out: Spark's own default
 #: (spark.network.timeout, 120 s). Longer than an outage or a restart (under 10 s), and than
@@ -234,7 +234,8 @@ def test_the_source_reads_every_record_once_across_a_broker_restart(ss, spark, r
         assert away < 10 and read_before < 16, (away, read_before)   # the rest come after the restart
         assert broker.latest_offsets("restart-source") == {0: 8, 1: 8}     # the new process has them
         broker.produce("restart-source", [(b"%d" % i, None, i % 2) for i in range(16, 24)])
-        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 24, 120, "every record")
+        # (longer than a task's poll timeout: the first fetch after the restart may take most of it)
+        wait_for(lambda: not query.isActive or spark.read.parquet(out).count() >= 24, 240, "every record")
         assert query.isActive and query.exception() is None
         assert query.lastProgress.batchId > batch_at_restart
     finally:
