@@ -94,7 +94,7 @@ PROVIDERS = {
 
 
 #: the cases run on each of RocksDB's two file forms beside Spark's default provider: each
-#: case on one of them, each form under a window count, a deduplication, a session window
+#: case on one of them, each form under an aggregation, a deduplication, a session window
 #: and applyInPandasWithState (the rest would be the same layout read again: issue 58)
 ON_ROCKSDB_SNAPSHOTS = ("a window count in append mode", "dropDuplicatesWithinWatermark", "a limit",
                         "session windows in append mode", "applyInPandasWithState with an event-time timeout")
