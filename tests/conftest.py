@@ -18,6 +18,10 @@ def spark(tmp_path_factory):
         # both engines on their RocksDB stores: MICROBATCH_TEST_STATE_STORE=rocksdb pytest tests/...
         conf["spark.sql.streaming.stateStore.providerClass"] = \
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    # more confs for both engines: MICROBATCH_TEST_SPARK_CONF="key=value,key=value"
+    for pair in filter(None, os.environ.get("MICROBATCH_TEST_SPARK_CONF", "").split(",")):
+        key, _, value = pair.partition("=")
+        conf[key.strip()] = value.strip()
     session = embedded_spark(conf=conf)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     yield session

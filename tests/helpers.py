@@ -180,3 +180,22 @@ def state_rows_per_partition(reader, ckpt, operators: dict[int, tuple]) -> list:
             found.extend((op, side, row[0], row[1])
                          for row in frame.load(str(ckpt)).groupBy("partition_id").count().collect())
     return sorted(found, key=repr)
+
+
+def ci_share(cases, every: int = 2) -> list:
+    """``cases`` for ``pytest.mark.parametrize``, every ``every``-th (the first, then
+    each ``every`` on) in CI's run and the others marked ``extended``: a sweep over many
+    shapes or seeds of one comparison keeps each family in ``make test`` and the rest runs
+    in ``make test-extended`` (README, "What runs where"). A case that is already a
+    ``pytest.param`` keeps its own marks and id."""
+    import pytest
+    shared = []
+    for i, case in enumerate(cases):
+        if i % every == 0:
+            shared.append(case)
+        elif hasattr(case, "values") and hasattr(case, "marks"):
+            shared.append(pytest.param(*case.values, marks=[*case.marks, pytest.mark.extended], id=case.id))
+        else:
+            values = case if isinstance(case, tuple) else (case,)
+            shared.append(pytest.param(*values, marks=pytest.mark.extended))
+    return shared

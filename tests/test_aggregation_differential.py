@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks, write_event_files
-from helpers import collect_batches, json_stream, plain_rows
+from helpers import ci_share, collect_batches, json_stream, plain_rows
 from microbatch import spark_internals
 
 # (key, event time, value) per file; the watermark delay is 5 seconds.
@@ -91,7 +91,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,transform,mode", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize("name,transform,mode", ci_share(CASES),   # half in CI's run (helpers.ci_share)
+                         ids=[f"{c[0]}-{c[2]}" for c in CASES])
 def test_aggregation_matches_spark_batch_by_batch(spark, ss, events, tmp_path, name, transform, mode):
     theirs, their_progress = run(spark, events, tmp_path / "spark", transform, mode)
     ours, our_progress = run(ss, events, tmp_path / "microbatch", transform, mode)

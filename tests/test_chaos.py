@@ -23,6 +23,7 @@ KINDS = ("foreach", "delta")
 pytestmark = pytest.mark.faults
 
 
+@pytest.mark.extended   # the kills of the seed below, on two more sinks (make test-extended)
 def test_a_short_chaos_seed_is_exactly_once(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1")

@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-from helpers import collect_batches, json_stream, sorted_rows
+from helpers import ci_share, collect_batches, json_stream, sorted_rows
 from stream_events import write_event_files
 
 SCHEMA = "id INT, name STRING, v DOUBLE, w DOUBLE"
@@ -44,7 +44,7 @@ def events(tmp_path):
     return write_event_files(tmp_path / "events", EVENTS, lambda i, n, v, w: {"id": i, "name": n, "v": v, "w": w})
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", ci_share(list(CASES)))   # half in CI's run (helpers.ci_share)
 def test_a_stateless_method_matches_spark(spark, ss, events, tmp_path, case):
     transform = CASES[case]
     rows = lambda df: (df.columns, sorted_rows(df))  # noqa: E731

@@ -20,7 +20,7 @@ import shutil
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, json_stream
+from helpers import ci_share, collect_batches, json_stream
 from stream_events import comparable, watermarks, write_event_files
 
 from microbatch.ops.spark_conversion import convert_to_spark
@@ -96,12 +96,12 @@ def state(reader, ckpt, operators: int) -> list:
     return sorted(found, key=repr)
 
 
-@pytest.mark.parametrize("query, mode, operators", [
+@pytest.mark.parametrize("query, mode, operators", ci_share([   # half in CI's run (helpers.ci_share)
     (count_where_sum, "update", 1), (count_where_sum, "complete", 1),
     (several_aggregates, "update", 1), (several_aggregates, "complete", 1),
     (sql_having, "update", 1), (sql_having, "complete", 1), (sql_having_rollup, "complete", 1), (sql_having_global, "complete", 1),
     (windowed, "append", 1), (windowed, "update", 1), (aggregation_of_having, "append", 2),
-])
+]))
 def test_a_filter_by_a_hidden_aggregate_matches_spark(spark, ss, events, tmp_path, query, mode, operators):
     theirs, their_progress = collect_batches(query(spark, events), tmp_path / "spark", mode)
     ours, our_progress = collect_batches(query(ss, events), tmp_path / "microbatch", mode)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
+from helpers import ci_share
 from test_chained_differential import restarts_with_the_same_answer, same_as_spark
 
 
@@ -40,7 +41,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", ci_share(list(CASES)))   # half in CI's run (helpers.ci_share)
 def test_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
     same_as_spark(spark, ss, events, tmp_path, case, CASES[case])
 

@@ -18,7 +18,7 @@ import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, sorted_rows
+from helpers import ci_share, collect_batches, sorted_rows
 from stream_events import comparable, watermarks
 
 SCHEMA = "id INT, ts TIMESTAMP"
@@ -160,9 +160,10 @@ def assert_same(theirs, ours, ckpt_theirs, ckpt_ours):
 
 #: every shape over json files, every other one over parquet too (the file source gives
 #: both formats' metadata columns alike; each shape on both was the same comparison
-#: again: issue 58)
-@pytest.mark.parametrize("case, files", [(case, "json") for case in CASES]
-                         + [(case, "parquet") for case in list(CASES)[::2]], indirect=["files"])
+#: again: issue 58); a third of them in CI's run, the rest in make test-extended
+@pytest.mark.parametrize("case, files", ci_share([(case, "json") for case in CASES]
+                                                 + [(case, "parquet") for case in list(CASES)[::2]], every=3),
+                         indirect=["files"])
 def test_metadata_read_where_spark_reads_it(spark, ss, files, tmp_path, case):
     fmt, path = files
     query, mode = CASES[case]

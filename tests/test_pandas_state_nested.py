@@ -23,7 +23,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from pyspark.sql.types import DoubleType
 
 import test_chained_differential as chained
-from helpers import collect_batches, json_stream
+from helpers import ci_share, collect_batches, json_stream
 from stream_events import comparable, first_batches
 from test_chained_differential import restarts_with_the_same_answer, run, same_as_spark
 
@@ -136,7 +136,7 @@ KEYS = {   # (Columns made in the test: a Column needs the session)
 }
 
 
-@pytest.mark.parametrize("kind", list(KEYS))
+@pytest.mark.parametrize("kind", ci_share(list(KEYS)))   # half in CI's run (helpers.ci_share)
 def test_a_nested_grouping_column_matches_spark_with_processing_time_timeouts(spark, ss, events, tmp_path, kind):
     """Keys as the function gets them (a struct as a dict, an array as a numpy array, a
     map as a dict), rows, timed-out keys (read back from the state) and state rows."""

@@ -78,6 +78,7 @@ def test_every_acknowledged_record_is_in_the_sink_once_across_sigkills(spark, tm
     assert sum(s.duplicates for s in senders) > 0
 
 
+@pytest.mark.extended   # kills as the tests above, from the chaos runner (make test-extended)
 def test_a_short_chaos_seed_of_the_receiver_kind_is_exactly_once(tmp_path):
     """The chaos runner's ``receiver`` kind, as users run it: two kills at random moments
     while its clients send; its own check says every acknowledged record is in the sink once."""

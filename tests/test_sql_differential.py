@@ -14,7 +14,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, json_stream, sorted_rows
+from helpers import ci_share, collect_batches, json_stream, sorted_rows
 from stream_events import comparable, watermarks, write_event_files
 from test_stream_join_differential import LEFT, RIGHT, write
 
@@ -119,7 +119,7 @@ def run(session, events_dir, ckpt, text, mode, **kwargs):
     return collect_batches(frame, ckpt, mode, rows=lambda df: (df.columns, sorted_rows(df)), **kwargs)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", ci_share(list(CASES)))   # half in CI's run (helpers.ci_share)
 def test_sql_over_a_stream_matches_spark(spark, ss, events, users, tmp_path, case):
     text, mode = CASES[case]
     spark.udf.register("plus_one", plus_one, "double")

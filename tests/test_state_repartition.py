@@ -15,7 +15,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 
-from helpers import confs
+from helpers import ci_share, confs
 from microbatch.cli.main import main as verify_main
 from test_transform_with_state_differential import OUTPUT as TRACKER_OUTPUT, ROCKSDB, Tracker
 
@@ -80,7 +80,7 @@ def state_layout(ckpt, version):
     return found
 
 
-@pytest.mark.parametrize("case", list(QUERIES))
+@pytest.mark.parametrize("case", ci_share(list(QUERIES), every=3))   # one in CI's run (helpers.ci_share)
 def test_repartition_4_to_8_to_3_gives_the_answers_of_a_run_never_repartitioned(ss, tmp_path, case):
     data = tmp_path / "in"
     for side in ("a", "b"):

@@ -17,7 +17,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.streaming.stateful_processor import ListState, MapState, ValueState
 
 import test_chained_differential as chained
-from helpers import confs
+from helpers import ci_share, confs
 from stream_events import comparable, first_batches
 from test_chained_differential import restarts_with_the_same_answer, run
 
@@ -237,7 +237,7 @@ def run_on_spark(spark, events, ckpt, case):
         return run(spark, events, ckpt, case)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", ci_share(list(CASES)))   # half in CI's run (helpers.ci_share)
 def test_transform_with_state_matches_spark_batch_by_batch(spark, ss, events, tmp_path, case):
     theirs, their_progress = run_on_spark(spark, events, tmp_path / "spark", case)
     ours, our_progress = run(ss, events, tmp_path / "microbatch", case)
