@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 PYTEST_BY_TEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load
 PYTEST_BY_CLASS := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-install-keeps-pyspark chaos fuzz
+.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-upgrade test-extended test-install-keeps-pyspark chaos fuzz
 
 # uv installs (downloads in parallel, no byte-compiling): about a quarter of pip's time
 # for PySpark and the test extras from a cold cache, which CI pays six times (issue 58).
@@ -56,8 +56,11 @@ WITH_CLASSES := PYSPARK_SUBMIT_ARGS="--conf spark.driver.defaultJavaOptions=-XX:
 demo: setup
 	$(VENV)/bin/microbatch demo
 
+# CI's suites leave out the tests marked `extended` (the rest of a sweep CI runs a share of,
+# a second form of a fault CI already runs: tests/helpers.ci_share), which make test-extended
+# runs with Nexmark's suite and the older PySpark lines (README, "What runs where")
 test: test-setup
-	$(WITH_CLASSES) $(PYTEST) -m "not porting and not faults and not upgrade and not connect and not nexmark"
+	$(WITH_CLASSES) $(PYTEST) -m "not porting and not faults and not upgrade and not connect and not nexmark and not extended"
 
 # Nexmark's queries on microbatch and on Spark's engine over the same events, batch by batch
 test-nexmark: test-setup
@@ -71,11 +74,11 @@ test-connect: test-setup
 # Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka;
 # S3, the broker and the disk failing under queries (docs/faults.md)
 test-faults: test-setup
-	$(WITH_CLASSES) $(PYTEST) -m faults
+	$(WITH_CLASSES) $(PYTEST) -m "faults and not extended"
 
 # State moving between Spark's engine and microbatch, both ways, every operator (docs/porting.md)
 test-porting: test-setup
-	$(WITH_CLASSES) $(PYTEST) -m porting
+	$(WITH_CLASSES) $(PYTEST) -m "porting and not extended"
 
 # PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
 test-pyspark: test-setup
@@ -83,8 +86,8 @@ test-pyspark: test-setup
 
 # The differential subset on each older PySpark line against that version's own engine,
 # each in its own virtual environment (.venvs/pyspark-<version>): make test-versions
-# (SPARK_VERSIONS="4.0" for one). Then, on 4.3, a stateful checkpoint each line of
-# UPGRADE_FROM wrote (both engines) is resumed by both engines. The full suite runs on 4.3 (make test).
+# (SPARK_VERSIONS="4.0" for one), in make test-extended. The full suite runs on 4.3 (make test);
+# CI runs make test-upgrade on 3.5 (below).
 SPARK_VERSIONS ?= 4.2 4.1 4.0 3.5
 UPGRADE_FROM ?= 3.5
 VERSION_TESTS := tests/test_differential_rate.py tests/test_aggregation_differential.py \
@@ -94,8 +97,8 @@ VERSION_TESTS := tests/test_differential_rate.py tests/test_aggregation_differen
 # 4.2, 4.1 and 4.0 differ from 4.3 only where spark_internals.versions says (confs a
 # checkpoint records, the offset log's version, features they lack, how workers start): their
 # lines run the tests of those differences; the whole subset runs on 3.5 (the other code
-# paths, and the join's rules before 4.2, which 4.1 and 4.0 follow), so CI stays inside its
-# time (issue 58).
+# paths, and the join's rules before 4.2, which 4.1 and 4.0 follow), so each line's run
+# stays short (issue 58).
 VERSION_TESTS_BETWEEN := tests/test_dedup_differential.py tests/test_stream_engine.py tests/test_spark_versions.py \
 	tests/test_kept_batch_plan.py tests/test_python_worker.py tests/test_batch_session_confs.py
 # 4.2 and 4.1 keep the deduplication's refusals, its recorded provider and its state
@@ -103,25 +106,40 @@ VERSION_TESTS_BETWEEN := tests/test_dedup_differential.py tests/test_stream_engi
 # spark_internals.versions switches for it, a conf only 4.3 records, is the same on 4.0,
 # 4.1 and 4.2); the comparisons were half of each line's time
 VERSION_DESELECT_4_1 := -k "not test_drop_duplicates_matches_spark_batch_by_batch"
-test-versions: setup
-	set -e; for v in $(SPARK_VERSIONS); do \
-	  venv=.venvs/pyspark-$$v; \
+# .venvs/pyspark-<line>, made or brought up to date (pyproject.toml newer) for the line $$v
+OLDER_VENV = venv=.venvs/pyspark-$$v; \
 	  if [ ! -f $$venv/.installed ] || [ pyproject.toml -nt $$venv/.installed ]; then \
 	    $(UV) venv --quiet --clear --python $(PYTHON) $$venv; \
 	    $(UV) pip install --quiet --python $$venv/bin/python "pyspark==$$v.*" -e '.[test]'; \
 	    touch $$venv/.installed; \
-	  fi; \
+	  fi
+test-versions: setup
+	set -e; for v in $(SPARK_VERSIONS); do \
+	  $(OLDER_VENV); \
 	  echo "== PySpark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
 	  PYSPARK_PYTHON=$$(pwd)/$$venv/bin/python PYSPARK_DRIVER_PYTHON=$$(pwd)/$$venv/bin/python \
 	    tests="$(VERSION_TESTS)"; case $$v in 4.0|4.1|4.2) tests="$(VERSION_TESTS_BETWEEN)";; esac; \
 	    case $$v in 4.1|4.2) set -- $(VERSION_DESELECT_4_1);; *) set --;; esac; \
 	    $$venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -p no:cacheprovider -m "not porting and not faults and not upgrade and not nexmark" "$$@" $$tests; \
-	done; \
-	for v in $(UPGRADE_FROM); do \
+	done
+
+# A stateful checkpoint each line of UPGRADE_FROM wrote (both engines) resumed on 4.3 by both
+# engines, and back (CI's run of the older lines; make test-versions runs their differential tests)
+test-upgrade: setup
+	set -e; for v in $(UPGRADE_FROM); do \
+	  $(OLDER_VENV); \
 	  echo "== a checkpoint PySpark $$v wrote, resumed on $$($(PY) -c 'import pyspark; print(pyspark.__version__)')"; \
 	  MICROBATCH_OLDER_PYSPARK_PYTHON=$$(pwd)/.venvs/pyspark-$$v/bin/python $(PY) -m pytest -q -p no:cacheprovider \
 	    -m upgrade tests/test_checkpoint_upgrade.py; \
 	done
+
+# What CI leaves out (README, "What runs where"), about 70 minutes here: the tests marked
+# `extended` in every suite, Nexmark's queries on both engines, the older PySpark lines'
+# differential tests. Before a release, and after a change to what they test.
+test-extended: test-setup
+	$(WITH_CLASSES) $(PYTEST) -m extended
+	$(MAKE) test-nexmark
+	$(MAKE) test-versions
 
 # A cluster's own PySpark is kept: pyspark 3.5 installed first, then microbatch; the
 # session refuses that Spark at start, naming what is missing (docs/spark-versions.md).
