@@ -40,7 +40,8 @@ from microbatch.spark_internals.engine_plan import (empty_stream_stand_in, engin
 from microbatch.spark_internals.errors import (
     captured, cause_string, error_condition, exception_message, exception_string,
     foreach_batch_user_error, is_foreach_user_error, jvm_throwable, python_proxy_error,
-    query_exception, spark_error, state_reader_error, streaming_query_exception, user_error_cause,
+    query_exception, refusals_not_logged, spark_error, state_reader_error, streaming_query_exception,
+    user_error_cause,
 )
 from microbatch.spark_internals.jvm import (
     jvm_class, jvm_started, scala_map,
@@ -85,7 +86,7 @@ __all__ = [
     "is_foreach_user_error", "job_tags", "join_condition", "join_condition_parts", "ConditionPart", "jvm_class", "jvm_started",
     "jvm_throwable", "managed_table_location", "map_in_arrow_function", "observation_row", "parse_schema_ddl",
     "processing_time_ms", "projected_function", "projections_keep_column", "python_data_source",
-    "python_proxy_error", "python_row", "query_exception", "query_execution", "row_json",
+    "python_proxy_error", "python_row", "query_exception", "query_execution", "refusals_not_logged", "row_json",
     "run_to_end", "scala_map", "schema_ddl", "session_settings", "schema_string", "schema_tree", "spark_error", "state_reader_error",
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",

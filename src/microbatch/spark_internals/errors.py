@@ -2,8 +2,10 @@
 catalogue, so users get PySpark's own exception objects with Spark's conditions."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 from pyspark import SparkContext
 from pyspark.errors import PySparkException
@@ -265,3 +267,25 @@ def java_exception(class_name: str, message: str, called: str | None = None) -> 
         from py4j.protocol import Py4JJavaError
         return Py4JJavaError(f"An error occurred while calling o0.{called}.\n", jexception)
     return convert_exception(jexception)
+
+
+@contextlib.contextmanager
+def refusals_not_logged() -> Iterator[None]:
+    """A block whose refused queries are results, not each logged: PySpark's loggers of a
+    failed query's context quiet and py4j's bridge at warnings (the levels restored after)."""
+    try:   # (PySpark's loggers take keywords a plain Logger does not: made by PySpark's class)
+        from pyspark.logger import PySparkLogger
+        make = PySparkLogger.getLogger
+    except ImportError:   # PySpark 3.5
+        make = logging.getLogger
+    levels = {make("SQLQueryContextLogger"): logging.CRITICAL,
+              make("DataFrameQueryContextLogger"): logging.CRITICAL,
+              logging.getLogger("py4j"): logging.WARNING}
+    before = {logger: logger.level for logger in levels}
+    for logger, level in levels.items():
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, level in before.items():
+            logger.setLevel(level)

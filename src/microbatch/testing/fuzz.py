@@ -1366,24 +1366,9 @@ def run_seeds(spark, seeds: Iterable[int], plant: str | None = None, seconds: fl
               minimise_seconds: float = 120.0, log: Callable[[str], None] | None = print) -> Summary:
     """Each seed's query on both engines, until ``seconds`` have passed (None: all seeds);
     failures minimised (each for at most ``minimise_seconds``; 0: not minimised)."""
-    import logging
-    # the refusals are results: not each with PySpark's error log of its query context
-    try:   # (PySpark's loggers take keywords a plain Logger does not: made by PySpark's class)
-        from pyspark.logger import PySparkLogger
-        make = PySparkLogger.getLogger
-    except ImportError:   # PySpark 3.5
-        make = logging.getLogger
-    quiet = {name: make(name) for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger")}
-    quiet["py4j"] = logging.getLogger("py4j")
-    levels = {name: logger.level for name, logger in quiet.items()}
-    quiet["py4j"].setLevel(logging.WARNING)
-    quiet["SQLQueryContextLogger"].setLevel(logging.CRITICAL)
-    quiet["DataFrameQueryContextLogger"].setLevel(logging.CRITICAL)
-    try:
+    from microbatch import spark_internals
+    with spark_internals.refusals_not_logged():   # the refusals are results, not logged each
         return _run_seeds(spark, seeds, plant, seconds, minimise_seconds, log)
-    finally:
-        for name, logger in quiet.items():
-            logger.setLevel(levels[name])
 
 
 def _run_seeds(spark, seeds: Iterable[int], plant: str | None, seconds: float | None, minimise_seconds: float,
