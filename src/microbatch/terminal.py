@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:   # (rich is imported where a live footer is drawn: importing the console
+    # sink, as every query's registry does, does not import it)
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
 
 def progress_line(name: str, progress: dict[str, Any] | None, status: str = "RUNNING") -> dict[str, str]:
@@ -45,12 +46,15 @@ class LiveLines:
     """The footer of live lines, one per key, drawn while at least one key is tracked."""
 
     def __init__(self, console: Console | None = None):
+        from rich.console import Console
         self._console = console or Console()
         self._lines: dict[str, dict[str, str]] = {}
         self._live: Live | None = None
         self._lock = threading.Lock()
 
     def _table(self) -> Table:
+        from rich.table import Table
+        from rich.text import Text
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
         for column in ("query", "status", "batch", "input rows/s", "processed rows/s", "watermark",
                        "state rows"):
@@ -63,6 +67,7 @@ class LiveLines:
         with self._lock:
             self._lines[key] = fields
             if self._live is None:
+                from rich.live import Live
                 self._live = Live(self._table(), console=self._console, refresh_per_second=4,
                                   redirect_stdout=True, redirect_stderr=False, transient=False)
                 self._live.start()

@@ -37,17 +37,11 @@ import math
 import re
 import socket
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.json as pa_json
-import uvicorn
 from pyspark.sql.types import StructType
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from microbatch.errors import AnalysisException
 from microbatch.sources.base import SourceProvider
@@ -56,6 +50,10 @@ from microbatch.sources.receiver import ReceiverSource
 from microbatch.sources.receiver_blocks import arrow_schema
 from microbatch.sources.receiver_options import ReceiverOptions, backpressure_confs
 from microbatch.util import byte_size
+
+if TYPE_CHECKING:   # (the web server's modules are imported when a receiver starts it)
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +138,9 @@ class HttpIngestSource(ReceiverSource):
                     f"The http source cannot listen on {self.host}:{self.port} ({e.strerror}). "
                     "Choose a free port with option('port', ...), or stop what holds it.") from None
             self.port = sock.getsockname()[1]
+            import uvicorn
+            from starlette.applications import Starlette
+            from starlette.routing import Route
             app = Starlette(routes=[Route(self.path, self._ingest, methods=["POST"])])
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
             self._server = uvicorn.Server(config)
@@ -166,6 +167,8 @@ class HttpIngestSource(ReceiverSource):
                        f"(application/x-ndjson) or an Arrow IPC stream ({ARROW_STREAM})")
 
     async def _ingest(self, request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
         key = request.headers.get("idempotency-key")
         if key is not None:
             first = self.durable_first(key)
@@ -209,6 +212,7 @@ class HttpIngestSource(ReceiverSource):
             self._pending.pop(key, None)
 
     async def _answer(self, future, rows: int | None) -> Response:
+        from starlette.responses import JSONResponse
         try:
             first = await asyncio.wrap_future(future)
         except Backpressure as e:
