@@ -131,6 +131,21 @@ def test_sql_over_a_stream_matches_spark(spark, ss, events, users, tmp_path, cas
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
 
 
+@pytest.mark.parametrize("text, mode", [
+    ("SELECT id FROM events GROUP BY id", "update"),
+    ("SELECT window(ts, '20 seconds') AS w, id FROM events GROUP BY window(ts, '20 seconds'), id", "append"),
+])
+def test_a_group_by_with_no_aggregate_function_matches_spark(spark, ss, events, tmp_path, text, mode):
+    """Keys alone: Spark's Aggregate with no aggregate function (its state holds the keys);
+    microbatch failed in PySpark's agg() ("exprs should not be empty")."""
+    theirs, their_progress = run(spark, events, tmp_path / "spark", text, mode)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", text, mode)
+    assert ours == theirs and any(rows for _, (_, rows) in ours)
+    assert comparable([json.loads(p.json) for p in our_progress]) == \
+        comparable([json.loads(p.json) for p in their_progress])
+    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
 #: name -> (SQL over two watermarked streams, output mode)
 JOINS = {
     "a time range": (

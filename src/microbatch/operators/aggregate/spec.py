@@ -450,7 +450,14 @@ def grouped_partial(df: DataFrame, keys: tuple, calls, buffer_names, extra: tupl
         columns = partial_columns(calls, buffer_names)
     if grouping.has_sets:
         columns = [F.grouping_id().alias(GROUPING_ID), *columns]
+    if not columns and not extra:
+        # keys alone (``SELECT k ... GROUP BY k``: Spark's Aggregate with no aggregate
+        # function keeps the keys, no buffer); PySpark's agg() takes at least one column
+        return grouping.of(df, keys).agg(F.lit(0).alias(_NO_BUFFER)).drop(_NO_BUFFER)
     return grouping.of(df, keys).agg(*columns, *extra)
+
+
+_NO_BUFFER = "__microbatch_no_buffer"
 
 
 def final_columns(spec: AggregateSpec) -> list:
