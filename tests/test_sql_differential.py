@@ -123,6 +123,11 @@ def run(session, events_dir, ckpt, text, mode, **kwargs):
 def test_sql_over_a_stream_matches_spark(spark, ss, events, users, tmp_path, case):
     text, mode = CASES[case]
     spark.udf.register("plus_one", plus_one, "double")
+    same_as_spark(spark, ss, events, tmp_path, text, mode)
+
+
+def same_as_spark(spark, ss, events, tmp_path, text, mode) -> None:
+    """``text`` on both engines: the same batches (some rows), progress and watermarks."""
     theirs, their_progress = run(spark, events, tmp_path / "spark", text, mode)
     ours, our_progress = run(ss, events, tmp_path / "microbatch", text, mode)
     assert ours == theirs and any(rows for _, (_, rows) in ours)
@@ -138,12 +143,7 @@ def test_sql_over_a_stream_matches_spark(spark, ss, events, users, tmp_path, cas
 def test_a_group_by_with_no_aggregate_function_matches_spark(spark, ss, events, tmp_path, text, mode):
     """Keys alone: Spark's Aggregate with no aggregate function (its state holds the keys);
     microbatch failed in PySpark's agg() ("exprs should not be empty")."""
-    theirs, their_progress = run(spark, events, tmp_path / "spark", text, mode)
-    ours, our_progress = run(ss, events, tmp_path / "microbatch", text, mode)
-    assert ours == theirs and any(rows for _, (_, rows) in ours)
-    assert comparable([json.loads(p.json) for p in our_progress]) == \
-        comparable([json.loads(p.json) for p in their_progress])
-    assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+    same_as_spark(spark, ss, events, tmp_path, text, mode)
 
 
 #: name -> (SQL over two watermarked streams, output mode)
