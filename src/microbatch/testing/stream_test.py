@@ -14,7 +14,8 @@ A port of Spark's StreamTest DSL::
 
 The query writes to one MemorySink kept across StopStream/StartStream, on one
 checkpoint. Checks wait until the query has processed every row added so far
-(never a fixed sleep); with a ManualClock the test advances time itself. A
+(never a fixed sleep); with a ManualClock the test advances time itself, and a
+start or a check waits until the stream waits on the clock again. A
 failure raises AssertionError listing the actions with a pointer at the failing
 one, the offsets, the sink's contents and the plan.
 """
@@ -150,7 +151,7 @@ def test_stream(frame, output_mode: str = "append", actions: Sequence[Any] = (),
     checkpoint = checkpoint_location or tempfile.mkdtemp(prefix="microbatch-streamtest-")
     sink = MemorySink(frame.sparkSession, frame.schema, output_mode)
     result = StreamTestResult(sink, [], checkpoint)
-    state = {"query": None, "clock": None, "seen": 0}
+    state = {"query": None, "clock": None, "trigger": None, "seen": 0}
     sources = [r.source_instance for r in frame._plan.relations()
                if isinstance(r.source_instance, MemoryStreamSource)]
 
@@ -164,8 +165,21 @@ def test_stream(frame, output_mode: str = "append", actions: Sequence[Any] = (),
         if action.clock is not None:
             writer.clock(action.clock)
         state["clock"] = action.clock
+        state["trigger"] = writer._trigger
         state["query"] = writer.start()
         result.queries.append(state["query"])
+        wait_for_clock()
+
+    def wait_for_clock() -> None:
+        """With a ManualClock and a trigger interval, wait until the stream waits on the
+        clock for a time after now: every batch due at the clock's time has run (Spark's
+        tests' ``waitUntilBatchProcessed``). A batch without data, such as one firing a
+        processing-time timeout, has no offset to wait for."""
+        query, clock = state["query"], state["clock"]
+        if (isinstance(clock, ManualClock) and getattr(state["trigger"], "interval_ms", 0) > 0
+                and query is not None and query.isActive
+                and not clock.wait_for_waiter(timeout) and query.isActive):
+            raise AssertionError("the stream never waited on the manual clock")
 
     def wait_for_data() -> None:
         query = state["query"]
@@ -210,6 +224,7 @@ def test_stream(frame, output_mode: str = "append", actions: Sequence[Any] = (),
             clock.advance(action.ms)
         elif isinstance(action, _Check):
             wait_for_data()
+            wait_for_clock()
             if isinstance(action, CheckAnswer):
                 actual = sink.all_data()
             elif isinstance(action, CheckNewAnswer):
