@@ -12,7 +12,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 # stays on one process): 2 on CI's two cores, where a test's Spark jobs leave a core idle
 # most of the time (PYTEST_WORKERS=0 runs them in this process, one after another).
 PYTEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The suites held in one file deal out their tests one by one (Nexmark's) or by test class
 # (PySpark's own, a session each): by file, one process would run them all while the other
 # waits.
@@ -142,12 +142,14 @@ test-extended: test-setup
 	$(MAKE) test-versions
 
 # A cluster's own PySpark is kept: pyspark 3.5 installed first, then microbatch; the
-# session refuses that Spark at start, naming what is missing (docs/spark-versions.md).
-test-install-keeps-pyspark:
-	set -e; venv=.venvs/keeps-pyspark-3.5; rm -rf $$venv; $(PYTHON) -m venv $$venv; \
-	$$venv/bin/python -m pip install --quiet --upgrade pip; \
-	$$venv/bin/python -m pip install --quiet "pyspark==3.5.*"; \
-	$$venv/bin/python -m pip install --quiet -e .; \
+# query runs on it (docs/spark-versions.md).
+# (uv's pip resolves as pip does, keeping an installed requirement that satisfies the
+# range, and shares the cache the 3.5 environment of make test-upgrade filled: pip took
+# about 100 s of this step's 128 here)
+test-install-keeps-pyspark: setup
+	set -e; venv=.venvs/keeps-pyspark-3.5; rm -rf $$venv; $(UV) venv --quiet --python $(PYTHON) $$venv; \
+	$(UV) pip install --quiet --python $$venv/bin/python "pyspark==3.5.*"; \
+	$(UV) pip install --quiet --python $$venv/bin/python -e .; \
 	$$venv/bin/python .ci/keeps_pyspark.py
 
 # Seeded SIGKILL chaos for every pipeline kind: make chaos KILLS=100 SEED=7

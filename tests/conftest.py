@@ -1,13 +1,33 @@
 """One SparkSession for the whole test session (Spark start-up costs seconds)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
 from microbatch import StreamingSession, embedded_spark
 from stream_events import EVENTS, id_and_time, write_event_files
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (``file_seconds.json``: each file's seconds in CI's runs, as
+    measured; a file not there counts as short), so that the two workers, dealt a file at a
+    time (``--dist loadfile --no-loadscope-reorder``), end together: xdist's own order, most
+    tests first, left a single-test file of six minutes to run last while the other worker
+    waited. A stale number costs balance, never a test (``file_seconds.py`` refreshes them
+    from a run's JUnit XML)."""
+    seconds = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(item.nodeid.split("::")[0], index)
+
+    def order(item):
+        path = item.nodeid.split("::")[0]
+        return -seconds.get(Path(path).name, 0), first_seen[path]
+    items.sort(key=order)   # (stable: a file's tests keep their order)
 
 
 @pytest.fixture(scope="session")

@@ -264,7 +264,9 @@ def test_high_priority_pool_ratio_under_bounded_memory_is_refused_by_name(ss, tm
 
 def _rate_like_stream(session, path):
     from stream_events import id_and_time, write_event_files
-    files = write_event_files(path, [[(1, "00:00:10")], [(2, "00:00:20")]], id_and_time)
+    # one file, one batch at the start: processAllAvailable() returns without waiting for the
+    # 10 s trigger's next batch (two files cost each engine that wait, 20 s of each test)
+    files = write_event_files(path, [[(1, "00:00:10"), (2, "00:00:20")]], id_and_time)
     from helpers import json_stream
     return json_stream(session, files, "id INT, ts TIMESTAMP")
 
