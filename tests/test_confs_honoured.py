@@ -264,16 +264,16 @@ def test_high_priority_pool_ratio_under_bounded_memory_is_refused_by_name(ss, tm
 
 def _rate_like_stream(session, path):
     from stream_events import id_and_time, write_event_files
-    # one file, one batch at the start: processAllAvailable() returns without waiting for the
-    # 10 s trigger's next batch (two files cost each engine that wait, 20 s of each test)
     files = write_event_files(path, [[(1, "00:00:10"), (2, "00:00:20")]], id_and_time)
     from helpers import json_stream
     return json_stream(session, files, "id INT, ts TIMESTAMP")
 
 
 def _start(frame, ckpt, **trigger):
+    # (a second's trigger: Spark's processAllAvailable() returns only after a trigger that
+    # found no new data, a whole interval after the last batch)
     return (frame.writeStream.format("noop").option("checkpointLocation", str(ckpt))
-            .trigger(**(trigger or {"processingTime": "10 seconds"})).start())
+            .trigger(**(trigger or {"processingTime": "1 second"})).start())
 
 
 def test_a_new_run_of_an_active_query_stops_the_old_run_as_spark(spark, ss, tmp_path):
