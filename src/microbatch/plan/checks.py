@@ -102,8 +102,8 @@ def _check_global_watermark_limit(plan: PlanNode, mode: str, enabled: bool) -> N
     for node in plan.nodes():
         counts = node.stateful and node.affected_by_late_rows()
         if counts and any(below.stateful and below.aggregation for below in node.nodes() if below is not node):
-            if enabled:
-                raise AnalysisException(_CORRECTNESS_MESSAGE)
+            if enabled:   # (Spark's checker's throwError: its condition, _LEGACY_ERROR_TEMP_3102)
+                raise unsupported_operation(_CORRECTNESS_MESSAGE)
             log.warning(_CORRECTNESS_MESSAGE)
             return
 
