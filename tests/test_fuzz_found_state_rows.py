@@ -1,5 +1,6 @@
 """State rows the differential fuzzer found microbatch kept unlike Spark's engine (issue 57,
-seeds 573, 616, 868), each as a small hand-written query on microbatch next to Spark's own
+seeds 573, 616, 868; two fields of one name in a session window's state, from the tenth long
+run), each as a small hand-written query on microbatch next to Spark's own
 engine, batch by batch: rows, progress (state operators and their ``numRowsTotal``
 included), watermarks, and the state rows per operator and partition.
 
@@ -79,11 +80,21 @@ def join_of_a_side_whose_event_time_is_pruned(session, events):
     return joined.select("id", "rt", "rp")
 
 
+def session_windows_with_two_counts(session, events):
+    """The tenth long run (four seeds): two ``count``s make two buffer fields of one name in
+    a session window's state row, which Spark's Arrow conversion refuses; microbatch's
+    reader failed where Spark's reads them."""
+    stream = json_stream(session, events, SCHEMA).withWatermark("ts", "5 seconds")
+    return (stream.groupBy(F.session_window("ts", "5 seconds"), "id")
+            .agg(F.count("*").alias("n"), F.count("price").alias("priced")))
+
+
 #: name -> (query, output mode, its stateful operators, whether they are a join)
 QUERIES = {
     "seed 573 cube over dropDuplicatesWithinWatermark, filtered": (cube_over_dedup_within_watermark, "update", 2, False),
     "seed 616 rollup of sliding windows by a sliding window": (rollup_of_sliding_windows_by_window, "append", 2, False),
     "seed 868 join, a side's event time pruned": (join_of_a_side_whose_event_time_is_pruned, "update", 1, True),
+    "session windows with two counts": (session_windows_with_two_counts, "append", 1, False),
 }
 
 
@@ -98,3 +109,16 @@ def test_state_rows_match_spark_batch_by_batch(spark, ss, events, tmp_path, name
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
     assert state_partitions(ss.read, tmp_path / "microbatch", operators, join) == \
         state_partitions(spark.read, tmp_path / "spark", operators, join)
+
+
+def test_a_state_row_with_two_fields_of_one_name_reads_as_sparks(spark, ss, events, tmp_path):
+    """The session window state of two ``count``s, read whole: microbatch's reader of its
+    own checkpoint gives the rows, fields and names Spark's reader gives of Spark's."""
+    read = {}
+    for name, session in (("spark", spark), ("microbatch", ss)):
+        collect_batches(session_windows_with_two_counts(session, events), tmp_path / name, "append")
+        frame = session.read.format("statestore").load(str(tmp_path / name))
+        read[name] = (frame.schema.simpleString(), sorted(tuple(r) for r in frame.collect()))
+    assert read["microbatch"] == read["spark"]
+    assert "count:bigint,count:bigint" in read["spark"][0], read["spark"][0]
+    assert read["spark"][1]

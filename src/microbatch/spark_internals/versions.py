@@ -143,10 +143,54 @@ def with_observed_rows(progress: Any, rows: dict) -> Any:
 
 def dataframe_of_arrow(spark: Any, table: Any, schema: Any) -> Any:
     """A DataFrame of an Arrow table already on the driver (PySpark 4.0+ takes the table;
-    3.5 its rows)."""
-    if running_version().at_least_4:
+    3.5 its rows). A struct with two fields of one name (Spark's state rows have them: an
+    aggregation's buffers of two ``count``s) goes over Arrow under unique names, which
+    Spark's Arrow conversion requires (``DUPLICATED_FIELD_NAME_IN_ARROW_STRUCT``), and is
+    cast back to its own type, field by field in order."""
+    if not running_version().at_least_4:
+        return spark.createDataFrame(table.to_pylist(), schema)
+    unique = _unique_field_names(schema)
+    if unique == schema:
         return spark.createDataFrame(table, schema)
-    return spark.createDataFrame(table.to_pylist(), schema)
+    import pyarrow as pa
+    renamed = pa.Table.from_arrays([_renamed_array(column.combine_chunks(), field.dataType)
+                                    for column, field in zip(table.columns, unique.fields)],
+                                   names=unique.fieldNames())
+    frame = spark.createDataFrame(renamed, unique)
+    return frame.select(*[frame[i].cast(field.dataType).alias(field.name) for i, field in enumerate(schema.fields)])
+
+
+def _unique_field_names(data_type: Any) -> Any:
+    """``data_type`` with every struct's fields named apart (``count``, ``count_1``)."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+    if isinstance(data_type, StructType):
+        seen: set[str] = set()
+        fields = []
+        for field in data_type.fields:
+            name, n = field.name, 0
+            while name in seen:
+                n += 1
+                name = f"{field.name}_{n}"
+            seen.add(name)
+            fields.append(StructField(name, _unique_field_names(field.dataType), field.nullable, field.metadata))
+        return StructType(fields)
+    if isinstance(data_type, ArrayType):
+        return ArrayType(_unique_field_names(data_type.elementType), data_type.containsNull)
+    if isinstance(data_type, MapType):
+        return MapType(_unique_field_names(data_type.keyType), _unique_field_names(data_type.valueType),
+                       data_type.valueContainsNull)
+    return data_type
+
+
+def _renamed_array(array: Any, unique_type: Any) -> Any:
+    """An Arrow array of structs (nested in structs) renamed to ``unique_type``'s names."""
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+    if not isinstance(unique_type, StructType) or not pa.types.is_struct(array.type):
+        return array
+    children = [_renamed_array(array.field(i), field.dataType) for i, field in enumerate(unique_type.fields)]
+    return pa.StructArray.from_arrays(children, names=unique_type.fieldNames(),
+                                      mask=array.is_null() if array.null_count else None)
 
 
 def na_functions(frame: Any) -> Any:
