@@ -25,6 +25,25 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+#: PySpark's tests that wait on the wall clock with a deadline fitted to Spark's own CI
+#: machines, and miss it here on either engine when two test processes share two cores:
+#: each gets one more try, and the summary names it ("R" and "rerun"). Measured, not guessed.
+WALL_CLOCK_BOUND = {
+    # eventually(timeout=20) for a first committed batch with rows, behind cold Python
+    # workers importing pandas 4 at a time (batch 0 takes 7-12 s alone here): on Spark's
+    # own engine it failed 1 of 3 runs alone on this machine (2026-12-03), on microbatch
+    # once in CI (stop 74), with "No commit files were created"
+    "PythonStreamingDataSource::test_stream_arrow_writer",
+}
+
+
+def pytest_collection_modifyitems(items):
+    import pytest
+    for item in items:
+        if item.nodeid.split("::", 1)[-1] in WALL_CLOCK_BOUND:
+            item.add_marker(pytest.mark.flaky(reruns=1))
+
+
 def pytest_terminal_summary(terminalreporter):
     """Which engine ran the tests: every test ran its queries on microbatch (each test's
     tearDown fails if Spark's own engine started one)."""
