@@ -4,7 +4,9 @@ and SQL over a stream's temporary view, unmodified, on a session wrapped by
 
 The test classes are PySpark's; only their session is wrapped. Every one of them passes
 on Spark's own engine here (``MICROBATCH_PYSPARK_ENGINE=spark`` runs them there: 69 tests,
-about 8 minutes), and every one must pass on microbatch.
+about 8 minutes), and every one must pass on microbatch; one waits on the wall clock with
+a deadline that either engine misses now and then on two busy cores, and gets a second
+try (``conftest.py``, ``WALL_CLOCK_BOUND``).
 """
 from __future__ import annotations
 
