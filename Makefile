@@ -59,7 +59,9 @@ test-setup: setup $(CLASSES)
 # CPU as the compiler's did. The suite is CPU-bound on two cores (idle 3% of the time with
 # two test processes; a third gained nothing, 2026-12-03), so the JVMs' CPU is its time.
 JAVA_OPTS := -XX:SharedArchiveFile=$(abspath $(CLASSES)) -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
-WITH_CLASSES := PYSPARK_SUBMIT_ARGS="--conf 'spark.driver.defaultJavaOptions=$(JAVA_OPTS)' pyspark-shell"
+# (the drivers' PYSPARK_SUBMIT_ARGS: these options, and the confs given as $(1))
+spark_submit = PYSPARK_SUBMIT_ARGS="--conf 'spark.driver.defaultJavaOptions=$(JAVA_OPTS)' $(1)pyspark-shell"
+WITH_CLASSES := $(call spark_submit,)
 # make test and make test-faults run Spark's batch jobs without whole-stage code generation:
 # each query compiles a class per stage with Janino, and the suites run thousands of small
 # queries, each over a few rows, where compiling cost more than it saved (two differential
@@ -67,7 +69,7 @@ WITH_CLASSES := PYSPARK_SUBMIT_ARGS="--conf 'spark.driver.defaultJavaOptions=$(J
 # alike, and microbatch has nothing of its own that depends on it (it reads plans' metrics
 # the same either way). The other suites (porting, PySpark's own tests, Connect, the
 # upgrade, the older lines) and the benchmarks keep Spark's default, code generation on.
-WITHOUT_STAGE_CODEGEN := PYSPARK_SUBMIT_ARGS="--conf 'spark.driver.defaultJavaOptions=$(JAVA_OPTS)' --conf spark.sql.codegen.wholeStage=false pyspark-shell"
+WITHOUT_STAGE_CODEGEN := $(call spark_submit,--conf spark.sql.codegen.wholeStage=false )
 
 demo: setup
 	$(VENV)/bin/microbatch demo
