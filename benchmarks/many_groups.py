@@ -1,15 +1,15 @@
 """A windowed count with many groups a batch, on microbatch and on Spark's own engine.
 
 ``python -m benchmarks.many_groups [--rows 400000] [--keys 1000] [--batches 8] [--reps 3]
-[--aggregates count max_by percentile_approx]``
+[--aggregates count max_by percentile_approx histogram_numeric]``
 
 Input: ``batches`` parquet files of ``rows`` rows: ``keys`` keys, event times advancing
 ``seconds`` (400) a file, so a batch touches 40 ten-second windows of every key (about
 ``40 * keys`` state rows changed a batch, and as many evicted once the watermark passes).
 Query: ``withWatermark(ts, 10 s).groupBy(window(ts, 10 s), k)`` with one aggregate,
 ``count()`` by default (``--aggregates`` names others, each run in turn: ``max_by(v, ts)``, a
-pair kept in Spark's buffer; ``percentile_approx(v, 0.5)``, a quantile sketch per group; ``v``
-an int column), in append mode into ``noop``, ``availableNow`` one file a trigger; each engine ``reps`` times, alternating. The
+pair kept in Spark's buffer; ``percentile_approx(v, 0.5)``, a quantile sketch per group; ``histogram_numeric(v, 10)``,
+ten bins per group; ``v`` an int column), in append mode into ``noop``, ``availableNow`` one file a trigger; each engine ``reps`` times, alternating. The
 figure is the median batch duration (progress ``triggerExecution``, the first batch
 left out) and the whole run's wall time; it prints microbatch's phases
 (``durationMs``) and the state operator's times beside Spark's and writes ``benchmarks/results/many_groups.json``
@@ -31,6 +31,7 @@ AGGREGATES = {
     "count": "count(1) AS count",
     "max_by": "max_by(v, ts) AS max_by",
     "percentile_approx": "percentile_approx(v, 0.5) AS percentile_approx",
+    "histogram_numeric": "histogram_numeric(v, 10) AS histogram_numeric",
 }
 
 

@@ -133,7 +133,7 @@ def test_windowed_append_mode_with_watermark(spark, ss, events, tmp_path):
 
 
 @pytest.mark.parametrize("function,why", [
-    ("histogram_numeric(v, 3)", "bins merge"), ("mode(v)", "hash map's order"),
+    ("mode(v)", "hash map's order"),
     ("listagg(s) WITHIN GROUP (ORDER BY v)", "ORDER BY the value itself"),
     ("count_min_sketch(v, 0.1D, 0.9D, 1)", "yet. Supported: .*max_by")])
 def test_functions_microbatch_cannot_reproduce_are_refused_with_the_reason(ss, events, function, why):

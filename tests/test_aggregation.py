@@ -43,8 +43,8 @@ def test_output_mode_rules_with_sparks_wording(ss, events, tmp_path):
     with pytest.raises(AnalysisException, match=r"Distinct aggregations are not supported .* "
                                                 r"approx_count_distinct\(\) instead"):
         stream(ss, events).groupBy("k").agg(F.countDistinct("v"))
-    with pytest.raises(UnsupportedOperationError, match="histogram_numeric.* not supported"):
-        stream(ss, events).groupBy("k").agg(F.histogram_numeric("v", F.lit(3)))
+    with pytest.raises(UnsupportedOperationError, match="count_min_sketch.* not supported"):
+        stream(ss, events).groupBy("k").agg(F.expr("count_min_sketch(v, 0.1D, 0.9D, 1)"))
     with pytest.raises(AnalysisException, match="possible 'correctness' issue due to global watermark"):
         start(stream(ss, events).groupBy("k").count().groupBy("count").count(), "complete", tmp_path / "c")
     with pytest.raises(PySparkAnalysisException):

@@ -539,7 +539,8 @@ class AggregateCall:
     #: percentile (percentile_cont, percentile_disc, median): (percentages, whether it returns
     #: an array, reverse, discrete); mode: (reverse or None: the tie-break); listagg: (the
     #: delimiter's SQL, None or (whether it orders by its value, ascending));
-    #: percentile_approx: (percentages, whether it returns an array, accuracy)
+    #: percentile_approx: (percentages, whether it returns an array, accuracy);
+    #: histogram_numeric: (the number of bins, the result's x type)
     parameters: tuple = ()
 
 
@@ -601,6 +602,10 @@ def _call_parameters(kind: str, function: Any, children: list) -> tuple[tuple, l
         children = children[:1] + children[2:]   # (the percentages are a parameter)
     elif kind == "ApproximatePercentile":
         parameters = _approx_percentile_parameters(function)
+        children = children[:1]
+    elif kind == "HistogramNumeric":
+        x_type = function.dataType().elementType().apply(0).dataType().simpleString()
+        parameters = (int(function.nBins().eval(None)), x_type)
         children = children[:1]
     elif kind == "Mode":
         reverse = function.reverseOpt()

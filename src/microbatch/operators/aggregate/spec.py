@@ -43,6 +43,7 @@ SUPPORTED = {
     "RegrIntercept": "regr_intercept", "RegrReplacement": "regr_sxx", "Skewness": "skewness",
     "Kurtosis": "kurtosis", "Percentile": "percentile", "PercentileDisc": "percentile_disc",
     "Mode": "mode", "ListAgg": "listagg", "ApproximatePercentile": "percentile_approx",
+    "HistogramNumeric": "histogram_numeric",
 }
 #: The SQL names of the supported functions planned as another (their replacement, or an
 #: eval mode of one: try_sum is Sum's TRY mode), for the refusal's list.
@@ -57,15 +58,7 @@ ALSO_SUPPORTED = ("count_if", "bool_and", "every", "bool_or", "some", "any", "an
 MERGES = {"sum": 1, "min": 1, "max": 1, "first": 2, "last": 2, "concat": 1, "union": 1,
           "moments": 3, "hll": 1, "max_by": 2, "min_by": 2, "bit_and": 1, "bit_or": 1,
           "bit_xor": 1, "try_sum": 2, "try_avg": 2, "comoments": 4, "regression": 7, "counts": 1,
-          "sum_checked": 1, "quantiles": 3}
-
-#: Spark's refusals: functions whose streaming answer microbatch cannot reproduce exactly
-#: (a sketch whose partial state depends on how Spark's engine split and merged a batch's
-#: rows), by class name -> why.
-REFUSED = {
-    "HistogramNumeric": "its bins merge by nearest neighbours in the order Spark's engine merges "
-    "each partition's partial histogram, which microbatch's state cannot replay bin for bin",
-}
+          "sum_checked": 1, "quantiles": 3, "histogram": 1}
 
 _MOMENT_FINALS = {
     # n = {0}, mean = {1}, m2 = {2}; Spark 4 returns NULL where it divides by zero.
@@ -165,10 +158,6 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
         # query's first batch, and the aggregation refuses it at start (Aggregate's
         # output_mode_refusal); a stand-in that is never run meanwhile
         return AggCall(name, found.sql, ("count(1)",), "sum", "NULL")
-    if name in REFUSED:
-        raise UnsupportedOperationError(
-            f"The aggregate function {pretty} (in {found.sql}) is not supported in a streaming "
-            f"aggregation by microbatch: {REFUSED[name]}.")
     if name not in SUPPORTED:
         raise UnsupportedOperationError(
             f"The aggregate function {pretty} (in {found.sql}) is not supported in a streaming "
@@ -208,6 +197,8 @@ def _call(found: spark_internals.AggregateCall) -> AggCall:
         return _moments_call(found, args, agg)
     if name in ("Percentile", "PercentileDisc", "Mode", "ListAgg", "ApproximatePercentile"):
         return _collected_call(found, args, agg)
+    if name == "HistogramNumeric":
+        return _histogram_call(found, args, agg)
     if name == "Sum" and found.eval_mode == "ANSI" and found.argument_types[0] in ("tinyint", "smallint", "int",
                                                                                  "bigint"):
         # a bigint sum that overflows fails the batch in ANSI mode, in the merge as in Spark's
@@ -347,6 +338,34 @@ def _approx_percentile_call(found: spark_internals.AggregateCall, args: list[str
     return AggCall(found.function, found.sql, (values, "CAST(NULL AS ARRAY<BIGINT>)", "CAST(NULL AS ARRAY<BIGINT>)"),
                    "quantiles", final, (1.0 / accuracy, percentages, is_array),
                    ArrayType(DoubleType(), False) if is_array else DoubleType())
+
+
+#: histogram_numeric's x back in the argument's type, as its eval makes it from the double
+#: (``.toInt``, ``.toLong``...: truncated) where it keeps the input's type (Spark's default)
+_FROM_DOUBLE = {"tinyint": "CAST({0} AS TINYINT)", "smallint": "CAST({0} AS SMALLINT)",
+                "int": "CAST({0} AS INT)", "bigint": "CAST({0} AS BIGINT)", "float": "CAST({0} AS FLOAT)",
+                "double": "{0}"}
+
+
+def _histogram_call(found: spark_internals.AggregateCall, args: list[str], agg) -> AggCall:
+    """histogram_numeric(x, nb): the state keeps Spark's NumericHistogram (its bins, x and y
+    as doubles); a batch brings Spark's own histogram of the batch's rows (its bins as
+    doubles), which the task merges into the kept one as Spark's engine does
+    (``operators.aggregate.histogram``)."""
+    nb, x_type = found.parameters
+    kind, a = found.argument_types[0], args[0]
+    if kind.startswith("interval"):
+        kind = "interval year" if kind.startswith("interval year") or kind == "interval month" else "interval day"
+    to_double, back = _AS_DOUBLE.get(kind, ("CAST({0} AS DOUBLE)", _FROM_DOUBLE.get(kind)))
+    if back is None:
+        raise UnsupportedOperationError(
+            f"{found.pretty_name} of a {kind} (in {found.sql}) is not supported in a streaming aggregation "
+            "by microbatch yet.")
+    final = "{0}"
+    if x_type != "double" and back != "{0}":
+        final = f"transform({{0}}, b_ -> named_struct('x', {back.format('b_.x')}, 'y', b_.y))"
+    return AggCall(found.function, found.sql, (agg(f"histogram_numeric({to_double.format(a)}, {nb})"),),
+                   "histogram", final, (nb,))
 
 
 def _moments_call(found: spark_internals.AggregateCall, args: list[str], agg) -> AggCall:

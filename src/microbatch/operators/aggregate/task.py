@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from microbatch.operators.aggregate import quantiles
+from microbatch.operators.aggregate import histogram, quantiles
 from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
 from microbatch.state.table_form import OVERFLOW, foldable, group_rows, table_key
@@ -262,6 +262,7 @@ _MERGES = {
     "counts": lambda kind, old, new, options: [_merge_counts(old[0], new[0])],
     "quantiles": lambda kind, old, new, options: list(
         quantiles.merge(tuple(old), _summary(new, options), options[0])),
+    "histogram": lambda kind, old, new, options: [histogram.merge(old[0], new[0], options[0])],
 }
 
 
