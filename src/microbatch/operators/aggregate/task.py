@@ -44,7 +44,8 @@ import pyarrow.compute as pc
 from microbatch.operators.aggregate import histogram, quantiles
 from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
-from microbatch.state.table_form import OVERFLOW, foldable, group_rows, table_key
+from microbatch.state.table_form import (OVERFLOW, anti_join, flat_keys, foldable, group_rows, semi_join,
+                                         table_key)
 from microbatch.operators.base import StateTask, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
 
@@ -390,7 +391,8 @@ class AggregateTask(StateTask):
         num_keys = len(self.key_fields)
         check_late = self.mode != "complete" and self.watermark_key is not None and self.late_us is not None
         folds = self._arrow_folds(value_storage)
-        if folds is not None and key_storage and all(map(table_key, key_storage)) and store.in_tables():
+        if (folds is not None or self._merged_in_tables()) and key_storage and all(map(table_key, key_storage)) \
+                and store.in_tables():
             yield from self._in_tables(batches, store, partition, key_storage, value_storage, folds, check_late)
             return
         emitted: list[tuple[tuple, tuple]] = []
@@ -451,11 +453,20 @@ class AggregateTask(StateTask):
                 folds.append(kind)
         return folds if len(folds) == len(value_storage) else None
 
-    def _in_tables(self, batches, store, partition: int, key_storage, value_storage, folds: list[str],
+    def _merged_in_tables(self) -> bool:
+        """Whether the state can stay in Arrow tables with the merges in Python: every
+        merge keeps a new key's buffers as the batch brings them and emits its buffers as
+        they are (not an HLL++, a percentile's counts or a percentile_approx sketch)."""
+        return not any(kind in _NORMALISED for kind, *_ in self.merges) and \
+            sum(count for _, _, count, _ in self.merges) == len(self.buffer_fields)
+
+    def _in_tables(self, batches, store, partition: int, key_storage, value_storage, folds: list[str] | None,
                    check_late: bool):
         """The same step with the state as Arrow tables: the batch's rows are folded
         with the rows held for their keys by one group-by, eviction is a filter, and no
-        Python value is made per key (``state.table_form``)."""
+        Python value is made per key (``state.table_form``). Where a merge is not a fold
+        (``folds`` None: max_by, histogram_numeric, collect_list...), a key's first batch
+        still goes in as Arrow and only the keys held already are merged in Python."""
         keys = [f"k{i}" for i in range(len(key_storage))]
         values = [f"v{j}" for j in range(len(value_storage))]
         schema = pa.schema([pa.field(n, t) for n, t in zip(keys + values, key_storage + value_storage)])
@@ -479,8 +490,13 @@ class AggregateTask(StateTask):
         emitted = []
         if incoming.num_rows:
             held = store.matching_rows(incoming.select(keys))
-            both = pa.concat_tables([held, incoming]) if held.num_rows else incoming
-            merged = group_rows(both, keys, list(zip(values, folds)))
+            if folds is not None:
+                both = pa.concat_tables([held, incoming]) if held.num_rows else incoming
+                merged = group_rows(both, keys, list(zip(values, folds)))
+            else:
+                with decimal.localcontext() as ctx:
+                    ctx.prec = 76       # exact sums of decimal(38) buffers
+                    merged = self._merged_with_held(incoming, held, keys, key_storage, value_storage)
             store.put_rows(merged)
             if self.mode == "update":
                 emitted.append(merged)
@@ -507,6 +523,43 @@ class AggregateTask(StateTask):
         self.finish(partition, m, numRowsUpdated=incoming.num_rows, numRowsRemoved=removed,
                     allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
                     numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read)
+
+    def _merged_with_held(self, incoming: pa.Table, held: pa.Table, keys: list[str], key_storage,
+                          value_storage) -> pa.Table:
+        """The batch's rows (columns k.., v..) merged with the rows held for their keys, a row
+        per key: a key not held as the batch brings it, a held one through ``merge_buffers``
+        (the held value on the left, as Spark's engine merges its state with the batch). A
+        key the batch holds twice is merged row by row, in the batch's order."""
+        num_keys = len(keys)
+
+        def python_rows(table: pa.Table) -> list[tuple[tuple, tuple]]:
+            key_values = [state_values(table.column(i), key_storage[i], as_key=True) for i in range(num_keys)]
+            buffers = [state_values(table.column(num_keys + j), value_storage[j]) for j in range(len(value_storage))]
+            return list(zip(zip(*key_values) if key_values else [()] * table.num_rows,
+                            zip(*buffers) if buffers else [()] * table.num_rows))
+
+        def as_table(rows: list[tuple[tuple, tuple]]) -> pa.Table:
+            columns = [from_state_values([k[i] for k, _ in rows], key_storage[i], key_storage[i])
+                       for i in range(num_keys)]
+            columns += [from_state_values([v[j] for _, v in rows], value_storage[j], value_storage[j])
+                        for j in range(len(value_storage))]
+            return pa.Table.from_arrays(columns, schema=incoming.schema)
+
+        distinct = incoming.select(keys)
+        flat, flat_names = flat_keys(distinct, keys, frozenset(keys))
+        repeated = flat.group_by(flat_names).aggregate([]).num_rows < incoming.num_rows
+        if repeated:     # (Spark aggregated the batch per key: not seen, but merged right if so)
+            values = dict(python_rows(held))
+            for key, new in python_rows(incoming):
+                values[key] = new if key not in values else self._merged(values[key], new)
+            return as_table(list(values.items()))
+        if not held.num_rows:
+            return incoming
+        fresh = anti_join(incoming, held, keys)
+        known = python_rows(semi_join(incoming, held, keys))
+        old = dict(python_rows(held))
+        merged = as_table([(key, self._merged(old[key], new)) for key, new in known])
+        return pa.concat_tables([fresh, merged]) if fresh.num_rows else merged
 
     def _merge_into(self, store, keys: list[tuple], news: list[tuple]) -> list[tuple]:
         """Merge each key's new buffers into the store's; the merged values, in order. A
