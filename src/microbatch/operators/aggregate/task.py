@@ -549,16 +549,17 @@ class AggregateTask(StateTask):
         flat, flat_names = flat_keys(distinct, keys, frozenset(keys))
         repeated = flat.group_by(flat_names).aggregate([]).num_rows < incoming.num_rows
         if repeated:     # (Spark aggregated the batch per key: not seen, but merged right if so)
-            values = dict(python_rows(held))
+            rows = {_matched(key): (key, value) for key, value in python_rows(held)}
             for key, new in python_rows(incoming):
-                values[key] = new if key not in values else self._merged(values[key], new)
-            return as_table(list(values.items()))
+                found = rows.get(_matched(key))
+                rows[_matched(key)] = (key, new if found is None else self._merged(found[1], new))
+            return as_table(list(rows.values()))
         if not held.num_rows:
             return incoming
         fresh = anti_join(incoming, held, keys)
         known = python_rows(semi_join(incoming, held, keys))
-        old = dict(python_rows(held))
-        merged = as_table([(key, self._merged(old[key], new)) for key, new in known])
+        old = {_matched(key): value for key, value in python_rows(held)}
+        merged = as_table([(key, self._merged(old[_matched(key)], new)) for key, new in known])
         return pa.concat_tables([fresh, merged]) if fresh.num_rows else merged
 
     def _merge_into(self, store, keys: list[tuple], news: list[tuple]) -> list[tuple]:
@@ -602,6 +603,13 @@ class AggregateTask(StateTask):
         columns += buffer_columns([v for _, v in rows], self.merges, value_storage,
                                   list(out)[len(key_storage):])
         return pa.RecordBatch.from_arrays(columns, schema=out)
+
+
+def _matched(key: tuple) -> tuple:
+    """A key as a dict matches it as Spark groups it: a NaN equal to a NaN (Python's NaNs
+    are unequal to each other), at any depth of a struct."""
+    return tuple(_matched(k) if isinstance(k, tuple) else "NaN" if isinstance(k, float) and k != k else k
+                 for k in key)
 
 
 def _session(value) -> tuple:
