@@ -316,6 +316,14 @@ _AS_DOUBLE = {
 }
 
 
+def _double_kind(kind: str) -> str:
+    """An argument type as ``_AS_DOUBLE`` names it: an interval's kind by its unit
+    (year-month: of years or months; the rest day-time)."""
+    if kind.startswith("interval"):
+        return "interval year" if kind.startswith("interval year") or kind == "interval month" else "interval day"
+    return kind
+
+
 def _approx_percentile_call(found: spark_internals.AggregateCall, args: list[str], agg) -> AggCall:
     """percentile_approx (approx_percentile): the state keeps Spark's QuantileSummaries
     (``quantiles``: the samples' values, g and delta); a batch brings its values, as doubles
@@ -323,8 +331,7 @@ def _approx_percentile_call(found: spark_internals.AggregateCall, args: list[str
     from pyspark.sql.types import ArrayType, DoubleType
     percentages, is_array, accuracy = found.parameters
     kind, a = found.argument_types[0], args[0]
-    if kind.startswith("interval"):   # year-month: of years or months; the rest day-time
-        kind = "interval year" if kind.startswith("interval year") or kind == "interval month" else "interval day"
+    kind = _double_kind(kind)
     to_double, back = _AS_DOUBLE.get(kind, ("CAST({0} AS DOUBLE)", None))
     if back is None and kind not in _NUMBERS and not kind.startswith("decimal"):
         raise UnsupportedOperationError(
@@ -354,8 +361,7 @@ def _histogram_call(found: spark_internals.AggregateCall, args: list[str], agg) 
     (``operators.aggregate.histogram``)."""
     nb, x_type = found.parameters
     kind, a = found.argument_types[0], args[0]
-    if kind.startswith("interval"):
-        kind = "interval year" if kind.startswith("interval year") or kind == "interval month" else "interval day"
+    kind = _double_kind(kind)
     to_double, back = _AS_DOUBLE.get(kind, ("CAST({0} AS DOUBLE)", _FROM_DOUBLE.get(kind)))
     if back is None:
         raise UnsupportedOperationError(
