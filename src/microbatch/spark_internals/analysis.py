@@ -375,6 +375,8 @@ def sources_removed(df: Any) -> bool:
     column (EliminateOuterJoin, after a filter above made a full outer join a left one),
     where that side is the only reader of its source. Spark's engine then reads nothing of
     that source, though it stays one of the query's sources."""
+    read_as: dict[int, int] = {}   # a file relation's output column (expression id) -> the analysed relation
+
     def relations(plan: Any) -> set[tuple[str, int]]:
         found, pending = set(), [plan]
         while pending:
@@ -383,11 +385,25 @@ def sources_removed(df: Any) -> bool:
             if kind == "LogicalRDD":
                 found.add((kind, node.rdd().id()))
             elif kind == "LogicalRelation":     # (a file source's template: its files' relation, one
-                found.add((kind, node.relation().hashCode()))   # hash however often it is read)
+                found.add((kind, _relation_read(node, read_as)))   # hash however often it is read)
             pending.extend(_scala_list(node.children()))
         return found
     execution = df._jdf.queryExecution()
     return bool(relations(execution.analyzed()) - relations(execution.optimizedPlan()))
+
+
+def _relation_read(node: Any, read_as: dict[int, int]) -> int:
+    """The analysed relation a ``LogicalRelation`` of a plan reads, by its output columns'
+    expression ids (``read_as``, filled from the analysed plan, read first): Spark's nested
+    schema pruning (SchemaPruning) copies a file relation with a narrower ``dataSchema``, a
+    relation of another hash over the same files, whose columns keep their ids."""
+    ids = [a.exprId().id() for a in _scala_list(node.output())]
+    known = [read_as[i] for i in ids if i in read_as]
+    if known:
+        return known[0]
+    relation = node.relation().hashCode()
+    read_as.update((i, relation) for i in ids)
+    return relation
 
 
 def grouping_set_filters(df: Any, key_names: list[tuple[str, ...]]) -> list[Any] | None:
