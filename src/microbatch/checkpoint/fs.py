@@ -8,12 +8,13 @@ writers of the same entry (``create``) exactly one wins.
   atomically when the name is taken.
 - Object stores (``ObjectStoreFileSystem``, on fsspec): an object appears whole when its
   PUT completes, so a write is a plain PUT; ``create`` is a conditional PUT
-  (``If-None-Match: *``), which the store refuses when the key exists. A store without
+  (S3's ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``: ``checkpoint/gcs.py``),
+  which the store refuses when the key exists. A store without
   conditional writes is refused at start (``storage_for``), naming what is missing.
 
 ``storage_for(location, conf)`` picks the store from the checkpoint location's scheme
 and Spark's usual settings (``spark.hadoop.fs.s3a.endpoint``, ``...access.key``, ...,
-or the environment's credentials); no secret is ever logged or put in a message.
+``spark.hadoop.fs.gs.*``, or the environment's credentials); no secret is ever logged or put in a message.
 
 **Faults of the store** (S3). Two bounded layers, each set by the S3A name Spark's users
 already set (``spark.hadoop.`` + the name; Hadoop's S3A defaults when unset), and no
@@ -263,6 +264,11 @@ class S3Retries:
         return {"retries": {"mode": "standard", "total_max_attempts": self.attempts_maximum + 1},
                 "connect_timeout": self.connect_timeout_s, "read_timeout": self.read_timeout_s}
 
+    #: how a message names the store, the setting of its endpoint and the permissions a
+    #: checkpoint needs there
+    terms = ("S3", "spark.hadoop.fs.s3a.endpoint", "s3:PutObject, s3:DeleteObject", "s3:DeleteObject",
+             "botocore's own retries")
+
     def settings_text(self) -> str:
         return (f"spark.hadoop.fs.s3a.attempts.maximum={self.attempts_maximum}, "
                 f"spark.hadoop.fs.s3a.retry.limit={self.retry_limit}, "
@@ -287,17 +293,24 @@ def _transient(error: BaseException) -> bool:
         return False
     if isinstance(error, BotoCoreError):
         return True
+    if type(error).__name__ == "HttpError" and type(error).__module__.startswith("gcsfs"):
+        # (gcsfs's, after its own retries: the store's 5xx or throttling; 4xx are the request's)
+        code = getattr(error, "code", None)
+        return code is None or code == 429 or code >= 500
     module = type(error).__module__ or ""
     return module.startswith(("aiohttp", "http.client")) or type(error).__name__ in (
         "IncompleteRead", "FSTimeoutError", "ResponseParserError")
 
 
 #: Stores whose fsspec implementation writes an object only if its key is free.
-_CONDITIONAL_CREATE = {"s3"}
+_CONDITIONAL_CREATE = {"s3", "gs"}
+#: The object stores' schemes: S3 (Hadoop's s3a, and the older names) and Google Cloud
+#: Storage (the GCS connector's gs).
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs")
 
 
 class ObjectStoreFileSystem(CheckpointFileSystem):
-    """A checkpoint on an object store (``s3://``, ``s3a://``), through fsspec.
+    """A checkpoint on an object store (``s3://``, ``s3a://``, ``gs://``), through fsspec.
 
     Paths are ``<scheme>://bucket/key``; an object store has no directories, so
     ``mkdirs`` does nothing and a listing is the keys under a prefix."""
@@ -306,9 +319,10 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                  retries: S3Retries | None = None):
         self.scheme = scheme
         self._fs = fs
-        self._settings = dict(settings or {})   # spark.hadoop.fs.s3a.*: for the executors
+        self._settings = dict(settings or {})   # spark.hadoop.fs.s3a.* or fs.gs.*: for the executors
         self.retries = retries or S3Retries()
         self._sleep = time.sleep
+        self._one_get = {"max_concurrency": 1} if scheme.startswith("s3") else {}
 
     def spec(self) -> tuple[str, tuple]:
         return self.scheme, tuple(sorted(self._settings.items()))
@@ -325,18 +339,18 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                 if attempt == self.retries.retry_limit:
                     raise StorageUnavailableError(
                         f"Cannot {what} '{self.resolve(path)}': the store failed "
-                        f"{attempt + 1} times, each after botocore's own retries ({_reason(e)}). "
+                        f"{attempt + 1} times, each after {self.retries.terms[4]} ({_reason(e)}). "
                         f"The store is unreachable or failing; once it answers again, restart "
                         f"the query: it resumes from its checkpoint. The limits are "
                         f"{self.retries.settings_text()}.") from e
-                _log.warning("S3 %s of %s failed (%s); trying again in %.2f s (%d of %d)", what,
+                _log.warning("%s %s of %s failed (%s); trying again in %.2f s (%d of %d)", self.retries.terms[0], what,
                              self.resolve(path), _reason(e), wait, attempt + 1, self.retries.retry_limit)
                 self._sleep(wait)
                 wait *= 2
 
     def read_bytes(self, path: str) -> bytes:
         # one GET (with max_concurrency > 1, s3fs asks the size first, a second request)
-        return self._retrying("read", path, lambda: self._fs.cat_file(self._key(path), max_concurrency=1))
+        return self._retrying("read", path, lambda: self._fs.cat_file(self._key(path), **self._one_get))
 
     def open_input(self, path: str) -> Any:
         return self._retrying("open", path, lambda: self._fs.open(self._key(path), "rb"))
@@ -445,7 +459,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         except StorageUnavailableError as unavailable:
             # every attempt's answer lost: one read (botocore's retries only) may still tell
             try:
-                found = self._fs.cat_file(self._key(path), max_concurrency=1)
+                found = self._fs.cat_file(self._key(path), **self._one_get)
             except Exception:             # noqa: BLE001 - absent or unreadable: the outage stands
                 raise unavailable from unavailable.__cause__
             return found == data
@@ -475,15 +489,15 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
             except PermissionError as e:
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot write to it "
-                    f"({_reason(e)}). Give them write and delete access (s3:PutObject, "
-                    "s3:DeleteObject) under the location.") from None
+                    f"({_reason(e)}). Give them write and delete access ({self.retries.terms[2]}) "
+                    "under the location.") from None
             try:
                 self._retrying("delete", location, lambda: self._fs.rm_file(probe))
             except PermissionError as e:
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot delete objects "
                     f"under it ({_reason(e)}), which the logs' clean-up needs. Give them "
-                    f"s3:DeleteObject there (and remove the probe object {self.scheme}://{probe}).") from None
+                    f"{self.retries.terms[3]} there (and remove the probe object {self.scheme}://{probe}).") from None
         except FileNotFoundError:
             raise CheckpointError(
                 f"{what} '{location}': the bucket '{bucket}' does not exist. "
@@ -495,14 +509,14 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         except StorageUnavailableError as e:
             raise CheckpointError(
                 f"{what} '{location}': cannot reach the store ({_reason(e.__cause__ or e)}; "
-                f"tried {self.retries.retry_limit + 1} times). Check spark.hadoop.fs.s3a.endpoint "
+                f"tried {self.retries.retry_limit + 1} times). Check {self.retries.terms[1]} "
                 "and the credentials.") from None
         except Exception as e:  # an error botocore did not sort
             if not isinstance(e, OSError):
                 raise
             raise CheckpointError(
                 f"{what} '{location}': cannot reach the store ({_reason(e)}). "
-                "Check spark.hadoop.fs.s3a.endpoint and the credentials.") from None
+                f"Check {self.retries.terms[1]} and the credentials.") from None
 
 
 def _reason(error: BaseException) -> str:
@@ -545,13 +559,16 @@ def storage_for(location: str, conf: Mapping[str, str] | None = None) -> Checkpo
                           for key in [*_S3A_SETTINGS, *_S3A_RETRY_DEFAULTS]
                           if conf and conf.get(f"spark.hadoop.{key}")}
         return ObjectStoreFileSystem(scheme, fs, spark_settings, retries)
+    if scheme == "gs":
+        from microbatch.checkpoint.gcs import gcs_storage
+        return gcs_storage(location, conf)
     import fsspec
     try:
         fsspec.get_filesystem_class(scheme)
     except (ImportError, ValueError) as e:
         raise CheckpointError(
             f"Checkpoint location '{location}' uses the scheme '{scheme}://', which no installed "
-            f"file-system library serves ({_reason(e)}). Use a local path, file:, or s3://.") from None
+            f"file-system library serves ({_reason(e)}). Use a local path, file:, s3:// or gs://.") from None
     raise CheckpointError(
         f"Checkpoint location '{location}' is on a '{scheme}' store, which microbatch cannot "
         "write a checkpoint to: its logs need an atomic create-if-absent (a conditional write) "

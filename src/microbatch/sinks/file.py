@@ -21,7 +21,7 @@ crash are removed before the next batch is written. The log's size is reported i
 (``sink.metrics``); the ``retention`` option drops entries of files older than
 it at the next compaction, as in Spark.
 
-On an object store (``s3://``, ``s3a://``; Spark here cannot write there, and a
+On an object store (``s3://``, ``s3a://``, ``gs://``; Spark here cannot write there, and a
 rename there is a copy) the batch is written in place, with no rename:
 
 1. as above;
@@ -59,7 +59,7 @@ from pyspark.sql import functions as F
 from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, SinkFileStatus)
-from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for, storage_from_spec
+from microbatch.checkpoint.fs import OBJECT_STORE_SCHEMES, CheckpointFileSystem, storage_for, storage_from_spec
 from microbatch.errors import (AnalysisException, ConcurrentUpdateError,
                                IllegalArgumentException)
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
@@ -71,7 +71,6 @@ STAGING_DIR = "_microbatch_staging"
 ATTEMPTS_DIR = "_microbatch_attempts"
 #: What Spark's S3A file system reports for an object (SinkFileStatus fields).
 OBJECT_BLOCK_REPLICATION, OBJECT_BLOCK_SIZE = 1, 32 * 1024 * 1024
-_OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n")
 #: Compression codecs of the in-place writer per format: option value -> (Arrow or
 #: Python codec, file name suffix), with Spark's defaults first.
 _CODECS = {
@@ -366,7 +365,7 @@ class FileSinkProvider(SinkProvider):
                 "AnalysisException", "STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE",
                 outputMode=context.output_mode, className=self.short_name)
         raw = options["path"]
-        in_place = urlparse(raw).scheme.lower() in _OBJECT_STORE_SCHEMES
+        in_place = urlparse(raw).scheme.lower() in OBJECT_STORE_SCHEMES
         if in_place:
             spark = context.spark
             fs = storage_for(raw, spark_internals.session_settings(spark))

@@ -22,8 +22,8 @@ that log, so only files of committed batches are read.
 
 Replayable: the same range always reads the same files, as long as they exist.
 
-The path may be local or on an object store (``s3://``, ``s3a://``): listed through
-s3fs by the same rules, each batch read by Spark's reader where this Spark has the
+The path may be local or on an object store (``s3://``, ``s3a://``, ``gs://``): listed
+through the storage layer (s3fs, gcsfs) by the same rules, each batch read by Spark's reader where this Spark has the
 store's Hadoop connector, else in Spark tasks (``file_store``; the progress metric
 ``readPath`` says which).
 
@@ -171,7 +171,7 @@ class SeenFilesMap:
 # -- where the files are --------------------------------------------------------
 def _store(spark: SparkSession, path: str) -> Any:
     """The object store (``checkpoint.fs.ObjectStoreFileSystem``) ``path`` is on, with the
-    endpoint and credentials of ``spark.hadoop.fs.s3a.*``; None for a local path."""
+    endpoint and credentials of ``spark.hadoop.fs.s3a.*`` or ``fs.gs.*``; None for a local path."""
     if store_scheme(path) is None:
         return None
     from microbatch.checkpoint.fs import storage_for
@@ -229,7 +229,8 @@ class FileStreamSource(Source):
                               else READ_IN_TASKS)
             if self.read_path == READ_IN_TASKS:
                 check_readable(fmt, path, inner)
-            log.info("File source %s on an object store: listed through s3fs, each batch's files read by %s",
+            log.info("File source %s on an object store: listed through the storage layer, each batch's files "
+                     "read by %s",
                      path, describe_read_path(self.read_path, scheme))
             found = None if is_glob_path(path) else self._files.kind(self._files.key(path))
             if found is not None and found[0] == "directory":

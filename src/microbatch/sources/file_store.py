@@ -1,7 +1,8 @@
-"""The file source on an object store (``s3://``, ``s3a://``) where this Spark has no
-Hadoop connector for the scheme (no hadoop-aws): each batch's files read in Spark tasks
-through the storage layer (fsspec's s3fs, with the endpoint and keys of
-``spark.hadoop.fs.s3a.*``), then given Spark's own semantics:
+"""The file source on an object store (``s3://``, ``s3a://``, ``gs://``) where this Spark
+has no Hadoop connector for the scheme (no hadoop-aws, no GCS connector): each batch's
+files read in Spark tasks through the storage layer (fsspec's s3fs or gcsfs, with the
+endpoint and credentials of ``spark.hadoop.fs.s3a.*`` or ``spark.hadoop.fs.gs.*``), then
+given Spark's own semantics:
 
 - ``parquet``: pyarrow in the tasks (``object_store_files.read_parquet_files``), the
   columns cast to the stream's schema, partition columns from the ``k=v`` directories;
@@ -13,7 +14,7 @@ through the storage layer (fsspec's s3fs, with the endpoint and keys of
 
 What cannot be read this way is refused at start, naming the format or option: ``orc``,
 ``xml``, ``multiLine`` json/csv (a record may span lines; Spark reads each file whole).
-Where Spark has the connector (a cluster with hadoop-aws), the source hands the listed
+Where Spark has the connector (a cluster with hadoop-aws or the GCS connector), the source hands the listed
 URIs to Spark's own reader instead (``file.py``)."""
 from __future__ import annotations
 
@@ -25,13 +26,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (DataType, DateType, DoubleType, IntegerType, LongType, StringType,
                                StructField, StructType)
 
+from microbatch.checkpoint.fs import OBJECT_STORE_SCHEMES
 from microbatch.errors import UnsupportedOperationError
 from microbatch.sources.file_listing import ListedFile, partition_values
 from microbatch.sources.object_store_files import ParquetFile, read_parquet_files, read_text_lines
 from microbatch.spark_internals.file_text import parse_lines
-
-#: Schemes the file source lists through the storage layer.
-OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n")
 
 #: What the progress metric ``readPath`` says of a source on an object store.
 READ_BY_SPARK = "sparkReader"
@@ -39,7 +38,8 @@ READ_IN_TASKS = "pythonTasks"
 
 
 def store_scheme(path: str) -> str | None:
-    """The object-store scheme of ``path`` (``s3a``), or None for a local path."""
+    """The object-store scheme of ``path`` (``s3a``, ``gs``: the storage layer's
+    ``OBJECT_STORE_SCHEMES``), or None for a local path."""
     scheme, sep, _ = path.partition("://")
     return scheme.lower() if sep and scheme.lower() in OBJECT_STORE_SCHEMES else None
 
@@ -48,7 +48,7 @@ def check_readable(fmt: str, path: str, options: Mapping[str, str]) -> None:
     """Refuse what the tasks cannot read as Spark would, naming the format or option."""
     lowered = {k.lower(): str(v).strip().lower() for k, v in options.items()}
     fix = ("Run on a cluster whose Spark has the Hadoop connector for the scheme (hadoop-aws "
-           "for s3a://), where Spark's own reader reads the files")
+           "for s3a://, the GCS connector for gs://), where Spark's own reader reads the files")
     if fmt not in ("parquet", "json", "csv", "text"):
         raise UnsupportedOperationError(
             f"The file source cannot read the format '{fmt}' from '{path}': this Spark has no "
@@ -181,6 +181,7 @@ class StoreBatches:
 def describe_read_path(read_path: str, scheme: str) -> str:
     if read_path == READ_BY_SPARK:
         return f"Spark's own reader (this Spark has a Hadoop FileSystem for {scheme}://)"
-    return (f"Spark tasks through s3fs (this Spark has no Hadoop FileSystem for {scheme}://): "
+    library = "gcsfs" if scheme == "gs" else "s3fs"
+    return (f"Spark tasks through {library} (this Spark has no Hadoop FileSystem for {scheme}://): "
             "parquet with pyarrow, json and csv by Spark's parser over the files' lines, text as lines")
 
