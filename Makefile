@@ -50,7 +50,15 @@ $(CLASSES): $(VENV)/.installed tests/spark_class_archive.py
 	rm -f $@; $(PY) tests/spark_class_archive.py $(abspath $@) > $(VENV)/spark-classes.log 2>&1 \
 	  || { tail -20 $(VENV)/spark-classes.log; exit 1; }
 	test -s $@ || { grep -m5 'cds' $(VENV)/spark-classes.log; exit 1; }
-test-setup: setup $(CLASSES)
+# Azurite, Microsoft's Azure Blob Storage emulator, for tests/test_azure.py (the npm
+# registry, the machine's Node.js): installed into the venv, as the Python test tools are.
+AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+$(AZURITE): $(VENV)/.installed
+	mkdir -p $(VENV)/azurite
+	test -f $(VENV)/azurite/package.json || echo '{"private": true}' > $(VENV)/azurite/package.json
+	cd $(VENV)/azurite && npm install --silent --no-audit --no-fund azurite@3.37.0
+	test -x $@
+test-setup: setup $(CLASSES) $(AZURITE)
 # The same drivers compile with the JIT's first tier only (-XX:TieredStopAtLevel=1): a test
 # JVM runs thousands of short queries on two cores, where the optimising compiler's threads
 # took CPU the tests needed; 67 differential tests ran in 390 s against 436 s with both

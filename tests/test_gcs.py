@@ -1,28 +1,21 @@
 """Google Cloud Storage (fake-gcs-server, a real GCS JSON API endpoint on 127.0.0.1): a
 stateful query with its input files, its checkpoint and its file sink on ``gs://``, as
 Spark's engine runs it over the same files copied to local disk, batch by batch; a
-restart takes only new files; the logs' create-if-absent is GCS's ``ifGenerationMatch=0``;
-bad locations and settings fail at start naming them. This Spark has no GCS connector:
-the files are listed through gcsfs and read and written in Spark tasks (issue 60)."""
+restart takes only new files; a SIGKILL mid-batch loses and repeats nothing; the logs'
+create-if-absent is GCS's ``ifGenerationMatch=0``; bad locations and settings fail at
+start naming them. This Spark has no GCS connector: the files are listed through gcsfs
+and read and written in Spark tasks (issue 60)."""
 from __future__ import annotations
 
-import io
-import json
-import os
-
-import pyarrow.parquet as pq
 import pytest
-from pyspark.sql import functions as F
 
 from helpers import confs
-from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
+from microbatch.checkpoint.fs import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.testing.gcs_server import gcs_server, settings
-from stream_events import comparable
+from object_store_queries import check_sigkill_mid_batch, check_windowed_count
 
 BUCKET = "lake"
-#: per file, (id, second) events: 10-second windows closing as the 10-second watermark passes
-FILES = [[(1, 1), (2, 4)], [(3, 12), (4, 3)], [(5, 25)], [(6, 31), (7, 22)], [(8, 47)], [(9, 58), (10, 40)]]
 
 
 @pytest.fixture(scope="module")
@@ -35,81 +28,14 @@ def gcs(spark):
             yield store, given
 
 
-def put(store: ObjectStoreFileSystem, local_root, key: str, rows, order: int) -> None:
-    """``gs://lake/<key>`` and its copy under ``local_root``, the copy's modification time
-    the object's plus ``order`` seconds (the order both engines take the files in)."""
-    data = "".join(f'{{"id": {i}, "ts": "2026-01-01 00:00:{s:02d}"}}\n' for i, s in rows).encode()
-    store.write_bytes(f"gs://{BUCKET}/{key}", data)
-    modified = store.stat(f"gs://{BUCKET}/{key}")[1] / 1000 + order
-    local = os.path.join(local_root, key)
-    os.makedirs(os.path.dirname(local), exist_ok=True)
-    with open(local, "wb") as f:
-        f.write(data)
-    os.utime(local, (modified, modified))
-
-
-def windowed_to_parquet(session, source: str, out: str, ckpt: str):
-    frame = (session.readStream.format("json").schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1)
-             .load(source).withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds")).count()
-             .select(F.col("window.start").cast("string").alias("start"), "count"))
-    query = (frame.writeStream.format("parquet").outputMode("append").option("checkpointLocation", ckpt)
-             .trigger(availableNow=True).start(out))
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-    return [json.loads(p.json) for p in query.recentProgress]
-
-
-def batches_written(read_bytes, out: str, batches: range) -> list:
-    """The rows of the files each ``_spark_metadata/N`` commits, per batch."""
-    found = []
-    for n in batches:
-        lines = read_bytes(f"{out}/_spark_metadata/{n}").decode().split("\n")
-        assert lines[0] == "v1"
-        rows = []
-        for line in lines[1:]:
-            if line:
-                rows += pq.read_table(io.BytesIO(read_bytes(json.loads(line)["path"]))).to_pylist()
-        found.append(sorted((r["start"], r["count"]) for r in rows))
-    return found
-
-
-def local_bytes(path: str) -> bytes:
-    with open(path.replace("file://", ""), "rb") as f:
-        return f.read()
-
-
 def test_a_windowed_count_with_input_checkpoint_and_sink_on_gcs_as_spark_runs_it(ss, spark, gcs, tmp_path):
-    store, _ = gcs
-    for i, rows in enumerate(FILES[:4]):
-        put(store, tmp_path / "copy", f"raw/f{i}.json", rows, i)
-    ours = (f"gs://{BUCKET}/raw", f"gs://{BUCKET}/out", f"gs://{BUCKET}/ckpt")
-    theirs = (str(tmp_path / "copy" / "raw"), str(tmp_path / "spark-out"), str(tmp_path / "spark-ckpt"))
-    our_progress = windowed_to_parquet(ss, *ours)
-    their_progress = windowed_to_parquet(spark, *theirs)
-    assert comparable(our_progress) == comparable(their_progress)
-    assert our_progress[0]["sources"][0]["metrics"]["readPath"] == "pythonTasks"
-    first = range(len(their_progress))
-    assert batches_written(store.read_bytes, ours[1], first) == batches_written(local_bytes, theirs[1], first)
+    check_windowed_count(ss, spark, gcs[0], f"gs://{BUCKET}/q", tmp_path)
 
-    # the state and the logs are on the store; a restart on the same checkpoint takes the new files only
-    assert store.exists(f"gs://{BUCKET}/ckpt/state/0/_metadata/schema")
-    assert store.exists(f"gs://{BUCKET}/ckpt/commits/{len(first) - 1}")
-    for i, rows in enumerate(FILES[4:], start=4):
-        put(store, tmp_path / "copy", f"raw/f{i}.json", rows, i)
-    our_progress = windowed_to_parquet(ss, *ours)
-    their_progress = windowed_to_parquet(spark, *theirs)
-    assert comparable(our_progress) == comparable(their_progress)
-    assert sum(p["numInputRows"] for p in our_progress) == 3
-    later = range(len(first), len(first) + len(their_progress))
-    written = batches_written(store.read_bytes, ours[1], later)
-    assert written == batches_written(local_bytes, theirs[1], later)
-    assert [row for batch in written for row in batch], "no window closed after the restart: nothing compared"
-    # every data object of the sink is one its log commits: nothing staged or left behind
-    committed = {json.loads(line)["path"] for n in range(later.stop)
-                 for line in store.read_text(f"{ours[1]}/_spark_metadata/{n}").split("\n")[1:] if line}
-    data = {k for k in store.find(ours[1]) if "/_spark_metadata/" not in k
-            and "/_microbatch_attempts/" not in k}
-    assert data == committed
+
+@pytest.mark.faults
+@pytest.mark.timeout(600)
+def test_sigkill_mid_batch_on_gcs_loses_and_repeats_nothing(ss, spark, gcs, tmp_path):
+    check_sigkill_mid_batch(ss, spark, gcs[0], f"gs://{BUCKET}/killed", gcs[1], tmp_path)
 
 
 def test_two_writers_of_one_log_entry_cannot_both_win(gcs):
@@ -128,44 +54,8 @@ def test_bad_locations_and_settings_fail_at_start_naming_them(ss, spark, gcs, tm
         stream.writeStream.format("noop").option("checkpointLocation", "gs://no-such-bucket/q").start()
     with confs(spark, {"spark.hadoop.fs.gs.auth.type": "USER_CREDENTIALS"}), \
             pytest.raises(CheckpointError, match="fs.gs.auth.type is 'USER_CREDENTIALS'"):
-        stream.writeStream.format("noop").option("checkpointLocation", f"gs://{BUCKET}/q").start()
+        stream.writeStream.format("noop").option("checkpointLocation", f"gs://{BUCKET}/bad").start()
     with confs(spark, {"spark.hadoop.fs.gs.auth.type": "SERVICE_ACCOUNT_JSON_KEYFILE"}), \
             pytest.raises(CheckpointError, match="json.keyfile is not set"):
-        stream.writeStream.format("noop").option("checkpointLocation", f"gs://{BUCKET}/q").start()
-    assert not store.find(f"gs://{BUCKET}/q")
-
-
-@pytest.mark.faults
-@pytest.mark.timeout(600)
-def test_sigkill_mid_batch_on_gcs_loses_and_repeats_nothing(ss, spark, gcs, tmp_path):
-    """The query's process group (driver, JVM, Python workers) killed with SIGKILL at a
-    step of a batch on GCS: in a task after a state version is written, after the file
-    sink's data objects are in place and before its commit, and after the commit
-    log's entry; each restart goes on from the checkpoint on GCS, and the sink then holds
-    what Spark's engine writes for the same files uninterrupted, each window once."""
-    import subprocess
-    import sys
-
-    store, given = gcs
-    for i, rows in enumerate(FILES):
-        put(store, tmp_path / "copy", f"kill/raw/f{i}.json", rows, i)
-    ours = (f"gs://{BUCKET}/kill/raw", f"gs://{BUCKET}/kill/out", f"gs://{BUCKET}/kill/ckpt")
-    child = os.path.join(os.path.dirname(__file__), "gcs_child.py")
-    for step in ("state-delta-written:3", "sink-data-written:2", "commit-written:2"):
-        env = dict(os.environ, MICROBATCH_CRASH_AT=step, PYSPARK_PYTHON=sys.executable,
-                   PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-        with open(tmp_path / "child.log", "a") as log:
-            done = subprocess.run([sys.executable, child, *ours, given["spark.hadoop.fs.gs.storage.root.url"]],
-                                  env=env, stdout=subprocess.PIPE, stderr=log, text=True, timeout=300,
-                                  start_new_session=True)
-        assert done.returncode == -9 and "DONE" not in done.stdout, (step, done.returncode, tmp_path / "child.log")
-    windowed_to_parquet(ss, *ours)
-    theirs = (str(tmp_path / "copy" / "kill" / "raw"), str(tmp_path / "spark-out"), str(tmp_path / "spark-ckpt"))
-    their_progress = windowed_to_parquet(spark, *theirs)
-    # (the batch ids may differ: a restart plans a batch without data where a run would not)
-    committed = max(int(n) for n in store.list(f"{ours[1]}/_spark_metadata") if n.isdigit())
-    assert store.exists(f"{ours[2]}/commits/{committed}")
-    ours_written = [r for batch in batches_written(store.read_bytes, ours[1], range(committed + 1)) for r in batch]
-    theirs_written = [r for batch in batches_written(local_bytes, theirs[1], range(len(their_progress)))
-                      for r in batch]
-    assert sorted(ours_written) == sorted(theirs_written) and len(ours_written) == len(set(ours_written)) >= 4
+        stream.writeStream.format("noop").option("checkpointLocation", f"gs://{BUCKET}/bad").start()
+    assert not store.find(f"gs://{BUCKET}/bad")

@@ -8,13 +8,14 @@ writers of the same entry (``create``) exactly one wins.
   atomically when the name is taken.
 - Object stores (``ObjectStoreFileSystem``, on fsspec): an object appears whole when its
   PUT completes, so a write is a plain PUT; ``create`` is a conditional PUT
-  (S3's ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``: ``checkpoint/gcs.py``),
+  (S3's and Azure's ``If-None-Match: *``, GCS's ``ifGenerationMatch=0``:
+  ``checkpoint/gcs.py``, ``checkpoint/azure.py``),
   which the store refuses when the key exists. A store without
   conditional writes is refused at start (``storage_for``), naming what is missing.
 
 ``storage_for(location, conf)`` picks the store from the checkpoint location's scheme
 and Spark's usual settings (``spark.hadoop.fs.s3a.endpoint``, ``...access.key``, ...,
-``spark.hadoop.fs.gs.*``, or the environment's credentials); no secret is ever logged or put in a message.
+``spark.hadoop.fs.gs.*``, ``spark.hadoop.fs.azure.*``, or the environment's credentials); no secret is ever logged or put in a message.
 
 **Faults of the store** (S3). Two bounded layers, each set by the S3A name Spark's users
 already set (``spark.hadoop.`` + the name; Hadoop's S3A defaults when unset), and no
@@ -293,6 +294,11 @@ def _transient(error: BaseException) -> bool:
         return False
     if isinstance(error, BotoCoreError):
         return True
+    if type(error).__module__.startswith("azure.core"):
+        # (the Azure SDK's, after its own retries: the network, or the store's 5xx or throttling)
+        code = getattr(error, "status_code", None)
+        return type(error).__name__ in ("ServiceRequestError", "ServiceResponseError") or (
+            code is not None and (code == 429 or code >= 500))
     if type(error).__name__ == "HttpError" and type(error).__module__.startswith("gcsfs"):
         # (gcsfs's, after its own retries: the store's 5xx or throttling; 4xx are the request's)
         code = getattr(error, "code", None)
@@ -303,14 +309,14 @@ def _transient(error: BaseException) -> bool:
 
 
 #: Stores whose fsspec implementation writes an object only if its key is free.
-_CONDITIONAL_CREATE = {"s3", "gs"}
-#: The object stores' schemes: S3 (Hadoop's s3a, and the older names) and Google Cloud
-#: Storage (the GCS connector's gs).
-OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs")
+_CONDITIONAL_CREATE = {"s3", "gs", "abfs"}
+#: The object stores' schemes: S3 (Hadoop's s3a, and the older names), Google Cloud
+#: Storage (the GCS connector's gs) and Azure Data Lake Storage Gen2 (ABFS's abfs, abfss).
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss")
 
 
 class ObjectStoreFileSystem(CheckpointFileSystem):
-    """A checkpoint on an object store (``s3://``, ``s3a://``, ``gs://``), through fsspec.
+    """A checkpoint on an object store (``s3://``, ``s3a://``, ``gs://``, ``abfss://``), through fsspec.
 
     Paths are ``<scheme>://bucket/key``; an object store has no directories, so
     ``mkdirs`` does nothing and a listing is the keys under a prefix."""
@@ -562,13 +568,16 @@ def storage_for(location: str, conf: Mapping[str, str] | None = None) -> Checkpo
     if scheme == "gs":
         from microbatch.checkpoint.gcs import gcs_storage
         return gcs_storage(location, conf)
+    if scheme in ("abfs", "abfss"):
+        from microbatch.checkpoint.azure import azure_storage
+        return azure_storage(scheme, location, conf)
     import fsspec
     try:
         fsspec.get_filesystem_class(scheme)
     except (ImportError, ValueError) as e:
         raise CheckpointError(
             f"Checkpoint location '{location}' uses the scheme '{scheme}://', which no installed "
-            f"file-system library serves ({_reason(e)}). Use a local path, file:, s3:// or gs://.") from None
+            f"file-system library serves ({_reason(e)}). Use a local path, file:, s3://, gs:// or abfss://.") from None
     raise CheckpointError(
         f"Checkpoint location '{location}' is on a '{scheme}' store, which microbatch cannot "
         "write a checkpoint to: its logs need an atomic create-if-absent (a conditional write) "

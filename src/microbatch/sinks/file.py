@@ -21,7 +21,7 @@ crash are removed before the next batch is written. The log's size is reported i
 (``sink.metrics``); the ``retention`` option drops entries of files older than
 it at the next compaction, as in Spark.
 
-On an object store (``s3://``, ``s3a://``, ``gs://``; Spark here cannot write there, and a
+On an object store (``s3://``, ``s3a://``, ``gs://``, ``abfss://``; Spark here cannot write there, and a
 rename there is a copy) the batch is written in place, with no rename:
 
 1. as above;

@@ -22,8 +22,8 @@ that log, so only files of committed batches are read.
 
 Replayable: the same range always reads the same files, as long as they exist.
 
-The path may be local or on an object store (``s3://``, ``s3a://``, ``gs://``): listed
-through the storage layer (s3fs, gcsfs) by the same rules, each batch read by Spark's reader where this Spark has the
+The path may be local or on an object store (``s3://``, ``s3a://``, ``gs://``, ``abfss://``): listed
+through the storage layer (s3fs, gcsfs, adlfs) by the same rules, each batch read by Spark's reader where this Spark has the
 store's Hadoop connector, else in Spark tasks (``file_store``; the progress metric
 ``readPath`` says which).
 
@@ -171,7 +171,7 @@ class SeenFilesMap:
 # -- where the files are --------------------------------------------------------
 def _store(spark: SparkSession, path: str) -> Any:
     """The object store (``checkpoint.fs.ObjectStoreFileSystem``) ``path`` is on, with the
-    endpoint and credentials of ``spark.hadoop.fs.s3a.*`` or ``fs.gs.*``; None for a local path."""
+    endpoint and credentials of ``spark.hadoop.fs.s3a.*``, ``fs.gs.*`` or ``fs.azure.*``; None for a local path."""
     if store_scheme(path) is None:
         return None
     from microbatch.checkpoint.fs import storage_for

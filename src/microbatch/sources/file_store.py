@@ -1,8 +1,8 @@
-"""The file source on an object store (``s3://``, ``s3a://``, ``gs://``) where this Spark
-has no Hadoop connector for the scheme (no hadoop-aws, no GCS connector): each batch's
-files read in Spark tasks through the storage layer (fsspec's s3fs or gcsfs, with the
-endpoint and credentials of ``spark.hadoop.fs.s3a.*`` or ``spark.hadoop.fs.gs.*``), then
-given Spark's own semantics:
+"""The file source on an object store (``s3://``, ``s3a://``, ``gs://``, ``abfss://``) where
+this Spark has no Hadoop connector for the scheme (no hadoop-aws, GCS connector or
+hadoop-azure): each batch's files read in Spark tasks through the storage layer
+(fsspec's s3fs, gcsfs or adlfs, with the endpoint and credentials of
+``spark.hadoop.fs.s3a.*``, ``fs.gs.*`` or ``fs.azure.*``), then given Spark's own semantics:
 
 - ``parquet``: pyarrow in the tasks (``object_store_files.read_parquet_files``), the
   columns cast to the stream's schema, partition columns from the ``k=v`` directories;
@@ -48,7 +48,8 @@ def check_readable(fmt: str, path: str, options: Mapping[str, str]) -> None:
     """Refuse what the tasks cannot read as Spark would, naming the format or option."""
     lowered = {k.lower(): str(v).strip().lower() for k, v in options.items()}
     fix = ("Run on a cluster whose Spark has the Hadoop connector for the scheme (hadoop-aws "
-           "for s3a://, the GCS connector for gs://), where Spark's own reader reads the files")
+           "for s3a://, the GCS connector for gs://, hadoop-azure for abfss://), where Spark's own reader "
+           "reads the files")
     if fmt not in ("parquet", "json", "csv", "text"):
         raise UnsupportedOperationError(
             f"The file source cannot read the format '{fmt}' from '{path}': this Spark has no "
@@ -181,7 +182,7 @@ class StoreBatches:
 def describe_read_path(read_path: str, scheme: str) -> str:
     if read_path == READ_BY_SPARK:
         return f"Spark's own reader (this Spark has a Hadoop FileSystem for {scheme}://)"
-    library = "gcsfs" if scheme == "gs" else "s3fs"
+    library = {"gs": "gcsfs", "abfs": "adlfs", "abfss": "adlfs"}.get(scheme, "s3fs")
     return (f"Spark tasks through {library} (this Spark has no Hadoop FileSystem for {scheme}://): "
             "parquet with pyarrow, json and csv by Spark's parser over the files' lines, text as lines")
 

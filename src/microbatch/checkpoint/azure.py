@@ -1,0 +1,241 @@
+"""Azure Data Lake Storage Gen2 (``abfss://`` and ``abfs://``, Hadoop's ABFS connector's
+URIs ``abfss://<container>@<account>.dfs.core.windows.net/<path>``) as a checkpoint,
+file-source and file-sink store, through adlfs over the account's Blob endpoint, with
+the ABFS settings a Spark job already gives, per account (``<host>`` is
+``<account>.dfs.core.windows.net``):
+
+- ``fs.azure.account.key.<host>``: the shared key;
+- ``fs.azure.account.auth.type.<host>`` ``OAuth`` with
+  ``fs.azure.account.oauth2.client.id.<host>``, ``...client.secret.<host>`` and
+  ``...client.endpoint.<host>`` (``https://login.microsoftonline.com/<tenant>/oauth2/token``):
+  a service principal;
+- ``fs.azure.sas.fixed.token.<host>``: a SAS token;
+- none of these: the Azure SDK's default credential (environment, managed identity, az
+  login), as adlfs takes it.
+
+An emulator (Azurite) or a private endpoint: ``spark.microbatch.azure.blobEndpoint.<account>``
+(microbatch's own setting: ABFS has none for the Blob endpoint adlfs talks to), e.g.
+``http://127.0.0.1:10000/devstoreaccount1``.
+
+A log entry's create-if-absent is an upload with ``If-None-Match: *`` (adlfs's
+``mode="create"``), which Azure refuses (409) when the blob exists. Faults: the Azure
+SDK's retry policy (exponential, 3 retries of each request on 5xx, 408, 429 and
+connection errors), then the storage layer tries the whole operation once more
+(``AzureRetries``). A container is a bucket: keys inside the storage layer are
+``<container>@<host>/<path>`` (the URI without its scheme), which ``AzureAccounts`` maps
+to each account's adlfs file system.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem
+from microbatch.errors import CheckpointError
+
+ENDPOINT_SETTING = "spark.microbatch.azure.blobEndpoint."
+_HOST = re.compile(r"^(?P<container>[^@/]+)@(?P<account>[a-z0-9]+)\.(?P<suffix>dfs\.core\.windows\.net|[^/]+)$")
+
+
+@dataclass(frozen=True)
+class AzureRetries:
+    """The storage layer's retries of an Azure operation, after the SDK's own."""
+    retry_limit: int = 1
+    retry_interval_s: float = 1.0
+    terms = ("Azure", "the account's endpoint (spark.microbatch.azure.blobEndpoint.<account> for an emulator)",
+             "Storage Blob Data Contributor: write and delete", "Storage Blob Data Contributor: delete",
+             "the Azure SDK's own retries")
+
+    def settings_text(self) -> str:
+        return "the Azure SDK's retries of each request, then one more of the operation"
+
+
+def split_location(key: str) -> tuple[str, str, str]:
+    """(container, account, host) of ``<container>@<account>.<suffix>[/...]``."""
+    head = key.split("/", 1)[0]
+    found = _HOST.match(head)
+    if not found:
+        raise CheckpointError(
+            f"'{key}' is not an ABFS location: write abfss://<container>@<account>.dfs.core.windows.net/<path>.")
+    return found.group("container"), found.group("account"), head.split("@", 1)[1]
+
+
+def _denials_as_permission_errors(call: Callable) -> Callable:
+    """A refused authentication or authorisation (401, 403: a wrong key, an expired SAS, a
+    principal without the role) as ``PermissionError``, as the other stores' libraries
+    raise it, with the SDK's first line only (never a header or a key)."""
+    @functools.wraps(call)
+    def translated(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except Exception as e:
+            module = type(e).__module__ or ""
+            if module.startswith("azure.core") and (
+                    type(e).__name__ == "ClientAuthenticationError" or getattr(e, "status_code", None) in (401, 403)):
+                raise PermissionError(str(e).splitlines()[0][:200]) from None
+            raise
+    return translated
+
+
+class AzureAccounts:
+    """The fsspec calls the storage layer makes, over one adlfs file system per account:
+    keys ``<container>@<host>/<path>`` in, the same form out."""
+
+    def __init__(self, settings: Mapping[str, str]):
+        self._settings = dict(settings)
+        self._accounts: dict[str, Any] = {}
+
+    def _inner(self, key: str) -> tuple[Any, str, str]:
+        """(the account's adlfs, ``<container>/<path>``, ``<container>@<host>``)."""
+        container, account, host = split_location(key)
+        rest = key.split("/", 1)[1] if "/" in key else ""
+        return self._account(account, host), f"{container}/{rest}".rstrip("/"), f"{container}@{host}"
+
+    def _account(self, account: str, host: str) -> Any:
+        if account not in self._accounts:
+            from adlfs import AzureBlobFileSystem
+            self._accounts[account] = AzureBlobFileSystem(skip_instance_cache=True, use_listings_cache=False,
+                                                          **credentials(account, host, self._settings))
+        return self._accounts[account]
+
+    @staticmethod
+    def _outer(name: str, head: str) -> str:
+        return head + "/" + name.split("/", 1)[1] if "/" in name else head
+
+    def _info_out(self, info: dict, head: str) -> dict:
+        out = dict(info)
+        out["name"] = self._outer(str(info["name"]), head)
+        out.setdefault("mtime", info.get("last_modified"))
+        return out
+
+    @_denials_as_permission_errors
+    def cat_file(self, key: str, **kwargs: Any) -> bytes:
+        fs, inner, _ = self._inner(key)
+        return fs.cat_file(inner, **kwargs)
+
+    @_denials_as_permission_errors
+    def open(self, key: str, mode: str = "rb", **kwargs: Any) -> Any:
+        fs, inner, _ = self._inner(key)
+        return fs.open(inner, mode, **kwargs)
+
+    @_denials_as_permission_errors
+    def pipe_file(self, key: str, data: bytes, **kwargs: Any) -> Any:
+        fs, inner, _ = self._inner(key)
+        return fs.pipe_file(inner, data, **kwargs)
+
+    def invalidate_cache(self, key: str | None = None) -> None:
+        if key:
+            fs, inner, _ = self._inner(key)
+            fs.invalidate_cache(inner)
+
+    @_denials_as_permission_errors
+    def exists(self, key: str) -> bool:
+        fs, inner, _ = self._inner(key)
+        return fs.exists(inner)
+
+    @_denials_as_permission_errors
+    def ls(self, key: str, detail: bool = True, refresh: bool = False) -> list:
+        fs, inner, head = self._inner(key)
+        found = fs.ls(inner, detail=detail, refresh=refresh)
+        if detail:
+            return [self._info_out(info, head) for info in found]
+        return [self._outer(str(name), head) for name in found]
+
+    @_denials_as_permission_errors
+    def info(self, key: str, **kwargs: Any) -> dict:
+        fs, inner, head = self._inner(key)
+        return self._info_out(fs.info(inner, **kwargs), head)
+
+    @_denials_as_permission_errors
+    def find(self, key: str) -> list[str]:
+        fs, inner, head = self._inner(key)
+        return [self._outer(str(name), head) for name in fs.find(inner)]
+
+    @_denials_as_permission_errors
+    def glob(self, pattern: str) -> list[str]:
+        fs, inner, head = self._inner(pattern)
+        return [self._outer(str(name), head) for name in fs.glob(inner)]
+
+    @_denials_as_permission_errors
+    def copy(self, source: str, target: str) -> None:
+        fs, inner, _ = self._inner(source)
+        target_fs, target_inner, _ = self._inner(target)
+        if target_fs is not fs:
+            target_fs.pipe_file(target_inner, fs.cat_file(inner))
+        else:
+            fs.copy(inner, target_inner)
+
+    @_denials_as_permission_errors
+    def rm_file(self, key: str) -> None:
+        fs, inner, _ = self._inner(key)
+        fs.rm_file(inner)
+
+    @_denials_as_permission_errors
+    def rm(self, key: str, recursive: bool = False) -> None:
+        fs, inner, _ = self._inner(key)
+        fs.rm(inner, recursive=recursive)
+
+    @_denials_as_permission_errors
+    def mkdir(self, key: str) -> None:
+        fs, inner, _ = self._inner(key)
+        fs.mkdir(inner)
+
+
+def credentials(account: str, host: str, settings: Mapping[str, str]) -> dict:
+    """adlfs's arguments for ``account`` from the ABFS settings (module docstring)."""
+    def given(name: str) -> str | None:
+        value = settings.get(f"spark.hadoop.{name}.{host}") or settings.get(f"spark.hadoop.{name}")
+        return str(value).strip() if value not in (None, "") else None
+
+    kwargs: dict[str, Any] = {"account_name": account}
+    endpoint = settings.get(ENDPOINT_SETTING + account)
+    key = given("fs.azure.account.key")
+    auth = (given("fs.azure.account.auth.type") or "").lower()
+    if auth and auth not in ("sharedkey", "sas", "oauth"):
+        raise CheckpointError(
+            f"fs.azure.account.auth.type for {host} is '{auth}', which microbatch's storage layer (adlfs) "
+            "cannot take. Use SharedKey (fs.azure.account.key.<host>), OAuth with a service principal's "
+            "client credentials, or SAS (fs.azure.sas.fixed.token.<host>).")
+    if endpoint:
+        protocol = endpoint.split("://", 1)[0] if "://" in endpoint else "https"
+        parts = [f"DefaultEndpointsProtocol={protocol}", f"AccountName={account}", f"BlobEndpoint={endpoint}"]
+        if key:
+            parts.append(f"AccountKey={key}")
+        return {"connection_string": ";".join(parts) + ";"}
+    if auth == "oauth":
+        client_id, secret = given("fs.azure.account.oauth2.client.id"), given("fs.azure.account.oauth2.client.secret")
+        token_url = given("fs.azure.account.oauth2.client.endpoint") or ""
+        tenant = re.search(r"login\.microsoftonline\.com/([^/]+)/", token_url)
+        if not (client_id and secret and tenant):
+            raise CheckpointError(
+                f"The ABFS account {account} is set to OAuth, which needs fs.azure.account.oauth2.client.id, "
+                f".client.secret and .client.endpoint (https://login.microsoftonline.com/<tenant>/oauth2/token) "
+                f"for {host}; microbatch's storage layer takes a service principal's client credentials only.")
+        kwargs.update(client_id=client_id, client_secret=secret, tenant_id=tenant.group(1))
+    elif key:
+        kwargs["account_key"] = key
+    elif given("fs.azure.sas.fixed.token"):
+        kwargs["sas_token"] = given("fs.azure.sas.fixed.token")
+    else:
+        kwargs["anon"] = False     # (the Azure SDK's DefaultAzureCredential)
+    return kwargs
+
+
+def azure_storage(scheme: str, location: str, conf: Mapping[str, str] | None) -> CheckpointFileSystem:
+    """The ``abfs(s)://`` store of ``location`` with the ABFS settings in ``conf``."""
+    try:
+        import adlfs  # noqa: F401
+    except ImportError:
+        raise CheckpointError(
+            f"Location '{location}' is on Azure Data Lake Storage, which needs the Python package "
+            "adlfs: pip install adlfs.") from None
+    settings = {k: str(v) for k, v in (conf or {}).items()
+                if k.startswith(("spark.hadoop.fs.azure.", ENDPOINT_SETTING)) and str(v).strip()}
+    accounts = AzureAccounts(settings)
+    rest = location.split("://", 1)[1] if "://" in location else ""
+    if rest:
+        container, account, host = split_location(rest)
+        credentials(account, host, settings)      # (bad settings fail here, at start)
+    return ObjectStoreFileSystem(scheme, accounts, settings, AzureRetries())

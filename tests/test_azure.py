@@ -1,0 +1,69 @@
+"""Azure Data Lake Storage Gen2 (``abfss://<container>@<account>.dfs.core.windows.net/``)
+on Azurite, Microsoft's emulator, over its Blob endpoint: a stateful query with its
+input files, its checkpoint and its file sink there, as Spark's engine runs it over the
+same files copied to local disk, batch by batch; a restart takes only new files; a
+SIGKILL mid-batch loses and repeats nothing; the logs' create-if-absent is Azure's
+``If-None-Match: *``; a missing container, a wrong key and settings the storage layer
+cannot take fail at start naming them, without the key. This Spark has no hadoop-azure:
+the files are listed through adlfs and read and written in Spark tasks (issue 60)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from helpers import confs
+from microbatch.checkpoint.fs import storage_for
+from microbatch.errors import CheckpointError
+from microbatch.testing.azure_server import HOST, KEY, azure_server, settings
+from object_store_queries import check_sigkill_mid_batch, check_windowed_count
+
+CONTAINER = "lake"
+ROOT = f"abfss://{CONTAINER}@{HOST}"
+
+
+@pytest.fixture(scope="module")
+def azure(spark):
+    with azure_server() as endpoint:
+        given = settings(endpoint)
+        store = storage_for(f"{ROOT}/", given)
+        store._fs.mkdir(f"{CONTAINER}@{HOST}")
+        with confs(spark, given):
+            yield store, given
+
+
+def test_a_windowed_count_with_input_checkpoint_and_sink_on_adls_as_spark_runs_it(ss, spark, azure, tmp_path):
+    check_windowed_count(ss, spark, azure[0], f"{ROOT}/q", tmp_path)
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(600)
+def test_sigkill_mid_batch_on_adls_loses_and_repeats_nothing(ss, spark, azure, tmp_path):
+    check_sigkill_mid_batch(ss, spark, azure[0], f"{ROOT}/killed", azure[1], tmp_path)
+
+
+def test_two_writers_of_one_log_entry_cannot_both_win(azure):
+    store, given = azure
+    other = storage_for(f"{ROOT}/race", given)
+    assert store.create(f"{ROOT}/race/offsets/0", "first") is True
+    assert other.create(f"{ROOT}/race/offsets/0", "second") is False
+    assert other.create(f"{ROOT}/race/offsets/0", "first") is True    # (its own create, read back)
+    assert store.read_text(f"{ROOT}/race/offsets/0") == "first"
+
+
+def test_bad_locations_and_settings_fail_at_start_naming_them(ss, spark, azure, caplog):
+    store, given = azure
+    stream = ss.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+    with pytest.raises(CheckpointError, match=f"bucket 'missing@{HOST}' does not exist"):
+        stream.writeStream.format("noop").option("checkpointLocation", f"abfss://missing@{HOST}/q").start()
+    wrong = KEY[:-8] + "AAAAAAA="
+    with caplog.at_level(logging.DEBUG), confs(spark, {f"spark.hadoop.fs.azure.account.key.{HOST}": wrong}), \
+            pytest.raises(CheckpointError, match="denied|cannot") as raised:
+        stream.writeStream.format("noop").option("checkpointLocation", f"{ROOT}/bad").start()
+    assert wrong not in str(raised.value) and wrong not in caplog.text and KEY not in caplog.text
+    with confs(spark, {f"spark.hadoop.fs.azure.account.auth.type.{HOST}": "Custom"}), \
+            pytest.raises(CheckpointError, match="auth.type for .* is 'custom'"):
+        stream.writeStream.format("noop").option("checkpointLocation", f"{ROOT}/bad").start()
+    with pytest.raises(CheckpointError, match="not an ABFS location"):
+        stream.writeStream.format("noop").option("checkpointLocation", "abfss://no-account-here/q").start()
+    assert not store.find(f"{ROOT}/bad")
