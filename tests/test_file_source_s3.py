@@ -142,6 +142,35 @@ def test_a_restart_on_the_same_checkpoint_takes_only_new_files(ss, spark, lake, 
     assert sum(p["numInputRows"] for p in second[0][1]) == sum(len(rows) for rows in FILES[3:])
 
 
+def test_incremental_listing_lists_only_keys_after_the_last_read(ss, spark, lake, tmp_path):
+    """``useIncrementalListing``: after a restart the listing returns the new objects only
+    (S3's StartAfter from the greatest key of the source's log), a hidden object among
+    them is skipped, and the batches equal Spark's engine's full listings of the copies."""
+    for i, rows in enumerate(FILES[:3]):
+        put(lake, tmp_path / "copy", f"inc/f{i}.json", json_lines(rows), i)
+    ckpt = f"s3a://{BUCKET}/ckpt-inc"
+    first = both(ss, spark, tmp_path, "json", "inc", ckpt, useIncrementalListing="true")
+    assert {m["filesListed"] for m in metrics_of(first[0][1])} == {"3"}
+    for i, rows in enumerate(FILES[3:], start=3):
+        put(lake, tmp_path / "copy", f"inc/f{i}.json", json_lines(rows), i)
+    put(lake, tmp_path / "copy", "inc/_hidden.json", json_lines([(99, 1)]), 9)
+    second = both(ss, spark, tmp_path, "json", "inc", ckpt, useIncrementalListing="true")
+    assert first[0][0] == first[1][0] and second[0][0] == second[1][0]
+    assert comparable(second[0][1]) == comparable(second[1][1])
+    assert {m["filesListed"] for m in metrics_of(second[0][1])} == {"2"}    # f3, f4 (not _hidden: it sorts first)
+    assert sum(p["numInputRows"] for p in second[0][1]) == sum(len(rows) for rows in FILES[3:])
+
+
+def test_incremental_listing_is_refused_where_it_cannot_list_so(ss, lake, tmp_path):
+    put(lake, tmp_path / "copy", "nested/day=1/f0.json", json_lines([(1, 1)]))
+    (tmp_path / "local").mkdir()
+    for path, named in ((f"s3a://{BUCKET}/raw-*", "a glob pattern"), (str(tmp_path / "local"), "not on such a store"),
+                        (f"s3a://{BUCKET}/nested", "has subdirectories")):
+        stream = reader(ss, "json", useIncrementalListing="true").load(path)
+        with pytest.raises(Exception, match=named):
+            collect_batches(stream, tmp_path / f"ckpt-{len(named)}")
+
+
 def test_spark_parser_options_hold_for_json_on_s3(ss, spark, lake, tmp_path):
     """Spark's parser reads the lines: a malformed line lands in columnNameOfCorruptRecord
     as Spark's file reader puts it; DROPMALFORMED drops it."""

@@ -59,3 +59,17 @@ def test_bad_locations_and_settings_fail_at_start_naming_them(ss, spark, gcs, tm
             pytest.raises(CheckpointError, match="json.keyfile is not set"):
         stream.writeStream.format("noop").option("checkpointLocation", f"gs://{BUCKET}/bad").start()
     assert not store.find(f"gs://{BUCKET}/bad")
+
+
+def test_a_listing_that_starts_after_a_key(gcs):
+    """The listing ``useIncrementalListing`` asks for: GCS's startOffset (inclusive, so the
+    start key itself is left out), the objects directly in the directory, its subdirectories
+    told apart."""
+    store, _ = gcs
+    for name in ("a1", "a2", "b1", "sub/c1"):
+        store.write_bytes(f"gs://{BUCKET}/listed/{name}", b"x")
+    everything, subdirectories = store.files_after(f"{BUCKET}/listed", None)
+    assert [k for k, _, _ in everything] == [f"{BUCKET}/listed/{n}" for n in ("a1", "a2", "b1")] and subdirectories
+    after, _ = store.files_after(f"{BUCKET}/listed", f"{BUCKET}/listed/a1")
+    assert [k for k, _, _ in after] == [f"{BUCKET}/listed/a2", f"{BUCKET}/listed/b1"]
+    assert all(size == 1 and modified > 0 for _, size, modified in after)

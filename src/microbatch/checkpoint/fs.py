@@ -440,6 +440,48 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         _, is_dir, size, ms = self._entry(info)
         return ("directory" if is_dir else "file"), size, ms
 
+    def files_after(self, directory: str, after: str | None) -> tuple[list[tuple[str, int, int]], bool]:
+        """The objects directly under the key ``directory`` whose keys sort after ``after``
+        (all with None), as (key, size, modification ms) in key order, and whether the
+        directory holds subdirectories: LIST pages that start after the key (S3's
+        ``StartAfter``, GCS's ``startOffset``), so a listing costs the new objects, not the
+        directory's. A store without such a listing (Azure) raises NotImplementedError."""
+        bucket, _, prefix = directory.rstrip("/").partition("/")
+        prefix = prefix + "/" if prefix else ""
+        start = after.partition("/")[2] if after else None
+        found: list[tuple[str, int, int]] = []
+        subdirectories = False
+        if self.scheme.startswith("s3"):
+            token = None
+            while True:
+                request = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
+                request.update({"StartAfter": start} if start else {})
+                request.update({"ContinuationToken": token} if token else {})
+                page = self._retrying("list", directory, lambda r=request: self._fs.call_s3("list_objects_v2", **r))
+                subdirectories = subdirectories or bool(page.get("CommonPrefixes"))
+                found += [(f"{bucket}/{o['Key']}", int(o["Size"]), int(o["LastModified"].timestamp() * 1000))
+                          for o in page.get("Contents", [])]
+                token = page.get("NextContinuationToken")
+                if not token:
+                    return found, subdirectories
+        if self.scheme == "gs":
+            from datetime import datetime
+            token = None
+            while True:
+                params = {"prefix": prefix, "delimiter": "/", "maxResults": 1000}
+                params.update({"startOffset": start} if start else {})
+                params.update({"pageToken": token} if token else {})
+                page = self._retrying("list", directory, lambda p=params: self._fs.call(
+                    "GET", "b/{}/o", bucket, json_out=True, **p))
+                subdirectories = subdirectories or bool(page.get("prefixes"))
+                found += [(f"{bucket}/{o['name']}", int(o["size"]),
+                           int(datetime.fromisoformat(o["updated"].replace("Z", "+00:00")).timestamp() * 1000))
+                          for o in page.get("items", []) if o["name"] != start]   # (startOffset is inclusive)
+                token = page.get("nextPageToken")
+                if not token:
+                    return found, subdirectories
+        raise NotImplementedError(f"{self.scheme}:// has no listing that starts after a key")
+
     def glob(self, pattern: str) -> list[str]:
         """Keys matching a glob pattern (``*``, ``?``, ``[...]``; braces already expanded)."""
         return list(self._retrying("list", pattern, lambda: self._fs.glob(pattern)))

@@ -50,7 +50,8 @@ from microbatch.errors import (AnalysisException, IllegalArgumentException,
 from microbatch.sources.base import (ALL_AVAILABLE, ReadAllAvailable, ReadLimit, ReadMaxBytes,
                                      ReadMaxFiles, Source, SourceContext, SourceProvider)
 from microbatch.sources.file_clean_source import CLEANER_THREADS, SourceFileCleaner
-from microbatch.sources.file_listing import LOCAL_FILES, ListedFile, StoreFiles, is_glob_path, list_input_files
+from microbatch.sources.file_listing import (INCREMENTAL_LISTING, LOCAL_FILES, IncrementalListing, ListedFile,
+                                             StoreFiles, is_glob_path, list_input_files)
 from microbatch.sources.file_store import (READ_BY_SPARK, READ_IN_TASKS, StoreBatches, check_readable,
                                            describe_read_path, infer_schema, store_scheme)
 from microbatch.sources.file_sink_log import has_sink_metadata, sink_log_reader
@@ -79,6 +80,7 @@ class FileStreamOptions:
     source_archive_dir: str | None
     max_cached_files: int
     discard_cached_input_ratio: float
+    incremental_listing: bool = False      #: microbatch's own (file_listing.IncrementalListing)
 
     @classmethod
     def parse(cls, options: CaseInsensitiveOptions) -> "FileStreamOptions":
@@ -128,7 +130,7 @@ class FileStreamOptions:
         ratio = number("discardCachedInputRatio", float, lambda v: 0 <= v <= 1, 0.2,
                        "a positive float between 0 and 1")
         return cls(max_files, max_bytes, max_age, boolean("latestFirst"), boolean("fileNameOnly"),
-                   clean, archive_dir, cached, ratio)
+                   clean, archive_dir, cached, ratio, boolean(INCREMENTAL_LISTING))
 
 
 def reader_options(options: CaseInsensitiveOptions) -> dict[str, str]:
@@ -272,6 +274,9 @@ class FileStreamSource(Source):
                         if opts.clean_source != "off" else None)
         self._unread_files: list[ListedFile] | None = None
         self._available_now_files: list[ListedFile] | None = None
+        self._incremental = (IncrementalListing(self._files, path, [e.path for e in self.metadata_log.all_files()],
+                                                self._path_glob_filter, self._recursive)
+                             if opts.incremental_listing else None)
         log.info("maxFilesPerBatch = %s, maxBytesPerBatch = %s, maxFileAgeMs = %d",
                  opts.max_files_per_trigger, opts.max_bytes_per_trigger, self.max_file_age_ms)
 
@@ -285,7 +290,11 @@ class FileStreamSource(Source):
     def metrics(self, consumed: Any) -> dict[str, str]:
         """On an object store, ``readPath``: ``sparkReader`` (Spark's own reader, through
         its Hadoop connector) or ``pythonTasks`` (read in Spark tasks through s3fs)."""
-        return {} if self.read_path is None else {"readPath": self.read_path}
+        if self.read_path is None:
+            return {}
+        if self._incremental is None:
+            return {"readPath": self.read_path}
+        return {"readPath": self.read_path, "filesListed": str(self._incremental.listed)}
 
     def initial_offset(self) -> Any:
         return None
@@ -313,6 +322,8 @@ class FileStreamSource(Source):
                 self._set_has_metadata()
         if self.source_has_metadata:
             files = self._files_from_sink_log()
+        elif self._incremental is not None:
+            files = self._incremental.list()
         else:
             files = list_input_files(self.path, self._path_glob_filter, self._recursive, self._files)
             if files and self.source_has_metadata is None:
@@ -393,6 +404,8 @@ class FileStreamSource(Source):
             self.seen_files.add(_uri(f.path), f.mtime_ms)
             log.debug("New file: %s", f.path)
         self.seen_files.purge()
+        if self._incremental is not None:
+            self._incremental.consumed(lambda f: self.seen_files.is_new_file(_uri(f.path), f.mtime_ms))
         if batch:
             next_offset = self.current_log_offset + 1
             entries = [FileEntry(_uri(f.path), f.mtime_ms, next_offset) for f in batch]

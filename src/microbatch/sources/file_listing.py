@@ -11,9 +11,10 @@ import os
 import posixpath
 import stat
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from microbatch import spark_internals
+from microbatch.errors import UnsupportedOperationError
 
 _GLOB_CHARS = set("{}[]*?\\")
 
@@ -278,3 +279,65 @@ def partition_values(path: str) -> list[tuple[str, str | None]]:
             break
         current = parent
     return list(reversed(values))
+
+
+#: The option that turns incremental listing on (microbatch's own, as Auto Loader's
+#: ``cloudFiles.useIncrementalListing``; Spark's file source lists the whole directory).
+INCREMENTAL_LISTING = "useIncrementalListing"
+_INCREMENTAL_SCHEMES = ("s3", "s3a", "s3n", "gs")
+
+
+class IncrementalListing:
+    """The directory's objects listed from the last key the stream consumed on, not from
+    the start: for a directory whose object names sort in the order they arrive (a
+    timestamp or a sequence number first), where Spark's file source lists every object
+    every trigger. Each listing asks the store for the keys after the start key only (S3's
+    ``StartAfter``, GCS's ``startOffset``); the start moves past the keys the stream took
+    into its log (or skipped: hidden, filtered out, older than ``maxFileAge``), in key
+    order, up to the first key still new, so a file ``maxFilesPerTrigger`` left for later is
+    listed again. A file that lands with a key before the start is never read: the
+    option's contract, said in the error and in docs. After a restart the start is the
+    greatest key of the source's log."""
+
+    def __init__(self, files: Any, path: str, logged: list[str], path_glob_filter: str | None,
+                 recursive: bool):
+        scheme = path.partition("://")[0].lower() if "://" in path else ""
+        if not isinstance(files, StoreFiles) or scheme not in _INCREMENTAL_SCHEMES or is_glob_path(path) \
+                or recursive:
+            raise UnsupportedOperationError(
+                f"The file source option {INCREMENTAL_LISTING} lists a directory on S3 (s3://, s3a://) or "
+                f"Google Cloud Storage (gs://) from the last key read on; '{path}' is "
+                + ("a glob pattern" if is_glob_path(path) else "read with recursiveFileLookup" if recursive
+                   else "not on such a store")
+                + ". Remove the option, or give a directory there whose files' names sort in the "
+                  "order they arrive.")
+        self.files = files
+        self.directory = files.key(path).rstrip("/")
+        own = [files.key(p) for p in logged if files.key(p).startswith(self.directory + "/")]
+        self.after: str | None = max(own) if own else None
+        self._patterns = [_to_python_glob(p) for p in expand_braces(path_glob_filter)] if path_glob_filter else None
+        self._found: list[tuple[str, ListedFile | None]] = []    # every key listed, a candidate or None
+        self.listed = 0           # the objects the last listing returned
+
+    def list(self) -> list[ListedFile]:
+        found, subdirectories = self.files.storage.files_after(self.directory, self.after)
+        if subdirectories and self.after is None:
+            raise UnsupportedOperationError(
+                f"The file source option {INCREMENTAL_LISTING} lists the files directly in "
+                f"'{self.files.path(self.directory)}', which has subdirectories (partition directories "
+                "are read by the full listing only). Remove the option, or give a directory of files.")
+        self.listed = len(found)
+        self._found = []
+        for key, size, mtime_ms in found:
+            name = posixpath.basename(key)
+            wanted = not is_hidden(name) and (self._patterns is None
+                                              or any(fnmatch.fnmatchcase(name, p) for p in self._patterns))
+            self._found.append((key, ListedFile(self.files.path(key), size, mtime_ms) if wanted else None))
+        return [f for _, f in self._found if f is not None]
+
+    def consumed(self, is_new: Callable[[ListedFile], bool]) -> None:
+        """Move the start past the listed keys the stream no longer needs (class docstring)."""
+        for key, listed in self._found:
+            if listed is not None and is_new(listed):
+                break
+            self.after = key
