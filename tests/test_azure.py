@@ -67,3 +67,28 @@ def test_bad_locations_and_settings_fail_at_start_naming_them(ss, spark, azure, 
     with pytest.raises(CheckpointError, match="not an ABFS location"):
         stream.writeStream.format("noop").option("checkpointLocation", "abfss://no-account-here/q").start()
     assert not store.find(f"{ROOT}/bad")
+
+
+def test_abfs_settings_become_the_sdks_credentials():
+    """ABFS's per-account settings as adlfs takes them: a service principal's client
+    credentials (the tenant read from the token endpoint), a SAS token, the default
+    credential when none is set; an OAuth setting without its secret is refused naming
+    what is missing."""
+    from microbatch.checkpoint.azure import credentials
+
+    host = "acct.dfs.core.windows.net"
+
+    def given(**settings):
+        return {f"spark.hadoop.fs.azure.{k.replace('_', '.')}.{host}": v for k, v in settings.items()}
+    oauth = given(account_auth_type="OAuth", account_oauth2_client_id="app",
+                  account_oauth2_client_secret="s3cret",
+                  account_oauth2_client_endpoint="https://login.microsoftonline.com/tenant-7/oauth2/token")
+    assert credentials("acct", host, oauth) == {"account_name": "acct", "client_id": "app",
+                                                "client_secret": "s3cret", "tenant_id": "tenant-7"}
+    assert credentials("acct", host, given(sas_fixed_token="sv=1&sig=x")) == {"account_name": "acct",
+                                                                              "sas_token": "sv=1&sig=x"}
+    assert credentials("acct", host, {}) == {"account_name": "acct", "anon": False}
+    incomplete = {k: v for k, v in oauth.items() if "secret" not in k}
+    with pytest.raises(CheckpointError, match="OAuth, which needs") as raised:
+        credentials("acct", host, incomplete)
+    assert "app" not in str(raised.value)

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem
+from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem, StoreTerms
 from microbatch.errors import CheckpointError
 
 ENDPOINT_SETTING = "spark.microbatch.azure.blobEndpoint."
@@ -44,9 +44,9 @@ class AzureRetries:
     """The storage layer's retries of an Azure operation, after the SDK's own."""
     retry_limit: int = 1
     retry_interval_s: float = 1.0
-    terms = ("Azure", "the account's endpoint (spark.microbatch.azure.blobEndpoint.<account> for an emulator)",
-             "Storage Blob Data Contributor: write and delete", "Storage Blob Data Contributor: delete",
-             "the Azure SDK's own retries")
+    terms = StoreTerms("Azure", "the account's endpoint (spark.microbatch.azure.blobEndpoint.<account> for an "
+                       "emulator)", "Storage Blob Data Contributor: write and delete",
+                       "Storage Blob Data Contributor: delete", "the Azure SDK's own retries")
 
     def settings_text(self) -> str:
         return "the Azure SDK's retries of each request, then one more of the operation"

@@ -55,7 +55,7 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 from urllib.parse import urlparse
 
 from microbatch.errors import CheckpointError, StorageFullError, StorageUnavailableError
@@ -223,6 +223,15 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)?\s*$")
 _UNIT_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4, "h": 3.6e6, "d": 8.64e7}
 
 
+class StoreTerms(NamedTuple):
+    """How the storage layer's messages name a store and what to set or grant there."""
+    store: str                 # "S3"
+    endpoint_setting: str      # the setting to check when the store cannot be reached
+    write_access: str          # the permissions a checkpoint needs: write and delete
+    delete_access: str
+    client_retries: str        # the client library's own retries, under this layer's
+
+
 @dataclass(frozen=True)
 class S3Retries:
     """The retry limits and timeouts of one S3 store (see the module docstring)."""
@@ -267,8 +276,8 @@ class S3Retries:
 
     #: how a message names the store, the setting of its endpoint and the permissions a
     #: checkpoint needs there
-    terms = ("S3", "spark.hadoop.fs.s3a.endpoint", "s3:PutObject, s3:DeleteObject", "s3:DeleteObject",
-             "botocore's own retries")
+    terms = StoreTerms("S3", "spark.hadoop.fs.s3a.endpoint", "s3:PutObject, s3:DeleteObject", "s3:DeleteObject",
+                       "botocore's own retries")
 
     def settings_text(self) -> str:
         return (f"spark.hadoop.fs.s3a.attempts.maximum={self.attempts_maximum}, "
@@ -325,7 +334,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                  retries: S3Retries | None = None):
         self.scheme = scheme
         self._fs = fs
-        self._settings = dict(settings or {})   # spark.hadoop.fs.s3a.* or fs.gs.*: for the executors
+        self._settings = dict(settings or {})   # the store's Spark settings: for the executors
         self.retries = retries or S3Retries()
         self._sleep = time.sleep
         self._one_get = {"max_concurrency": 1} if scheme.startswith("s3") else {}
@@ -345,11 +354,11 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                 if attempt == self.retries.retry_limit:
                     raise StorageUnavailableError(
                         f"Cannot {what} '{self.resolve(path)}': the store failed "
-                        f"{attempt + 1} times, each after {self.retries.terms[4]} ({_reason(e)}). "
+                        f"{attempt + 1} times, each after {self.retries.terms.client_retries} ({_reason(e)}). "
                         f"The store is unreachable or failing; once it answers again, restart "
                         f"the query: it resumes from its checkpoint. The limits are "
                         f"{self.retries.settings_text()}.") from e
-                _log.warning("%s %s of %s failed (%s); trying again in %.2f s (%d of %d)", self.retries.terms[0], what,
+                _log.warning("%s %s of %s failed (%s); trying again in %.2f s (%d of %d)", self.retries.terms.store, what,
                              self.resolve(path), _reason(e), wait, attempt + 1, self.retries.retry_limit)
                 self._sleep(wait)
                 wait *= 2
@@ -537,7 +546,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
             except PermissionError as e:
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot write to it "
-                    f"({_reason(e)}). Give them write and delete access ({self.retries.terms[2]}) "
+                    f"({_reason(e)}). Give them write and delete access ({self.retries.terms.write_access}) "
                     "under the location.") from None
             try:
                 self._retrying("delete", location, lambda: self._fs.rm_file(probe))
@@ -545,7 +554,7 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot delete objects "
                     f"under it ({_reason(e)}), which the logs' clean-up needs. Give them "
-                    f"{self.retries.terms[3]} there (and remove the probe object {self.scheme}://{probe}).") from None
+                    f"{self.retries.terms.delete_access} there (and remove the probe object {self.scheme}://{probe}).") from None
         except FileNotFoundError:
             raise CheckpointError(
                 f"{what} '{location}': the bucket '{bucket}' does not exist. "
@@ -557,14 +566,14 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         except StorageUnavailableError as e:
             raise CheckpointError(
                 f"{what} '{location}': cannot reach the store ({_reason(e.__cause__ or e)}; "
-                f"tried {self.retries.retry_limit + 1} times). Check {self.retries.terms[1]} "
+                f"tried {self.retries.retry_limit + 1} times). Check {self.retries.terms.endpoint_setting} "
                 "and the credentials.") from None
         except Exception as e:  # an error botocore did not sort
             if not isinstance(e, OSError):
                 raise
             raise CheckpointError(
                 f"{what} '{location}': cannot reach the store ({_reason(e)}). "
-                f"Check {self.retries.terms[1]} and the credentials.") from None
+                f"Check {self.retries.terms.endpoint_setting} and the credentials.") from None
 
 
 def _reason(error: BaseException) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem
+from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem, StoreTerms
 from microbatch.errors import CheckpointError
 
 #: The connector's settings (``spark.hadoop.`` + key) the store reads; the executors get
@@ -40,9 +40,9 @@ class GcsRetries:
     request (the module docstring)."""
     retry_limit: int = 1
     retry_interval_s: float = 1.0
-    terms = ("GCS", "spark.hadoop.fs.gs.storage.root.url",
-             "storage.objects.create, storage.objects.delete", "storage.objects.delete",
-             "gcsfs's own six attempts")
+    terms = StoreTerms("GCS", "spark.hadoop.fs.gs.storage.root.url",
+                       "storage.objects.create, storage.objects.delete", "storage.objects.delete",
+                       "gcsfs's own six attempts")
 
     def settings_text(self) -> str:
         return "gcsfs's six attempts of each request, then one more of the operation"
