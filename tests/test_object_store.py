@@ -341,3 +341,15 @@ def test_an_interrupted_attempt_on_s3_stays_invisible_and_is_removed(ss, spark, 
     import pyarrow.parquet as pq
     written = sorted(r["id"] for f in listed for r in pq.read_table(io.BytesIO(fs.read_bytes(f))).to_pylist())
     assert written == sorted(r["id"] for r in rows)
+
+
+def test_hdfs_is_refused_naming_what_it_would_need():
+    """No HDFS here (no libhdfs, no Hadoop installation): a checkpoint or a file path on it
+    is refused naming pyarrow's client and what that needs, not a generic scheme error."""
+    from microbatch.errors import UnsupportedOperationError
+    from microbatch.util import local_path
+
+    with pytest.raises(CheckpointError, match="on HDFS.*libhdfs.*hadoop classpath"):
+        storage_for("hdfs://namenode:8020/checkpoints/q")
+    with pytest.raises(UnsupportedOperationError, match="HDFS is not supported yet: .*libhdfs"):
+        local_path("hdfs://namenode:8020/raw", "file source")

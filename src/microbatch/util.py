@@ -151,6 +151,13 @@ def conf_bool(spark: Any, key: str, default: bool) -> bool:
     return str(spark.conf.get(key, str(default).lower())).strip().lower() == "true"
 
 
+#: What an ``hdfs://`` location would need (said where one is refused).
+HDFS_NEEDS = (": its client would be pyarrow's HadoopFileSystem, which needs Hadoop's native libhdfs "
+              "(ARROW_LIBHDFS_DIR or HADOOP_HOME), a Hadoop installation's class path (CLASSPATH from "
+              "`hadoop classpath --glob`) and JAVA_HOME on the driver and every executor; until then, "
+              "keep the checkpoint on a path every node mounts or on an object store")
+
+
 def local_path(path: str, what: str) -> str:
     """An absolute local path from a path or ``file:`` URI; other schemes get a clear error."""
     if path.startswith("file:"):
@@ -161,7 +168,8 @@ def local_path(path: str, what: str) -> str:
         from microbatch.errors import UnsupportedOperationError
         raise UnsupportedOperationError(
             f"The {what} path '{path}' is on a file system microbatch cannot reach here. Its "
-            "file source, file sink, checkpoint and Delta tables take local paths, file: URIs "
-            "and the s3://, s3a:// object stores (endpoint and keys from "
-            "spark.hadoop.fs.s3a.*); ADLS (abfss://), GCS (gs://) and HDFS are not supported yet.")
+            "file source, file sink and checkpoint take local paths, file: URIs and the object "
+            "stores s3://, s3a:// (spark.hadoop.fs.s3a.*), gs:// (spark.hadoop.fs.gs.*) and "
+            "abfss:// (spark.hadoop.fs.azure.*); Delta tables local paths and S3. HDFS is not "
+            f"supported yet{HDFS_NEEDS if path.lower().startswith(('hdfs:', 'viewfs:')) else ''}.")
     return os.path.abspath(os.path.expanduser(path))

@@ -622,6 +622,10 @@ def storage_for(location: str, conf: Mapping[str, str] | None = None) -> Checkpo
     if scheme in ("abfs", "abfss"):
         from microbatch.checkpoint.azure import azure_storage
         return azure_storage(scheme, location, conf)
+    if scheme in ("hdfs", "viewfs"):
+        from microbatch.util import HDFS_NEEDS
+        raise CheckpointError(f"Checkpoint location '{location}' is on HDFS, which microbatch does not serve yet"
+                              f"{HDFS_NEEDS}.")
     import fsspec
     try:
         fsspec.get_filesystem_class(scheme)
