@@ -20,8 +20,10 @@ An emulator (Azurite) or a private endpoint: ``spark.microbatch.azure.blobEndpoi
 A log entry's create-if-absent is an upload with ``If-None-Match: *`` (adlfs's
 ``mode="create"``), which Azure refuses (409) when the blob exists. Faults: the Azure
 SDK's retry policy (exponential, 3 retries of each request on 5xx, 408, 429 and
-connection errors), then the storage layer tries the whole operation once more
-(``AzureRetries``). A container is a bucket: keys inside the storage layer are
+connection errors; waits of 15 s and more), the one bounded layer (``AzureRetries``:
+the storage layer adds no second loop, only the read-back of a create whose answer was
+lost). ABFS's own retry settings (``fs.azure.io.retry.*``) are not mapped onto it.
+A container is a bucket: keys inside the storage layer are
 ``<container>@<host>/<path>`` (the URI without its scheme), which ``AzureAccounts`` maps
 to each account's adlfs file system.
 """
@@ -41,15 +43,15 @@ _HOST = re.compile(r"^(?P<container>[^@/]+)@(?P<account>[a-z0-9]+)\.(?P<suffix>d
 
 @dataclass(frozen=True)
 class AzureRetries:
-    """The storage layer's retries of an Azure operation, after the SDK's own."""
-    retry_limit: int = 1
+    """The storage layer's retries of an Azure operation: none after the SDK's own."""
+    retry_limit: int = 0
     retry_interval_s: float = 1.0
     terms = StoreTerms("Azure", "the account's endpoint (spark.microbatch.azure.blobEndpoint.<account> for an "
                        "emulator)", "Storage Blob Data Contributor: write and delete",
                        "Storage Blob Data Contributor: delete", "the Azure SDK's own retries")
 
     def settings_text(self) -> str:
-        return "the Azure SDK's retries of each request, then one more of the operation"
+        return "the Azure SDK's retries of each request (3, from 15 s apart)"
 
 
 def split_location(key: str) -> tuple[str, str, str]:

@@ -15,7 +15,8 @@ through gcsfs, with the settings of Hadoop's GCS connector a Spark job already g
 A log entry's create-if-absent is an upload with ``ifGenerationMatch=0``, which GCS
 refuses (412) when the object exists: gcsfs's ``mode="create"``. Faults: gcsfs's own loop
 tries each request six times (5xx, 429, timeouts, resets; waits from 1 s doubling to
-32 s), then the storage layer tries the whole operation once more (``GcsRetries``).
+32 s, about 31 s in all), the one bounded layer (``GcsRetries``: the storage layer adds
+no second loop, only the read-back of a create whose answer was lost).
 """
 from __future__ import annotations
 
@@ -36,16 +37,16 @@ _AUTH_TYPES = {"APPLICATION_DEFAULT": "google_default", "COMPUTE_ENGINE": "cloud
 
 @dataclass(frozen=True)
 class GcsRetries:
-    """The storage layer's retries of a GCS operation, after gcsfs's six attempts of each
-    request (the module docstring)."""
-    retry_limit: int = 1
+    """The storage layer's retries of a GCS operation: none after gcsfs's six attempts of
+    each request (the module docstring)."""
+    retry_limit: int = 0
     retry_interval_s: float = 1.0
     terms = StoreTerms("GCS", "spark.hadoop.fs.gs.storage.root.url",
                        "storage.objects.create, storage.objects.delete", "storage.objects.delete",
                        "gcsfs's own six attempts")
 
     def settings_text(self) -> str:
-        return "gcsfs's six attempts of each request, then one more of the operation"
+        return "gcsfs's six attempts of each request (waits from 1 s doubling to 32 s)"
 
 
 def gcs_storage(location: str, conf: Mapping[str, str] | None) -> CheckpointFileSystem:
