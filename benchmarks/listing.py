@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import boto3
 
-    from microbatch.checkpoint.fs import storage_for
+    from microbatch.checkpoint.stores import storage_for
     from microbatch.sources.file_listing import IncrementalListing, StoreFiles, list_input_files
     from microbatch.testing.s3_server import s3_server
 

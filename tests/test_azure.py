@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from helpers import confs
-from microbatch.checkpoint.fs import storage_for
+from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.testing.azure_server import HOST, KEY, azure_server, settings
 from object_store_queries import check_sigkill_mid_batch, check_windowed_count

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import confs
-from microbatch.checkpoint.fs import storage_for
+from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.testing.gcs_server import gcs_server, settings
 from object_store_queries import check_sigkill_mid_batch, check_windowed_count

@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 from file_inputs import write_json_files
 from helpers import confs, wait_for
 from microbatch import StreamingSession
-from microbatch.checkpoint.fs import ObjectStoreFileSystem, storage_for
+from microbatch.checkpoint.fs import ObjectStoreFileSystem
+from microbatch.checkpoint.stores import storage_for
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError, ConcurrentUpdateError
 from microbatch.testing.s3_server import s3_server

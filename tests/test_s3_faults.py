@@ -11,7 +11,9 @@ import logging
 import boto3
 import pytest
 
-from microbatch.checkpoint.fs import ObjectStoreFileSystem, S3Retries, storage_for
+from microbatch.checkpoint.fs import ObjectStoreFileSystem, S3Retries
+
+from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError, StorageUnavailableError
 from microbatch.testing.fault_proxy import Fault, FaultProxy
 from microbatch.testing.s3_server import s3_server

@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 
 from file_inputs import write_json_files
 from helpers import confs
-from microbatch.checkpoint.fs import LOCAL, storage_for
+from microbatch.checkpoint.fs import LOCAL
+from microbatch.checkpoint.stores import storage_for
 from microbatch.testing.fault_proxy import Fault, FaultProxy
 from microbatch.testing.s3_server import s3_server
 

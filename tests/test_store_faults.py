@@ -12,7 +12,7 @@ import time
 import pytest
 
 from microbatch.checkpoint.azure import AzureRetries
-from microbatch.checkpoint.fs import storage_for
+from microbatch.checkpoint.stores import storage_for
 from microbatch.checkpoint.gcs import GcsRetries
 from microbatch.errors import StorageUnavailableError
 from microbatch.testing import azure_server, gcs_server

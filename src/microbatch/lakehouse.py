@@ -22,7 +22,8 @@ from typing import Any, Mapping
 from urllib.parse import urlparse
 
 from microbatch import spark_internals
-from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem, storage_for
+from microbatch.checkpoint.fs import LOCAL, CheckpointFileSystem
+from microbatch.checkpoint.stores import storage_for
 from microbatch.util import local_path
 
 _OBJECT_STORES = ("s3", "s3a", "s3n")

@@ -33,7 +33,8 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from microbatch import spark_internals
 from microbatch.checkpoint.commits import CommitLog
-from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import AnalysisException, CheckpointError, IllegalArgumentException, UnsupportedOperationError
 from microbatch.checkpoint.offsets import OffsetSeqLog
 from microbatch.operators.base import state_layout

@@ -110,7 +110,7 @@ def table_location(write: TableWrite, name: str) -> tuple[str, str]:
 
 def _delta_table_at_managed_location(spark: Any, name: str) -> str | None:
     """The managed location of ``name`` if a Delta table is there (its ``_delta_log``)."""
-    from microbatch.checkpoint.fs import storage_for
+    from microbatch.checkpoint.stores import storage_for
     try:
         location = spark_internals.managed_table_location(spark, name)
     except Exception:   # noqa: BLE001 - e.g. no such database: Spark's own error follows from spark.table

@@ -17,7 +17,8 @@ from pyspark.errors import PySparkTypeError, PySparkValueError
 
 from microbatch import spark_internals
 from microbatch.api.tables import TableWrite, table_location
-from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem, is_local, storage_for
+from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem
+from microbatch.checkpoint.stores import is_local, storage_for
 from microbatch.errors import IllegalArgumentException, UnsupportedOperationError, pyspark_error
 from microbatch.runtime.clock import Clock, SystemClock
 from microbatch.runtime.triggers import AvailableNow, Once, ProcessingTime, Trigger, trigger_from_writer_args

@@ -13,7 +13,7 @@ writers of the same entry (``create``) exactly one wins.
   which the store refuses when the key exists. A store without
   conditional writes is refused at start (``storage_for``), naming what is missing.
 
-``storage_for(location, conf)`` picks the store from the checkpoint location's scheme
+``checkpoint.stores.storage_for(location, conf)`` picks the store from the location's scheme
 and Spark's usual settings (``spark.hadoop.fs.s3a.endpoint``, ``...access.key``, ...,
 ``spark.hadoop.fs.gs.*``, ``spark.hadoop.fs.azure.*``, or the environment's credentials); no secret is ever logged or put in a message.
 
@@ -318,7 +318,7 @@ def _transient(error: BaseException) -> bool:
 
 
 #: Stores whose fsspec implementation writes an object only if its key is free.
-_CONDITIONAL_CREATE = {"s3", "gs", "abfs"}
+CONDITIONAL_CREATE = {"s3", "gs", "abfs"}
 #: The object stores' schemes: S3 (Hadoop's s3a, and the older names), Google Cloud
 #: Storage (the GCS connector's gs) and Azure Data Lake Storage Gen2 (ABFS's abfs, abfss).
 OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n", "gs", "abfs", "abfss")
@@ -354,12 +354,12 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
                 if attempt == self.retries.retry_limit:
                     raise StorageUnavailableError(
                         f"Cannot {what} '{self.resolve(path)}': the store failed "
-                        f"{attempt + 1} times, each after {self.retries.terms.client_retries} ({_reason(e)}). "
+                        f"{attempt + 1} times, each after {self.retries.terms.client_retries} ({reason_of(e)}). "
                         f"The store is unreachable or failing; once it answers again, restart "
                         f"the query: it resumes from its checkpoint. The limits are "
                         f"{self.retries.settings_text()}.") from e
                 _log.warning("%s %s of %s failed (%s); trying again in %.2f s (%d of %d)", self.retries.terms.store, what,
-                             self.resolve(path), _reason(e), wait, attempt + 1, self.retries.retry_limit)
+                             self.resolve(path), reason_of(e), wait, attempt + 1, self.retries.retry_limit)
                 self._sleep(wait)
                 wait *= 2
 
@@ -546,14 +546,14 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
             except PermissionError as e:
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot write to it "
-                    f"({_reason(e)}). Give them write and delete access ({self.retries.terms.write_access}) "
+                    f"({reason_of(e)}). Give them write and delete access ({self.retries.terms.write_access}) "
                     "under the location.") from None
             try:
                 self._retrying("delete", location, lambda: self._fs.rm_file(probe))
             except PermissionError as e:
                 raise CheckpointError(
                     f"{what} '{location}': these credentials cannot delete objects "
-                    f"under it ({_reason(e)}), which the logs' clean-up needs. Give them "
+                    f"under it ({reason_of(e)}), which the logs' clean-up needs. Give them "
                     f"{self.retries.terms.delete_access} there (and remove the probe object {self.scheme}://{probe}).") from None
         except FileNotFoundError:
             raise CheckpointError(
@@ -562,93 +562,50 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
         except PermissionError as e:
             raise CheckpointError(
                 f"{what} '{location}': access to bucket '{bucket}' is denied "
-                f"({_reason(e)}). Give these credentials read and write access to it.") from None
+                f"({reason_of(e)}). Give these credentials read and write access to it.") from None
         except StorageUnavailableError as e:
             raise CheckpointError(
-                f"{what} '{location}': cannot reach the store ({_reason(e.__cause__ or e)}; "
+                f"{what} '{location}': cannot reach the store ({reason_of(e.__cause__ or e)}; "
                 f"tried {self.retries.retry_limit + 1} times). Check {self.retries.terms.endpoint_setting} "
                 "and the credentials.") from None
         except Exception as e:  # an error botocore did not sort
             if not isinstance(e, OSError):
                 raise
             raise CheckpointError(
-                f"{what} '{location}': cannot reach the store ({_reason(e)}). "
+                f"{what} '{location}': cannot reach the store ({reason_of(e)}). "
                 f"Check {self.retries.terms.endpoint_setting} and the credentials.") from None
 
 
-def _reason(error: BaseException) -> str:
+def reason_of(error: BaseException) -> str:
     """An error's message without anything a secret could hide in (only the first line)."""
     return str(error).splitlines()[0][:200] if str(error) else type(error).__name__
 
 
-def is_local(location: str) -> bool:
-    """Whether ``location`` is a local path (no scheme, ``file:``, or a Windows drive)."""
-    scheme = urlparse(location).scheme.lower()
-    return scheme in ("", "file") or len(scheme) == 1
-
-
-def storage_for(location: str, conf: Mapping[str, str] | None = None) -> CheckpointFileSystem:
-    """The file system a checkpoint location lives on (see the module docstring); ``conf``:
-    the Spark settings a remote store may take its endpoint and credentials from."""
-    scheme = urlparse(location).scheme.lower()
-    if is_local(location):
-        return LOCAL
-    if scheme in ("s3", "s3a", "s3n"):
-        try:
-            import s3fs
-        except ImportError:
-            raise CheckpointError(
-                f"Checkpoint location '{location}' is on S3, which needs the Python package "
-                "s3fs: pip install s3fs.") from None
-        settings = {arg: conf[f"spark.hadoop.{key}"] for key, arg in _S3A_SETTINGS.items()
-                    if conf and conf.get(f"spark.hadoop.{key}")}
-        client_kwargs = {k: settings.pop(k) for k in ("endpoint_url", "region_name") if k in settings}
-        if "endpoint_url" in client_kwargs and "://" not in client_kwargs["endpoint_url"]:
-            client_kwargs["endpoint_url"] = "https://" + client_kwargs["endpoint_url"]
-        retries = S3Retries.from_conf(conf)
-        # no listings cache: a listing is a moment's view, and a read or stat answered
-        # from it would miss an object created since (by another process, or by a create
-        # whose first answer was lost: its read-back found "no such key" in the cache)
-        fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, config_kwargs=retries.botocore_config(),
-                               use_listings_cache=False, **settings)
-        fs.retries = 1      # s3fs's own loop off: botocore's and this layer's are the two, bounded
-        spark_settings = {f"spark.hadoop.{key}": conf[f"spark.hadoop.{key}"]
-                          for key in [*_S3A_SETTINGS, *_S3A_RETRY_DEFAULTS]
-                          if conf and conf.get(f"spark.hadoop.{key}")}
-        return ObjectStoreFileSystem(scheme, fs, spark_settings, retries)
-    if scheme == "gs":
-        from microbatch.checkpoint.gcs import gcs_storage
-        return gcs_storage(location, conf)
-    if scheme in ("abfs", "abfss"):
-        from microbatch.checkpoint.azure import azure_storage
-        return azure_storage(scheme, location, conf)
-    if scheme in ("hdfs", "viewfs"):
-        from microbatch.util import HDFS_NEEDS
-        raise CheckpointError(f"Checkpoint location '{location}' is on HDFS, which microbatch does not serve yet"
-                              f"{HDFS_NEEDS}.")
-    import fsspec
+def s3_storage(scheme: str, location: str, conf: Mapping[str, str] | None) -> "ObjectStoreFileSystem":
+    """The S3 store of ``location`` (``s3``, ``s3a``, ``s3n``) with S3A's settings in ``conf``
+    (the module docstring)."""
     try:
-        fsspec.get_filesystem_class(scheme)
-    except (ImportError, ValueError) as e:
+        import s3fs
+    except ImportError:
         raise CheckpointError(
-            f"Checkpoint location '{location}' uses the scheme '{scheme}://', which no installed "
-            f"file-system library serves ({_reason(e)}). Use a local path, file:, s3://, gs:// or abfss://.") from None
-    raise CheckpointError(
-        f"Checkpoint location '{location}' is on a '{scheme}' store, which microbatch cannot "
-        "write a checkpoint to: its logs need an atomic create-if-absent (a conditional write) "
-        f"so that two runs cannot both write a batch, and microbatch has it for "
-        f"{', '.join(sorted(_CONDITIONAL_CREATE))} and local disk only.")
-
-
-_FROM_SPEC: dict[tuple, CheckpointFileSystem] = {}
-
-
-def storage_from_spec(spec: tuple[str, tuple]) -> CheckpointFileSystem:
-    """The store a ``spec()`` names, made once per process (executors reuse it)."""
-    if spec not in _FROM_SPEC:
-        scheme, settings = spec
-        _FROM_SPEC[spec] = LOCAL if scheme == "file" else storage_for(f"{scheme}://", dict(settings))
-    return _FROM_SPEC[spec]
+            f"Checkpoint location '{location}' is on S3, which needs the Python package "
+            "s3fs: pip install s3fs.") from None
+    settings = {arg: conf[f"spark.hadoop.{key}"] for key, arg in _S3A_SETTINGS.items()
+                if conf and conf.get(f"spark.hadoop.{key}")}
+    client_kwargs = {k: settings.pop(k) for k in ("endpoint_url", "region_name") if k in settings}
+    if "endpoint_url" in client_kwargs and "://" not in client_kwargs["endpoint_url"]:
+        client_kwargs["endpoint_url"] = "https://" + client_kwargs["endpoint_url"]
+    retries = S3Retries.from_conf(conf)
+    # no listings cache: a listing is a moment's view, and a read or stat answered
+    # from it would miss an object created since (by another process, or by a create
+    # whose first answer was lost: its read-back found "no such key" in the cache)
+    fs = s3fs.S3FileSystem(client_kwargs=client_kwargs, config_kwargs=retries.botocore_config(),
+                           use_listings_cache=False, **settings)
+    fs.retries = 1      # s3fs's own loop off: botocore's and this layer's are the two, bounded
+    spark_settings = {f"spark.hadoop.{key}": conf[f"spark.hadoop.{key}"]
+                      for key in [*_S3A_SETTINGS, *_S3A_RETRY_DEFAULTS]
+                      if conf and conf.get(f"spark.hadoop.{key}")}
+    return ObjectStoreFileSystem(scheme, fs, spark_settings, retries)
 
 
 class InjectedFailure(OSError):

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from microbatch.checkpoint.commits import CommitLog
-from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.checkpoint.stores import storage_for
 from microbatch.checkpoint.offsets import OffsetSeqLog
 from microbatch.checkpoint.progress_log import ProgressLog
 from microbatch.checkpoint.run_lease import RunLease

@@ -26,7 +26,9 @@ from typing import Any, Iterable
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
+from microbatch.checkpoint.fs import CheckpointFileSystem
+
+from microbatch.checkpoint.stores import storage_for
 from microbatch.checkpoint.progress_log import ProgressLog
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.checkpoint.stream_metadata import StreamMetadata

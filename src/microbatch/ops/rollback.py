@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from microbatch.checkpoint.file_stream_log import (SINK_METADATA_DIR, FileStreamSinkLog,
                                                    FileStreamSourceLog, all_valid_batches,
                                                    live_files, uri_to_path)
-from microbatch.checkpoint.fs import CheckpointFileSystem, storage_for
+from microbatch.checkpoint.fs import CheckpointFileSystem
+from microbatch.checkpoint.stores import storage_for
 from microbatch.checkpoint.markers import ROLLBACK_MARKER, unfinished_rollback
 from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError

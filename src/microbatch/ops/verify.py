@@ -38,7 +38,7 @@ from microbatch import spark_internals
 from microbatch.checkpoint.file_stream_log import (COMPACT_FILE_SUFFIX, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, FileStreamSourceLog,
                                                    all_valid_batches, live_files, uri_to_path)
-from microbatch.checkpoint.fs import storage_for
+from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.operators.base import state_layout
 from microbatch.ops.checkpoint_reader import SHUFFLE_PARTITIONS, CheckpointReader, StateStoreFiles

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch import crash_points, spark_internals
-from microbatch.checkpoint.fs import storage_from_spec
+from microbatch.checkpoint.stores import storage_from_spec
 from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.lakehouse import DeltaLocation, delta_location, open_delta_table

@@ -59,7 +59,8 @@ from pyspark.sql import functions as F
 from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.file_stream_log import (FILE_FORMATS, SINK_METADATA_DIR,
                                                    FileStreamSinkLog, SinkFileStatus)
-from microbatch.checkpoint.fs import OBJECT_STORE_SCHEMES, CheckpointFileSystem, storage_for, storage_from_spec
+from microbatch.checkpoint.fs import OBJECT_STORE_SCHEMES, CheckpointFileSystem
+from microbatch.checkpoint.stores import storage_for, storage_from_spec
 from microbatch.errors import (AnalysisException, ConcurrentUpdateError,
                                IllegalArgumentException)
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider

@@ -176,7 +176,7 @@ def _store(spark: SparkSession, path: str) -> Any:
     endpoint and credentials of ``spark.hadoop.fs.s3a.*``, ``fs.gs.*`` or ``fs.azure.*``; None for a local path."""
     if store_scheme(path) is None:
         return None
-    from microbatch.checkpoint.fs import storage_for
+    from microbatch.checkpoint.stores import storage_for
     return storage_for(path, spark_internals.session_settings(spark))
 
 

@@ -128,7 +128,7 @@ def infer_schema(spark: SparkSession, fmt: str, listed: list[ListedFile], user_s
         import pyarrow.parquet as pq
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from microbatch.checkpoint.fs import storage_from_spec
+        from microbatch.checkpoint.stores import storage_from_spec
         with storage_from_spec(storage).open_input(paths[0]) as handle:
             data = from_arrow_schema(pq.ParquetFile(handle).schema_arrow)
     else:

@@ -25,7 +25,7 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException
-from microbatch.checkpoint.fs import storage_for
+from microbatch.checkpoint.stores import storage_for
 from microbatch.lakehouse import iceberg_catalog
 from microbatch.sources.base import (CompositeReadLimit, ReadAllAvailable, ReadLimit, ReadMaxFiles, ReadMaxRows,
                                      Source, SourceContext, SourceProvider)

@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
-from microbatch.checkpoint.fs import storage_from_spec
+from microbatch.checkpoint.stores import storage_from_spec
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from microbatch.checkpoint.fs import CheckpointFileSystem, storage_from_spec
+from microbatch.checkpoint.fs import CheckpointFileSystem
+
+from microbatch.checkpoint.stores import storage_from_spec
 from microbatch.errors import CheckpointError
 
 BLOCK_METADATA_KEY = b"microbatch.block"

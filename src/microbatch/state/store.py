@@ -111,7 +111,7 @@ class StateStoreConf:
 
     @property
     def fs(self):
-        from microbatch.checkpoint.fs import storage_from_spec
+        from microbatch.checkpoint.stores import storage_from_spec
         return storage_from_spec(self.storage)
 
     @classmethod

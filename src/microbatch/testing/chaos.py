@@ -488,7 +488,7 @@ def _checkpoint_ids(kind: str, root: str, log_name: str) -> set[int]:
     location = checkpoint_location(kind, root)
     if "://" not in location:
         return _ids(os.path.join(location, log_name))
-    from microbatch.checkpoint.fs import storage_for
+    from microbatch.checkpoint.stores import storage_for
     fs = storage_for(location, s3_settings())
     return {int(n) for n in fs.list(f"{location}/{log_name}") if n.isdigit()}
 
