@@ -22,9 +22,10 @@ that log, so only files of committed batches are read.
 
 Replayable: the same range always reads the same files, as long as they exist.
 
-The path may be local or on an object store (``s3://``, ``s3a://``, ``gs://``, ``abfss://``): listed
-through the storage layer (s3fs, gcsfs, adlfs) by the same rules, each batch read by Spark's reader where this Spark has the
-store's Hadoop connector, else in Spark tasks (``file_store``; the progress metric
+The path may be local or on an object store (``s3://``, ``s3a://``, ``gs://``,
+``abfss://``): listed through the storage layer (s3fs, gcsfs, adlfs) by the same rules
+(or from the last key read on, ``useIncrementalListing``), each batch read by Spark's
+reader where this Spark has the store's Hadoop connector, else in Spark tasks (``file_store``; the progress metric
 ``readPath`` says which).
 
 Modules beside this one hold its parts: ``file_listing`` (the listing),
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 #: Options of the stream itself; the rest go to Spark's batch reader.
 _STREAM_OPTIONS = {"path", "maxfilespertrigger", "maxbytespertrigger", "latestfirst",
                    "filenameonly", "maxfileage", "cleansource", "sourcearchivedir",
-                   "maxcachedfiles", "discardcachedinputratio"}
+                   "maxcachedfiles", "discardcachedinputratio", INCREMENTAL_LISTING.lower()}
 
 
 # -- options -------------------------------------------------------------------
@@ -289,7 +290,9 @@ class FileStreamSource(Source):
 
     def metrics(self, consumed: Any) -> dict[str, str]:
         """On an object store, ``readPath``: ``sparkReader`` (Spark's own reader, through
-        its Hadoop connector) or ``pythonTasks`` (read in Spark tasks through s3fs)."""
+        its Hadoop connector) or ``pythonTasks`` (read in Spark tasks through the storage
+        layer); with ``useIncrementalListing``, ``filesListed``: the objects the last
+        listing returned."""
         if self.read_path is None:
             return {}
         if self._incremental is None:
