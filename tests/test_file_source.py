@@ -84,8 +84,8 @@ def test_missing_path_and_bad_options_fail_at_load(ss, tmp_path):
     for options, message in bad:
         with pytest.raises(IllegalArgumentException, match=message.replace("(", r"\(").replace(")", r"\)")):
             ss.readStream.schema("id INT").options(**options).json(str(tmp_path))
-    with pytest.raises(UnsupportedOperationError, match="gs://.*is on a file system microbatch cannot reach here"):
-        ss.readStream.schema("id INT").json("gs://bucket/in")
+    with pytest.raises(UnsupportedOperationError, match="hdfs://.*is on a file system microbatch cannot reach here"):
+        ss.readStream.schema("id INT").json("hdfs://namenode/in")
 
 
 # -- listing ----------------------------------------------------------------------
