@@ -132,3 +132,12 @@ def check_sigkill_mid_batch(ss, spark, store, root: str, settings: dict, tmp_pat
                       for r in batch]
     assert sorted(ours_written) == sorted(theirs_written), (ours_written, theirs_written)
     assert len(ours_written) == len(set(ours_written)) == 6, ours_written
+
+
+def check_two_writers(store, other, root: str) -> None:
+    """Two writers of one log entry through the store's conditional create: one wins, the
+    other's create is refused, and a create of the winner's own content reads back as its."""
+    assert store.create(f"{root}/race/offsets/0", "first") is True
+    assert other.create(f"{root}/race/offsets/0", "second") is False
+    assert other.create(f"{root}/race/offsets/0", "first") is True    # (its own create, read back)
+    assert store.read_text(f"{root}/race/offsets/0") == "first"

@@ -16,7 +16,7 @@ from helpers import confs
 from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.testing.azure_server import HOST, KEY, azure_server, settings
-from object_store_queries import check_sigkill_mid_batch, check_windowed_count
+from object_store_queries import check_sigkill_mid_batch, check_two_writers, check_windowed_count
 
 CONTAINER = "lake"
 ROOT = f"abfss://{CONTAINER}@{HOST}"
@@ -44,11 +44,7 @@ def test_sigkill_mid_batch_on_adls_loses_and_repeats_nothing(ss, spark, azure, t
 
 def test_two_writers_of_one_log_entry_cannot_both_win(azure):
     store, given = azure
-    other = storage_for(f"{ROOT}/race", given)
-    assert store.create(f"{ROOT}/race/offsets/0", "first") is True
-    assert other.create(f"{ROOT}/race/offsets/0", "second") is False
-    assert other.create(f"{ROOT}/race/offsets/0", "first") is True    # (its own create, read back)
-    assert store.read_text(f"{ROOT}/race/offsets/0") == "first"
+    check_two_writers(store, storage_for(ROOT + "/race", given), ROOT)
 
 
 def test_bad_locations_and_settings_fail_at_start_naming_them(ss, spark, azure, caplog):

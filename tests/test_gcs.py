@@ -13,7 +13,7 @@ from helpers import confs
 from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.testing.gcs_server import gcs_server, settings
-from object_store_queries import check_sigkill_mid_batch, check_windowed_count
+from object_store_queries import check_sigkill_mid_batch, check_two_writers, check_windowed_count
 
 BUCKET = "lake"
 
@@ -40,11 +40,7 @@ def test_sigkill_mid_batch_on_gcs_loses_and_repeats_nothing(ss, spark, gcs, tmp_
 
 def test_two_writers_of_one_log_entry_cannot_both_win(gcs):
     store, given = gcs
-    other = storage_for(f"gs://{BUCKET}/race", given)
-    assert store.create(f"gs://{BUCKET}/race/offsets/0", "first") is True
-    assert other.create(f"gs://{BUCKET}/race/offsets/0", "second") is False
-    assert other.create(f"gs://{BUCKET}/race/offsets/0", "first") is True    # (its own create, read back)
-    assert store.read_text(f"gs://{BUCKET}/race/offsets/0") == "first"
+    check_two_writers(store, storage_for(f"gs://{BUCKET}" + "/race", given), f"gs://{BUCKET}")
 
 
 def test_bad_locations_and_settings_fail_at_start_naming_them(ss, spark, gcs, tmp_path):

@@ -22,8 +22,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Iterator
+
+from microbatch.testing.s3_server import wait_until_listening
 
 ACCOUNT = "devstoreaccount1"
 #: Azurite's well-known development key (public, in Microsoft's documentation)
@@ -55,15 +56,7 @@ def azure_server(timeout_s: float = 30.0) -> Iterator[str]:
                                    "--location", data, "--silent", "--skipApiVersionCheck", "--loose"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("Azurite did not start") from None
-                    time.sleep(0.1)
+            wait_until_listening(server, port, timeout_s, "Azurite did not start")
             yield f"http://127.0.0.1:{port}/{ACCOUNT}"
         finally:
             server.terminate()     # (Node's Azurite may take its time over SIGTERM)

@@ -19,6 +19,23 @@ import time
 from typing import Iterator
 
 
+def wait_until_listening(server: subprocess.Popen, port: int, timeout_s: float, failed: str) -> None:
+    """Until ``server`` accepts connections on 127.0.0.1:``port``; RuntimeError(``failed``)
+    if it dies or ``timeout_s`` passes first (the test servers of ``microbatch.testing``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(failed) from None
+            try:
+                server.wait(0.1)   # returns early only if the server died
+            except subprocess.TimeoutExpired:
+                pass
+
+
 @contextlib.contextmanager
 def s3_server(timeout_s: float = 30.0, authenticate: bool | int = False) -> Iterator[str]:
     with socket.socket() as s:
@@ -30,18 +47,7 @@ def s3_server(timeout_s: float = 30.0, authenticate: bool | int = False) -> Iter
                               env={**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": str(int(authenticate))}
                                                     if authenticate else {})})
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto_server did not start (pip install 'moto[server]')") from None
-                try:
-                    server.wait(0.1)   # returns early only if the server died
-                except subprocess.TimeoutExpired:
-                    pass
+        wait_until_listening(server, port, timeout_s, "moto_server did not start (pip install 'moto[server]')")
         yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
