@@ -331,13 +331,16 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
     ``mkdirs`` does nothing and a listing is the keys under a prefix."""
 
     def __init__(self, scheme: str, fs: Any, settings: Mapping[str, str] | None = None,
-                 retries: S3Retries | None = None):
+                 retries: S3Retries | None = None, list_page: Callable | None = None):
         self.scheme = scheme
         self._fs = fs
         self._settings = dict(settings or {})   # the store's Spark settings: for the executors
         self.retries = retries or S3Retries()
         self._sleep = time.sleep
         self._one_get = {"max_concurrency": 1} if scheme.startswith("s3") else {}
+        # (fs, bucket, prefix, start key or None, page token or None) -> (the page's
+        # (key in bucket, size, modification ms), whether it showed subdirectories, next token)
+        self._list_page = list_page
 
     def spec(self) -> tuple[str, tuple]:
         return self.scheme, tuple(sorted(self._settings.items()))
@@ -452,44 +455,24 @@ class ObjectStoreFileSystem(CheckpointFileSystem):
     def files_after(self, directory: str, after: str | None) -> tuple[list[tuple[str, int, int]], bool]:
         """The objects directly under the key ``directory`` whose keys sort after ``after``
         (all with None), as (key, size, modification ms) in key order, and whether the
-        directory holds subdirectories: LIST pages that start after the key (S3's
-        ``StartAfter``, GCS's ``startOffset``), so a listing costs the new objects, not the
-        directory's. A store without such a listing (Azure) raises NotImplementedError."""
+        directory holds subdirectories: LIST pages that start after the key (the store's
+        ``list_page``: S3's ``StartAfter``, GCS's ``startOffset``), so a listing costs the
+        new objects, not the directory's. A store without such a listing (Azure) raises
+        NotImplementedError."""
+        if self._list_page is None:
+            raise NotImplementedError(f"{self.scheme}:// has no listing that starts after a key")
         bucket, _, prefix = directory.rstrip("/").partition("/")
         prefix = prefix + "/" if prefix else ""
         start = after.partition("/")[2] if after else None
         found: list[tuple[str, int, int]] = []
-        subdirectories = False
-        if self.scheme.startswith("s3"):
-            token = None
-            while True:
-                request = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
-                request.update({"StartAfter": start} if start else {})
-                request.update({"ContinuationToken": token} if token else {})
-                page = self._retrying("list", directory, lambda r=request: self._fs.call_s3("list_objects_v2", **r))
-                subdirectories = subdirectories or bool(page.get("CommonPrefixes"))
-                found += [(f"{bucket}/{o['Key']}", int(o["Size"]), int(o["LastModified"].timestamp() * 1000))
-                          for o in page.get("Contents", [])]
-                token = page.get("NextContinuationToken")
-                if not token:
-                    return found, subdirectories
-        if self.scheme == "gs":
-            from datetime import datetime
-            token = None
-            while True:
-                params = {"prefix": prefix, "delimiter": "/", "maxResults": 1000}
-                params.update({"startOffset": start} if start else {})
-                params.update({"pageToken": token} if token else {})
-                page = self._retrying("list", directory, lambda p=params: self._fs.call(
-                    "GET", "b/{}/o", bucket, json_out=True, **p))
-                subdirectories = subdirectories or bool(page.get("prefixes"))
-                found += [(f"{bucket}/{o['name']}", int(o["size"]),
-                           int(datetime.fromisoformat(o["updated"].replace("Z", "+00:00")).timestamp() * 1000))
-                          for o in page.get("items", []) if o["name"] != start]   # (startOffset is inclusive)
-                token = page.get("nextPageToken")
-                if not token:
-                    return found, subdirectories
-        raise NotImplementedError(f"{self.scheme}:// has no listing that starts after a key")
+        subdirectories, token = False, None
+        while True:
+            objects, more, token = self._retrying("list", directory, lambda t=token: self._list_page(
+                self._fs, bucket, prefix, start, t))
+            found += [(f"{bucket}/{name}", size, ms) for name, size, ms in objects]
+            subdirectories = subdirectories or more
+            if not token:
+                return found, subdirectories
 
     def glob(self, pattern: str) -> list[str]:
         """Keys matching a glob pattern (``*``, ``?``, ``[...]``; braces already expanded)."""
@@ -605,7 +588,17 @@ def s3_storage(scheme: str, location: str, conf: Mapping[str, str] | None) -> "O
     spark_settings = {f"spark.hadoop.{key}": conf[f"spark.hadoop.{key}"]
                       for key in [*_S3A_SETTINGS, *_S3A_RETRY_DEFAULTS]
                       if conf and conf.get(f"spark.hadoop.{key}")}
-    return ObjectStoreFileSystem(scheme, fs, spark_settings, retries)
+    return ObjectStoreFileSystem(scheme, fs, spark_settings, retries, list_s3_page)
+
+
+def list_s3_page(fs: Any, bucket: str, prefix: str, start: str | None, token: str | None) -> tuple:
+    """One ListObjectsV2 page of ``prefix`` after ``start`` (``ObjectStoreFileSystem.files_after``)."""
+    request = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
+    request.update({"StartAfter": start} if start else {})
+    request.update({"ContinuationToken": token} if token else {})
+    page = fs.call_s3("list_objects_v2", **request)
+    return ([(o["Key"], int(o["Size"]), int(o["LastModified"].timestamp() * 1000)) for o in page.get("Contents", [])],
+            bool(page.get("CommonPrefixes")), page.get("NextContinuationToken"))
 
 
 class InjectedFailure(OSError):

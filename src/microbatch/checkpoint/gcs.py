@@ -21,7 +21,8 @@ no second loop, only the read-back of a create whose answer was lost).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from datetime import datetime
+from typing import Any, Mapping
 
 from microbatch.checkpoint.fs import CheckpointFileSystem, ObjectStoreFileSystem, StoreTerms
 from microbatch.errors import CheckpointError
@@ -81,4 +82,18 @@ def gcs_storage(location: str, conf: Mapping[str, str] | None) -> CheckpointFile
             f"storage layer (gcsfs) cannot take. Use one of {', '.join(sorted([*_AUTH_TYPES, 'SERVICE_ACCOUNT_JSON_KEYFILE']))}.")
     # no listings cache: a listing is a moment's view (as for S3)
     fs = GCSFileSystem(use_listings_cache=False, skip_instance_cache=True, **kwargs)
-    return ObjectStoreFileSystem("gs", fs, {f"spark.hadoop.{k}": v for k, v in given.items()}, GcsRetries())
+    return ObjectStoreFileSystem("gs", fs, {f"spark.hadoop.{k}": v for k, v in given.items()}, GcsRetries(),
+                                 list_gcs_page)
+
+
+def list_gcs_page(fs: Any, bucket: str, prefix: str, start: str | None, token: str | None) -> tuple:
+    """One page of the JSON API's object list of ``prefix`` after ``start``
+    (``ObjectStoreFileSystem.files_after``; ``startOffset`` is inclusive, so the start key
+    itself is left out)."""
+    params = {"prefix": prefix, "delimiter": "/", "maxResults": 1000}
+    params.update({"startOffset": start} if start else {})
+    params.update({"pageToken": token} if token else {})
+    page = fs.call("GET", "b/{}/o", bucket, json_out=True, **params)
+    return ([(o["name"], int(o["size"]), int(datetime.fromisoformat(o["updated"].replace("Z", "+00:00")).timestamp() * 1000))
+             for o in page.get("items", []) if o["name"] != start],
+            bool(page.get("prefixes")), page.get("nextPageToken"))
