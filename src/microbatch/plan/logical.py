@@ -370,6 +370,9 @@ class StatefulNode(PlanNode):
     aggregation = False
     #: a stream-stream join may read its output (``operators.join``)
     stream_join_reads_output = True
+    #: its place in the query's template (``build``) is a relation of its output alone, so
+    #: the steps below it are not in the template's plan (a Python function's operator)
+    template_hides_input = False
     #: a shape of it microbatch does not plan yet, refused when the query starts, after the
     #: rules of Spark's checker (which refuse first on Spark's engine); set where defined
     deferred_refusal: Exception | None = None

@@ -189,9 +189,11 @@ class IncrementalExecution:
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         plan = dedups_times_pruned(joins_times_pruned(plan, empty_inputs), empty_inputs)
         self.plan = segments_prepared(hidden_columns_carried(plan, empty_inputs, spark))
-        self.needs_batch_time = spark_internals.uses_current_time(self.plan.build(empty_inputs))
         nodes = list(self.plan.nodes())
         stateful = [n for n in nodes if n.stateful]
+        # (current_timestamp() anywhere: in the template, and below the operators it hides)
+        templates = [self.plan] + [c for n in stateful if n.template_hides_input for c in n.children]
+        self.needs_batch_time = any(spark_internals.uses_current_time(t.build(empty_inputs)) for t in templates)
         state_root = f"{checkpoint_root}/state"
         self.operators = []
         for i, node in enumerate(stateful):

@@ -11,7 +11,7 @@ from pyspark.sql.types import StructType
 
 from microbatch.spark_internals.jvm import _jvm, jvm_class
 from microbatch.spark_internals.versions import (column_of_expression, dataframe_of_plan, expression_of_column,
-                                                running_version)
+                                                running_version, tree_string_arguments)
 
 
 def schema_string(schema: StructType) -> str:
@@ -140,8 +140,14 @@ _CURRENT_LIKE = ("current_timestamp()", "now()", "current_date(", "localtimestam
 
 def uses_current_time(df: Any) -> bool:
     """Whether ``df``'s analyzed plan refers to the current time or date."""
-    text = df._jdf.queryExecution().analyzed().toString()
+    text = _whole_text(df._jdf.queryExecution().analyzed())
     return any(token in text for token in _CURRENT_LIKE)
+
+
+def _whole_text(plan: Any) -> str:
+    """A plan's text with every field of every node: its ``toString`` shortens a node's
+    lists past ``spark.sql.debug.maxToStringFields`` (25: a projection's 26th column)."""
+    return plan.treeString(*tree_string_arguments(plan, max_fields=2**31 - 1))
 
 
 def filter_can_skip_column(filtered: Any, column: str) -> bool:

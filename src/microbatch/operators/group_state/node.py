@@ -20,6 +20,7 @@ class FlatMapGroupsWithState(StatefulNode):
     of the batch and its ``GroupState``; keys whose timeout passed are called with no rows
     (``operators.group_state``)."""
 
+    template_hides_input = True     # (its template is a relation of its output)
     child: PlanNode
     keys: tuple[str, ...]
     func: Callable

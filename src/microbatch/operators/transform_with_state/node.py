@@ -20,6 +20,7 @@ class TransformWithState(StatefulNode):
     ``StatefulProcessor`` per key, over the key's rows of the batch and its state variables,
     with timers in processing or event time (``operators.transform_with_state``)."""
 
+    template_hides_input = True     # (its template is a relation of its output)
     child: PlanNode
     keys: tuple[str, ...]
     processor: Any                         # the user's StatefulProcessor
