@@ -28,6 +28,9 @@ from microbatch.plan.logical import (Apply, PlanNode, ScanFilter, StaticJoin, St
 #: The steps a prepared segment is made of: stateless, and the same in every batch.
 SEGMENT_STEPS = (Transform, Apply, Union, StaticJoin)
 
+#: The hidden column of a file source's relation (Spark's ``FileFormat.METADATA_NAME``)
+HIDDEN_COLUMN = "_metadata"
+
 
 @dataclass(eq=False)
 class Placeholder(PlanNode):
@@ -116,7 +119,7 @@ class PreparedSegment(PlanNode):
         try:
             analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
         except AnalysisException as e:
-            if "_metadata" not in str(e):
+            if HIDDEN_COLUMN not in str(e):
                 raise
             raise AnalysisException(
                 "The file source's hidden column _metadata is read here through a step that "
@@ -179,6 +182,33 @@ def _may_carry(hole: PlanNode) -> bool:
     return isinstance(hole, (StreamingRelation,) + SEGMENT_STEPS)
 
 
+def _steps_may_name_hidden(run: PlanNode) -> bool:
+    """Whether a step of the run of stateless steps rooted at ``run`` may read a hidden
+    column: its arguments name ``_metadata`` (in any case, as Spark resolves names), or it
+    is a function of the batch (``Apply``), whose arguments say nothing. Spark's analysis
+    of the run over placeholders, which answers exactly, is asked only then."""
+    if not isinstance(run, SEGMENT_STEPS):
+        return False
+    if isinstance(run, Apply) or HIDDEN_COLUMN in _arguments_text(run).lower():
+        return True
+    return any(_steps_may_name_hidden(child) for child in run.children)
+
+
+def _arguments_text(step: PlanNode) -> str:
+    """The text of a step's arguments: names, SQL text and its Columns' expressions."""
+    def text(value) -> str:
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return " ".join(text(v) for v in value)
+        if isinstance(value, dict):
+            return " ".join(text(k) + " " + text(v) for k, v in value.items())
+        return str(value)
+    if isinstance(step, Transform):
+        return text((step.args, step.kwargs))
+    if isinstance(step, StaticJoin):
+        return text(step.on)
+    return ""
+
+
 def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame | None:
     """A relation of no rows with ``schema``'s columns and the hidden columns of the file
     source read under ``hole`` (its format over no files), or None."""
@@ -225,7 +255,7 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark) -> PlanNode:
         if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node) and _passes_hidden(node):
             return children_replaced(node, [carried(node.child, True)])
         if needed:    # (a source read directly, or stateless steps: they select it)
-            node = Transform(node, "select", ("*", F.col("_metadata").alias(spark_internals.CARRIED_METADATA)))
+            node = Transform(node, "select", ("*", F.col(HIDDEN_COLUMN).alias(spark_internals.CARRIED_METADATA)))
         if not isinstance(node, SEGMENT_STEPS):
             return children_replaced(node, [carried(c, False) for c in node.children])
         holes = _run_holes(node)
@@ -234,8 +264,8 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark) -> PlanNode:
 
     def _holes_read_for_hidden(run: PlanNode, holes: list[PlanNode]) -> list[bool]:
         asked = [not _direct(h) and _may_carry(h) for h in holes]
-        if not any(asked):
-            return asked
+        if not any(asked) or not _steps_may_name_hidden(run):
+            return [False] * len(holes)
         try:
             placeholders = []
             for hole, ask in zip(holes, asked):
