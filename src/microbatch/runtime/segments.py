@@ -74,7 +74,7 @@ class PreparedSegment(PlanNode):
             remaining = iter(built)
 
             def over(node: PlanNode) -> PlanNode:
-                if isinstance(node, SEGMENT_STEPS):
+                if _in_template(node):
                     return children_replaced(node, [over(c) for c in node.children])
                 return Placeholder(next(remaining))
             return over(self.template).build({})
@@ -111,7 +111,7 @@ class PreparedSegment(PlanNode):
         remaining = iter(empties)
 
         def over_placeholders(node: PlanNode) -> PlanNode:
-            if isinstance(node, SEGMENT_STEPS):
+            if _in_template(node):
                 return children_replaced(node, [over_placeholders(c) for c in node.children])
             return Placeholder(next(remaining))
 
@@ -150,7 +150,7 @@ def segments_prepared(node: PlanNode) -> PlanNode:
     holes: list[PlanNode] = []
 
     def over_holes(step: PlanNode) -> PlanNode:
-        if isinstance(step, SEGMENT_STEPS):
+        if _in_template(step):
             return children_replaced(step, [over_holes(c) for c in step.children])
         hole = segments_prepared(step)
         holes.append(hole)
@@ -158,6 +158,14 @@ def segments_prepared(node: PlanNode) -> PlanNode:
 
     template = over_holes(node)
     return PreparedSegment(template, tuple(holes))
+
+
+def _in_template(node: PlanNode) -> bool:
+    """Whether ``node``, reached from a segment's steps, is part of the segment's template:
+    a stateless step, or the scan filter of a source read under the steps when it is the
+    same in every batch (analysed once with the steps, not once a batch over the source's
+    batch; the source itself is the hole)."""
+    return isinstance(node, SEGMENT_STEPS) or (isinstance(node, ScanFilter) and node.choose is None)
 
 
 def _direct(hole: PlanNode) -> bool:
