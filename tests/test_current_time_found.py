@@ -51,3 +51,19 @@ def test_current_timestamp_below_apply_in_pandas_with_state_is_the_batch_timesta
     query.processAllAvailable()
     query.stop()
     assert {r.ms for r in sink.all_data()} == {BATCH_MS}
+
+
+def test_every_current_time_function_is_the_batch_time_past_the_25th_column(ss):
+    """``now()``, ``current_date()`` and ``localtimestamp()`` too (Spark's engine replaces
+    each), each past a projection's 25th column."""
+    ms = MemoryStream(ss, "value INT")
+    columns = [F.col("value").alias(f"c{i}") for i in range(30)]
+    frame = ms.toDF().select(*columns, F.expr("unix_millis(now())").alias("now"),
+                             F.expr("current_date() = to_date(timestamp_millis(1234567))").alias("date"),
+                             F.expr("cast(localtimestamp() AS STRING) = cast(timestamp_millis(1234567) AS STRING)")
+                             .alias("local"))
+    query, sink = _run(ss, frame)
+    ms.add_data([1])
+    query.processAllAvailable()
+    query.stop()
+    assert {(r.now, r.date, r.local) for r in sink.all_data()} == {(BATCH_MS, True, True)}

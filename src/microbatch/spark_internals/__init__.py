@@ -24,13 +24,13 @@ from microbatch.spark_internals.analysis import (
     pruned_below_repartitions,
     qualified_alias, reads_only_files, requalified, scan_filters, scan_skips_filter, schema_string, semi_join_below_aggregation, semi_join_branches,
     window_function_error,
-    schema_tree, uses_current_time,
+    schema_tree,
 )
 from microbatch.spark_internals.aggregate_filters import conjuncts_through_aggregation
 from microbatch.spark_internals.binding import (
     CARRIED_METADATA, BatchInput, BindablePlan, ColumnsKeys, PythonFunctionRef, has_hidden_columns,
     hidden_columns_read, map_in_arrow_function,
-    projected_function, runs_again_alike, with_batch_timestamp,
+    projected_function, runs_again_alike, uses_current_time, with_batch_timestamp,
 )
 from microbatch.spark_internals.catalog import (
     CatalogTableInfo, catalog_table, managed_table_location, python_data_source, schema_ddl, temp_view_exists,

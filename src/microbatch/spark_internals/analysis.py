@@ -11,7 +11,7 @@ from pyspark.sql.types import StructType
 
 from microbatch.spark_internals.jvm import _jvm, jvm_class
 from microbatch.spark_internals.versions import (column_of_expression, dataframe_of_plan, expression_of_column,
-                                                running_version, tree_string_arguments)
+                                                running_version)
 
 
 def schema_string(schema: StructType) -> str:
@@ -133,21 +133,6 @@ def join_condition(joined: Any, others: list | None = None) -> tuple[list[tuple[
     for conjunct in _conjuncts(plan.condition().get()):
         part(conjunct)
     return keys, comparisons
-
-
-_CURRENT_LIKE = ("current_timestamp()", "now()", "current_date(", "localtimestamp(")
-
-
-def uses_current_time(df: Any) -> bool:
-    """Whether ``df``'s analyzed plan refers to the current time or date."""
-    text = _whole_text(df._jdf.queryExecution().analyzed())
-    return any(token in text for token in _CURRENT_LIKE)
-
-
-def _whole_text(plan: Any) -> str:
-    """A plan's text with every field of every node: its ``toString`` shortens a node's
-    lists past ``spark.sql.debug.maxToStringFields`` (25: a projection's 26th column)."""
-    return plan.treeString(*tree_string_arguments(plan, max_fields=2**31 - 1))
 
 
 def filter_can_skip_column(filtered: Any, column: str) -> bool:

@@ -17,8 +17,25 @@ def with_batch_timestamp(spark: SparkSession, df: Any, timestamp_ms: int) -> Any
     """``df`` with ``current_timestamp()``, ``now()``, ``current_date()`` and
     ``localtimestamp()`` replaced by the batch timestamp (Spark's ``CurrentBatchTimestamp``):
     a catalyst transform of the analyzed plan, with a Scala Map as the partial function."""
-    from py4j.java_collections import MapConverter
     from pyspark.sql import DataFrame
+    plan = df._jdf.queryExecution().analyzed().transformAllExpressions(_batch_time_replacements(spark, timestamp_ms))
+    return DataFrame(jvm_class(running_version().dataset_class).ofRows(spark._jsparkSession, plan), spark)
+
+
+def uses_current_time(df: Any) -> bool:
+    """Whether ``df``'s analyzed plan calls the current time or date anywhere: whether
+    ``with_batch_timestamp`` would change it (Catalyst's transform gives the same plan back
+    when its function matches nothing). The plan's text would say it too, but costs as
+    much as its size (44 ms for Nexmark q5's), and ``toString`` shortens a node's lists
+    past ``spark.sql.debug.maxToStringFields`` (a projection's 26th column)."""
+    plan = df._jdf.queryExecution().analyzed()
+    return not plan.equals(plan.transformAllExpressions(_batch_time_replacements(df.sparkSession, 0)))
+
+
+def _batch_time_replacements(spark: SparkSession, timestamp_ms: int) -> Any:
+    """The current-time expressions of an analysed plan, each to its batch-time one, as a
+    Scala Map (a partial function for Catalyst's transforms)."""
+    from py4j.java_collections import MapConverter
     expressions = "org.apache.spark.sql.catalyst.expressions."
     some_tz = jvm_class("scala.Some")(spark.conf.get("spark.sql.session.timeZone"))
 
@@ -34,9 +51,7 @@ def with_batch_timestamp(spark: SparkSession, df: Any, timestamp_ms: int) -> Any
         jvm_class(expressions + "LocalTimestamp")(some_tz): batch_time("TimestampNTZType"),
     }
     java_map = MapConverter().convert(replacements, spark._sc._gateway._gateway_client)
-    scala_partial = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap(java_map)
-    plan = df._jdf.queryExecution().analyzed().transformAllExpressions(scala_partial)
-    return DataFrame(jvm_class(running_version().dataset_class).ofRows(spark._jsparkSession, plan), spark)
+    return jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap(java_map)
 
 
 @dataclass(frozen=True)

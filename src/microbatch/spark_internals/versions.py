@@ -57,19 +57,6 @@ def dataframe_of_plan(spark: Any, plan: Any) -> Any:
     return DataFrame(jvm_class(running_version().dataset_class).ofRows(spark._jsparkSession, plan), spark)
 
 
-def tree_string_arguments(plan: Any, max_fields: int) -> tuple:
-    """The arguments of ``TreeNode.treeString`` for a plan's verbose text with up to
-    ``max_fields`` fields a list: ``(verbose, addSuffix, maxFields, printOperatorId)``,
-    and ``printOutputColumns`` where the running Spark has it (4.3 does, 3.5 does not)."""
-    if not _TREE_STRING_ARITY:     # (one JVM, one TreeNode: asked of the first plan)
-        _TREE_STRING_ARITY.append(max(len(m.getParameterTypes()) for m in plan.getClass().getMethods()
-                                      if m.getName() == "treeString" and m.getReturnType().getSimpleName() == "String"))
-    return (True, False, max_fields, False) + (False,) * (_TREE_STRING_ARITY[0] - 4)
-
-
-_TREE_STRING_ARITY: list[int] = []
-
-
 def column_of_expression(expression: Any) -> Any:
     """PySpark's classic ``Column`` of a Catalyst expression."""
     if running_version().at_least_4:
