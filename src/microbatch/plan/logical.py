@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 
+log = logging.getLogger(__name__)
 _relation_ids = itertools.count()
 _watermark_ids = itertools.count()
 
@@ -36,6 +39,25 @@ def rebound(values: Any, sides: list[tuple[DataFrame, dict]]) -> Any:
     if not any(positions for _, positions in sides):
         return values
     return spark_internals.rebound(values, [(df, positions) for df, positions in sides if positions])
+
+
+def filters_reading_back(df: DataFrame, texts: list[str]) -> list[bool]:
+    """Which filters (SQL text, as Spark's optimizer printed them) read back over ``df``'s
+    columns: one analysis of their conjunction where all do, else one each."""
+    try:
+        df.where(F.expr(" AND ".join(f"({text})" for text in texts)))
+        return [True] * len(texts)
+    except Exception:  # Spark's analysis error: one of them does not read back
+        log.debug("Filters %s do not all read back over %s", texts, df, exc_info=True)
+    readable = []
+    for text in texts:
+        try:
+            df.where(F.expr(text))
+            readable.append(True)
+        except Exception:  # a part that does not read back (a Python UDF's)
+            log.debug("Filter %s does not read back over %s", text, df, exc_info=True)
+            readable.append(False)
+    return readable
 
 
 class PlanNode:
@@ -140,6 +162,8 @@ class Transform(PlanNode):
     #: where the Columns of ``args`` taken from a frame (``frame.ts``) are bound: their
     #: attribute ids' positions in the child's output (empty: none is)
     positions: dict = field(default_factory=dict)
+    #: the last ``over``: (its DataFrame, the step over it); never copied to a new node
+    _last_over: tuple | None = field(default=None, init=False, repr=False)
 
     @property
     def children(self):
@@ -149,9 +173,17 @@ class Transform(PlanNode):
         return self.over(self.child.build(inputs))
 
     def over(self, df: DataFrame) -> DataFrame:
-        """The step applied to ``df`` (its child's DataFrame)."""
+        """The step applied to ``df`` (its child's DataFrame). The planner's rewrites build
+        the same steps over the same inputs many times once per run (each asks Spark's
+        analysis of another part of the query): over the DataFrame of the last call, the
+        DataFrame it made (DataFrames do not change; a step's arguments neither)."""
+        last = self._last_over
+        if last is not None and last[0] is df:
+            return last[1]
         args, kwargs = rebound((self.args, self.kwargs), [(df, self.positions)])
-        return getattr(df, self.method)(*args, **kwargs)
+        made = getattr(df, self.method)(*args, **kwargs)
+        self._last_over = (df, made)
+        return made
 
     def describe(self) -> str:
         shown = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]

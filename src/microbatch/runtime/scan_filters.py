@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 
 from microbatch import spark_internals
 from microbatch.plan.logical import Apply, PlanNode, ScanFilter, StreamingRelation, Watermark
-from microbatch.plan.logical import children_replaced
+from microbatch.plan.logical import children_replaced, filters_reading_back
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +116,14 @@ class _ScanFilters:
         filters: list[str | None] = []
         for k, read in enumerate(reads):
             taken, kept = [], []
-            if spark_internals.reads_only_files(self.empty_inputs[read.relation]):
-                for text, scan_takes in found.get(k, []):
-                    try:     # (each part read back from its SQL text, over the source's columns)
-                        self.empty_inputs[read.relation].where(F.expr(text))
-                    except Exception:  # a part that does not read back: the scan goes without it
-                        log.debug("Filter %s does not read back over %s", text, read.relation.describe(),
-                                  exc_info=True)
-                        continue
-                    (taken if scan_takes else kept).append(f"({text})")
+            parts = found.get(k, [])
+            if parts and spark_internals.reads_only_files(self.empty_inputs[read.relation]):
+                # (each part read back from its SQL text, over the source's columns; one that
+                # does not: the scan goes without it)
+                readable = filters_reading_back(self.empty_inputs[read.relation], [text for text, _ in parts])
+                for (text, scan_takes), reads_back in zip(parts, readable):
+                    if reads_back:
+                        (taken if scan_takes else kept).append(f"({text})")
             if kept:     # (the rows Spark's scan returns, and its filter above drops: nothing taken from it)
                 taken.append(spark_internals.scan_skips_filter(" AND ".join(kept)))
             filters.append(" AND ".join(taken) or None)

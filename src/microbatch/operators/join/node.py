@@ -20,7 +20,7 @@ from microbatch.operators.base import quoted
 from microbatch.operators.join.step import JoinStep, join_statistics_column
 from microbatch.plan.checks import not_yet, unsupported_operation
 from microbatch.plan.logical import (BatchFilter, NullFilter, PlanNode, ScanFilter, StatefulNode, StreamingRelation, Transform, Union,
-                                     Watermark, children_replaced, rebound)
+                                     Watermark, children_replaced, filters_reading_back, rebound)
 
 log = logging.getLogger(__name__)
 
@@ -607,14 +607,13 @@ class _InferredFilters:
             return [], []
         kept: tuple[list[str], list[str]] = ([], [])
         for side, parts in enumerate(found):
+            if not parts:
+                continue
+            # (each part read back from its SQL text, over the side's columns; one that does
+            # not: the side goes without it)
             over = (join.left, join.right)[side].build(self.empty_inputs)
-            for text in parts:
-                try:     # (each part read back from its SQL text, over the side's columns)
-                    over.where(F.expr(text))
-                except Exception:  # a part that does not read back: the side goes without it
-                    log.debug("Inferred filter %s does not read back over side %d", text, side, exc_info=True)
-                    continue
-                kept[side].append(text)
+            kept[side].extend(text for text, reads_back in zip(parts, filters_reading_back(over, list(parts)))
+                              if reads_back)
         return kept
 
 
