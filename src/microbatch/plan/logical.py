@@ -15,6 +15,7 @@ the runtime.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
@@ -87,6 +88,27 @@ class PlanNode:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    def built_over(self, over: tuple, make: Callable[[], DataFrame]) -> DataFrame:
+        """``make()``: the node's DataFrame over its children's DataFrames ``over``; over
+        the very DataFrames of its last call, what that call made. The planner's rewrites
+        build the same steps over the same inputs many times once per run (each asks Spark's
+        analysis of another part of the query); DataFrames do not change, nor a node's
+        arguments. (Kept outside the dataclass fields: a node made by ``replace`` starts
+        afresh; ``copied`` drops it.)"""
+        last = self.__dict__.get("_last_built")
+        if last is not None and len(last[0]) == len(over) and all(a is b for a, b in zip(last[0], over)):
+            return last[1]
+        made = make()
+        self.__dict__["_last_built"] = (over, made)
+        return made
+
+    def copied(self) -> "PlanNode":
+        """A copy of the node that is an occurrence of its own: it shares nothing it built
+        with the node (its DataFrames' attributes are its own)."""
+        node = copy.copy(self)
+        node.__dict__.pop("_last_built", None)
+        return node
 
     def under_null_filters(self, column: str) -> "PlanNode":
         """What this node reads once the join's null filters on ``column``
@@ -162,8 +184,6 @@ class Transform(PlanNode):
     #: where the Columns of ``args`` taken from a frame (``frame.ts``) are bound: their
     #: attribute ids' positions in the child's output (empty: none is)
     positions: dict = field(default_factory=dict)
-    #: the last ``over``: (its DataFrame, the step over it); never copied to a new node
-    _last_over: tuple | None = field(default=None, init=False, repr=False)
 
     @property
     def children(self):
@@ -173,17 +193,11 @@ class Transform(PlanNode):
         return self.over(self.child.build(inputs))
 
     def over(self, df: DataFrame) -> DataFrame:
-        """The step applied to ``df`` (its child's DataFrame). The planner's rewrites build
-        the same steps over the same inputs many times once per run (each asks Spark's
-        analysis of another part of the query): over the DataFrame of the last call, the
-        DataFrame it made (DataFrames do not change; a step's arguments neither)."""
-        last = self._last_over
-        if last is not None and last[0] is df:
-            return last[1]
-        args, kwargs = rebound((self.args, self.kwargs), [(df, self.positions)])
-        made = getattr(df, self.method)(*args, **kwargs)
-        self._last_over = (df, made)
-        return made
+        """The step applied to ``df`` (its child's DataFrame; ``built_over``)."""
+        def made() -> DataFrame:
+            args, kwargs = rebound((self.args, self.kwargs), [(df, self.positions)])
+            return getattr(df, self.method)(*args, **kwargs)
+        return self.built_over((df,), made)
 
     def describe(self) -> str:
         shown = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
@@ -220,13 +234,18 @@ class ScanFilter(PlanNode):
         return (self.child,)
 
     def build(self, inputs):
-        return self.child.build(inputs).where(self.condition)
+        df = self.child.build(inputs)
+        return self.built_over((df,), lambda: df.where(self.condition))
+
+    def chosen(self, empty: frozenset) -> Any:
+        """The filter Spark gives the scan in a batch where the sources ``empty`` have no
+        data (Spark's optimizer reads such a source as an empty relation, whose filters it
+        drops before it infers others from them): a Column, or None."""
+        return self.condition if self.choose is None or not empty else self.choose(empty)
 
     def for_batch(self, df: DataFrame, empty: frozenset) -> DataFrame:
-        """The read's batch ``df`` under the filter Spark gives its scan in a batch where the
-        sources ``empty`` have no data (Spark's optimizer reads such a source as an empty
-        relation, whose filters it drops before it infers others from them)."""
-        condition = self.condition if self.choose is None or not empty else self.choose(empty)
+        """The read's batch ``df`` under its filter in a batch where ``empty`` have no data."""
+        condition = self.chosen(empty)
         return df if condition is None else df.where(condition)
 
     def describe(self) -> str:
@@ -252,7 +271,8 @@ class BatchFilter(PlanNode):
         return (self.child,)
 
     def build(self, inputs):
-        return self.for_batch(self.child.build(inputs), frozenset())
+        df = self.child.build(inputs)
+        return self.built_over((df,), lambda: self.for_batch(df, frozenset()))
 
     def for_batch(self, df: DataFrame, empty: frozenset) -> DataFrame:
         condition = self.choose(empty)

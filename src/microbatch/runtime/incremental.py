@@ -58,7 +58,6 @@ once and a batch binds its inputs, its batch timestamp and its watermarks):
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -125,7 +124,7 @@ def _each_occurrence_its_own(plan: PlanNode, seen: set[int] | None = None) -> Pl
         return plan
     node = children_replaced(plan, [_each_occurrence_its_own(c, seen) for c in plan.children])
     if node is plan and id(plan) in seen:
-        node = copy.copy(plan)
+        node = plan.copied()
     seen.add(id(node))
     return node
 
@@ -328,7 +327,7 @@ class IncrementalExecution:
                 built = [build(hole) for hole in node.holes]
                 if any(isinstance(n, Union) for n in node.template.nodes()):
                     built = [self._own_stage(hole, df) for hole, df in zip(node.holes, built)]
-                return node.bind(built)
+                return node.bind(built, empty)
             if isinstance(node, Watermark):
                 return watermarks.observe(node, build(node.child), batch_id, planned.watermark_observations)
             if isinstance(node, Observe):

@@ -13,6 +13,7 @@ of 1.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from pyspark.errors import AnalysisException
@@ -56,6 +57,7 @@ class PreparedSegment(PlanNode):
     _columns_keys: spark_internals.ColumnsKeys = field(default_factory=spark_internals.ColumnsKeys,
                                                        repr=False)
     analyses: int = 0          # how often the steps were analysed (one per run, normally)
+    _choosers: list | None = field(default=None, init=False, repr=False)
 
     @property
     def children(self):
@@ -66,25 +68,29 @@ class PreparedSegment(PlanNode):
         yield from self.template.nodes()
 
     def build(self, inputs):
-        return self.bind([hole.build(inputs) for hole in self.holes])
+        built = [hole.build(inputs) for hole in self.holes]
+        return self.built_over(tuple(built), lambda: self.bind(built))
 
-    def bind(self, built: list[DataFrame]) -> DataFrame:
-        """The segment over its holes' DataFrames of a batch."""
+    def bind(self, built: list[DataFrame], empty: frozenset = frozenset()) -> DataFrame:
+        """The segment over its holes' DataFrames of a batch whose sources ``empty`` have
+        no data (a scan filter of the template is chosen by them: ``ScanFilter.chosen``)."""
+        chosen = {node: node.chosen(empty) for node in self._choosing()}
         if built and not spark_internals.binds_plans(built[0]):   # Spark Connect: rebuilt, no RPC
-            remaining = iter(built)
-
-            def over(node: PlanNode) -> PlanNode:
-                if _in_template(node):
-                    return children_replaced(node, [over(c) for c in node.children])
-                return Placeholder(next(remaining))
-            return over(self.template).build({})
+            return _template_over(self.template, iter(built), chosen, Placeholder).build({})
         given = [spark_internals.BatchInput(df) for df in built]
-        key = self._columns_keys.key(given)
+        key = (self._columns_keys.key(given), tuple(id(c) for c in chosen.values()))
         if key not in self._prepared:
-            self._prepared[key] = self._prepare([g.df for g in given])
+            self._prepared[key] = self._prepare([g.df for g in given], chosen)
         return self._prepared[key].bind(given)
 
-    def _prepare(self, built: list[DataFrame]) -> spark_internals.BindablePlan:
+    def _choosing(self) -> list[ScanFilter]:
+        """The template's scan filters chosen per batch (the query reads more than one
+        source), found once."""
+        if self._choosers is None:
+            self._choosers = [n for n in _template_nodes(self.template) if isinstance(n, ScanFilter) and n.choose is not None]
+        return self._choosers
+
+    def _prepare(self, built: list[DataFrame], chosen: dict) -> spark_internals.BindablePlan:
         """The steps analysed over empty placeholders with the columns of ``built``: a
         source read directly (or under its watermark, which a batch's plan does not show)
         stands as its own empty batch, so its hidden columns (``_metadata``) resolve (under
@@ -108,16 +114,10 @@ class PreparedSegment(PlanNode):
                 empty = spark_internals.requalified(spark_internals.empty_dataframe(df.sparkSession, df.schema),
                                                     spark_internals.output_qualifiers(df))
             empties.append(empty)
-        remaining = iter(empties)
-
-        def over_placeholders(node: PlanNode) -> PlanNode:
-            if _in_template(node):
-                return children_replaced(node, [over_placeholders(c) for c in node.children])
-            return Placeholder(next(remaining))
-
         self.analyses += 1
         try:
-            analyzed = spark_internals.analyzed_plan(over_placeholders(self.template).build({}))
+            analyzed = spark_internals.analyzed_plan(
+                _template_over(self.template, iter(empties), chosen, Placeholder).build({}))
         except AnalysisException as e:
             if HIDDEN_COLUMN not in str(e):
                 raise
@@ -143,9 +143,9 @@ class PreparedSegment(PlanNode):
 
 
 def segments_prepared(node: PlanNode) -> PlanNode:
-    """``node`` with each largest run of stateless steps (at least one) made a
-    ``PreparedSegment``."""
-    if not isinstance(node, SEGMENT_STEPS):
+    """``node`` with each largest run of stateless steps (at least one, or a scan filter)
+    made a ``PreparedSegment``."""
+    if not _in_template(node):
         return children_replaced(node, [segments_prepared(c) for c in node.children])
     holes: list[PlanNode] = []
 
@@ -162,10 +162,34 @@ def segments_prepared(node: PlanNode) -> PlanNode:
 
 def _in_template(node: PlanNode) -> bool:
     """Whether ``node``, reached from a segment's steps, is part of the segment's template:
-    a stateless step, or the scan filter of a source read under the steps when it is the
-    same in every batch (analysed once with the steps, not once a batch over the source's
-    batch; the source itself is the hole)."""
-    return isinstance(node, SEGMENT_STEPS) or (isinstance(node, ScanFilter) and node.choose is None)
+    a stateless step, or the scan filter of a source's read (analysed with the steps, not
+    once a batch over the source's batch; the source itself is the hole). A scan filter
+    that the sources without data choose is analysed once per choice."""
+    return isinstance(node, (*SEGMENT_STEPS, ScanFilter))
+
+
+def _template_nodes(template: PlanNode):
+    """The nodes of a segment's template, not those of its holes."""
+    yield template
+    for child in template.children:
+        if _in_template(child):
+            yield from _template_nodes(child)
+
+
+def _template_over(template: PlanNode, holes, chosen: dict, leaf) -> PlanNode:
+    """The template with each hole ``leaf`` of the next of ``holes`` (DataFrames), and each
+    scan filter of ``chosen`` the filter chosen for the batch (none: the source's rows as
+    they are)."""
+    def over(node: PlanNode) -> PlanNode:
+        if not _in_template(node):
+            return leaf(next(holes))
+        children = [over(c) for c in node.children]
+        if node in chosen:
+            condition = chosen[node]
+            return children[0] if condition is None else dataclasses.replace(
+                node, child=children[0], condition=condition, choose=None)
+        return children_replaced(node, children)
+    return over(template)
 
 
 def _direct(hole: PlanNode) -> bool:

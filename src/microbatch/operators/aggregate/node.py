@@ -110,7 +110,8 @@ class Aggregate(StatefulNode):
 
     def build(self, inputs):
         df = self.child.build(inputs)
-        return self.apply(self.grouped(df), lambda values: rebound(values, [(df, self.positions)]))
+        return self.built_over((df,), lambda: self.apply(self.grouped(df),
+                                                         lambda values: rebound(values, [(df, self.positions)])))
 
     def describe(self) -> str:
         outputs = ", ".join(name for name, _ in self.spec.outputs)

@@ -217,6 +217,19 @@ class StreamJoin(StatefulNode):
         pruning (``engine_event_times``)."""
         return (self.engine_times or self.side_times)[side]
 
+    def condition_reads(self, side: int, column: str) -> bool:
+        """Whether the join's keys or time comparisons read the side's ``column`` (a name
+        the side has once): Spark's optimizer then keeps it in the join's input."""
+        names = [c.lower() for c in self.side_columns[side]]
+        if names.count(column.lower()) != 1:
+            return False
+        keys = self.keys if side == 0 else self.right_keys
+        if column.lower() in (k.lower() for k in keys):
+            return True
+        index = names.index(column.lower())
+        return any(term.side == side and term.index == index
+                   for _, *terms in self.comparisons for term in terms)
+
     def watermark_key(self) -> int | None:
         """The index of the join key that is a side's watermarked event time (Spark looks
         at the left keys first), or None."""
@@ -274,8 +287,11 @@ class StreamJoin(StatefulNode):
 
     def build(self, inputs):
         left, right = self.left.build(inputs), self.right.build(inputs)
-        on = list(self.keys) if self.using else rebound(self.condition, list(zip((left, right), self.positions)))
-        return left.join(right, on, self.how)
+
+        def joined() -> DataFrame:
+            on = list(self.keys) if self.using else rebound(self.condition, list(zip((left, right), self.positions)))
+            return left.join(right, on, self.how)
+        return self.built_over((left, right), joined)
 
     def describe(self) -> str:
         on = ", ".join(self.keys) if self.using else str(self.condition)
@@ -408,7 +424,10 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
         node = children_replaced(node, children)
         return node.scan_filter_stand_in() if node.stateful else node
 
-    asked = [(join, side) for join in joins for side in (0, 1) if join.engine_event_time(side) is not None]
+    asked = [(join, side) for join in joins for side in (0, 1)
+             if join.engine_event_time(side) is not None and not join.condition_reads(side, join.engine_event_time(side))]
+    if not asked:   # (a column the join's condition reads stays in its input)
+        return plan
     try:
         whole = batch_plan(plan).build(empty_inputs)
         pruned = spark_internals.pruned_from_joins(
