@@ -83,6 +83,10 @@ def validate_stream_options(options: CaseInsensitiveOptions) -> None:  # noqa: C
     if not _has(options, "kafka.bootstrap.servers"):
         raise IllegalArgumentException(
             "Option 'kafka.bootstrap.servers' must be specified for configuring Kafka consumer")
+    if _has(options, "commitOffsetsToGroup") and not str(options["commitOffsetsToGroup"]).strip():
+        raise IllegalArgumentException(
+            "Option 'commitOffsetsToGroup' is empty: give the Kafka consumer group id that each "
+            "committed batch's end offsets are committed to (for lag tools), or leave it out.")
     if _has(options, "minOffsetsPerTrigger") and _has(options, "maxOffsetsPerTrigger"):
         low, high = _int(options, "minOffsetsPerTrigger"), _int(options, "maxOffsetsPerTrigger")
         if low > high:

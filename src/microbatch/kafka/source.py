@@ -45,6 +45,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType,
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, IllegalArgumentException
 from microbatch.kafka.client import HEADERS_TYPE, client_params
+from microbatch.kafka.group_commits import GroupOffsetCommitter
 from microbatch.kafka.data_loss import INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE, KafkaDataLoss
 from microbatch.kafka.offset_reader import KafkaOffsetReader
 from microbatch.kafka.offsets import (EARLIEST, LATEST, _partitions_text, offsets_json, parse_offsets,
@@ -110,6 +111,8 @@ class KafkaSource(Source):
         self._available_now: dict | None = None
         self._last_trigger_ms = 0          # Spark's: the first batch is never delayed
         self._initial: dict | None = None
+        group = options.get("commitOffsetsToGroup")
+        self._group_commits = GroupOffsetCommitter(client_params(options), group) if group else None
 
     @property
     def schema(self) -> StructType:
@@ -318,7 +321,13 @@ class KafkaSource(Source):
         return BoundBatch(("kafka", len(groups)), self._bound_key, value, frame, self._bound_rows.take)
 
 
+    def batch_committed(self, end: Any) -> None:
+        if self._group_commits is not None:
+            self._group_commits.commit(parse_offsets(end))
+
     def stop(self) -> None:
+        if self._group_commits is not None:
+            self._group_commits.stop()
         self.reader.close()
 
     def __str__(self) -> str:

@@ -7,7 +7,9 @@ source named ``spark.streaming.<query name or id>`` with the gauges ``inputRate-
 from the same progress fields, named as Prometheus names Spark's (``.`` and ``-`` become
 ``_``: ``spark_streaming_inputRate_total``) and labelled by ``query_name`` and ``query_id``
 instead of carrying the query in the name. As in Spark, a query's metrics exist while it
-runs. microbatch adds the batch id, the batch's input rows and its duration by phase.
+runs. microbatch adds the batch id, the batch's input rows, its duration by phase, and a
+Kafka source's consumer lag (how far the batch's end is behind the latest offsets, from the
+source's progress metrics).
 """
 from __future__ import annotations
 
@@ -58,6 +60,10 @@ class QueryMetricsCollector:
         phases = GaugeMetricFamily("microbatch_batch_duration_ms",
                                    "The last batch's duration by phase (progress durationMs)",
                                    labels=LABELS + ["phase"])
+        behind = GaugeMetricFamily("microbatch_source_offsets_behind_latest",
+                                   "How far the last batch's end is behind the source's latest offsets "
+                                   "(a Kafka source's progress metrics: the consumer lag, per stat over partitions)",
+                                   labels=LABELS + ["source", "stat"])
         for history in self._histories():
             progress = history.last_progress
             if history.status != RUNNING or progress is None:
@@ -69,8 +75,13 @@ class QueryMetricsCollector:
             rows.add_metric(labels, float(progress.get("numInputRows", 0)))
             for phase, ms in sorted((progress.get("durationMs") or {}).items()):
                 phases.add_metric(labels + [phase], float(ms))
+            for source in progress.get("sources") or []:
+                for stat in ("min", "avg", "max"):
+                    value = (source.get("metrics") or {}).get(f"{stat}OffsetsBehindLatest")
+                    if value is not None:
+                        behind.add_metric(labels + [source.get("description", ""), stat], float(value))
         yield from spark.values()
-        yield from (batch, rows, phases)
+        yield from (batch, rows, phases, behind)
 
 
 def metrics_text(histories: Callable[[], Iterable[QueryHistory]]) -> bytes:

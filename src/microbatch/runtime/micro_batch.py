@@ -317,6 +317,9 @@ class MicroBatchExecution(StreamExecution):
                                 committed_next_ms)
         log.info("Resuming at batch %d with committed offsets %s and available offsets %s",
                  self.current_batch_id, self.committed_offsets, self.available_offsets)
+        if latest_commit is not None:
+            for i, end in self.committed_offsets.items():
+                self.sources[i].batch_committed(end)
 
     def _pin_confs(self, recorded: dict[str, str] | None) -> dict[str, str]:
         self._recorded_conf = dict(recorded or {})
@@ -511,6 +514,8 @@ class MicroBatchExecution(StreamExecution):
                     f"owns the checkpoint '{self.checkpoint_root}'.")
             crash_points.reached("commit-written")
         self.committed_offsets.update(self.available_offsets)
+        for i, end in self.available_offsets.items():
+            self.sources[i].batch_committed(end)
         self._last_batch_stats = batch_stats(
             self.sources, self.sink, rows, start_offsets=self.trigger_start_offsets,
             end_offsets=self.available_offsets, latest_offsets=self.latest_offsets, event_time=event_time,

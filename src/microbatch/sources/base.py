@@ -157,6 +157,12 @@ class Source(ABC):
     def prepare_for_trigger_available_now(self) -> None:  # noqa: B027 - a hook: most sources need nothing
         """Fix the end of the data an AvailableNow run will read."""
 
+    def batch_committed(self, end: Any) -> None:  # noqa: B027 - a hook: most sources tell no one
+        """The batch that read up to ``end`` is in the commit log (called too when a run
+        resumes, with the last committed batch's end): a source may tell its system how far
+        the query got (the Kafka source's ``commitOffsetsToGroup``), never to be read back
+        as where the query stands."""
+
     def commit(self, end: Any) -> None:  # noqa: B027 - a hook: most sources keep nothing to drop
         pass
 
