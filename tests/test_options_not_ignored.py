@@ -213,8 +213,6 @@ OPEN_CONFS = {
     "spark.sql.streaming.sessionWindow.merge.sessions.in.local.partition",
     "spark.sql.streaming.stateStore.commitValidation.enabled",
     "spark.sql.streaming.stateStore.stateSchemaCheck",
-    "spark.sql.streaming.streamingQueryListeners",
-    "spark.sql.streaming.ui.enabled",
 }
 
 

@@ -1,0 +1,95 @@
+"""The process of the Spark UI test: ``python spark_ui_child.py BOOTSTRAP CLASSES OUT``.
+
+A Spark with its UI on and a JVM listener named in ``spark.sql.streaming.streamingQueryListeners``
+(``CountingListener``, compiled into the directory CLASSES) runs a microbatch window count,
+a microbatch Kafka query (the broker at BOOTSTRAP, topic ``ui``) and, for comparison, the
+same window count on Spark's own engine. Headless Chromium opens the UI's Structured
+Streaming tab and each query's statistics page (screenshots into OUT). Prints one line of
+JSON: the queries (name, id, run id, batches), what the pages showed, and the listener's counts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+
+from pyspark.sql import functions as F
+
+from microbatch import StreamingSession, embedded_spark
+
+
+def wait_for(condition, timeout: float = 90.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def window_counts(session, name: str, ckpt: str):
+    return (session.readStream.format("rate").option("rowsPerSecond", 50).load()
+            .withWatermark("timestamp", "1 second").groupBy(F.window("timestamp", "1 second")).count()
+            .writeStream.format("noop").outputMode("append").queryName(name)
+            .option("checkpointLocation", ckpt).trigger(processingTime="300 milliseconds").start())
+
+
+def main() -> None:
+    bootstrap, classes, out = sys.argv[1:4]
+    spark = embedded_spark(conf={
+        "spark.ui.enabled": "true", "spark.ui.port": "0", "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraClassPath": classes,
+        "spark.sql.streaming.streamingQueryListeners": "microbatch.test.CountingListener",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
+    ss = StreamingSession(spark)
+    queries = {
+        "microbatch_window_counts": window_counts(ss, "microbatch_window_counts", f"{out}/ck-mb"),
+        "microbatch_kafka": (ss.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+                             .option("subscribe", "ui").option("startingOffsets", "earliest")
+                             .option("maxOffsetsPerTrigger", 10).load()
+                             .select(F.col("value").cast("string").alias("text"))
+                             .writeStream.format("noop").queryName("microbatch_kafka")
+                             .option("checkpointLocation", f"{out}/ck-kafka")
+                             .trigger(processingTime="300 milliseconds").start()),
+        "spark_window_counts": window_counts(spark, "spark_window_counts", f"{out}/ck-spark"),
+    }
+    for name, query in queries.items():
+        wait_for(lambda q=query: len([p for p in q.recentProgress if p.numInputRows]) >= 3, what=f"{name}'s batches")
+
+    from playwright.sync_api import sync_playwright
+    ui = spark.sparkContext.uiWebUrl
+    pages = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium") or shutil.which("chromium-browser"),
+                                    args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{ui}/StreamingQuery/")
+        page.wait_for_selector("text=Active Streaming Queries")
+        listed = page.locator("table").first.inner_text()
+        pages["listing"] = listed
+        page.screenshot(path=f"{out}/streaming-tab.png", full_page=True)
+        for name, query in queries.items():
+            page.goto(f"{ui}/StreamingQuery/statistics/?id={query.runId}")
+            page.wait_for_selector("text=Streaming Query Statistics")
+            pages[name] = page.locator("body").inner_text()
+            page.screenshot(path=f"{out}/statistics-{name}.png", full_page=True)
+        browser.close()
+    ids = {name: {"id": q.id, "runId": q.runId, "batches": q.lastProgress.batchId + 1} for name, q in queries.items()}
+    for query in queries.values():
+        query.stop()
+    listener = spark._jvm.microbatch.test.CountingListener
+    wait_for(lambda: all(f"terminated {q['id']}" in listener.counts() for q in ids.values()), 30,
+             "the listener's terminated events")
+    counts = {k: v for k, v in dict(listener.counts()).items()}
+    print(json.dumps({"queries": ids, "pages": pages, "counts": counts}), flush=True)
+    ss.stop()
+    spark.stop()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
