@@ -5,7 +5,8 @@ A Spark with its UI on and a JVM listener named in ``spark.sql.streaming.streami
 a microbatch Kafka query (the broker at BOOTSTRAP, topic ``ui``) and, for comparison, the
 same window count on Spark's own engine. Headless Chromium opens the UI's Structured
 Streaming tab and each query's statistics page (screenshots into OUT). Prints one line of
-JSON: the queries (name, id, run id, batches), what the pages showed, and the listener's counts.
+JSON: the queries (name, id, run id, batches), what the pages showed, the listener's counts,
+and each query's gauges as Spark's CSV metrics sink wrote them (``spark.sql.streaming.metricsEnabled``).
 """
 from __future__ import annotations
 
@@ -40,10 +41,16 @@ def window_counts(session, name: str, ckpt: str):
 
 def main() -> None:
     bootstrap, classes, out = sys.argv[1:4]
+    os.makedirs(f"{out}/metrics", exist_ok=True)
     spark = embedded_spark(conf={
         "spark.ui.enabled": "true", "spark.ui.port": "0", "spark.sql.shuffle.partitions": "2",
         "spark.driver.extraClassPath": classes,
         "spark.sql.streaming.streamingQueryListeners": "microbatch.test.CountingListener",
+        # each query's gauges to Spark's metrics system, and its CSV sink every second
+        "spark.sql.streaming.metricsEnabled": "true",
+        "spark.metrics.conf.*.sink.csv.class": "org.apache.spark.metrics.sink.CsvSink",
+        "spark.metrics.conf.*.sink.csv.period": "1", "spark.metrics.conf.*.sink.csv.unit": "seconds",
+        "spark.metrics.conf.*.sink.csv.directory": f"{out}/metrics",
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"})
     ss = StreamingSession(spark)
     queries = {
@@ -79,13 +86,30 @@ def main() -> None:
             page.screenshot(path=f"{out}/statistics-{name}.png", full_page=True)
         browser.close()
     ids = {name: {"id": q.id, "runId": q.runId, "batches": q.lastProgress.batchId + 1} for name, q in queries.items()}
+
+    def gauges() -> dict:
+        """The largest value the CSV sink wrote of each query's gauges
+        (``<app>.driver.spark.streaming.<query>.<gauge>.csv``, a line a second)."""
+        found = {}
+        for file in os.listdir(f"{out}/metrics"):
+            for name in queries:
+                marker = f".spark.streaming.{name}."
+                if marker in file:
+                    lines = open(f"{out}/metrics/{file}").read().split()
+                    if len(lines) > 1:
+                        found.setdefault(name, {})[file.split(marker)[1][:-len(".csv")]] = max(
+                            float(line.split(",")[1]) for line in lines[1:])
+        return found
+    wait_for(lambda: all(g.get("latency", 0) > 0 and g.get("inputRate-total", 0) > 0 for g in gauges().values())
+             and len(gauges()) == len(queries), 30, "the CSV sink's gauges")
+    metrics = gauges()
     for query in queries.values():
         query.stop()
     listener = spark._jvm.microbatch.test.CountingListener
     wait_for(lambda: all(f"terminated {q['id']}" in listener.counts() for q in ids.values()), 30,
              "the listener's terminated events")
     counts = {k: v for k, v in dict(listener.counts()).items()}
-    print(json.dumps({"queries": ids, "pages": pages, "counts": counts}), flush=True)
+    print(json.dumps({"queries": ids, "pages": pages, "counts": counts, "metrics": metrics}), flush=True)
     ss.stop()
     spark.stop()
     os._exit(0)

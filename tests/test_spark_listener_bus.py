@@ -99,7 +99,7 @@ def listener_classes(tmp_path_factory):
     return out
 
 
-def test_the_spark_ui_and_a_jvm_listener_see_microbatchs_queries(broker, listener_classes, tmp_path):
+def test_the_spark_ui_a_jvm_listener_and_a_metrics_sink_see_microbatchs_queries(broker, listener_classes, tmp_path):
     broker.create_topic("ui", 2)
     broker.produce("ui", [(b"record %d" % i, None, i % 2, [], None) for i in range(200)])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
@@ -120,5 +120,11 @@ def test_the_spark_ui_and_a_jvm_listener_see_microbatchs_queries(broker, listene
         assert counts.get(f"started {query['id']}") == 1, (name, counts)
         assert counts.get(f"progress {query['id']}", 0) >= 3, (name, counts)
         assert counts.get(f"terminated {query['id']}") == 1, (name, counts)
+    # spark.sql.streaming.metricsEnabled: the same gauges under Spark's names in Spark's CSV sink
+    for name in queries:
+        assert set(found["metrics"][name]) >= {"inputRate-total", "processingRate-total", "latency",
+                                               "eventTime-watermark", "states-rowsTotal", "states-usedBytes"}, name
+    for name in ("microbatch_window_counts", "spark_window_counts"):
+        assert found["metrics"][name]["eventTime-watermark"] > 0 and found["metrics"][name]["states-rowsTotal"] >= 1
     if os.environ.get("MICROBATCH_SCREENSHOT_DIR"):
         shutil.copy(tmp_path / "streaming-tab.png", Path(os.environ["MICROBATCH_SCREENSHOT_DIR"]) / "spark-ui-streaming.png")

@@ -1,6 +1,7 @@
 """StreamingQueryManager (``ss.streams``): the active queries and the listeners."""
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
@@ -9,7 +10,9 @@ from pyspark.errors import PySparkValueError
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
+from microbatch import spark_internals
 from microbatch.api.query import StreamingQuery
+from microbatch.ops.metrics import SPARK_GAUGES
 from microbatch.errors import IllegalArgumentException, pyspark_error
 from microbatch.spark_internals.errors import java_exception
 from microbatch.util import conf_bool
@@ -20,6 +23,8 @@ from microbatch.runtime.stream_execution import StreamExecution
 log = logging.getLogger(__name__)
 #: Spark's conf: a new run of a query active here stops the old run (true) or is refused
 STOP_ACTIVE_RUN_ON_RESTART = "spark.sql.streaming.stopActiveRunOnRestart"
+#: Spark's conf: each running query's gauges in Spark's metrics system (its configured sinks)
+METRICS_ENABLED = "spark.sql.streaming.metricsEnabled"
 
 
 class StreamingQueryManager:
@@ -29,7 +34,10 @@ class StreamingQueryManager:
         self._active: dict[str, StreamingQuery] = {}          # by query id
         self._executions: dict[str, MicroBatchExecution] = {}  # the active queries' runs, by query id
         self._last_terminated: MicroBatchExecution | None = None
-        self._bus = ListenerBus()
+        # (each event on Spark's own bus too: the Spark UI's streaming tab, JVM listeners,
+        # the plain session's spark.streams)
+        self._bus = ListenerBus(forward=lambda event: spark_internals.post_to_spark_listeners(spark, event))
+        self._metrics_sources: dict[str, Any] = {}              # the active queries', by query id
 
     @property
     def active(self) -> list[StreamingQuery]:
@@ -89,6 +97,13 @@ class StreamingQueryManager:
             log.warning("Stopping existing streaming query [id=%s, runId=%s], as a new run is being "
                         "started.", execution.id, old.runId)
             old.stop()
+        if conf_bool(self._spark, METRICS_ENABLED, False):
+            # (Spark's MetricsReporter: source spark.streaming.<name or id>, while the run runs)
+            source = spark_internals.register_metrics_source(
+                self._spark, f"spark.streaming.{name or execution.id}",
+                {gauge: (lambda value=value: value(_last_progress(query))) for gauge, _, value in SPARK_GAUGES})
+            with self._lock:
+                self._metrics_sources[execution.id] = source
         execution.start()
         return query
 
@@ -125,8 +140,20 @@ class StreamingQueryManager:
 
     def _on_terminated(self, execution: StreamExecution) -> None:
         with self._lock:
+            source = self._metrics_sources.pop(execution.id, None)
+        if source is not None:
+            spark_internals.remove_metrics_source(source)
+        with self._lock:
             query = self._active.pop(execution.id, None)
             self._executions.pop(execution.id, None)
             if query is not None:
                 self._last_terminated = execution
             self._lock.notify_all()
+
+
+def _last_progress(query: StreamingQuery) -> dict:
+    """The query's last progress as its JSON (PySpark 3.5 gives the dict, 4 an object)."""
+    progress = query.lastProgress
+    if progress is None:
+        return {}
+    return progress if isinstance(progress, dict) else json.loads(progress.json)

@@ -23,21 +23,27 @@ from microbatch.ops.history import RUNNING, QueryHistory
 
 LABELS = ["query_name", "query_id"]
 
-#: (name, help, value from the last progress): Spark's MetricsReporter gauges
+#: (Spark's gauge name, help, value from the last progress): Spark's MetricsReporter gauges
+#: (its metrics source ``spark.streaming.<query name or id>``; in Prometheus
+#: ``spark_streaming_<name>`` with ``-`` as ``_``)
 SPARK_GAUGES: list[tuple[str, str, Callable[[dict], float]]] = [
-    ("spark_streaming_inputRate_total", "Spark's inputRate-total: input rows per second",
+    ("inputRate-total", "Spark's inputRate-total: input rows per second",
      lambda p: p.get("inputRowsPerSecond") or 0.0),
-    ("spark_streaming_processingRate_total", "Spark's processingRate-total: processed rows per second",
+    ("processingRate-total", "Spark's processingRate-total: processed rows per second",
      lambda p: p.get("processedRowsPerSecond") or 0.0),
-    ("spark_streaming_latency", "Spark's latency: the last trigger's execution time, in ms",
+    ("latency", "Spark's latency: the last trigger's execution time, in ms",
      lambda p: (p.get("durationMs") or {}).get("triggerExecution", 0)),
-    ("spark_streaming_eventTime_watermark", "Spark's eventTime-watermark: ms since the epoch",
+    ("eventTime-watermark", "Spark's eventTime-watermark: ms since the epoch",
      lambda p: _epoch_ms((p.get("eventTime") or {}).get("watermark"))),
-    ("spark_streaming_states_rowsTotal", "Spark's states-rowsTotal: rows in all state stores",
+    ("states-rowsTotal", "Spark's states-rowsTotal: rows in all state stores",
      lambda p: sum(op.get("numRowsTotal", 0) for op in p.get("stateOperators", []))),
-    ("spark_streaming_states_usedBytes", "Spark's states-usedBytes: memory of all state stores",
+    ("states-usedBytes", "Spark's states-usedBytes: memory of all state stores",
      lambda p: sum(op.get("memoryUsedBytes", 0) for op in p.get("stateOperators", []))),
 ]
+
+
+def prometheus_name(spark_name: str) -> str:
+    return "spark_streaming_" + spark_name.replace("-", "_")
 
 
 def _epoch_ms(timestamp: str | None) -> int:
@@ -53,7 +59,7 @@ class QueryMetricsCollector:
         self._histories = histories
 
     def collect(self) -> Iterable[Any]:
-        spark = {name: GaugeMetricFamily(name, help, labels=LABELS) for name, help, _ in SPARK_GAUGES}
+        spark = {name: GaugeMetricFamily(prometheus_name(name), help, labels=LABELS) for name, help, _ in SPARK_GAUGES}
         batch = GaugeMetricFamily("microbatch_batch_id", "The last batch's id", labels=LABELS)
         rows = GaugeMetricFamily("microbatch_batch_input_rows", "The last batch's input rows",
                                  labels=LABELS)

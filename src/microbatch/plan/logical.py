@@ -225,7 +225,7 @@ class ScanFilter(PlanNode):
     child: "StreamingRelation"
     sql: str
     condition: Any = None                  # the Column of ``sql``
-    #: the filter of a batch some of whose sources have no data (``for_batch``): given
+    #: the filter of a batch some of whose sources have no data (``chosen``): given
     #: those sources, the Column (or None); where absent, ``condition`` in every batch
     choose: Callable[[frozenset], Any] | None = None
 
@@ -242,11 +242,6 @@ class ScanFilter(PlanNode):
         data (Spark's optimizer reads such a source as an empty relation, whose filters it
         drops before it infers others from them): a Column, or None."""
         return self.condition if self.choose is None or not empty else self.choose(empty)
-
-    def for_batch(self, df: DataFrame, empty: frozenset) -> DataFrame:
-        """The read's batch ``df`` under its filter in a batch where ``empty`` have no data."""
-        condition = self.chosen(empty)
-        return df if condition is None else df.where(condition)
 
     def describe(self) -> str:
         return f"Filter pushed to the scan: {self.sql}"

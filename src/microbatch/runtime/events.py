@@ -11,6 +11,10 @@ events are PySpark's own classes. Delivery follows Spark:
 - ``addListener`` twice registers a listener twice; ``removeListener`` removes one
   registration (the first), and removing one that is not registered does nothing.
 
+Each event also goes, with the same delivery, to the session's own Spark listener bus
+(the manager's ``forward``: the Spark UI's streaming tab, JVM listeners, listeners of the
+plain ``spark.streams``).
+
 ``wait_until_empty`` lets tests wait for delivery.
 """
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from pyspark.errors import PySparkAttributeError
 from pyspark.sql.streaming.listener import (QueryIdleEvent, QueryProgressEvent,
@@ -46,8 +50,12 @@ def check_listener(listener: Any) -> None:
 
 
 class ListenerBus:
-    def __init__(self):
+    """``forward``, if given, gets every event too, with the same delivery (Spark's own
+    listener bus: ``spark_internals.post_to_spark_listeners``), off the batch's path."""
+
+    def __init__(self, forward: Callable[[Any], None] | None = None):
         self._listeners: list[StreamingQueryListener] = []
+        self._forward = forward
         self._lock = threading.Lock()
         self._queue: "queue.Queue[Any]" = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -56,10 +64,13 @@ class ListenerBus:
         check_listener(listener)
         with self._lock:
             self._listeners.append(listener)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="microbatch-listener-bus",
-                                                daemon=True)
-                self._thread.start()
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        """(Under the lock.)"""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="microbatch-listener-bus", daemon=True)
+            self._thread.start()
 
     def remove(self, listener: StreamingQueryListener) -> None:
         with self._lock:
@@ -70,11 +81,13 @@ class ListenerBus:
 
     def post(self, event: Any) -> None:
         with self._lock:
-            if not self._listeners:
+            if not self._listeners and self._forward is None:
                 return
             listeners = list(self._listeners)
+            if not isinstance(event, QueryStartedEvent):
+                self._start_thread()
         if isinstance(event, QueryStartedEvent):
-            self._deliver(listeners, event)
+            self._deliver(listeners, event, self._forward)
         else:
             self._queue.put(event)
 
@@ -95,13 +108,15 @@ class ListenerBus:
                 continue
             with self._lock:
                 listeners = list(self._listeners)
-            self._deliver(listeners, event)
+            self._deliver(listeners, event, self._forward)
 
     @staticmethod
-    def _deliver(listeners: list[StreamingQueryListener], event: Any) -> None:
+    def _deliver(listeners: list[StreamingQueryListener], event: Any, forward: Callable[[Any], None] | None) -> None:
         name = _CALLBACKS[type(event)]
         for listener in listeners:
             try:
                 getattr(listener, name)(event)
             except Exception:  # as Spark: a listener never fails the query
                 log.exception("Listener %s threw an exception", type(listener).__name__)
+        if forward is not None:
+            forward(event)

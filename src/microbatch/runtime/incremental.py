@@ -74,7 +74,7 @@ from microbatch.operators.join import (condition_sides_pushed, filters_pushed_in
                                        joins_times_pruned, outer_joins_eliminated, outer_joins_narrowed,
                                        semi_joins_through_unions)
 from microbatch.operators.limit import limits_over_appends
-from microbatch.plan.logical import (BatchFilter, NullFilter, Observe, PlanNode, ScanFilter, StatefulNode, StaticJoin, StreamingRelation,
+from microbatch.plan.logical import (BatchFilter, NullFilter, Observe, PlanNode, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
 from microbatch.plan.checks import unsupported_operation
 from microbatch.runtime.segments import PreparedSegment, hidden_columns_carried, segments_prepared
@@ -321,7 +321,7 @@ class IncrementalExecution:
         def build(node: PlanNode) -> DataFrame:
             if isinstance(node, StreamingRelation):
                 return inputs[node]
-            if isinstance(node, (ScanFilter, BatchFilter)):
+            if isinstance(node, BatchFilter):    # (a scan filter is in its prepared segment)
                 return node.for_batch(build(node.child), empty)
             if isinstance(node, PreparedSegment):
                 built = [build(hole) for hole in node.holes]

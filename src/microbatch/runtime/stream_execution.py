@@ -304,8 +304,6 @@ class StreamExecution:
 
     def post(self, event: Any) -> None:
         self.listener_bus.post(event)
-        # (and on Spark's own bus: the Spark UI's streaming tab, JVM listeners, spark.streams')
-        spark_internals.post_to_spark_listeners(self.spark, event)
 
     def report(self, kind: str, payload: Any) -> None:
         if kind == "progress":

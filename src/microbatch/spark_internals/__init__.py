@@ -28,6 +28,7 @@ from microbatch.spark_internals.analysis import (
 )
 from microbatch.spark_internals.aggregate_filters import conjuncts_through_aggregation
 from microbatch.spark_internals import listener_bus as _listener_bus
+from microbatch.spark_internals import metrics_source as _metrics_source
 from microbatch.spark_internals.binding import (
     CARRIED_METADATA, BatchInput, BindablePlan, ColumnsKeys, PythonFunctionRef, has_hidden_columns,
     hidden_columns_read, map_in_arrow_function,
@@ -132,6 +133,8 @@ cloned_session = _by_kind(cloned_session, _c_session.cloned_session)
 jobs_see_session_confs = _by_kind(_session.jobs_see_session_confs, _c_session.jobs_see_session_confs)
 job_tags = _by_kind(job_tags, _c_session.job_tags)
 post_to_spark_listeners = _by_kind(_listener_bus.post_to_spark_listeners, lambda spark, event: None)   # (Connect: no JVM here)
+register_metrics_source = _by_kind(_metrics_source.register_metrics_source, _c_session.metrics_source_unavailable)
+remove_metrics_source = _metrics_source.remove_metrics_source
 session_settings = _by_kind(session_settings, _c_session.session_settings)
 enter_query_thread = _by_kind(_session.enter_query_thread, _c_session.enter_query_thread)
 cancel_run = _by_kind(_session.cancel_run, _c_session.cancel_run)

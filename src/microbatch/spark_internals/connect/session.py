@@ -102,3 +102,13 @@ def is_remote_client() -> bool:
     """Whether this process is a Spark Connect client (PySpark's own test of it)."""
     from pyspark.sql.utils import is_remote
     return is_remote()
+
+
+def metrics_source_unavailable(spark: Any, name: str, gauges: dict) -> None:
+    """Over Connect the client has no SparkContext: ``spark.sql.streaming.metricsEnabled``
+    feeds no Spark metrics sink here (the dashboard's ``/metrics`` has the same gauges)."""
+    import logging
+    logging.getLogger(__name__).warning(
+        "spark.sql.streaming.metricsEnabled: a Spark Connect client has no access to Spark's metrics "
+        "system; query %s's gauges are on microbatch's /metrics only", name)
+    return None
