@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.errors import IllegalArgumentException
 
+from helpers import wait_for
 from microbatch.sinks.memory import MemorySink
 
 GROUP = "lag-tools"
@@ -34,16 +35,6 @@ def set_group(broker, topic: str, offsets: dict[int, int], group: str = GROUP) -
         consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
     finally:
         consumer.close()
-
-
-def until(check, timeout_s: float = 20.0):
-    """``check()``'s value once it is truthy (the commits run on a thread of their own)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
 
 
 def start(ss, broker, ckpt, topic="lag", **options):
@@ -80,7 +71,7 @@ def test_the_group_follows_each_committed_batch_and_never_moves_the_query(ss, sp
             time.sleep(0.05)
         query.processAllAvailable()
         # the group ends at the last batch's end, and moved with the batches in between
-        assert until(lambda: group_offsets(broker, "lag", 3) == {0: 10, 1: 10, 2: 10})
+        wait_for(lambda: group_offsets(broker, "lag", 3) == {0: 10, 1: 10, 2: 10}, 20, "the group at the last batch's end")
         assert len([s for s in seen if all(o >= 0 for o in s.values())]) >= 2, seen
         ends = batch_ends(ckpt, "lag")
         for s in seen:
@@ -98,7 +89,7 @@ def test_the_group_follows_each_committed_batch_and_never_moves_the_query(ss, sp
     query, sink2 = start(ss, broker, ckpt, startingOffsets="earliest")
     try:
         query.processAllAvailable()
-        assert until(lambda: group_offsets(broker, "lag", 3) == {0: 12, 1: 12, 2: 12})
+        wait_for(lambda: group_offsets(broker, "lag", 3) == {0: 12, 1: 12, 2: 12}, 20, "the group at the restarted run's end")
     finally:
         query.stop()
     assert sorted(r["value"] for r in sink2.all_data()) == sorted(b"b%d" % i for i in range(6))
@@ -111,11 +102,11 @@ def test_resuming_commits_the_last_committed_batch_again(ss, spark, broker, tmp_
     query, _ = start(ss, broker, ckpt, "relag", startingOffsets="earliest")
     query.processAllAvailable()
     query.stop()
-    assert until(lambda: group_offsets(broker, "relag", 2) == {0: 4, 1: 4})
+    wait_for(lambda: group_offsets(broker, "relag", 2) == {0: 4, 1: 4}, 20, "the group at the last committed batch's end")
     set_group(broker, "relag", {0: 1, 1: 1})   # (as a crash between the commit log and the group's commit leaves it)
     query, sink = start(ss, broker, ckpt, "relag")
     try:
-        assert until(lambda: group_offsets(broker, "relag", 2) == {0: 4, 1: 4})
+        wait_for(lambda: group_offsets(broker, "relag", 2) == {0: 4, 1: 4}, 20, "the group at the last committed batch's end")
         query.processAllAvailable()
     finally:
         query.stop()
@@ -145,7 +136,7 @@ def test_the_consumer_lag_is_a_prometheus_gauge(spark, broker, tmp_path):
                  .option("maxOffsetsPerTrigger", 3).load()
                  .writeStream.format("noop").queryName("lagging").option("checkpointLocation", str(tmp_path / "ck"))
                  .trigger(processingTime="1 hour").start())
-        assert until(lambda: query.lastProgress is not None, 60)
+        wait_for(lambda: query.lastProgress is not None, 60, "the first batch")
         metrics = (json.loads(query.lastProgress.json) if hasattr(query.lastProgress, "json")
                    else query.lastProgress)["sources"][0]["metrics"]
         with urllib.request.urlopen(session.ui_url + "metrics", timeout=10) as response:
