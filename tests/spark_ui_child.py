@@ -14,22 +14,11 @@ import json
 import os
 import shutil
 import sys
-import time
 
 from pyspark.sql import functions as F
 
+from helpers import wait_for
 from microbatch import StreamingSession, embedded_spark
-
-
-def wait_for(condition, timeout: float = 90.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def window_counts(session, name: str, ckpt: str):
