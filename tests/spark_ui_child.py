@@ -33,6 +33,7 @@ def main() -> None:
     os.makedirs(f"{out}/metrics", exist_ok=True)
     spark = embedded_spark(conf={
         "spark.ui.enabled": "true", "spark.ui.port": "0", "spark.sql.shuffle.partitions": "2",
+        "spark.sql.streaming.ui.enabled": "true",    # (Spark's default: its streaming tab)
         "spark.driver.extraClassPath": classes,
         "spark.sql.streaming.streamingQueryListeners": "microbatch.test.CountingListener",
         # each query's gauges to Spark's metrics system, and its CSV sink every second

@@ -65,6 +65,16 @@ def windowed_counts(session, checkpoint, name):
             .option("checkpointLocation", str(checkpoint)).trigger(processingTime="300 milliseconds").start())
 
 
+def query_page(browser, url: str, name: str):
+    """A new page on the dashboard at ``url``, opened on the query named ``name``."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(url)
+    row = page.locator("#queries tbody tr", has_text=name)
+    row.wait_for()
+    row.locator("a").click()
+    return page
+
+
 def chart_points(page, chart: str) -> int:
     return page.evaluate(f"""() => {{
         const div = document.getElementById({json.dumps(chart)});
@@ -136,14 +146,10 @@ def test_the_page_draws_a_receivers_lag(dashboard, browser, tmp_path):
     wait_listening(port)
     assert post(f"http://127.0.0.1:{port}/", [{"id": i} for i in range(10)]).status_code == 200
     wait_for(lambda: len(query.recentProgress) >= 5, what="five batches of two records", **PAGE)
-    page = browser.new_page(viewport={"width": 1400, "height": 1200})
-    page.goto(dashboard.ui_url)
-    row = page.locator("#queries tbody tr", has_text="ingest")
-    row.wait_for()
-    row.locator("a").click()
-    wait_for(lambda: chart_points(page, "chart-receiver-lag") >= 5, what="the receiver lag chart", **PAGE)
-    assert page.locator("#chart-receiver-lag").is_visible()
-    assert page.evaluate("() => document.getElementById('chart-receiver-lag').data[0].y")[:5] == [8, 6, 4, 2, 0]
+    page = query_page(browser, dashboard.ui_url, "ingest")
+    wait_for(lambda: chart_points(page, "chart-source-lag") >= 5, what="the source lag chart", **PAGE)
+    assert page.locator("#chart-source-lag").is_visible()
+    assert page.evaluate("() => document.getElementById('chart-source-lag').data[0].y")[:5] == [8, 6, 4, 2, 0]
     query.stop()
     page.close()
 
@@ -164,6 +170,7 @@ def test_metrics_have_sparks_names_labelled_by_query(dashboard, tmp_path):
     assert value("spark_streaming_states_rowsTotal") >= 1
     assert value("spark_streaming_eventTime_watermark") > 0
     assert value("microbatch_batch_input_rows") == 50
+    assert value("microbatch_trigger_interval_ms") == 300
     phases = {s.labels["phase"] for s in families["microbatch_batch_duration_ms"].samples if s.labels.get("query_id") == query.id}
     assert {"addBatch", "walCommit", "triggerExecution"} <= phases
     query.stop()

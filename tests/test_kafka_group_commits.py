@@ -139,10 +139,13 @@ def test_the_consumer_lag_is_a_prometheus_gauge(spark, broker, tmp_path):
         wait_for(lambda: query.lastProgress is not None, 60, "the first batch")
         metrics = (json.loads(query.lastProgress.json) if hasattr(query.lastProgress, "json")
                    else query.lastProgress)["sources"][0]["metrics"]
-        with urllib.request.urlopen(session.ui_url + "metrics", timeout=10) as response:
-            families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
-        samples = {s.labels["stat"]: s.value for s in families["microbatch_source_offsets_behind_latest"].samples
-                   if s.labels["query_id"] == query.id}
+
+        def lag() -> dict:   # (the dashboard hears of the batch on the listener bus, a moment later)
+            with urllib.request.urlopen(session.ui_url + "metrics", timeout=10) as response:
+                families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+            return {s.labels["stat"]: s.value for s in families["microbatch_source_offsets_behind_latest"].samples
+                    if s.labels["query_id"] == query.id}
+        samples = wait_for(lag, 30, "the lag on /metrics")
         assert samples == {"min": 9.0, "avg": 9.0, "max": 9.0}
         assert samples["max"] == float(metrics["maxOffsetsBehindLatest"])
         query.stop()

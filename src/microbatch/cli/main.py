@@ -3,6 +3,8 @@
     microbatch demo                                  a pipeline on an embedded local Spark
     microbatch ui CKPT [CKPT ...] [--port 4050]      the dashboard of checkpoints, read-only
     microbatch watch CKPT [CKPT ...]                 a live line per checkpoint's query
+    microbatch monitoring grafana|alerts             the Grafana dashboard or the Prometheus
+                                                     alert rules over /metrics, printed
     microbatch checkpoint show CKPT                  the batches and their offsets
     microbatch checkpoint verify CKPT [--output OUT] every file read; non-zero exit on damage
     microbatch checkpoint explain CKPT N             sources, offsets, watermark, confs, plan of batch N
@@ -22,6 +24,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+
+#: what ``microbatch monitoring`` prints (microbatch/ops/monitoring/, package data)
+MONITORING_FILES = {"grafana": "grafana-dashboard.json", "alerts": "prometheus-alerts.yml"}
 
 
 def _settings(pairs: list[str]) -> dict[str, str]:
@@ -60,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     watch.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
     watch.add_argument("--count", type=int, default=None, help="stop after this many reads")
     _conf_option(watch)
+
+    monitoring = commands.add_parser("monitoring", help="print the Grafana dashboard or the Prometheus alert rules")
+    monitoring.add_argument("what", choices=sorted(MONITORING_FILES),
+                            help="grafana: a dashboard JSON to import; alerts: a rules file for Prometheus")
 
     checkpoint = commands.add_parser("checkpoint", help="inspect, verify and repair a checkpoint")
     checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
@@ -101,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from microbatch.cli.demo import run_demo
         return run_demo(args.batches, args.rows_per_batch, args.checkpoint)
+    if args.command == "monitoring":
+        from importlib.resources import files
+        sys.stdout.write(files("microbatch.ops").joinpath("monitoring", MONITORING_FILES[args.what]).read_text())
+        return 0
     settings = _settings(args.conf)
     if args.command == "ui":
         from microbatch.ops.dashboard import Dashboard

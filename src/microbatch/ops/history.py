@@ -54,6 +54,8 @@ class QueryHistory:
         self.started_at: str | None = None
         self.exception: str | None = None
         self.plan: str | None = None
+        #: a processing-time trigger's interval (None: another trigger, or a checkpoint's query)
+        self.trigger_interval_ms: int | None = None
         self.runs: list[dict[str, Any]] = []
         self._progress: collections.deque[dict[str, Any]] = collections.deque(maxlen=retained)
         self.lock = threading.Lock()
@@ -112,6 +114,7 @@ class ProcessQueries(StreamingQueryListener):
         history.id, history.run_id, history.name = str(query_id), str(run_id), name
         if execution is not None:
             history.checkpoint = execution.checkpoint_root
+            history.trigger_interval_ms = execution.trigger.interval_ms or None
         with self._lock:
             self._histories[history.key] = history
             self._executions[history.key] = execution

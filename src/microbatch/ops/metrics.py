@@ -7,9 +7,12 @@ source named ``spark.streaming.<query name or id>`` with the gauges ``inputRate-
 from the same progress fields, named as Prometheus names Spark's (``.`` and ``-`` become
 ``_``: ``spark_streaming_inputRate_total``) and labelled by ``query_name`` and ``query_id``
 instead of carrying the query in the name. As in Spark, a query's metrics exist while it
-runs. microbatch adds the batch id, the batch's input rows, its duration by phase, and a
-Kafka source's consumer lag (how far the batch's end is behind the latest offsets, from the
-source's progress metrics).
+runs. microbatch adds the batch id, the batch's input rows, its duration by phase, a
+processing-time trigger's interval, and a Kafka source's consumer lag (how far the batch's
+end is behind the latest offsets, from the source's progress metrics).
+
+``monitoring/`` beside this module holds a Grafana dashboard and Prometheus alert rules
+over these names (``microbatch monitoring grafana|alerts`` prints them; docs/deploying.md).
 """
 from __future__ import annotations
 
@@ -66,6 +69,9 @@ class QueryMetricsCollector:
         phases = GaugeMetricFamily("microbatch_batch_duration_ms",
                                    "The last batch's duration by phase (progress durationMs)",
                                    labels=LABELS + ["phase"])
+        trigger = GaugeMetricFamily("microbatch_trigger_interval_ms",
+                                    "A processing-time trigger's interval, in ms (absent for other triggers)",
+                                    labels=LABELS)
         behind = GaugeMetricFamily("microbatch_source_offsets_behind_latest",
                                    "How far the last batch's end is behind the source's latest offsets "
                                    "(a Kafka source's progress metrics: the consumer lag, per stat over partitions)",
@@ -79,6 +85,8 @@ class QueryMetricsCollector:
                 spark[name].add_metric(labels, float(value(progress)))
             batch.add_metric(labels, float(progress["batchId"]))
             rows.add_metric(labels, float(progress.get("numInputRows", 0)))
+            if history.trigger_interval_ms:
+                trigger.add_metric(labels, float(history.trigger_interval_ms))
             for phase, ms in sorted((progress.get("durationMs") or {}).items()):
                 phases.add_metric(labels + [phase], float(ms))
             for source in progress.get("sources") or []:
@@ -87,7 +95,7 @@ class QueryMetricsCollector:
                     if value is not None:
                         behind.add_metric(labels + [source.get("description", ""), stat], float(value))
         yield from spark.values()
-        yield from (batch, rows, phases, behind)
+        yield from (batch, rows, phases, trigger, behind)
 
 
 def metrics_text(histories: Callable[[], Iterable[QueryHistory]]) -> bytes:

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class Trigger:
+    #: the milliseconds between batches' starts a trigger asks for (0: as soon as the last ends)
+    interval_ms: int = 0
+
     @staticmethod
     def ProcessingTime(interval: str | int) -> "ProcessingTime":
         return ProcessingTime.of(interval)

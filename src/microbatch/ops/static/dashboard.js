@@ -99,20 +99,23 @@ function drawCharts(progress) {
   ], layout("Watermark and event-time lag", {
     yaxis: {type: "date"}, yaxis2: {overlaying: "y", side: "right", title: {text: "lag (s)"}},
   }), config);
-  // receiver sources (socket, http) report the records logged beyond each batch's end
-  const receivers = new Map();
+  // a source's lag beyond each batch's end: receivers (socket, http) report the records
+  // logged, not yet in a batch; Kafka the offsets behind the latest (max over partitions)
+  const LAG_METRICS = ["unconsumedRecords", "maxOffsetsBehindLatest"];
+  const lagging = new Map();
   progress.forEach(p => (p.sources || []).forEach((source, i) => {
-    if (source.metrics && source.metrics.unconsumedRecords !== undefined && !receivers.has(i)) {
-      receivers.set(i, source.description);
+    const metric = LAG_METRICS.find(m => source.metrics && source.metrics[m] !== undefined);
+    if (metric && !lagging.has(i)) {
+      lagging.set(i, {name: source.description, metric: metric});
     }
   }));
-  const lag = document.getElementById("chart-receiver-lag");
-  lag.hidden = receivers.size === 0;
-  if (receivers.size) {
-    Plotly.react(lag, [...receivers.entries()].map(([i, name]) => ({
-      x: batches, name: name, mode: "lines+markers",
-      y: progress.map(p => Number((((p.sources || [])[i] || {}).metrics || {}).unconsumedRecords)),
-    })), layout("Receiver lag: records logged, not yet in a batch"), config);
+  const lag = document.getElementById("chart-source-lag");
+  lag.hidden = lagging.size === 0;
+  if (lagging.size) {
+    Plotly.react(lag, [...lagging.entries()].map(([i, {name, metric}]) => ({
+      x: batches, name: name + " " + metric, mode: "lines+markers",
+      y: progress.map(p => Number((((p.sources || [])[i] || {}).metrics || {})[metric])),
+    })), layout("Source lag: records beyond each batch's end"), config);
   }
 }
 
