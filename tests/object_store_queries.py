@@ -141,3 +141,112 @@ def check_two_writers(store, other, root: str) -> None:
     assert other.create(f"{root}/race/offsets/0", "second") is False
     assert other.create(f"{root}/race/offsets/0", "first") is True    # (its own create, read back)
     assert store.read_text(f"{root}/race/offsets/0") == "first"
+
+
+def check_sink_output_read_through_its_log(ss, store, root: str, tmp_path) -> None:
+    """A stream over a file sink's output on the store lists it through the sink's log, as
+    Spark's file source does (tests/test_file_source.py checks the same on local disk):
+    the files of the sink's committed batches, in their order, one a batch under
+    ``maxFilesPerTrigger``; an object the log does not commit (a copy under another name, a
+    partition directory written beside it) is never read; ``cleanSource`` is refused there
+    with Spark's words."""
+    from pyspark.errors import StreamingQueryException
+
+    from file_inputs import write_json_files
+    from microbatch.sinks.memory import MemorySink
+
+    rows = write_json_files(tmp_path / "sunk-in", 0, 3)
+    out = f"{root}/sunk"
+    query = (ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).json(str(tmp_path / "sunk-in"))
+             .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "sunk-ckpt"))
+             .trigger(availableNow=True).start(out))
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    committed = [json.loads(line)["path"] for n in range(3)
+                 for line in store.read_text(f"{out}/_spark_metadata/{n}").split("\n")[1:] if line]
+    assert len(committed) == 3, committed
+    store.write_bytes(f"{out}/part-stray.parquet", store.read_bytes(committed[0]))
+    store.write_bytes(f"{out}/k=stray/part-0.parquet", store.read_bytes(committed[1]))
+
+    frame = ss.readStream.schema("id INT, name STRING").option("maxFilesPerTrigger", 1).parquet(out)
+    sink = MemorySink(frame._session.spark, frame.schema, "append")
+    reading = (frame.writeStream.sink(sink).option("checkpointLocation", str(tmp_path / "reader-ckpt"))
+               .trigger(availableNow=True).start())
+    reading.awaitTermination(120)
+    assert reading.exception() is None, reading.exception()
+    assert sorted(r["id"] for r in sink.all_data()) == sorted(r["id"] for r in rows)
+    progress = [json.loads(p.json) for p in reading.recentProgress]
+    assert [p["numInputRows"] for p in progress if p["numInputRows"]] == [3, 3, 3]
+    source_log = [json.loads(f.read_text().splitlines()[-1])["path"]
+                  for f in sorted((tmp_path / "reader-ckpt" / "sources" / "0").iterdir(), key=lambda f: int(f.name))]
+    assert source_log == committed    # the log's files, in its order, each a batch
+
+    cleaning = (ss.readStream.schema("id INT, name STRING").option("cleanSource", "delete").parquet(out)
+                .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cleaning-ckpt"))
+                .trigger(availableNow=True).start())
+    try:
+        cleaning.awaitTermination(120)
+    except StreamingQueryException as e:
+        assert "Cleaning up source files is not supported" in str(e)
+    else:
+        raise AssertionError("cleanSource on a file sink's output ran")
+    assert store.exists(committed[0])
+
+
+def check_metadata_read_in_tasks(ss, spark, store, root: str, tmp_path) -> None:
+    """``_metadata`` of parquet files read in Python tasks (no connector for the store here)
+    equals what Spark's engine gives over local copies with the same modification times,
+    batch by batch: name, size, block, modification time and each row's index, read
+    directly, under a watermark and in a filter; the path is the store's URI. json files
+    there are refused when the query starts, naming the format and what gives it."""
+    import pyarrow as pa
+    from pyspark.errors import StreamingQueryException
+
+    from helpers import collect_batches
+
+    local = tmp_path / "meta-copy"
+    local.mkdir()
+    for i in range(3):
+        table = pa.table({"id": pa.array(range(i * 10, i * 10 + 3 + i), pa.int32()),
+                          "ts": pa.array([1_767_225_600_000_000 + i * 1_000_000] * (3 + i), pa.timestamp("us"))})
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, row_group_size=2)     # (row indexes across row groups)
+        data = sink.getvalue().to_pybytes()
+        store.write_bytes(f"{root}/meta/raw/f{i}.parquet", data)
+        modified_ns = store.stat(f"{root}/meta/raw/f{i}.parquet")[1] * 1_000_000
+        (local / f"f{i}.parquet").write_bytes(data)
+        os.utime(local / f"f{i}.parquet", ns=(modified_ns, modified_ns))
+
+    def fields(row):
+        m = row["_metadata"]
+        return (row["id"], m["file_name"], m["file_size"], m["file_block_start"], m["file_block_length"],
+                m["file_modification_time"], m["row_index"])
+
+    def batches(session, path, ckpt, step):
+        frame = (session.readStream.schema("id INT, ts TIMESTAMP").option("maxFilesPerTrigger", 1).parquet(path))
+        found, _ = collect_batches(step(frame), ckpt, "append",
+                                   rows=lambda df: sorted(fields(r) for r in df.collect()))
+        return found
+
+    steps = {"direct": lambda f: f.select("id", "_metadata"),
+             "watermark": lambda f: f.withWatermark("ts", "1 minute").select("id", "_metadata"),
+             "filter": lambda f: f.where(F.col("_metadata.row_index") >= 1).select("id", "_metadata")}
+    for name, step in steps.items():
+        ours = batches(ss, f"{root}/meta/raw", tmp_path / f"meta-{name}", step)
+        theirs = batches(spark, str(local), tmp_path / f"spark-meta-{name}", step)
+        assert ours == theirs, (name, ours, theirs)
+        assert len(ours) == 3 and all(rows for _, rows in ours), (name, ours)
+    frame = ss.readStream.schema("id INT, ts TIMESTAMP").parquet(f"{root}/meta/raw").select("_metadata.file_path")
+    paths, _ = collect_batches(frame, tmp_path / "meta-paths", "append", rows=lambda df: sorted(df.collect()))
+    assert {r["file_path"] for _, rows in paths for r in rows} == {f"{root}/meta/raw/f{i}.parquet" for i in range(3)}
+
+    store.write_bytes(f"{root}/meta/json/a.json", b'{"id": 1}\n')
+    query = (ss.readStream.schema("id INT").json(f"{root}/meta/json").select("id", "_metadata.file_name")
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "meta-json"))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(120)
+    except StreamingQueryException as e:
+        assert "hidden column _metadata is available for parquet files only" in str(e), str(e)
+    else:
+        raise AssertionError("_metadata of json files read in tasks ran")

@@ -16,7 +16,8 @@ from helpers import confs
 from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.testing.azure_server import HOST, KEY, azure_server, settings
-from object_store_queries import check_sigkill_mid_batch, check_two_writers, check_windowed_count
+from object_store_queries import (check_sigkill_mid_batch, check_sink_output_read_through_its_log,
+                                  check_two_writers, check_windowed_count)
 
 CONTAINER = "lake"
 ROOT = f"abfss://{CONTAINER}@{HOST}"
@@ -88,3 +89,39 @@ def test_abfs_settings_become_the_sdks_credentials():
     with pytest.raises(CheckpointError, match="OAuth, which needs") as raised:
         credentials("acct", host, incomplete)
     assert "app" not in str(raised.value)
+
+
+def test_abfs_retry_settings_become_the_sdks_retry_policy():
+    """ABFS's ``fs.azure.io.retry.*`` settings as the Azure SDK's policy: that many retries
+    of every kind, the n-th after ABFS's exponential wait; the settings not given take ABFS's
+    defaults; none given keeps the SDK's own policy; a bad value is refused naming it."""
+    from microbatch.checkpoint.azure import AbfsRetrySettings, abfs_retry_policy
+
+    assert AbfsRetrySettings.given({}) is None
+    numbers = AbfsRetrySettings.given({"spark.hadoop.fs.azure.io.retry.max.retries": "5",
+                                       "spark.hadoop.fs.azure.io.retry.backoff.interval": "1000"})
+    assert numbers == AbfsRetrySettings(max_retries=5, min_backoff_ms=3000, backoff_ms=1000, max_backoff_ms=30000)
+    # min + 2^(n-1) * backoff * [0.8, 1.2), at most max
+    assert numbers.backoff_s(1, 0.0) == pytest.approx(3.8)
+    assert numbers.backoff_s(3, 0.5) == pytest.approx(3 + 4 * 1.0)
+    assert numbers.backoff_s(10, 0.0) == 30.0
+    policy = abfs_retry_policy(numbers)
+    assert (policy.total_retries, policy.connect_retries, policy.read_retries, policy.status_retries) == (5, 5, 5, 5)
+    for count in (1, 2, 3):
+        waited = policy.get_backoff_time({"count": count})
+        assert 3 + 2 ** (count - 1) * 0.8 <= waited < 3 + 2 ** (count - 1) * 1.2, (count, waited)
+    with pytest.raises(CheckpointError, match="fs.azure.io.retry.max.backoff.interval is 'soon'"):
+        AbfsRetrySettings.given({"spark.hadoop.fs.azure.io.retry.max.backoff.interval": "soon"})
+
+
+def test_a_file_sinks_output_is_read_through_its_log(ss, azure, tmp_path):
+    check_sink_output_read_through_its_log(ss, azure[0], f"{ROOT}/logged", tmp_path)
+    # each account's client retries so, with the credential adlfs chose (a shared key here)
+    from microbatch.checkpoint.azure import AzureAccounts
+    host = "acct.dfs.core.windows.net"
+    accounts = AzureAccounts({f"spark.hadoop.fs.azure.account.key.{host}": KEY,
+                              "spark.hadoop.fs.azure.io.retry.max.retries": "4"})
+    client = accounts._account("acct", host).service_client
+    assert type(client._config.retry_policy).__name__ == "AbfsRetry"
+    assert client._config.retry_policy.total_retries == 4
+    assert client.credential.account_name == "acct" and client.url.startswith("https://acct.blob.core.windows.net")

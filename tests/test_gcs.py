@@ -13,7 +13,9 @@ from helpers import confs
 from microbatch.checkpoint.stores import storage_for
 from microbatch.errors import CheckpointError
 from microbatch.testing.gcs_server import gcs_server, settings
-from object_store_queries import check_sigkill_mid_batch, check_two_writers, check_windowed_count
+from object_store_queries import (check_metadata_read_in_tasks, check_sigkill_mid_batch,
+                                  check_sink_output_read_through_its_log,
+                                  check_two_writers, check_windowed_count)
 
 BUCKET = "lake"
 
@@ -69,3 +71,11 @@ def test_a_listing_that_starts_after_a_key(gcs):
     after, _ = store.files_after(f"{BUCKET}/listed", f"{BUCKET}/listed/a1")
     assert [k for k, _, _ in after] == [f"{BUCKET}/listed/a2", f"{BUCKET}/listed/b1"]
     assert all(size == 1 and modified > 0 for _, size, modified in after)
+
+
+def test_a_file_sinks_output_is_read_through_its_log(ss, gcs, tmp_path):
+    check_sink_output_read_through_its_log(ss, gcs[0], f"gs://{BUCKET}/logged", tmp_path)
+
+
+def test_metadata_of_parquet_files_read_in_tasks_is_sparks(ss, spark, gcs, tmp_path):
+    check_metadata_read_in_tasks(ss, spark, gcs[0], f"gs://{BUCKET}/hidden", tmp_path)

@@ -354,3 +354,8 @@ def test_hdfs_is_refused_naming_what_it_would_need():
         storage_for("hdfs://namenode:8020/checkpoints/q")
     with pytest.raises(UnsupportedOperationError, match="HDFS is not supported yet: .*libhdfs"):
         local_path("hdfs://namenode:8020/raw", "file source")
+
+
+def test_a_file_sinks_output_on_s3_is_read_through_its_log(ss, s3, tmp_path):
+    from object_store_queries import check_sink_output_read_through_its_log
+    check_sink_output_read_through_its_log(ss, storage_for(f"s3://{BUCKET}/", {**s3[1]}), f"s3://{BUCKET}/logged", tmp_path)

@@ -21,9 +21,18 @@ from microbatch.testing.fault_proxy import Fault, FaultProxy
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module", params=["gcs", "azure"])
+#: ABFS's retry settings a job gives (hadoop-azure's names): three attempts of a request,
+#: 0.1-0.5 s apart, instead of the Azure SDK's own four, 15 s and more apart
+ABFS_RETRIES = {"spark.hadoop.fs.azure.io.retry.max.retries": "2",
+                "spark.hadoop.fs.azure.io.retry.min.backoff.interval": "100",
+                "spark.hadoop.fs.azure.io.retry.backoff.interval": "100",
+                "spark.hadoop.fs.azure.io.retry.max.backoff.interval": "500"}
+
+
+@pytest.fixture(scope="module", params=["gcs", "azure", pytest.param("azure-sdk-retries", marks=pytest.mark.extended)])
 def store(request):
-    """(the store behind the proxy, the proxy, the store directly, the root URI)."""
+    """(the store behind the proxy, the proxy, the store directly, the root URI). Azure with
+    ABFS's retry settings given, and (make test-extended) with the SDK's own retries."""
     if request.param == "gcs":
         with gcs_server.gcs_server() as endpoint:
             direct = storage_for("gs://faulty/", gcs_server.settings(endpoint))
@@ -37,7 +46,8 @@ def store(request):
             port = int(endpoint.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
             with FaultProxy(port, http=True) as proxy:
                 through = endpoint.replace(f":{port}/", f":{proxy.port}/")
-                yield (storage_for(f"abfss://faulty@{azure_server.HOST}/", azure_server.settings(through)),
+                given = dict(azure_server.settings(through), **(ABFS_RETRIES if request.param == "azure" else {}))
+                yield (storage_for(f"abfss://faulty@{azure_server.HOST}/", given),
                        proxy, direct, f"abfss://faulty@{azure_server.HOST}")
 
 
@@ -80,9 +90,8 @@ def test_a_create_whose_outcome_is_unknown_is_read_back(faulty):
     assert direct.read_text(f"{root}/unknown/1") == "theirs"
 
 
-# (the Azure SDK's own retries wait 15 s and more between attempts: its outage takes three
-# minutes to give up, in make test-extended)
-@pytest.mark.parametrize("store", ["gcs", pytest.param("azure", marks=pytest.mark.extended)], indirect=True)
+# (with the Azure SDK's own retries, 15 s and more apart, an outage takes three minutes to
+# give up: make test-extended; with ABFS's settings given, as they say)
 def test_an_outage_past_the_retries_fails_naming_the_location(faulty):
     fs, proxy, direct, root = faulty
     fs._sleep = lambda seconds: None          # (this layer's own wait; the clients' stay real)
@@ -96,3 +105,8 @@ def test_an_outage_past_the_retries_fails_naming_the_location(faulty):
     assert isinstance(retries, (GcsRetries, AzureRetries)) and f"failed {retries.retry_limit + 1} times" in str(
         raised.value)
     assert took < 200, took                  # bounded: the clients' retries, twice
+    if isinstance(retries, AzureRetries) and retries.abfs is not None:
+        # ABFS's settings: three attempts of the request 0.1-0.5 s apart (the SDK's own
+        # retries take three minutes), and the error says which settings bound them
+        assert "as ABFS's fs.azure.io.retry.* settings say (2, waits from 100 ms, at most 500 ms)" in str(raised.value)
+        assert took < 15, took

@@ -22,7 +22,12 @@ A log entry's create-if-absent is an upload with ``If-None-Match: *`` (adlfs's
 SDK's retry policy (exponential, 3 retries of each request on 5xx, 408, 429 and
 connection errors; waits of 15 s and more), the one bounded layer (``AzureRetries``:
 the storage layer adds no second loop, only the read-back of a create whose answer was
-lost). ABFS's own retry settings (``fs.azure.io.retry.*``) are not mapped onto it.
+lost). Where a job gives ABFS's retry settings (``fs.azure.io.retry.max.retries``,
+``.min.backoff.interval``, ``.backoff.interval``, ``.max.backoff.interval``, in ms), the
+SDK retries as ABFS's ExponentialRetryPolicy does with them (``AbfsRetry``): that many
+retries, the n-th after ``min + 2^(n-1) * backoff * [0.8, 1.2)`` ms, at most ``max``; the
+settings not given take ABFS's defaults (30 retries, 3 s, 3 s, 30 s). With none given the
+SDK's own policy stays (ABFS's defaults would retry a dead endpoint for a quarter of an hour).
 A container is a bucket: keys inside the storage layer are
 ``<container>@<host>/<path>`` (the URI without its scheme), which ``AzureAccounts`` maps
 to each account's adlfs file system.
@@ -41,17 +46,78 @@ ENDPOINT_SETTING = "spark.microbatch.azure.blobEndpoint."
 _HOST = re.compile(r"^(?P<container>[^@/]+)@(?P<account>[a-z0-9]+)\.(?P<suffix>dfs\.core\.windows\.net|[^/]+)$")
 
 
+#: ABFS's retry settings (hadoop-azure's names, ms) and their defaults
+ABFS_RETRY_SETTINGS = {"fs.azure.io.retry.max.retries": 30, "fs.azure.io.retry.min.backoff.interval": 3000,
+                       "fs.azure.io.retry.backoff.interval": 3000, "fs.azure.io.retry.max.backoff.interval": 30000}
+
+
+@dataclass(frozen=True)
+class AbfsRetrySettings:
+    """ABFS's ExponentialRetryPolicy's numbers, from the job's settings."""
+    max_retries: int
+    min_backoff_ms: int
+    backoff_ms: int
+    max_backoff_ms: int
+
+    @classmethod
+    def given(cls, settings: Mapping[str, str]) -> "AbfsRetrySettings | None":
+        """The settings a job gave (``spark.hadoop.fs.azure.io.retry.*``), or None when it
+        gave none of them."""
+        values = {}
+        for name, default in ABFS_RETRY_SETTINGS.items():
+            raw = settings.get(f"spark.hadoop.{name}")
+            if raw in (None, ""):
+                values[name] = default
+                continue
+            try:
+                values[name] = int(str(raw).strip())
+                if values[name] < 0:
+                    raise ValueError
+            except ValueError:
+                raise CheckpointError(f"spark.hadoop.{name} is '{raw}': ABFS takes a whole number "
+                                      f"{'of retries' if name.endswith('retries') else 'of milliseconds'}, 0 or more.") from None
+        if all(settings.get(f"spark.hadoop.{name}") in (None, "") for name in ABFS_RETRY_SETTINGS):
+            return None
+        return cls(*values.values())
+
+    def backoff_s(self, retry: int, fraction: float) -> float:
+        """The wait before the ``retry``-th retry (1 the first), ``fraction`` in [0, 1) the
+        random part: ABFS's ``min(min + 2^(retry-1) * backoff * [0.8, 1.2), max)``."""
+        delta = self.backoff_ms * (0.8 + 0.4 * fraction)
+        return min(self.min_backoff_ms + 2 ** (retry - 1) * delta, self.max_backoff_ms) / 1000
+
+
+def abfs_retry_policy(numbers: AbfsRetrySettings) -> Any:
+    """The Azure SDK's (async) retry policy retrying as ABFS's with ``numbers``."""
+    import random
+
+    from azure.storage.blob.aio import ExponentialRetry
+
+    class AbfsRetry(ExponentialRetry):
+        def get_backoff_time(self, settings: dict) -> float:
+            return numbers.backoff_s(max(1, settings["count"]), random.random())
+
+    retries = numbers.max_retries    # (ABFS counts every kind of failure against one limit)
+    return AbfsRetry(retry_total=retries, retry_connect=retries, retry_read=retries, retry_status=retries)
+
+
 @dataclass(frozen=True)
 class AzureRetries:
     """The storage layer's retries of an Azure operation: none after the SDK's own."""
     retry_limit: int = 0
     retry_interval_s: float = 1.0
+    abfs: AbfsRetrySettings | None = None
     terms = StoreTerms("Azure", "the account's endpoint (spark.microbatch.azure.blobEndpoint.<account> for an "
                        "emulator)", "Storage Blob Data Contributor: write and delete",
                        "Storage Blob Data Contributor: delete", "the Azure SDK's own retries")
 
     def settings_text(self) -> str:
-        return "the Azure SDK's retries of each request (3, from 15 s apart)"
+        if self.abfs is not None:
+            return (f"the Azure SDK's retries of each request as ABFS's fs.azure.io.retry.* settings say "
+                    f"({self.abfs.max_retries}, waits from {self.abfs.min_backoff_ms} ms, at most "
+                    f"{self.abfs.max_backoff_ms} ms)")
+        return ("the Azure SDK's retries of each request (3, from 15 s apart; fs.azure.io.retry.max.retries "
+                "and its .min.backoff.interval, .backoff.interval and .max.backoff.interval change them)")
 
 
 def split_location(key: str) -> tuple[str, str, str]:
@@ -88,6 +154,7 @@ class AzureAccounts:
     def __init__(self, settings: Mapping[str, str]):
         self._settings = dict(settings)
         self._accounts: dict[str, Any] = {}
+        self._retries = AbfsRetrySettings.given(self._settings)
 
     def _inner(self, key: str) -> tuple[Any, str, str]:
         """(the account's adlfs, ``<container>/<path>``, ``<container>@<host>``)."""
@@ -98,8 +165,11 @@ class AzureAccounts:
     def _account(self, account: str, host: str) -> Any:
         if account not in self._accounts:
             from adlfs import AzureBlobFileSystem
-            self._accounts[account] = AzureBlobFileSystem(skip_instance_cache=True, use_listings_cache=False,
-                                                          **credentials(account, host, self._settings))
+            fs = AzureBlobFileSystem(skip_instance_cache=True, use_listings_cache=False,
+                                     **credentials(account, host, self._settings))
+            if self._retries is not None:
+                fs.service_client = _with_retry_policy(fs, abfs_retry_policy(self._retries))
+            self._accounts[account] = fs
         return self._accounts[account]
 
     @staticmethod
@@ -185,6 +255,17 @@ class AzureAccounts:
         fs.mkdir(inner)
 
 
+def _with_retry_policy(fs: Any, policy: Any) -> Any:
+    """adlfs's service client made again with ``policy``: adlfs passes the SDK no client
+    arguments, and a client's pipeline is fixed when it is made. The same account URL (its
+    SAS token included) and credential adlfs's ``do_connect`` chose."""
+    from azure.storage.blob.aio import BlobServiceClient
+    made = fs.service_client
+    if fs.connection_string is not None:
+        return BlobServiceClient.from_connection_string(fs.connection_string, retry_policy=policy)
+    return BlobServiceClient(made.url, credential=made.credential, retry_policy=policy)
+
+
 def credentials(account: str, host: str, settings: Mapping[str, str]) -> dict:
     """adlfs's arguments for ``account`` from the ABFS settings (module docstring)."""
     def given(name: str) -> str | None:
@@ -240,4 +321,4 @@ def azure_storage(scheme: str, location: str, conf: Mapping[str, str] | None) ->
     if rest:
         container, account, host = split_location(rest)
         credentials(account, host, settings)      # (bad settings fail here, at start)
-    return ObjectStoreFileSystem(scheme, accounts, settings, AzureRetries())
+    return ObjectStoreFileSystem(scheme, accounts, settings, AzureRetries(abfs=AbfsRetrySettings.given(settings)))

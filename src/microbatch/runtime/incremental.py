@@ -165,7 +165,10 @@ class IncrementalExecution:
     def __init__(self, spark: SparkSession, plan: PlanNode, *, checkpoint_root: str,
                  shuffle_partitions: int, output_mode: str,
                  empty_inputs: Mapping[StreamingRelation, DataFrame],
-                 store_conf: StateStoreConf | None = None):
+                 store_conf: StateStoreConf | None = None,
+                 hidden_carriers: Mapping[StreamingRelation, Any] | None = None):
+        """``hidden_carriers``: the sources whose batches do not expose their hidden
+        columns, by relation (``Source.carry_hidden_columns``)."""
         self.spark = spark
         self.output_mode = output_mode
         #: each source's batch without data (what a batch's inputs hold for a source without data)
@@ -187,7 +190,7 @@ class IncrementalExecution:
         plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         plan = dedups_times_pruned(joins_times_pruned(plan, empty_inputs), empty_inputs)
-        self.plan = segments_prepared(hidden_columns_carried(plan, empty_inputs, spark))
+        self.plan = segments_prepared(hidden_columns_carried(plan, empty_inputs, spark, hidden_carriers or {}))
         nodes = list(self.plan.nodes())
         stateful = [n for n in nodes if n.stateful]
         # (current_timestamp() anywhere: in the template, and below the operators it hides)

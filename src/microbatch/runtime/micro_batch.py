@@ -340,7 +340,8 @@ class MicroBatchExecution(StreamExecution):
         self._incremental = planner = IncrementalExecution(
             self._batch_session, plan, checkpoint_root=self.checkpoint_root,
             shuffle_partitions=int(self.offset_seq_metadata.conf[SHUFFLE_PARTITIONS]), output_mode=self.output_mode,
-            empty_inputs=empty_inputs, store_conf=store_conf)
+            empty_inputs=empty_inputs, store_conf=store_conf,
+            hidden_carriers={r: s for r, s in zip(self.relations, self.sources) if not s.batches_expose_hidden_columns()})
         self.stateful = [op.node for op in planner.operators]
         self._kept_plans.decide(planner.keeps_batch_plan, self.sink, self._batch_session)
         # (the policy is one of the checkpoint's confs: read once they are pinned)

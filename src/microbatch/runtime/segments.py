@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
@@ -31,6 +32,8 @@ SEGMENT_STEPS = (Transform, Apply, Union, StaticJoin)
 
 #: The hidden column of a file source's relation (Spark's ``FileFormat.METADATA_NAME``)
 HIDDEN_COLUMN = "_metadata"
+#: No source whose batches carry their hidden columns in a column of their own
+_NO_CARRIERS: Mapping[StreamingRelation, Any] = {}
 
 
 @dataclass(eq=False)
@@ -192,12 +195,13 @@ def _template_over(template: PlanNode, holes, chosen: dict, leaf) -> PlanNode:
     return over(template)
 
 
-def _direct(hole: PlanNode) -> bool:
-    """Whether ``hole`` is a source read directly (under its watermark or scan filter):
-    its batch is the source's relation, whose hidden columns a segment's binding exposes."""
+def _direct(hole: PlanNode, carriers: Mapping[StreamingRelation, Any] = _NO_CARRIERS) -> bool:
+    """Whether ``hole`` is a source read directly (under its watermark or scan filter)
+    whose batch is the source's relation, whose hidden columns a segment's binding exposes
+    (not one of ``carriers``, the sources whose batches carry them in a column when asked)."""
     while isinstance(hole, (Watermark, ScanFilter)):
         hole = hole.child
-    return isinstance(hole, StreamingRelation)
+    return isinstance(hole, StreamingRelation) and hole not in carriers
 
 
 def _passes_hidden(node: PlanNode) -> bool:
@@ -272,7 +276,8 @@ def _run_over(node: PlanNode, holes: list[PlanNode]) -> PlanNode:
     return over(node)
 
 
-def hidden_columns_carried(plan: PlanNode, empty_inputs, spark) -> PlanNode:
+def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
+                           carriers: Mapping[StreamingRelation, Any] = _NO_CARRIERS) -> PlanNode:
     """A rewrite the planner makes once per run, before the segments: where stateless steps
     read a file source's hidden ``_metadata`` through a watermark that follows other steps
     or through a deduplication (both pass their input's rows, and Spark's analysis reads a
@@ -281,11 +286,16 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark) -> PlanNode:
     deduplication passes on, and the segment above reads it as the hidden column (its
     placeholder a relation of the source's format with the hole's other columns, which has
     the hidden column). Which reads need it is Spark's analysis of the steps over such
-    placeholders; a source read directly needs none (the binding exposes its relation's)."""
+    placeholders; a source read directly needs none (the binding exposes its relation's),
+    unless its batches are not relations that have them (``carriers``: a file source
+    reading in Python tasks), which then carries them in that column itself."""
 
     def carried(node: PlanNode, needed: bool) -> PlanNode:
-        if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node) and _passes_hidden(node):
+        if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node, carriers) and _passes_hidden(node):
             return children_replaced(node, [carried(node.child, True)])
+        if needed and node in carriers:    # (its batches carry the column themselves from now on)
+            carriers[node].carry_hidden_columns()
+            return node
         if needed:    # (a source read directly, or stateless steps: they select it)
             node = Transform(node, "select", ("*", F.col(HIDDEN_COLUMN).alias(spark_internals.CARRIED_METADATA)))
         if not isinstance(node, SEGMENT_STEPS):
@@ -295,7 +305,7 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark) -> PlanNode:
         return _run_over(node, [carried(hole, read) for hole, read in zip(holes, reads)])
 
     def _holes_read_for_hidden(run: PlanNode, holes: list[PlanNode]) -> list[bool]:
-        asked = [not _direct(h) and _may_carry(h) for h in holes]
+        asked = [not _direct(h, carriers) and _may_carry(h) for h in holes]
         if not any(asked) or not _steps_may_name_hidden(run):
             return [False] * len(holes)
         try:

@@ -166,6 +166,19 @@ class Source(ABC):
     def commit(self, end: Any) -> None:  # noqa: B027 - a hook: most sources keep nothing to drop
         pass
 
+    def batches_expose_hidden_columns(self) -> bool:
+        """Whether each batch is a relation whose hidden columns (a file source's
+        ``_metadata``) a segment's binding exposes, as Spark's file relations have them. A
+        source whose batches are not carries them in a last column of their own once asked
+        (``carry_hidden_columns``)."""
+        return True
+
+    def carry_hidden_columns(self) -> None:
+        """From now on give each batch with data the source's hidden columns in a last
+        column, ``spark_internals.CARRIED_METADATA`` (the planner asks where the query's
+        steps read them); refuse, naming why, where the source cannot."""
+        raise NotImplementedError(f"{type(self).__name__} exposes its batches' hidden columns itself")
+
     def stop(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
         pass
 

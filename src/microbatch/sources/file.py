@@ -18,7 +18,7 @@ How a batch is made:
    ``sourceArchiveDir``) to the files of batch ``b``, which the query has committed.
 
 A directory written by a file sink (it has ``_spark_metadata``) is listed through
-that log, so only files of committed batches are read.
+that log, on local disk or on the store, so only files of committed batches are read.
 
 Replayable: the same range always reads the same files, as long as they exist.
 
@@ -244,6 +244,8 @@ class FileStreamSource(Source):
         self._reader_options = inner
         self._batches: spark_internals.FileBatches | None = None   # made at the first batch
         self._store_batches: StoreBatches | None = None
+        #: the ``_metadata`` struct type each batch read in tasks carries (carry_hidden_columns)
+        self._carried_metadata: Any = None
         self._no_files: DataFrame | None = None    # the batch of a log range whose files are gone
         self.metadata_log = FileStreamSourceLog(
             context.metadata_path, context.fs,
@@ -318,20 +320,18 @@ class FileStreamSource(Source):
     # -- listing ------------------------------------------------------------
     def fetch_all_files(self) -> list[ListedFile]:
         """All files of the path, oldest first (newest first with ``latestFirst``)."""
-        if self._store is not None:
-            self._refuse_store_sink_output()
-        elif self.source_has_metadata is None:
-            if has_sink_metadata(self._spark, self.path):
-                self._set_has_metadata()
+        if self.source_has_metadata is None and has_sink_metadata(self._spark, self.path, self._store):
+            self._set_has_metadata()
         if self.source_has_metadata:
             files = self._files_from_sink_log()
         elif self._incremental is not None:
             files = self._incremental.list()
+            self.source_has_metadata = False     # (asked once: not a sink's output)
         else:
             files = list_input_files(self.path, self._path_glob_filter, self._recursive, self._files)
             if files and self.source_has_metadata is None:
                 # The sink may have created its log after the check above.
-                if has_sink_metadata(self._spark, self.path):
+                if has_sink_metadata(self._spark, self.path, self._store):
                     self._set_has_metadata()
                     files = self._files_from_sink_log()
                 else:
@@ -342,21 +342,6 @@ class FileStreamSource(Source):
             files.sort(key=lambda f: (f.mtime_ms, f.path))
         return files
 
-    def _refuse_store_sink_output(self) -> None:
-        """A file sink's output on an object store would be read through its log, which
-        microbatch does not read there yet: refused rather than listed as plain files."""
-        if self.source_has_metadata is not None or is_glob_path(self.path):
-            self.source_has_metadata = False
-            return
-        if not conf_bool(self._spark, "spark.sql.streaming.fileStreamSink.ignoreMetadata", False) and \
-                self._store.exists(f"{self.path.rstrip('/')}/{SINK_METADATA_DIR}"):
-            raise UnsupportedOperationError(
-                f"The file source '{self.path}' is the output of a file sink (it has "
-                f"{SINK_METADATA_DIR}), which microbatch reads through the sink's log on local "
-                "disk only. Set spark.sql.streaming.fileStreamSink.ignoreMetadata=true to read "
-                "every file of the directory instead.")
-        self.source_has_metadata = False
-
     def _set_has_metadata(self) -> None:
         if self.cleaner is not None:
             raise UnsupportedOperationError(
@@ -366,8 +351,8 @@ class FileStreamSource(Source):
         self.source_has_metadata = True
 
     def _files_from_sink_log(self) -> list[ListedFile]:
-        reader = sink_log_reader(self._spark, self.path)
-        return [ListedFile(e.local_path, e.size, e.modificationTime)
+        reader = sink_log_reader(self._spark, self.path, self._store)
+        return [ListedFile(e.path if self._store is not None else e.local_path, e.size, e.modificationTime)
                 for e in live_files(reader.all_files())]
 
     # -- offsets ------------------------------------------------------------
@@ -443,6 +428,7 @@ class FileStreamSource(Source):
         entries = self.metadata_log.files_in_range(start_offset + 1, end_offset)
         log.info("Processing %d files from %d:%d", len(entries), start_offset + 1, end_offset)
         paths = [_entry_path(e) for e in entries]
+        modified_ms = {path: e.timestamp for path, e in zip(paths, entries)}
         # on a store, a missing file is found by the task reading it (no request per file here)
         missing = [] if self._store is not None else [p for p in paths if not os.path.exists(p)]
         if missing:
@@ -464,12 +450,32 @@ class FileStreamSource(Source):
             if self._store_batches is None:
                 self._store_batches = StoreBatches(self._spark, self.format, self._schema, self._reader_options,
                                                    self._store.spec(), self._ignore_missing)
+            if self._carried_metadata is not None:
+                return self._store_batches.dataframe(paths, self._carried_metadata, modified_ms)
             return self._store_batches.dataframe(paths)
         df = self._file_batches().dataframe([p if self._store is not None else "file://" + p for p in paths])
         if df.columns != self._schema.fieldNames():
             # e.g. partition directories that appeared after the stream's schema was fixed
             df = df.select(*self._schema.fieldNames())
         return df
+
+    def batches_expose_hidden_columns(self) -> bool:
+        return self.read_path != READ_IN_TASKS
+
+    def carry_hidden_columns(self) -> None:
+        """The files read in Python tasks (no Hadoop connector for the store) give
+        ``_metadata`` in a column of their own: parquet's, from each file's name, size and
+        listed modification time and each row's index in it. Spark's json, csv and text
+        parsers there take the files' lines without their file: refused."""
+        if self.format != "parquet":
+            raise UnsupportedOperationError(
+                f"The file source '{self.path}' reads its {self.format} files in Python tasks (this Spark has "
+                f"no Hadoop FileSystem for {self._store.scheme}://), where the hidden column _metadata is "
+                "available for parquet files only. Read parquet files, or run on a Spark with the store's "
+                "connector on its class path, whose reader gives _metadata for every format.")
+        local = {k: v for k, v in self._reader_options.items() if k != "basePath"}   # (no Hadoop FileSystem for it)
+        empty = no_files(self._spark, self.format, self._schema, local)
+        self._carried_metadata = empty.select("_metadata").schema.fields[0].dataType
 
     def _file_batches(self) -> spark_internals.FileBatches:
         if self._batches is None:

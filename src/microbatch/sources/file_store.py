@@ -154,15 +154,20 @@ class StoreBatches:
         self._options = {k: v for k, v in options.items()
                          if k.lower() not in ("basepath", "__globpaths__", "pathglobfilter", "recursivefilelookup")}
 
-    def dataframe(self, paths: list[str]) -> DataFrame:
+    def dataframe(self, paths: list[str], metadata: DataType | None = None,
+                  modified_ms: Mapping[str, int] | None = None) -> DataFrame:
+        """The batch of ``paths``; with ``metadata`` (parquet only: the file source's
+        ``carry_hidden_columns``), each row's ``_metadata`` of that type in a last column
+        ``CARRIED_METADATA``, the files' modification times from ``modified_ms``."""
         groups: dict[tuple, list[str]] = {}
         columns = set(self._schema.fieldNames())
         for path in paths:
             values = tuple((k, v) for k, v in partition_values(path) if k in columns)
             groups.setdefault(values, []).append(path)
         if self._format == "parquet":
-            files = [ParquetFile(p, values) for values, group in groups.items() for p in group]
-            return read_parquet_files(self._spark, files, self._schema, self._storage)
+            files = [ParquetFile(p, values, (modified_ms or {}).get(p)) for values, group in groups.items()
+                     for p in group]
+            return read_parquet_files(self._spark, files, self._schema, self._storage, metadata)
         frames = [self._text_frame(dict(values), group) for values, group in groups.items()]
         result = frames[0]
         for frame in frames[1:]:

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DataType, StructField, StructType
 
 from microbatch import spark_internals
 from microbatch.checkpoint.stores import storage_from_spec
@@ -31,6 +31,8 @@ class ParquetFile:
 
     path: str
     partition_values: tuple[tuple[str, str | None], ...] = ()
+    #: its listed modification time (ms), for ``_metadata.file_modification_time``
+    modified_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,23 +42,60 @@ class ReadParquetFilesTask:
     groups: tuple[tuple[ParquetFile, ...], ...]
     schema_json: str                                  # the stream's StructType, as JSON
     storage: tuple = field(repr=False, default=("file", ()))   # storage_from_spec's; may hold credentials
+    #: the ``_metadata`` struct type (JSON) to give each row in a last column, or None
+    metadata_json: str | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import json
 
         import pyarrow.parquet as pq
         target = spark_internals.arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
+        metadata = None
+        if self.metadata_json is not None:
+            metadata = spark_internals.arrow_schema(StructType.fromJson(json.loads(self.metadata_json)))
         store = storage_from_spec(self.storage)
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 for one in self.groups[index]:
                     values = dict(one.partition_values)
                     with store.open_input(one.path) as handle:
+                        size = handle.seek(0, 2)    # (the file's size: its end)
+                        handle.seek(0)
                         reader = pq.ParquetFile(handle)
                         present = set(reader.schema_arrow.names)
                         wanted = [name for name in target.names if name in present and name not in values]
+                        row_index = 0
                         for rows in reader.iter_batches(columns=wanted):
-                            yield _conform(rows, target, values)
+                            conformed = _conform(rows, target, values)
+                            if metadata is not None:
+                                conformed = _with_file_metadata(conformed, metadata, one, size, row_index)
+                                row_index += rows.num_rows
+                            yield conformed
+
+
+def _with_file_metadata(rows: pa.RecordBatch, metadata: pa.Schema, file: ParquetFile, size: int,
+                        first_row: int) -> pa.RecordBatch:
+    """``rows`` and their ``_metadata`` (``metadata``: one field, the struct Spark's parquet
+    relation gives) in a last column ``CARRIED_METADATA``: the file's path, name, size, one
+    block of the whole file (Spark's for a file it does not split), its listed modification
+    time, and each row's index in the file; a field Spark adds that is not one of these, null."""
+    kind = metadata.field(0).type
+    n = rows.num_rows
+    name = file.path.rstrip("/").rsplit("/", 1)[-1]
+    known = {
+        "file_path": pa.repeat(pa.scalar(file.path, pa.string()), n),
+        "file_name": pa.repeat(pa.scalar(name, pa.string()), n),
+        "file_size": pa.repeat(pa.scalar(size, pa.int64()), n),
+        "file_block_start": pa.repeat(pa.scalar(0, pa.int64()), n),
+        "file_block_length": pa.repeat(pa.scalar(size, pa.int64()), n),
+        "file_modification_time": pa.repeat(pa.scalar(
+            None if file.modified_ms is None else file.modified_ms * 1000, pa.int64()), n),
+        "row_index": pa.array(range(first_row, first_row + n), pa.int64()),
+    }
+    children = [known[f.name].cast(f.type) if f.name in known else pa.nulls(n, f.type) for f in kind]
+    column = pa.StructArray.from_arrays(children, fields=list(kind))
+    return pa.RecordBatch.from_arrays(list(rows.columns) + [column],
+                                      names=list(rows.schema.names) + [spark_internals.CARRIED_METADATA])
 
 
 def _conform(rows: pa.RecordBatch, target: pa.Schema, partition_values: dict[str, str | None]) -> pa.RecordBatch:
@@ -78,13 +117,19 @@ def _conform(rows: pa.RecordBatch, target: pa.Schema, partition_values: dict[str
 
 
 def read_parquet_files(spark: SparkSession, files: list[ParquetFile], schema: StructType,
-                       storage: tuple) -> DataFrame:
+                       storage: tuple, metadata: DataType | None = None) -> DataFrame:
     """The batch DataFrame of ``files`` (see the module docstring): at most the cluster's
-    default parallelism of tasks, the files dealt round-robin among them."""
+    default parallelism of tasks, the files dealt round-robin among them; with ``metadata``
+    (the ``_metadata`` struct type), each row's in a last column ``CARRIED_METADATA``."""
     tasks = max(1, min(len(files), spark.sparkContext.defaultParallelism))
     groups = tuple(tuple(files[i::tasks]) for i in range(tasks))
-    read = ReadParquetFilesTask(groups, schema.json(), storage)
-    return spark.range(0, tasks, 1, tasks).mapInArrow(read, schema)
+    out = schema
+    carried = None
+    if metadata is not None:
+        carried = StructType([StructField("_metadata", metadata)]).json()
+        out = StructType(schema.fields + [StructField(spark_internals.CARRIED_METADATA, metadata)])
+    read = ReadParquetFilesTask(groups, schema.json(), storage, carried)
+    return spark.range(0, tasks, 1, tasks).mapInArrow(read, out)
 
 
 # -- text files: their lines, for Spark's own JSON and CSV parsers ------------------------
