@@ -187,7 +187,8 @@ HONOURED_ROCKSDB = {ROCKSDB + "compactOnCommit": "true", ROCKSDB + "blockSizeKB"
                     ROCKSDB + "maxOpenFiles": "100", ROCKSDB + "compression": "zstd",
                     ROCKSDB + "allowFAllocate": "false", ROCKSDB + "boundedMemoryUsage": "true",
                     ROCKSDB + "maxMemoryUsageMB": "64", ROCKSDB + "writeBufferCacheRatio": "0.25",
-                    ROCKSDB + "resetStatsOnLoad": "false", ROCKSDB + "lockAcquireTimeoutMs": "30000"}
+                    ROCKSDB + "resetStatsOnLoad": "false", ROCKSDB + "lockAcquireTimeoutMs": "30000",
+                    ROCKSDB + "changelogCheckpointing.enabled": "true"}
 ROCKSDB_QUERIES = {
     "count per id": ("update", lambda f: f.groupBy("id").count()),
     "dedup with watermark": ("append", lambda f: f.withWatermark("ts", "10 seconds").dropDuplicates(["id", "ts"])),
@@ -217,6 +218,7 @@ def test_rocksdb_confs_run_with_sparks_answers_and_state_row_counts(spark, ss, t
 @pytest.mark.parametrize("name, value, message", [
     ("blockSizeKB", "-1", "must be a positive integer"),   # (0 is taken, as by Spark)
     ("compactOnCommit", "yes", "must be boolean"),
+    ("changelogCheckpointing.enabled", "on", "must be boolean"),
     ("writeBufferCacheRatio", "1.5", "must be a ratio between 0.0 and 1.0"),
     ("maxOpenFiles", "many", "must be an integer"),
 ])

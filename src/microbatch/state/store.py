@@ -141,6 +141,12 @@ class RocksDBConfs:
     RocksDB provider, and so does microbatch: ``check`` runs when a query starts with it."""
 
     compact_on_commit: bool = False          # compactOnCommit
+    #: changelogCheckpointing.enabled, checked and kept: microbatch's RocksDB provider writes
+    #: every version's changes (its delta file, Spark's changelog) whichever it says, and a
+    #: snapshot every minDeltasForSnapshot versions, so the state reader's change feed reads
+    #: them either way, and a checkpoint converted for Spark gets a snapshot, which Spark
+    #: loads with the setting on or off
+    changelog_checkpointing: bool = False
     block_size_kb: int = 4                   # blockSizeKB
     #: lockAcquireTimeoutMs when set: how long a task waits for another Python worker to hand
     #: the store's database over before it builds a private copy (microbatch's 5 s otherwise)
@@ -165,6 +171,8 @@ class RocksDBConfs:
         lock = raw(f"{_ROCKSDB}.lockAcquireTimeoutMs", "")
         confs = cls(
             compact_on_commit=_bool(raw(f"{_ROCKSDB}.compactOnCommit", "false"), f"{_ROCKSDB}.compactOnCommit"),
+            changelog_checkpointing=_bool(raw(f"{_ROCKSDB}.changelogCheckpointing.enabled", "false"),
+                                          f"{_ROCKSDB}.changelogCheckpointing.enabled"),
             block_size_kb=_long(raw(f"{_ROCKSDB}.blockSizeKB", "4"), f"{_ROCKSDB}.blockSizeKB", positive=True),
             lock_wait_ms=_long(lock, f"{_ROCKSDB}.lockAcquireTimeoutMs", positive=True) if lock else 5000,
             max_open_files=_long(raw(f"{_ROCKSDB}.maxOpenFiles", "-1"), f"{_ROCKSDB}.maxOpenFiles",
