@@ -275,6 +275,10 @@ class KafkaSink(Sink):
         self.checkpoint_root = context.checkpoint_root
         self.flush_timeout_s = max(1.0, float(self.params.get("delivery.timeout.ms", 120_000)) / 1000)
         if self.exactly_once:
+            if spark_internals.is_connect(context.spark):
+                # (its record names the query by the batch's local property, which a Connect
+                # client has not)
+                raise spark_internals.connect_refusal(f"The Kafka sink's {EXACTLY_ONCE_OPTION}")
             if self.topic is None:
                 raise IllegalArgumentException(
                     f"The Kafka sink's '{EXACTLY_ONCE_OPTION}' needs the 'topic' option: the "

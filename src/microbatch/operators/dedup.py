@@ -107,7 +107,7 @@ class Deduplicate(StatefulNode):
         return self.watermark_column() is not None
 
     def connect_refusal(self, output_mode: str) -> str | None:
-        return "dropDuplicates / dropDuplicatesWithinWatermark"
+        return None     # (its task over the batch runs as the aggregation's does there)
 
     def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
         return None
@@ -278,10 +278,14 @@ class DedupRowsTask:
 
     task: DedupTask
     columns: tuple[int, ...]    # the task's input columns, as indexes of the row's columns
+    #: where the task's metrics go: an accumulator, or over Spark Connect the in-band
+    #: channel ``spark_internals.map_state_task`` puts here (``task`` carries none)
+    metrics: Any = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = dataclasses.replace(self.task, metrics=self.metrics)
         batches = [b for b in batches if b.num_rows]
-        keeps = list(self.task(tuple(b.column(i) for i in self.columns) for b in batches))
+        keeps = list(task(tuple(b.column(i) for i in self.columns) for b in batches))
         for batch, keep in zip(batches, keeps):
             kept = batch.filter(keep)
             if kept.num_rows:
@@ -326,12 +330,15 @@ class DedupStep(StatefulStep):
         keys, arguments = self.cached("columns", lambda: (
             [F.col(quoted(k)) for k in node.keys], [F.col(quoted(c)) for c in columns]))
         partitions = self.num_partitions
-        if not spark_internals.has_arrow_udf():
+        if not spark_internals.has_arrow_udf() or not spark_internals.binds_plans(df):
+            # (before Spark 4.1, no scalar Arrow UDFs; over Spark Connect, whose state tasks
+            # report their metrics in band, a task over whole rows: map_state_task)
             def build_rows(inputs: list[DataFrame], task: DedupRowsTask):
-                mapped = inputs[0].repartition(partitions, *keys).mapInArrow(task, schema)
+                mapped = spark_internals.map_state_task(inputs[0].repartition(partitions, *keys), task, schema)
                 return mapped, spark_internals.map_in_arrow_function(mapped, schema)
 
-            rows_task = DedupRowsTask(task, tuple(names.index(c) for c in columns))
+            rows_task = DedupRowsTask(dataclasses.replace(task, metrics=None), tuple(names.index(c) for c in columns),
+                                      task.metrics)
             return self.bind([df], rows_task, build_rows)
 
         def build(inputs: list[DataFrame], task: DedupTask):

@@ -5,15 +5,16 @@ from typing import NoReturn
 
 #: what a Connect session runs, in the words of the refusal
 WHAT_RUNS = (
-    "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files) and rate; "
+    "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files), rate and kafka; "
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
-    "and groupBy(window(...) and columns) with count/sum/min/max/avg in append or update mode; "
-    "the sinks foreachBatch and the parquet file sink")
+    "groupBy(window(...) and columns) with count/sum/min/max/avg in append or update mode, "
+    "and dropDuplicates/dropDuplicatesWithinWatermark; "
+    "the sinks foreachBatch, the parquet file sink and kafka")
 
 #: source formats that run over Connect
-SOURCES = frozenset({"parquet", "json", "csv", "rate"})
+SOURCES = frozenset({"parquet", "json", "csv", "rate", "kafka"})
 #: sink formats that run over Connect
-SINKS = frozenset({"parquet", "foreachbatch"})
+SINKS = frozenset({"parquet", "foreachbatch", "kafka"})
 #: DataFrame methods (a ``Transform`` step) that run over Connect
 STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "withColumns",
                    "withColumnRenamed", "withColumnsRenamed", "drop", "alias", "toDF"})
