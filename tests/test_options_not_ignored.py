@@ -231,8 +231,6 @@ def test_a_documented_option_is_honoured_or_refused(name):
 #: of a mode microbatch refuses as a whole, so they have nothing to configure
 REFUSED_WITH_THEIR_MODE = {
     "spark.sql.streaming.continuous.epochBacklogQueueSize": "trigger(continuous=...) is refused",
-    "spark.sql.streaming.realTimeMode.allowlistCheck": "trigger(realTime=...) is refused",
-    "spark.sql.streaming.realTimeMode.minBatchDuration": "trigger(realTime=...) is refused",
 }
 #: SQLConf's documented streaming confs microbatch honours by running through Spark's own
 #: machinery, not by reading them: the test (file, function) that shows each honoured, which

@@ -18,6 +18,8 @@ from microbatch.spark_internals.errors import java_exception
 from microbatch.util import conf_bool
 from microbatch.runtime.events import ListenerBus
 from microbatch.runtime.micro_batch import MicroBatchExecution
+from microbatch.runtime.real_time import RealTimeExecution
+from microbatch.runtime.triggers import RealTime
 from microbatch.runtime.stream_execution import StreamExecution
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,8 @@ class StreamingQueryManager:
             raise IllegalArgumentException(
                 f"Cannot start query with name {name} as a query with that name is already "
                 "active in this SparkSession. Stop it first, or choose another queryName.")
-        execution = MicroBatchExecution(
+        execution_type = RealTimeExecution if isinstance(kwargs.get("trigger"), RealTime) else MicroBatchExecution
+        execution = execution_type(
             spark=self._spark, name=name, checkpoint_root=checkpoint_root,
             listener_bus=self._bus, on_terminated=self._on_terminated, **kwargs)
         if execution.id in self._active and not conf_bool(self._spark, STOP_ACTIVE_RUN_ON_RESTART, True):

@@ -21,7 +21,9 @@ from microbatch.checkpoint.fs import LOCAL, ObjectStoreFileSystem
 from microbatch.checkpoint.stores import is_local, storage_for
 from microbatch.errors import IllegalArgumentException, UnsupportedOperationError, pyspark_error
 from microbatch.runtime.clock import Clock, SystemClock
-from microbatch.runtime.triggers import AvailableNow, Once, ProcessingTime, Trigger, trigger_from_writer_args
+from microbatch.runtime.real_time import check_real_time_query
+from microbatch.runtime.triggers import (AvailableNow, Once, ProcessingTime, RealTime, Trigger,
+                                         trigger_from_writer_args)
 from microbatch.plan.checks import (CHECK_CORRECTNESS_CONF, check_joins_kept, check_output_mode, check_runs_over_connect,
                                     check_source_names, normalize_output_mode)
 from microbatch.connectors import lookup_sink
@@ -177,6 +179,11 @@ class DataStreamWriter:
             check_runs_over_connect(self._plan, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
                                     self._output_mode, self._sink is not None)
         opts = CaseInsensitiveOptions(self._options)
+        if isinstance(self._trigger, RealTime):
+            check_real_time_query(spark, self._trigger, self._plan,
+                                  "sink object" if self._sink is not None else
+                                  self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
+                                  self._output_mode, self._options)
         _check_async_progress_tracking(self._options, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
                                        self._sink, self._trigger, self._plan)
         if self._sink is not None:

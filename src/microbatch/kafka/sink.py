@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
@@ -259,6 +260,25 @@ def _produce(batches, producer, config: dict, topic_option: str | None, exactly_
                                       "skipped": pa.array([skipped], pa.int64())})
 
 
+@dataclass(frozen=True)
+class RealTimeWrite:
+    """The Kafka sink's writer in a real-time task (``Sink.real_time_writer``)."""
+
+    config: dict
+    topic: str | None
+    exactly_once: dict | None
+    flush_timeout_s: float
+    pooling: tuple[int, float] | None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
+        rows = skipped = 0
+        for result in _write(batches, self.config, self.topic, self.exactly_once, self.flush_timeout_s,
+                             self.pooling):
+            rows += sum(result.column(1).to_pylist())
+            skipped += sum(result.column(2).to_pylist())
+        return rows, skipped
+
+
 class KafkaSink(Sink):
     reads_batch_through = READS_SQL
     #: a kept batch DataFrame gets its producing DataFrame once (``_writing``)
@@ -339,6 +359,18 @@ class KafkaSink(Sink):
         results = self._writing(df, exactly_once).collect()
         self.last_num_output_rows = sum(r["rows"] for r in results)
         self.last_skipped = sum(r["skipped"] for r in results)
+
+    def real_time_writer(self, df: DataFrame, batch_id: int, query_id: str) -> tuple[DataFrame, "RealTimeWrite"]:
+        """A real-time batch's writer: each task's producer writes records as the task hands
+        them over (``linger.ms`` is the only wait) and flushes at the batch's end; with
+        ``microbatch.exactlyOnce`` a batch run again skips the records its crashed run wrote,
+        as a micro-batch does (its record ids are by content, so they hold for a batch
+        whose end the tasks decide)."""
+        exactly_once = None
+        if self.exactly_once:
+            exactly_once = {**self._batch_record(batch_id), "batch": batch_id, "query": query_id}
+        return self._columns(df), RealTimeWrite(self.params, self.topic, exactly_once, self.flush_timeout_s,
+                                                pool_settings(df.sparkSession.conf.get, None, PRODUCER_TIMEOUT))
 
     def _writing(self, df: DataFrame, exactly_once: dict | None) -> DataFrame:
         """The DataFrame whose tasks produce ``df``'s rows. A batch's task carries its

@@ -43,7 +43,7 @@ from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType,
                                StructField, StructType, TimestampType)
 
 from microbatch import spark_internals
-from microbatch.errors import AnalysisException, IllegalArgumentException
+from microbatch.errors import AnalysisException, IllegalArgumentException, UnsupportedOperationError
 from microbatch.kafka.client import HEADERS_TYPE, client_params
 from microbatch.kafka.group_commits import GroupOffsetCommitter
 from microbatch.kafka.data_loss import INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE, KafkaDataLoss
@@ -53,6 +53,7 @@ from microbatch.kafka.offsets import (EARLIEST, LATEST, _partitions_text, offset
 from microbatch.kafka.options import validate_stream_options
 from microbatch.kafka.pool import CONSUMER_CAPACITY, CONSUMER_TIMEOUT, pool_settings
 from microbatch.kafka.rate_limit import rate_limit
+from microbatch.kafka.real_time import RealTimeRead
 from microbatch.kafka.tasks import (OffsetRange, _read_bound_ranges_task, _read_ranges_task, split_ranges,
                                     task_groups)
 from microbatch.sources.base import (ALL_AVAILABLE, BoundBatch, CompositeReadLimit, ReadAllAvailable, RowsRead,
@@ -320,6 +321,30 @@ class KafkaSource(Source):
             return spark.range(0, len(groups), 1, len(groups)).mapInArrow(read, self._schema)
         return BoundBatch(("kafka", len(groups)), self._bound_key, value, frame, self._bound_rows.take)
 
+
+    def real_time_read(self, start: Any) -> RealTimeRead:
+        """Real-time mode's batch from ``start``: every partition the strategy names now
+        (one new since ``start`` from its earliest offset), packed into at most the
+        cluster's cores. The read limits make no sense where a batch ends by time: refused,
+        as Spark's real-time Kafka stream refuses them."""
+        limits = [name for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+                                    "minPartitions", "maxRecordsPerPartition") if name in self._options]
+        if limits:
+            raise UnsupportedOperationError(
+                f"The Kafka source's {', '.join(limits)} cannot be used in real-time mode, whose batches end "
+                "by time, not by a number of records. Remove the option(s), or use a processingTime trigger.")
+        start_offsets = parse_offsets(start, "start offset")
+        latest = self.reader.latest(known=start_offsets)
+        self._latest = latest
+        new = [tp for tp in latest if tp not in start_offsets]
+        begin = {**(self.reader.earliest(new) if new else {}), **start_offsets}
+        partitions = [(t, p, begin[(t, p)]) for t, p in sorted(latest)]
+        tasks = max(1, min(len(partitions), spark_internals.default_parallelism(self._context.spark)))
+        # (every partition in a task of its own up to the cores; then round robin, so a batch
+        # run again puts each partition in the task it had: the exactly-once sink's ids)
+        groups = [partitions[i::tasks] for i in range(tasks)]
+        return RealTimeRead(begin, [g for g in groups if g], self._executor_config, self.include_headers,
+                            self.fail_on_data_loss, latest)
 
     def batch_committed(self, end: Any) -> None:
         if self._group_commits is not None:

@@ -59,7 +59,7 @@ from microbatch.runtime.scan_filters import with_scan_filters
 from microbatch.runtime.incremental import IncrementalExecution, PlannedBatch
 from microbatch.runtime.stream_execution import StreamExecution, conf_ms
 from microbatch.runtime.triggers import (AvailableNow, MultiBatchExecutor, Once, ProcessingTime,
-                                         ProcessingTimeExecutor, SingleBatchExecutor, Trigger)
+                                         ProcessingTimeExecutor, RealTime, SingleBatchExecutor, Trigger)
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.sinks.base import Sink
 from microbatch.sources.base import ALL_AVAILABLE, Source, SourceContext
@@ -134,6 +134,8 @@ class MicroBatchExecution(StreamExecution):
             self.trigger_executor = SingleBatchExecutor()
         elif isinstance(trigger, AvailableNow):
             self.trigger_executor = MultiBatchExecutor()
+        elif isinstance(trigger, RealTime):      # (batches back to back: runtime.real_time)
+            self.trigger_executor = ProcessingTimeExecutor(ProcessingTime(0), self.clock, self.interrupt)
         else:
             raise ValueError(f"Unknown type of trigger: {trigger}")
 

@@ -5,6 +5,9 @@
 - ``Once``: one batch with everything available, then stop (SingleBatchExecutor).
 - ``AvailableNow``: everything available at start, in as many batches as read
   limits need, then stop (MultiBatchExecutor).
+- ``RealTime(duration)``: Spark 4.1's real-time mode: long-running batches back to back,
+  each ``duration`` long, whose tasks process records as they arrive
+  (``runtime.real_time``); the executor is ProcessingTime(0)'s, as Spark's.
 """
 from __future__ import annotations
 
@@ -39,6 +42,10 @@ class Trigger:
     def AvailableNow() -> "AvailableNow":
         return AvailableNow()
 
+    @staticmethod
+    def RealTime(batch_duration: str | int = "5 minutes") -> "RealTime":
+        return RealTime.of(batch_duration)
+
 
 @dataclass(frozen=True)
 class ProcessingTime(Trigger):
@@ -67,6 +74,23 @@ class AvailableNow(Trigger):
     pass
 
 
+@dataclass(frozen=True)
+class RealTime(Trigger):
+    """Spark's RealTimeTrigger: each batch runs ``batch_duration_ms`` (its checkpoint
+    interval, not a latency). Its default, as Spark's ``Trigger.RealTime()``, is 5 minutes."""
+    batch_duration_ms: int = 300_000
+
+    @classmethod
+    def of(cls, duration: str | int) -> "RealTime":
+        ms = duration if isinstance(duration, int) else (
+            spark_internals.processing_time_ms(str(duration)) if spark_internals.jvm_started()
+            else interval_to_ms(str(duration), "realTime trigger batch duration"))
+        if ms <= 0:
+            raise IllegalArgumentException(
+                f"requirement failed: the batch duration should be positive, but got {duration}")
+        return cls(ms)
+
+
 def trigger_from_writer_args(processingTime=None, once=None, availableNow=None,
                              continuous=None, realTime=None) -> Trigger:
     """PySpark's ``writeStream.trigger(...)`` keyword rules and errors."""
@@ -83,11 +107,14 @@ def trigger_from_writer_args(processingTime=None, once=None, availableNow=None,
         if once is not True:
             raise pyspark_error(PySparkValueError, "VALUE_NOT_ALLOWED", {"arg_name": "once", "allowed_values": "[True]"})
         return Once()
-    if continuous is not None or realTime is not None:
+    if realTime is not None:
+        return RealTime.of(realTime.strip())
+    if continuous is not None:
         raise UnsupportedOperationError(
-            f"The {'continuous' if continuous is not None else 'real-time'} trigger runs a "
-            "query in Spark's continuous or real-time processing modes, which a micro-batch "
-            "engine does not have. Use processingTime=..., once=True or availableNow=True.")
+            "The continuous trigger runs a query in Spark's continuous processing mode (deprecated "
+            "since Spark 4.1 for real-time mode), which microbatch does not have. Use realTime=... "
+            "for records through the query in milliseconds, or processingTime=..., once=True or "
+            "availableNow=True.")
     if availableNow is not True:
         raise pyspark_error(PySparkValueError, "VALUE_NOT_ALLOWED", {"arg_name": "availableNow", "allowed_values": "[True]"})
     return AvailableNow()

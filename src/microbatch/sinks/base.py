@@ -53,6 +53,14 @@ class Sink(ABC):
         """The engine gives the sink each batch's progress (PySpark's
         ``StreamingQueryProgress``) once the batch is committed: the console sink shows it."""
 
+    def real_time_writer(self, df: DataFrame, batch_id: int, query_id: str) -> Any:
+        """Real-time mode (``runtime.real_time``): ``(columns, write)``, the DataFrame of the
+        columns the sink takes from the query's output ``df`` and a picklable ``write``
+        that a task calls with an iterator of Arrow batches of them, which it writes as they
+        come, answering ``(rows written, rows skipped)`` once the iterator ends. None: the
+        sink does not write row by row (Spark's allowlist refuses it)."""
+        return None
+
     def stop(self) -> None:  # noqa: B027 - a hook: most sinks hold nothing to release
         pass
 

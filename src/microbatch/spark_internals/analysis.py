@@ -1271,3 +1271,11 @@ def _streaming_relation(output: Any) -> Any:
 def _local_relation_arity() -> int:
     cls = jvm_class("java.lang.Class").forName("org.apache.spark.sql.catalyst.plans.logical.LocalRelation")
     return max(len(c.getParameterTypes()) for c in cls.getConstructors())
+
+
+def plan_json(df: Any) -> list[dict]:
+    """Spark's own JSON of ``df``'s analysed plan (``TreeNode.toJSON``: nodes in pre-order,
+    expressions as lists of their nodes), parsed: what real-time mode's tasks evaluate
+    (``plan.arrow_steps``)."""
+    import json
+    return json.loads(df._jdf.queryExecution().analyzed().toJSON())
