@@ -344,6 +344,10 @@ def latency_query(name: str, views):
     from microbatch.nexmark.queries import QUERIES
     if name == "q0":
         return QUERIES["q0"].build(views), "dateTime"
+    if name == "q1":
+        return QUERIES["q1"].build(views), "dateTime"
+    if name == "q2":      # (the bid's time added to Nexmark's columns)
+        return views.bid.where(F.col("auction") % 123 == 0).select("auction", "price", "dateTime"), "dateTime"
     if name == "q7":
         highest = (views.bid.groupBy(F.window("dateTime", "10 seconds"))
                    .agg(F.max(F.struct("price", "auction", "bidder", "dateTime", "extra")).alias("top")))
@@ -366,7 +370,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_once(session, engine: str, io: str, name: str, trigger_ms: int, rate: float, seconds: float,
-             warmup_s: float, partitions: int, file_interval_ms: int, root: str) -> dict:
+             warmup_s: float, partitions: int, file_interval_ms: int, root: str, real_time_s: float = 0) -> dict:
+    """``real_time_s``: microbatch's real-time mode with batches that long (``trigger_ms`` unused)."""
     from pyspark.sql import functions as F
 
     from microbatch.nexmark.kafka import EVENT_JSON_SCHEMA
@@ -431,8 +436,10 @@ def run_once(session, engine: str, io: str, name: str, trigger_ms: int, rate: fl
             writer = frame.writeStream.format("parquet").option("path", sink_dir)
         for p in processes:
             p.start()
-        writer = writer.outputMode(mode).option("checkpointLocation", checkpoint)
-        if trigger_ms:
+        writer = writer.outputMode("update" if real_time_s else mode).option("checkpointLocation", checkpoint)
+        if real_time_s:
+            writer = writer.trigger(realTime=f"{real_time_s} seconds")
+        elif trigger_ms:
             writer = writer.trigger(processingTime=f"{trigger_ms} milliseconds")
         query = writer.start()
         gathered = [results.get(timeout=lead_s + seconds + TAIL_S + MAX_WAIT_S + 120) for _ in processes]
@@ -456,7 +463,8 @@ def run_once(session, engine: str, io: str, name: str, trigger_ms: int, rate: fl
         raise RuntimeError(f"{engine} {io} {name}: no output row was measured")
     # rows that never came count as later than any that did
     measured = latencies + [float("inf")] * max(0, (expected or 0) - len(latencies))
-    return {"engine": engine, "io": io, "query": name, "trigger_ms": trigger_ms, "rate": rate, "rows": len(latencies),
+    return {"engine": engine + ("-rt" if real_time_s else ""), "io": io, "query": name, "trigger_ms": trigger_ms,
+            "real_time_s": real_time_s, "rate": rate, "rows": len(latencies),
             "p50_ms": percentile(measured, 0.50), "p95_ms": percentile(measured, 0.95),
             "p99_ms": percentile(measured, 0.99), "max_ms": max(measured),
             "producer_late_p99_ms": percentile(lateness, 0.99), "expected_rows": expected,
@@ -475,8 +483,8 @@ def _phases(progress: list) -> dict:
 
 
 def _expected_rows(name: str, base_ms: int, rate: float, from_ms: int, until_ms: int) -> int | None:
-    """q0's rows due in [from_ms, until_ms): the bids created then (None for the windows)."""
-    if name != "q0":
+    """q0's and q1's rows due in [from_ms, until_ms): the bids created then (None for the others)."""
+    if name not in ("q0", "q1"):
         return None
     import numpy as np
 
@@ -499,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-interval", type=int, default=200, help="ms of events a file holds (files)")
     parser.add_argument("--spark-triggers", default="0,200,1000", help="processing-time triggers, ms (0: none)")
     parser.add_argument("--mb-triggers", default="0", help="microbatch's processing-time triggers, ms")
+    parser.add_argument("--mb-real-time", default="", help="microbatch's real-time batch durations, s (kafka; "
+                        "stateless queries only)")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "nexmark_latency.json"))
     args = parser.parse_args(argv)
@@ -519,13 +529,16 @@ def main(argv: list[str] | None = None) -> int:
         for rate in [float(r) for r in args.rates.split(",")]:
             for io in args.io.split(","):
                 for name in args.queries.split(","):
-                    runs = [("spark", spark, int(t)) for t in args.spark_triggers.split(",") if t] + \
-                           [("microbatch", ss, int(t)) for t in args.mb_triggers.split(",") if t]
-                    for engine, session, trigger_ms in runs:
+                    runs = [("spark", spark, int(t), 0) for t in args.spark_triggers.split(",") if t] + \
+                           [("microbatch", ss, int(t), 0) for t in args.mb_triggers.split(",") if t] + \
+                           [("microbatch", ss, 0, float(d)) for d in args.mb_real_time.split(",")
+                            if d and io == "kafka"]
+                    for engine, session, trigger_ms, real_time_s in runs:
                         row = run_once(session, engine, io, name, trigger_ms, rate, args.seconds, args.warmup,
-                                       args.partitions, args.file_interval, root)
+                                       args.partitions, args.file_interval, root, real_time_s)
                         rows.append(row)
-                        print(f"{rate:>8,.0f} ev/s {io:5} {name:3} {engine:10} trigger {trigger_ms:>4} ms: "
+                        shown = f"real-time {real_time_s:g} s" if real_time_s else f"trigger {trigger_ms:>4} ms"
+                        print(f"{rate:>8,.0f} ev/s {io:5} {name:3} {row['engine']:13} {shown}: "
                               f"p50 {row['p50_ms']:>7,.0f}  p95 {row['p95_ms']:>7,.0f}  p99 {row['p99_ms']:>7,.0f} ms "
                               f"({row['rows']:,} rows{'' if row['expected_rows'] in (None, row['rows']) else ' OF ' + format(row['expected_rows'], ',')}; "
                               f"producer late p99 {row['producer_late_p99_ms']:.0f} ms; batch "
@@ -533,9 +546,10 @@ def main(argv: list[str] | None = None) -> int:
                               flush=True)
                     best = {e: min((r["p99_ms"] for r in rows if r["engine"] == e and r["io"] == io
                                     and r["query"] == name and r["rate"] == rate), default=float("nan"))
-                            for e in ("spark", "microbatch")}
+                            for e in ("spark", "microbatch", "microbatch-rt")}
                     print(f"{rate:>8,.0f} ev/s {io:5} {name:3} best p99: microbatch / Spark = "
-                          f"{best['microbatch'] / best['spark']:.2f}", flush=True)
+                          f"{best['microbatch'] / best['spark']:.2f}, microbatch real-time / Spark = "
+                          f"{best['microbatch-rt'] / best['spark']:.2f}", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"seconds": args.seconds, "warmup": args.warmup, "partitions": args.partitions, "results": rows},

@@ -4,6 +4,8 @@
   ``maxOffsetsPerTrigger`` so that a run has many batches to be killed in).
 - ``sink``: json files in SRC -> Kafka topic OUT with the exactly-once option;
   ``sink-at-least-once`` without it.
+- ``real-time``: Kafka topic SRC -> Kafka topic OUT in real-time mode (2-second batches);
+  ``real-time-exactly-once`` with the sink's exactly-once option.
 
 Prints ``STARTED`` and ``PROGRESS <batchId>`` (child_process.PrintProgress).
 """
@@ -34,11 +36,27 @@ def sink_writer(ss, src: str, topic: str, ckpt: str, bootstrap: str, exactly_onc
             .option("checkpointLocation", ckpt))
 
 
+def real_time_writer(ss, src: str, topic: str, ckpt: str, bootstrap: str, exactly_once: bool):
+    frame = (ss.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", src).option("startingOffsets", "earliest").load())
+    return (frame.selectExpr("key", "CAST(value AS STRING) AS value")
+            .writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("kafka.batch.num.messages", 1)     # Tansu's latest-offset quirk
+            .option("topic", topic).option("microbatch.exactlyOnce", str(exactly_once).lower())
+            .option("checkpointLocation", ckpt).outputMode("update").trigger(realTime="2 seconds"))
+
+
 def main() -> None:
     src, out, ckpt, mode, bootstrap = sys.argv[1:6]
     crash_points.arm()
-    ss = StreamingSession(conf={"spark.sql.shuffle.partitions": "2"})
+    ss = StreamingSession(conf={"spark.sql.shuffle.partitions": "2",
+                                "spark.sql.streaming.realTimeMode.minBatchDuration": "1000"})
     ss.streams.addListener(PrintProgress())
+    if mode.startswith("real-time"):
+        query = real_time_writer(ss, src, out, ckpt, bootstrap, mode.endswith("exactly-once")).start()
+        print("STARTED", flush=True)
+        query.awaitTermination()
+        return
     if mode == "source":
         writer = source_writer(ss, src, out, ckpt, bootstrap)
     else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import json
-import time
+import urllib.request
 
 import pyarrow as pa
 import pytest
@@ -14,6 +14,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 
 from helpers import wait_for
+from microbatch import StreamingSession
+from prometheus_client.parser import text_string_to_metric_families
 from microbatch.kafka.source import kafka_schema
 from microbatch.plan.arrow_steps import ArrowSteps, java_double_text
 from microbatch.runtime.real_time import steps_of
@@ -175,24 +177,33 @@ def test_a_real_time_query_writes_the_micro_batch_rows_and_resumes(ss, spark, br
         wait_for(lambda: len(broker.read_all(rt_out)) >= 200, 60, "the first records out")
         _produce(broker, source, 300, 150, 3)      # (while a batch runs: read as they arrive)
         wait_for(lambda: len(broker.read_all(rt_out)) >= 300, 60, "the records produced later")
-        wait_for(lambda: query.lastProgress is not None and query.lastProgress.numInputRows > 0, 60, "a progress")
-    finally:
+    finally:        # (in the middle of a batch: its tasks end early and it commits, Spark's would not)
         query.stop()
     assert query.exception() is None
     progress = [p for p in query.recentProgress if p.numInputRows]
-    assert sum(p.numInputRows for p in query.recentProgress) == 450
+    assert sum(p.numInputRows for p in query.recentProgress) == len(broker.read_all(source)) == 450
     assert {"e2eLatencyMs.P99", "processingLatencyMs.P50"} <= set(progress[-1].sink.metrics)
     offsets = json.loads(open(f"{ckpt}/offsets/{progress[-1].batchId}").read().splitlines()[-1])
     assert offsets == {source: {"0": 150, "1": 150, "2": 150}}
 
     _produce(broker, source, 450, 60, 3)
-    again = _writer(_reader(ss, broker, source), broker, rt_out, ckpt).outputMode("update") \
-        .trigger(realTime="1 second").start()
+    with_ui = StreamingSession(spark, ui_port=0)    # (the restart on a session with the dashboard's /metrics)
     try:
+        again = _writer(_reader(with_ui, broker, source), broker, rt_out, ckpt).outputMode("update") \
+            .trigger(realTime="1 second").start()
         wait_for(lambda: len(broker.read_all(rt_out)) >= 340, 60, "the records after the restart")
-        time.sleep(1.5)     # (deliberate: a repeat would arrive in this batch)
-    finally:
+        wait_for(lambda: sum(p.numInputRows for p in again.recentProgress) == 60, 60, "every record committed")
+
+        def latencies() -> dict:
+            with urllib.request.urlopen(with_ui.ui_url + "metrics", timeout=10) as response:
+                families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+            return {(s.labels["kind"], s.labels["percentile"]): s.value
+                    for s in families["microbatch_real_time_latency_ms"].samples if s.labels["query_id"] == again.id}
+        gauges = wait_for(lambda: len(latencies()) == 15 and latencies(), 30, "the latencies on /metrics")
+        assert 0 <= gauges[("processingLatencyMs", "P50")] <= gauges[("processingLatencyMs", "P99")]
         again.stop()
+    finally:
+        with_ui.stop()
     real_time = collections.Counter((r.key(), r.value()) for r in broker.read_all(rt_out))
 
     mb = _writer(_reader(ss, broker, source), broker, mb_out, str(tmp_path / "mb")).trigger(availableNow=True).start()

@@ -23,12 +23,15 @@ import pyarrow as pa
 from microbatch.kafka.client import _new_consumer
 from microbatch.kafka.data_loss import INSTRUCTION_FOR_FAIL_ON_DATA_LOSS_FALSE, KafkaDataLoss
 from microbatch.kafka.offsets import offsets_json
+from microbatch.kafka.sink import SOURCE_POSITION
 from microbatch.kafka.tasks import _Columns
 
 #: the longest a task waits in one read for records to arrive (its reads are back to back)
 POLL_WAIT_S = 0.005
 #: the most records a task hands on at once (what one read returns, at most)
 MAX_RECORDS_PER_READ = 2_000
+#: how often a task looks for the end marker of a stopped query, in seconds
+END_CHECK_S = 0.1
 #: latencies a task keeps for the batch's percentiles (a uniform sample beyond that)
 LATENCY_SAMPLE = 20_000
 #: the schema of a task's answer
@@ -49,10 +52,13 @@ class RealTimeRead:
     #: the schema of a task's answer
     result_schema: str = RESULT_SCHEMA
 
-    def task(self, steps: Callable[[pa.RecordBatch], pa.RecordBatch], write: Callable, deadline_ms: int):
-        """The ``mapInArrow`` function of the batch's tasks (input: each task's index)."""
+    def task(self, steps: Callable[[pa.RecordBatch], pa.RecordBatch], write: Callable, deadline_ms: int,
+             end_marker: tuple | None = None):
+        """The ``mapInArrow`` function of the batch's tasks (input: each task's index).
+        ``end_marker`` (a checkpoint store's ``spec()``, a path): the batch ends early once
+        that file exists (a query stopped: ``runtime.real_time``)."""
         return _RealTimeTask(self.groups, self.config, self.include_headers, self.fail_on_data_loss,
-                             steps, write, deadline_ms)
+                             steps, write, deadline_ms, end_marker)
 
     def end_offset(self, reached: list[dict]) -> Any:
         """The batch's end (Spark's ``mergeOffsets``) from each task's answer: each
@@ -74,6 +80,16 @@ class _RealTimeTask:
     steps: Callable
     write: Callable
     deadline_ms: int
+    end_marker: tuple | None = None
+
+    def _ended_early(self, now: float, checked: list) -> bool:
+        """Whether the end marker exists (looked for every ``END_CHECK_S``)."""
+        if self.end_marker is None or now - checked[0] < END_CHECK_S:
+            return False
+        checked[0] = now
+        from microbatch.checkpoint.stores import storage_from_spec
+        spec, path = self.end_marker
+        return storage_from_spec(spec).exists(path)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -88,25 +104,34 @@ class _RealTimeTask:
         counts = {"in": 0, "out": 0}
         latencies: dict[str, list] = {"sourceQueuingLatencyMs": [], "processingLatencyMs": [], "e2eLatencyMs": []}
         seen = [0]
-        outputs = self._outputs(positions, counts, latencies, seen)
-        written, skipped = self.write(outputs)
+        # (a batch run again reads its partitions at least past what its crashed run wrote:
+        # the exactly-once sink's ids, kafka.sink.RealTimeWrite)
+        skip, past = self.write.written_before()
+        outputs = self._outputs(positions, counts, latencies, seen, past)
+        written, skipped = self.write(outputs, skip)
         reached = {f"{t}:{p}": offset for (t, p), offset in positions.items()}
         return pa.RecordBatch.from_pydict({
             "task": pa.array([task], pa.int32()), "offsets": [json.dumps(reached)],
             "rows_in": pa.array([counts["in"]], pa.int64()), "rows_out": pa.array([written], pa.int64()),
             "skipped": pa.array([skipped], pa.int64()), "latencies": [json.dumps(latencies)]})
 
-    def _outputs(self, positions: dict, counts: dict, latencies: dict, seen: list) -> Iterator[pa.RecordBatch]:
+    def _outputs(self, positions: dict, counts: dict, latencies: dict, seen: list,
+                 past: dict) -> Iterator[pa.RecordBatch]:
         from confluent_kafka import KafkaError, TopicPartition as KTP  # noqa: N814 - not offsets.TopicPartition
         if not positions:
             return
         consumer = _new_consumer({**self.config, "enable.partition.eof": False})
+        checked = [time.time()]
+        ended = False
         try:
             consumer.assign([KTP(t, p, start) for (t, p), start in positions.items()])
             while True:
                 left_s = self.deadline_ms / 1000 - time.time()
-                if left_s <= 0:
-                    return
+                ended = ended or self._ended_early(time.time(), checked)
+                if left_s <= 0 or ended:
+                    if all(offset >= past.get(f"{t}:{p}", 0) for (t, p), offset in positions.items()):
+                        return
+                    left_s = POLL_WAIT_S
                 messages = consumer.consume(MAX_RECORDS_PER_READ, timeout=min(POLL_WAIT_S, left_s))
                 if not messages:
                     continue
@@ -138,7 +163,10 @@ class _RealTimeTask:
                     columns.add(records)
                     arrived = columns.batch()
                     counts["in"] += arrived.num_rows
-                    out = self.steps(arrived)
+                    out, rows = self.steps.rows(arrived)
+                    if out.num_rows and self.write.wants_positions:
+                        out = out.append_column(SOURCE_POSITION, pa.array(
+                            [f"{tp[0]}:{tp[1]}:{records[r].offset()}" for r in rows.to_pylist()], pa.string()))
                     if out.num_rows:
                         yield out
                     written_ms = time.time() * 1000

@@ -52,6 +52,9 @@ from microbatch import crash_points, spark_internals
 log = logging.getLogger(__name__)
 
 EXACTLY_ONCE_OPTION = "microbatch.exactlyOnce"
+#: a real-time task's column of each row's input record (``topic:partition:offset``), the
+#: exactly-once id of the record it becomes; never written
+SOURCE_POSITION = "__microbatch_source_position"
 RECORD_HEADER = "microbatch.record"
 _RESULT_SCHEMA = "task INT, rows LONG, skipped LONG"
 
@@ -201,15 +204,20 @@ def _produce(batches, producer, config: dict, topic_option: str | None, exactly_
 
     skip: set[str] = set()
     prefix = None
+    sources = None      # (real-time mode: each record's id is its input record's position)
     if exactly_once is not None:
-        prefix = f"{exactly_once['query']}:{exactly_once['batch']}:{task}:"
-        if exactly_once["rerun"] or attempt > 0:
-            skip = _written_ids(config, exactly_once["topic"], exactly_once["start"], prefix,
-                                flush_timeout_s)
+        if exactly_once.get("real_time"):
+            prefix, skip = f"{exactly_once['query']}:{exactly_once['batch']}:", exactly_once["skip"]
+        else:
+            prefix = f"{exactly_once['query']}:{exactly_once['batch']}:{task}:"
+            if exactly_once["rerun"] or attempt > 0:
+                skip = _written_ids(config, exactly_once["topic"], exactly_once["start"], prefix,
+                                    flush_timeout_s)
     seen: dict[str, int] = {}
     rows = skipped = 0
     for batch in batches:
         columns = batch.to_pydict()
+        sources = columns.get(SOURCE_POSITION)
         n = batch.num_rows
         topics = columns.get("topic") or [None] * n
         for i in range(n):
@@ -224,10 +232,13 @@ def _produce(batches, producer, config: dict, topic_option: str | None, exactly_
             headers = [(h["key"], h["value"]) for h in (columns["headers"][i] or [])] \
                 if "headers" in columns else []
             if prefix is not None:
-                digest = _record_digest(topic, partition, key, value, headers)
-                occurrence = seen.get(digest, 0)
-                seen[digest] = occurrence + 1
-                record_id = f"{prefix}{digest}:{occurrence}"
+                if sources is not None:
+                    record_id = f"{prefix}{sources[i]}"
+                else:
+                    digest = _record_digest(topic, partition, key, value, headers)
+                    occurrence = seen.get(digest, 0)
+                    seen[digest] = occurrence + 1
+                    record_id = f"{prefix}{digest}:{occurrence}"
                 if record_id in skip:
                     skipped += 1
                     continue
@@ -262,18 +273,40 @@ def _produce(batches, producer, config: dict, topic_option: str | None, exactly_
 
 @dataclass(frozen=True)
 class RealTimeWrite:
-    """The Kafka sink's writer in a real-time task (``Sink.real_time_writer``)."""
+    """The Kafka sink's writer in a real-time task (``Sink.real_time_writer``).
+
+    Exactly once there: batch N's tasks decide its end, so a run of N again after a crash
+    may stop before offsets its crashed run had read and written, which batch N+1 would
+    then write again. Each record's id is therefore its input record's position
+    (``Q:N:topic:partition:offset``, from the task's ``SOURCE_POSITION`` column), and a task
+    of a batch run again first reads what the crashed run wrote (the topic from the
+    offsets recorded before N): those ids are skipped, and the task reads each of its
+    input partitions at least past the last one written (``written_before``)."""
 
     config: dict
     topic: str | None
     exactly_once: dict | None
     flush_timeout_s: float
     pooling: tuple[int, float] | None
+    wants_positions: bool = False
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
+    def written_before(self) -> tuple[set[str], dict[str, int]]:
+        """(the ids a crashed run of this batch wrote, and per input ``topic:partition`` the
+        offset past its last one); nothing when the batch runs for the first time."""
+        eo = self.exactly_once
+        if eo is None or not eo["rerun"]:
+            return set(), {}
+        ids = _written_ids(self.config, eo["topic"], eo["start"], f"{eo['query']}:{eo['batch']}:", self.flush_timeout_s)
+        past: dict[str, int] = {}
+        for record_id in ids:
+            source, _, offset = record_id[len(f"{eo['query']}:{eo['batch']}:"):].rpartition(":")
+            past[source] = max(past.get(source, 0), int(offset) + 1)
+        return ids, past
+
+    def __call__(self, batches: Iterator[pa.RecordBatch], skip: set[str] = frozenset()) -> tuple[int, int]:
+        exactly_once = None if self.exactly_once is None else {**self.exactly_once, "real_time": True, "skip": skip}
         rows = skipped = 0
-        for result in _write(batches, self.config, self.topic, self.exactly_once, self.flush_timeout_s,
-                             self.pooling):
+        for result in _write(batches, self.config, self.topic, exactly_once, self.flush_timeout_s, self.pooling):
             rows += sum(result.column(1).to_pylist())
             skipped += sum(result.column(2).to_pylist())
         return rows, skipped
@@ -370,7 +403,8 @@ class KafkaSink(Sink):
         if self.exactly_once:
             exactly_once = {**self._batch_record(batch_id), "batch": batch_id, "query": query_id}
         return self._columns(df), RealTimeWrite(self.params, self.topic, exactly_once, self.flush_timeout_s,
-                                                pool_settings(df.sparkSession.conf.get, None, PRODUCER_TIMEOUT))
+                                                pool_settings(df.sparkSession.conf.get, None, PRODUCER_TIMEOUT),
+                                                wants_positions=self.exactly_once)
 
     def _writing(self, df: DataFrame, exactly_once: dict | None) -> DataFrame:
         """The DataFrame whose tasks produce ``df``'s rows. A batch's task carries its

@@ -76,6 +76,11 @@ class QueryMetricsCollector:
                                    "How far the last batch's end is behind the source's latest offsets "
                                    "(a Kafka source's progress metrics: the consumer lag, per stat over partitions)",
                                    labels=LABELS + ["source", "stat"])
+        latency = GaugeMetricFamily("microbatch_real_time_latency_ms",
+                                    "A real-time batch's record latencies, per kind (sourceQueuingLatencyMs: "
+                                    "from the record's Kafka timestamp to its read; processingLatencyMs: from "
+                                    "the read to the sink; e2eLatencyMs: both) and percentile (P0 ... P99)",
+                                    labels=LABELS + ["kind", "percentile"])
         for history in self._histories():
             progress = history.last_progress
             if history.status != RUNNING or progress is None:
@@ -94,8 +99,12 @@ class QueryMetricsCollector:
                     value = (source.get("metrics") or {}).get(f"{stat}OffsetsBehindLatest")
                     if value is not None:
                         behind.add_metric(labels + [source.get("description", ""), stat], float(value))
+            for key, value in sorted(((progress.get("sink") or {}).get("metrics") or {}).items()):
+                kind, _, percentile = key.rpartition(".")
+                if kind.endswith("LatencyMs") and percentile.startswith("P"):
+                    latency.add_metric(labels + [kind, percentile], float(value))
         yield from spark.values()
-        yield from (batch, rows, phases, trigger, behind)
+        yield from (batch, rows, phases, trigger, behind, latency)
 
 
 def metrics_text(histories: Callable[[], Iterable[QueryHistory]]) -> bytes:

@@ -833,6 +833,10 @@ def _compile_plan(node: dict, ctx: _Context) -> Any:
     raise NotEvaluable(kind)
 
 
+#: (the key of each row's input row index beside the columns)
+_ROW = "row"
+
+
 @dataclass
 class ArrowSteps:
     """The steps as one function of Arrow batches (picklable: it goes to the tasks)."""
@@ -842,18 +846,25 @@ class ArrowSteps:
     schema: pa.Schema
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return self.rows(batch)[0]
+
+    def rows(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.Array]:
+        """The output of ``batch``, and for each output row the index of its input row."""
         columns, ids, n = self._run(self.plan, batch)
-        return pa.RecordBatch.from_arrays([columns[i] for i in ids], schema=self.schema)
+        out = pa.RecordBatch.from_arrays([columns[i] for i in ids], schema=self.schema)
+        return out, columns[_ROW]
 
     def _run(self, node: Any, batch: pa.RecordBatch) -> tuple[dict, list, int]:
         if isinstance(node, _Input):
-            return {i: batch.column(k) for k, i in enumerate(node.ids)}, node.ids, batch.num_rows
+            columns = {i: batch.column(k) for k, i in enumerate(node.ids)}
+            columns[_ROW] = pa.array(range(batch.num_rows), pa.int64())
+            return columns, node.ids, batch.num_rows
         columns, ids, n = self._run(node.child, batch)
         if isinstance(node, _Filter):
             keep = pc.fill_null(node.condition.eval(columns, n), False)
             kept = {i: pc.filter(a, keep) for i, a in columns.items()}
-            return kept, ids, sum(keep.to_pylist()) if n else 0
-        out = {}
+            return kept, ids, len(kept[_ROW])
+        out = {_ROW: columns[_ROW]}
         order = []
         for k, (expr_id, _, expr) in enumerate(node.outputs):
             key = expr_id if expr_id is not None else -1 - k

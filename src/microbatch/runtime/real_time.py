@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -65,6 +66,8 @@ _SINK_CLASSES = {"foreachbatch": "org.apache.spark.sql.execution.streaming.sourc
 _FILE_SINK = "org.apache.spark.sql.execution.streaming.FileStreamSink"
 #: the latencies a batch reports, in the sink's metrics: ``<name>.P50`` ...
 LATENCIES = ("sourceQueuingLatencyMs", "processingLatencyMs", "e2eLatencyMs")
+#: how long stop() waits for the running batch to end early and commit
+END_WAIT_S = 30.0
 PERCENTILES = (("P0", 0.0), ("P50", 0.5), ("P90", 0.9), ("P95", 0.95), ("P99", 0.99))
 
 
@@ -143,6 +146,53 @@ class RealTimeExecution(MicroBatchExecution):
         self.batch_duration_ms = self.trigger.batch_duration_ms
         self._steps: ArrowSteps | None = None
         self.last_latencies: dict[str, dict[str, float]] = {}
+        #: stop(): the running batch is asked to end early (its tasks look for this file), and
+        #: commits, so a stop loses no time and repeats no record; no batch starts after it
+        self._end_marker = f"{self.checkpoint_root}/real-time/end-{self.run_id}"
+        self._batch_running = threading.Condition()
+        self._running = False
+        self._ending = False
+
+    def stop(self) -> None:
+        """Spark's stop cancels the running batch, whose records a restart writes again; here
+        the batch's tasks first end early and the batch commits (within ``END_WAIT_S``;
+        after that, as Spark's)."""
+        if threading.current_thread() is not self.thread:
+            with self._batch_running:
+                self._ending = True
+                if self._running:
+                    self.fs.mkdirs(f"{self.checkpoint_root}/real-time")
+                    self.fs.create(self._end_marker, "")
+                    self._batch_running.wait_for(lambda: not self._running, END_WAIT_S)
+        try:
+            super().stop()
+        finally:
+            if self.fs.exists(self._end_marker):
+                self.fs.delete(self._end_marker)
+    def _log_and_commit(self, batch_id: int, end: Any) -> None:
+        """``offsets/N`` with the end the tasks reached, then ``commits/N`` (step 4)."""
+        progress = self.progress
+        with progress.time_phase("walCommit"):
+            self.lease.check()
+            if not self.offset_log.add(batch_id, OffsetSeq([end], self.offset_seq_metadata)):
+                raise ConcurrentUpdateError(
+                    f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id}. Another "
+                    f"run of this query owns the checkpoint '{self.checkpoint_root}'.")
+            crash_points.reached("offsets-written")
+        with progress.time_phase("commitOffsets"):
+            self.lease.check()
+            if not self.commit_log.add(batch_id, CommitMetadata(self.watermarks.watermark_ms)):
+                raise ConcurrentUpdateError(
+                    f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id} "
+                    f"(commits/{batch_id} already exists). Another run of this query owns the checkpoint "
+                    f"'{self.checkpoint_root}'.")
+            crash_points.reached("commit-written")
+        self.committed_offsets.update(self.available_offsets)
+
+    def _batch_ended(self) -> None:
+        with self._batch_running:
+            self._running = False
+            self._batch_running.notify_all()
 
     def populate_start_offsets(self) -> None:
         latest = self.offset_log.get_latest()
@@ -156,6 +206,8 @@ class RealTimeExecution(MicroBatchExecution):
         super().populate_start_offsets()
 
     def construct_next_batch(self) -> bool:
+        if self._ending:
+            return False
         self.offset_seq_metadata = OffsetSeqMetadata(
             self.watermarks.watermark_ms, self.clock.get_time_millis(), self.offset_seq_metadata.conf,
             self.offset_seq_metadata.source_metadata_info)
@@ -191,32 +243,22 @@ class RealTimeExecution(MicroBatchExecution):
                 self._steps = steps_of(columns, self._batch_session)
         spark = self._batch_session
         spark_internals.describe_batch(self.jobs_session(), batch_id=batch_id)
-        with progress.time_phase("addBatch"):
-            deadline_ms = int(time.time() * 1000) + self.batch_duration_ms
-            task = read.task(self._steps, write, deadline_ms)
-            tasks = len(read.groups)
-            results = spark.range(0, tasks, 1, tasks).mapInArrow(task, read.result_schema).collect()
-            crash_points.reached("sink-added")
-        end = read.end_offset([json.loads(r["offsets"]) for r in results])
+        with self._batch_running:
+            self._running = True
+        try:
+            with progress.time_phase("addBatch"):
+                deadline_ms = int(time.time() * 1000) + self.batch_duration_ms
+                task = read.task(self._steps, write, deadline_ms, (self.fs.spec(), self._end_marker))
+                tasks = len(read.groups)
+                results = spark.range(0, tasks, 1, tasks).mapInArrow(task, read.result_schema).collect()
+                crash_points.reached("sink-added")
+            end = read.end_offset([json.loads(r["offsets"]) for r in results])
+            self.available_offsets = {0: end}
+            self._log_and_commit(batch_id, end)
+        finally:
+            self._batch_ended()
         rows_in = sum(r["rows_in"] for r in results)
         self.sink.last_num_output_rows = sum(r["rows_out"] for r in results)
-        self.available_offsets = {0: end}
-        with progress.time_phase("walCommit"):
-            self.lease.check()
-            if not self.offset_log.add(batch_id, OffsetSeq([end], self.offset_seq_metadata)):
-                raise ConcurrentUpdateError(
-                    f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id}. Another "
-                    f"run of this query owns the checkpoint '{self.checkpoint_root}'.")
-            crash_points.reached("offsets-written")
-        with progress.time_phase("commitOffsets"):
-            self.lease.check()
-            if not self.commit_log.add(batch_id, CommitMetadata(self.watermarks.watermark_ms)):
-                raise ConcurrentUpdateError(
-                    f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id} "
-                    f"(commits/{batch_id} already exists). Another run of this query owns the checkpoint "
-                    f"'{self.checkpoint_root}'.")
-            crash_points.reached("commit-written")
-        self.committed_offsets.update(self.available_offsets)
         source.batch_committed(end)
         samples: dict[str, list] = {name: [] for name in LATENCIES}
         for r in results:

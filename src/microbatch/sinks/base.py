@@ -57,8 +57,12 @@ class Sink(ABC):
         """Real-time mode (``runtime.real_time``): ``(columns, write)``, the DataFrame of the
         columns the sink takes from the query's output ``df`` and a picklable ``write``
         that a task calls with an iterator of Arrow batches of them, which it writes as they
-        come, answering ``(rows written, rows skipped)`` once the iterator ends. None: the
-        sink does not write row by row (Spark's allowlist refuses it)."""
+        come, answering ``(rows written, rows skipped)`` once the iterator ends. Before it
+        reads, a task asks ``write.written_before()``: the records a crashed run of the batch
+        wrote (skipped) and, per input partition, the offset to read past before the batch
+        may end; with ``write.wants_positions`` each batch carries its rows' input positions
+        in a last column (``kafka.sink.SOURCE_POSITION``). None: the sink does not write row
+        by row (Spark's allowlist refuses it)."""
         return None
 
     def stop(self) -> None:  # noqa: B027 - a hook: most sinks hold nothing to release
