@@ -6,7 +6,7 @@ runners Spark's JVM gathers ``spark.sql.execution.arrow.maxRecordsPerBatch`` row
 it hands any on: a record would wait for ten thousand others. So a real-time batch's tasks
 evaluate the steps themselves, over the few records each read returns: Spark's analysed
 plan of the steps (``Project``, ``Filter``, a ``SubqueryAlias``, over the source's
-relation), read as Spark's own JSON of it (``spark_internals.steps_plan_json``), becomes
+relation), read as Spark's own JSON of it (``spark_internals.plan_json``), becomes
 ``ArrowSteps``: a function from an Arrow batch of the source's columns to one of the
 query's output columns, with Spark's answers for the expressions below. Any other plan
 node or expression is refused when the query starts, by its Spark class name
