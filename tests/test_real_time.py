@@ -249,3 +249,50 @@ def test_spark_refuses_what_real_time_mode_does_not_run(ss, spark, broker, tmp_p
         start(counts.writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
               .option("topic", "x").outputMode("update"), realTime="1 second")
     assert e.value.getCondition() == "STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_IN_ALLOWLIST"
+
+
+def test_a_real_time_query_into_foreach_gives_the_micro_batch_rows(ss, broker, tmp_path, short_batches):
+    """Spark's real-time mode writes to ``foreach`` too: the writer is opened once a task's
+    batch and gets each row as its record arrives."""
+    import glob
+    class LinesWriter:     # (defined here: pickled by value to the workers)
+        """Each opened partition's rows as JSON lines in a file of its own."""
+
+        def __init__(self, directory: str):
+            self.directory = directory
+
+        def open(self, partition_id, epoch_id):
+            import uuid
+            self.file = open(f"{self.directory}/{epoch_id}-{partition_id}-{uuid.uuid4().hex}.jsonl", "w")
+            return True
+
+        def process(self, row):
+            self.file.write(json.dumps(row.asDict(recursive=True), default=str) + "\n")
+
+        def close(self, error):
+            self.file.close()
+
+    source = "rt-foreach"
+    broker.create_topic(source, 2)
+    _produce(broker, source, 0, 120, 2)
+
+    def rows(directory) -> collections.Counter:
+        return collections.Counter(line for path in glob.glob(f"{directory}/*.jsonl") for line in open(path))
+
+    def frame():
+        e = F.from_json(F.col("value").cast("string"), EVENT).alias("e")
+        return _reader(ss, broker, source).select(e, "offset").where("e.kind <> 'wire'").select("e.*", "offset")
+    rt, mb = tmp_path / "rt", tmp_path / "mb"
+    rt.mkdir()
+    mb.mkdir()
+    query = frame().writeStream.foreach(LinesWriter(str(rt))).outputMode("update") \
+        .option("checkpointLocation", str(tmp_path / "rt-ckpt")).trigger(realTime="1 second").start()
+    try:
+        wait_for(lambda: sum(rows(rt).values()) >= 80, 60, "the rows in the writer's files")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    batch = frame().writeStream.foreach(LinesWriter(str(mb))).option("checkpointLocation", str(tmp_path / "mb-ckpt")) \
+        .trigger(availableNow=True).start()
+    batch.awaitTermination(120)
+    assert rows(rt) == rows(mb) and sum(rows(mb).values()) == 80

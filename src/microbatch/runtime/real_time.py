@@ -29,7 +29,7 @@ records again (at least once, as Spark's), or skips the ones it has with the Kaf
 sink's ``microbatch.exactlyOnce``.
 
 ``check_real_time_query`` holds Spark's rules for the mode, checked at start: the Kafka
-source only, the sinks of Spark's allowlist that write row by row (here Kafka), Update
+source only, the sinks of Spark's allowlist that write row by row (here Kafka and foreach), Update
 output mode, no stateful operator, no asynchronous progress tracking, a duration of at
 least ``spark.sql.streaming.realTimeMode.minBatchDuration``; and microbatch's: steps its
 tasks evaluate (``plan.arrow_steps.NotEvaluable`` named).
@@ -109,10 +109,11 @@ def check_real_time_query(spark: Any, trigger: Any, plan: Any, sink_format: str,
             f"microbatch's real-time mode runs stateless queries: {stateful[0].describe()} is a stateful "
             "operator (Spark 4.3's real-time aggregations and deduplication are not in microbatch yet). "
             "Use a processingTime trigger.")
-    if fmt != "kafka":
+    if fmt not in ("kafka", "foreach"):
         raise UnsupportedOperationError(
-            f"microbatch's real-time mode writes to the Kafka sink; the {sink_format} sink, which Spark's "
-            "real-time mode allows, is not in microbatch's yet. Write to Kafka, or use a processingTime trigger.")
+            f"microbatch's real-time mode writes to the Kafka and foreach sinks; the {sink_format} sink, which "
+            "Spark's real-time mode allows, is not in microbatch's yet. Write to Kafka or foreach, or use a "
+            "processingTime trigger.")
     if len(relations) != 1:
         raise UnsupportedOperationError(
             "microbatch's real-time mode reads one Kafka source a query (a union of sources, which Spark's "

@@ -8,9 +8,12 @@ again).
 """
 from __future__ import annotations
 
-from typing import Any
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Iterator
 
-from pyspark.sql import DataFrame
+import pyarrow as pa
+from pyspark.sql import DataFrame, Row
 
 from pyspark.errors import PySparkAttributeError
 from microbatch.errors import pyspark_error
@@ -58,6 +61,39 @@ def _partition_writer(f: Any, batch_id: int):
     return run
 
 
+@dataclass(frozen=True)
+class RealTimeForeach:
+    """The foreach sink's writer in a real-time task (``Sink.real_time_writer``): the
+    writer opened once for the task's batch, each row processed as its records arrive."""
+
+    f: Any
+    batch_id: int
+    names: tuple
+
+    wants_positions = False
+
+    def written_before(self) -> tuple[set, dict]:
+        return set(), {}
+
+    def __call__(self, batches: Iterator[pa.RecordBatch], skip: Any = ()) -> tuple[int, int]:
+        rows = (_row(self.names, values) for batch in batches for values in zip(*batch.to_pydict().values()))
+        return sum(_partition_writer(self.f, self.batch_id)(rows)), 0
+
+
+def _row(names: tuple, values: tuple) -> Row:
+    """A row as PySpark gives it to a foreach writer: structs as Rows, timestamps as naive
+    local datetimes."""
+    return Row(**{n: _python_value(v) for n, v in zip(names, values)})
+
+
+def _python_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        return Row(**{k: _python_value(v) for k, v in value.items()})
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone().replace(tzinfo=None)
+    return value
+
+
 class ForeachSink(Sink):
     reads_batch_through = READS_RDD
 
@@ -66,6 +102,9 @@ class ForeachSink(Sink):
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         self.last_num_output_rows = sum(df.rdd.mapPartitions(_partition_writer(self.f, batch_id)).collect())
+
+    def real_time_writer(self, df: DataFrame, batch_id: int, query_id: str) -> tuple[DataFrame, RealTimeForeach]:
+        return df, RealTimeForeach(self.f, batch_id, tuple(df.columns))
 
     def __str__(self) -> str:
         return "ForeachWriterTable"
