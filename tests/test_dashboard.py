@@ -204,3 +204,31 @@ def test_microbatch_ui_serves_checkpoints_read_only(ss, browser, tmp_path):
         server.terminate()
         server.wait(10)
     assert sorted(os.listdir(tmp_path / "ckpt")) == before
+
+
+def test_the_page_draws_a_real_time_querys_latencies(dashboard, browser, broker, tmp_path):
+    """A real-time query's record latencies (its batches' sink metrics) on their chart,
+    hidden for other queries."""
+    dashboard.spark.conf.set("spark.sql.streaming.realTimeMode.minBatchDuration", "1000")
+    try:
+        broker.create_topic("dash-rt", 2)
+        broker.create_topic("dash-rt-out", 2)
+        broker.produce("dash-rt", [(b"%d" % i, None, i % 2) for i in range(40)])
+        query = (dashboard.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                 .option("subscribe", "dash-rt").option("startingOffsets", "earliest").load()
+                 .selectExpr("CAST(value AS STRING) AS value").writeStream.format("kafka")
+                 .option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "dash-rt-out")
+                 .option("kafka.batch.num.messages", 1).queryName("alerts").outputMode("update")
+                 .option("checkpointLocation", str(tmp_path / "alerts")).trigger(realTime="1 second").start())
+        wait_for(lambda: any(p.numInputRows for p in query.recentProgress), what="a batch with records", **PAGE)
+        page = query_page(browser, dashboard.ui_url, "alerts")
+        wait_for(lambda: chart_points(page, "chart-real-time-latency") >= 1, what="the latency chart", **PAGE)
+        assert page.locator("#chart-real-time-latency").is_visible()
+        names = page.evaluate("() => document.getElementById('chart-real-time-latency').data.map(t => t.name)")
+        assert names == ["e2eLatencyMs.P50", "e2eLatencyMs.P99", "processingLatencyMs.P99"]
+        p99 = page.evaluate("() => document.getElementById('chart-real-time-latency').data[1].y[0]")
+        assert p99 >= page.evaluate("() => document.getElementById('chart-real-time-latency').data[0].y[0]") >= 0
+        query.stop()
+        page.close()
+    finally:
+        dashboard.spark.conf.unset("spark.sql.streaming.realTimeMode.minBatchDuration")

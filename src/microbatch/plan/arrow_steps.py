@@ -32,7 +32,7 @@ import decimal
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -258,14 +258,17 @@ def _decimals_fit(values: list, target: pa.DataType, ansi: bool) -> list:
     return out
 
 
-def _decimal_result(kind: str, a: pa.DataType, b: pa.DataType) -> pa.DataType:
-    """Spark's DecimalPrecision for ``+ - *`` (with its loss of precision above 38 digits)."""
+def _decimal_result(kind: str, a: pa.DataType, b: pa.DataType, adjust: bool = True) -> pa.DataType:
+    """Spark's DecimalPrecision for ``+ - *`` (with its loss of precision above 38 digits;
+    ``adjust=False``: the exact result's type, None beyond 38 digits)."""
     p1, s1, p2, s2 = a.precision, a.scale, b.precision, b.scale
     if kind in ("Add", "Subtract"):
         scale = max(s1, s2)
         precision = max(p1 - s1, p2 - s2) + scale + 1
     else:
         precision, scale = p1 + p2 + 1, s1 + s2
+    if precision > 38 and not adjust:
+        return None
     if precision > 38:          # DecimalType.adjustPrecisionScale
         digits = precision - scale
         scale = max(38 - digits, min(scale, 6))
@@ -302,6 +305,10 @@ class Arithmetic(Expr):
         return pc.call_function(function, [a, b])
 
     def _decimal(self, a: pa.Array, b: pa.Array) -> pa.Array:
+        function = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply"}[self.kind]
+        if _decimal_result(self.kind, a.type, b.type, adjust=False) == self.type:
+            # (no digit lost: Arrow's result type is Spark's, and the exact result fits it)
+            return pc.call_function(function, [a, b])
         import operator
         op = {"Add": operator.add, "Subtract": operator.sub, "Multiply": operator.mul}[self.kind]
         context = decimal.Context(prec=80)
@@ -470,17 +477,20 @@ class FromJson(Expr):
 
     def eval(self, columns, n):
         texts = self.child.eval(columns, n).to_pylist()
-        zone = ZoneInfo(self.zone)
+        read = self.__dict__.get("_read")
+        if read is None:        # (made once, in the process that evaluates: never pickled)
+            read = self.__dict__["_read"] = _json_reader(self.type, ZoneInfo(self.zone))
         rows = []
+        loads = json.loads
         for text in texts:
             if text is None:
                 rows.append(None)
                 continue
             try:
-                parsed = json.loads(text, parse_float=_RawFloat)
+                parsed = loads(text, parse_float=_RawFloat)
             except ValueError:
                 parsed = None
-            rows.append(_json_struct(parsed if isinstance(parsed, dict) else {}, self.type, zone))
+            rows.append(read(parsed if isinstance(parsed, dict) else {}))
         return pa.array(rows, self.type)
 
 
@@ -531,6 +541,47 @@ def _json_value(value: Any, t: pa.DataType, zone: ZoneInfo) -> Any:
     raise NotEvaluable(f"from_json into {t}")
 
 
+def _json_reader(t: pa.DataType, zone: ZoneInfo) -> Callable[[Any], Any]:
+    """``_json_value`` for one type, its dispatch made once: what a task runs per value."""
+    if pa.types.is_struct(t):
+        fields = [(f.name, _json_reader(f.type, zone)) for f in t]
+
+        def struct(value):
+            if not isinstance(value, dict):
+                return None
+            get = value.get
+            return {name: (None if (v := get(name)) is None else read(v)) for name, read in fields}
+        return struct
+    if pa.types.is_string(t):
+        return lambda v: v if type(v) is str else _json_text(v)
+    if pa.types.is_integer(t):
+        low, high = -(1 << (t.bit_width - 1)), 1 << (t.bit_width - 1)
+        return lambda v: v if type(v) is int and low <= v < high else None
+    return lambda v: _json_value(v, t, zone)
+
+
+def _json_writer(t: pa.DataType, zone: ZoneInfo) -> Callable[[Any], str]:
+    """``_json_written`` for one type, its dispatch made once."""
+    if pa.types.is_struct(t):
+        fields = [(f.name, json.dumps(f.name, ensure_ascii=False) + ":", _json_writer(f.type, zone)) for f in t]
+
+        def struct(row):
+            return "{" + ",".join(key + write(v) for name, key, write in fields
+                                  if (v := row[name]) is not None) + "}"
+        return struct
+    if pa.types.is_string(t):
+        dumps = json.JSONEncoder(ensure_ascii=False).encode
+        return dumps
+    if pa.types.is_integer(t):
+        return str
+    if pa.types.is_timestamp(t):
+        def timestamp(value):
+            text = value.astimezone(zone).isoformat(timespec="milliseconds")
+            return '"' + (text[:-6] + "Z" if text.endswith("+00:00") else text) + '"'
+        return timestamp
+    return lambda v: _json_written(v, t, zone)
+
+
 def _json_struct(obj: dict, t: pa.StructType, zone: ZoneInfo) -> dict:
     return {f.name: _json_value(obj.get(f.name), f.type, zone) for f in t}
 
@@ -578,12 +629,10 @@ class ToJson(Expr):
 
     def eval(self, columns, n):
         values = self.child.eval(columns, n)
-        zone = ZoneInfo(self.zone)
-        struct_type = values.type
-        out = []
-        for row in values.to_pylist():
-            out.append(None if row is None else _json_object(row, struct_type, zone))
-        return pa.array(out, pa.string())
+        write = self.__dict__.get("_write")
+        if write is None:       # (made once, in the process that evaluates: never pickled)
+            write = self.__dict__["_write"] = _json_writer(values.type, ZoneInfo(self.zone))
+        return pa.array([None if row is None else write(row) for row in values.to_pylist()], pa.string())
 
 
 def _json_object(row: dict, t: pa.StructType, zone: ZoneInfo) -> str:

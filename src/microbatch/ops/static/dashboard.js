@@ -117,6 +117,17 @@ function drawCharts(progress) {
       y: progress.map(p => Number((((p.sources || [])[i] || {}).metrics || {})[metric])),
     })), layout("Source lag: records beyond each batch's end"), config);
   }
+  // a real-time batch's record latencies (its sink metrics: e2eLatencyMs.P50, ...)
+  const LATENCIES = ["e2eLatencyMs.P50", "e2eLatencyMs.P99", "processingLatencyMs.P99"];
+  const realTime = progress.filter(p => p.sink && p.sink.metrics && p.sink.metrics["e2eLatencyMs.P99"] !== undefined);
+  const latency = document.getElementById("chart-real-time-latency");
+  latency.hidden = realTime.length === 0;
+  if (realTime.length) {
+    Plotly.react(latency, LATENCIES.map(key => ({
+      x: realTime.map(p => p.batchId), y: realTime.map(p => Number(p.sink.metrics[key])),
+      name: key, mode: "lines+markers",
+    })), layout("Real-time mode: record latency (ms)"), config);
+  }
 }
 
 function showRuns(runs) {
