@@ -357,6 +357,9 @@ _COMPARISONS = {"EqualTo": "equal", "LessThan": "less", "LessThanOrEqual": "less
 
 @dataclass
 class Compare(Expr):
+    """A boolean function of two values: comparisons, and AND/OR (``and_kleene``,
+    ``or_kleene``: SQL's three-valued logic)."""
+
     function: str
     left: Expr
     right: Expr
@@ -376,17 +379,6 @@ class NullSafeEqual(Expr):
         a, b = self.left.eval(columns, n), self.right.eval(columns, n)
         both_null = pc.and_(pc.is_null(a), pc.is_null(b))
         return pc.or_(both_null, pc.fill_null(pc.equal(a, b), False))
-
-
-@dataclass
-class Logic(Expr):
-    function: str           # and_kleene, or_kleene
-    left: Expr
-    right: Expr
-    type: pa.DataType = field(default_factory=pa.bool_)
-
-    def eval(self, columns, n):
-        return pc.call_function(self.function, [self.left.eval(columns, n), self.right.eval(columns, n)])
 
 
 @dataclass
@@ -750,7 +742,7 @@ def _compile(node: dict, ctx: _Context) -> Expr:   # noqa: C901 - one case an ex
     if kind == "EqualNullSafe":
         return NullSafeEqual(child("left"), child("right"))
     if kind in ("And", "Or"):
-        return Logic("and_kleene" if kind == "And" else "or_kleene", child("left"), child("right"))
+        return Compare("and_kleene" if kind == "And" else "or_kleene", child("left"), child("right"))
     if kind == "Not":
         return Unary("invert", child(), pa.bool_())
     if kind == "IsNull":

@@ -426,20 +426,25 @@ class MicroBatchExecution(StreamExecution):
             crash_points.reached("offsets-written")
             log.info("Committed offsets for batch %d. Metadata %s", self.current_batch_id,
                      self.offset_seq_metadata.json())
-            if self.current_batch_id != 0:
-                for i, source in enumerate(self.sources):
-                    if i in self.committed_offsets:
-                        source.commit(self.committed_offsets[i])
-            if self.min_batches_to_retain < self.current_batch_id:
-                threshold = self.current_batch_id - self.min_batches_to_retain
-                self.offset_log.purge(threshold)
-                self.commit_log.purge(threshold)
-                if self.progress_log is not None:
-                    self.progress_log.purge(threshold)
-                crash_points.reached("logs-purged")
+            self.commit_sources_and_purge_logs()
         with self.await_progress:
             self.no_new_data = False
         return True
+
+    def commit_sources_and_purge_logs(self) -> None:
+        """Tell the sources batch N-1 is committed (what they may drop), and purge log
+        entries older than ``minBatchesToRetain``."""
+        if self.current_batch_id != 0:
+            for i, source in enumerate(self.sources):
+                if i in self.committed_offsets:
+                    source.commit(self.committed_offsets[i])
+        if self.min_batches_to_retain < self.current_batch_id:
+            threshold = self.current_batch_id - self.min_batches_to_retain
+            self.offset_log.purge(threshold)
+            self.commit_log.purge(threshold)
+            if self.progress_log is not None:
+                self.progress_log.purge(threshold)
+            crash_points.reached("logs-purged")
 
     def is_new_data_available(self) -> bool:
         return any(self.committed_offsets.get(i) != offset

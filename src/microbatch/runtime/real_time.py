@@ -175,7 +175,9 @@ class RealTimeExecution(MicroBatchExecution):
         progress = self.progress
         with progress.time_phase("walCommit"):
             self.lease.check()
-            if not self.offset_log.add(batch_id, OffsetSeq([end], self.offset_seq_metadata)):
+            seq = OffsetSeq([end], self.offset_seq_metadata,       # (version 2: by the source's id)
+                            [self.source_ids[0]] if self.offset_log_version >= 2 else None)
+            if not self.offset_log.add(batch_id, seq):
                 raise ConcurrentUpdateError(
                     f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id}. Another "
                     f"run of this query owns the checkpoint '{self.checkpoint_root}'.")
@@ -196,11 +198,11 @@ class RealTimeExecution(MicroBatchExecution):
             self._batch_running.notify_all()
 
     def populate_start_offsets(self) -> None:
-        latest = self.offset_log.get_latest()
         committed = self.commit_log.get_latest()
         last_committed = committed[0] if committed is not None else -1
-        if latest is not None and latest[0] > last_committed:
-            for batch_id in range(last_committed + 1, latest[0] + 1):
+        # (by name, unread: an entry torn by a crash while it was written goes too)
+        for batch_id in self.offset_log.batch_ids():
+            if batch_id > last_committed:
                 log.info("Deleting offsets/%d, a real-time batch that did not commit: it runs again from "
                          "the last committed batch's end", batch_id)
                 self.fs.delete(self.offset_log.batch_file(batch_id))
@@ -212,16 +214,7 @@ class RealTimeExecution(MicroBatchExecution):
         self.offset_seq_metadata = OffsetSeqMetadata(
             self.watermarks.watermark_ms, self.clock.get_time_millis(), self.offset_seq_metadata.conf,
             self.offset_seq_metadata.source_metadata_info)
-        if self.current_batch_id != 0:
-            for i, source in enumerate(self.sources):
-                if i in self.committed_offsets:
-                    source.commit(self.committed_offsets[i])
-        if self.min_batches_to_retain < self.current_batch_id:
-            threshold = self.current_batch_id - self.min_batches_to_retain
-            self.offset_log.purge(threshold)
-            self.commit_log.purge(threshold)
-            if self.progress_log is not None:
-                self.progress_log.purge(threshold)
+        self.commit_sources_and_purge_logs()
         with self.await_progress:
             self.no_new_data = False
         return True
