@@ -9,7 +9,7 @@ plan of the steps (``Project``, ``Filter``, a ``SubqueryAlias``, over the source
 relation), read as Spark's own JSON of it (``spark_internals.plan_json``), becomes
 ``ArrowSteps``: a function from an Arrow batch of the source's columns to one of the
 query's output columns, with Spark's answers for the expressions below. Any other plan
-node or expression is refused when the query starts, by its Spark class name
+node or expression is refused before the query reads a record (the query fails naming its Spark class)
 (``NotEvaluable``), so a query never runs with answers of its own.
 
 The expressions (Spark's semantics, ANSI or not as the session says): columns, literals,
