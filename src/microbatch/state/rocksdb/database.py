@@ -105,7 +105,9 @@ def _options_without_fallocate(cache):
     template = os.path.join(local_root(), "options-no-fallocate")
     if not os.path.exists(os.path.join(template, "OPTIONS-000001")):
         os.makedirs(template, exist_ok=True)
-        part = os.path.join(template, f"OPTIONS-000001.{os.getpid()}")
+        # (written beside the directory, then renamed in: RocksDB's load_latest takes any
+        # OPTIONS-* file in it, a half-written one of another worker's too)
+        part = f"{template}.{os.getpid()}.part"
         with open(part, "w") as out:
             out.write("[Version]\n  rocksdb_version=9.8.4\n  options_file_version=1.1\n\n"
                       "[DBOptions]\n  allow_fallocate=false\n\n[CFOptions \"default\"]\n\n"
