@@ -491,23 +491,12 @@ class _RawFloat(str):
 
 
 def _json_value(value: Any, t: pa.DataType, zone: ZoneInfo) -> Any:
-    """A JSON value as Spark's JacksonParser converts it to ``t`` (None where Spark's
-    PERMISSIVE mode gives null for the field)."""
+    """A JSON value as Spark's JacksonParser converts it to ``t``, for the types
+    ``_json_reader`` leaves to it (None where Spark's PERMISSIVE mode gives null)."""
     if value is None:
         return None
-    if pa.types.is_struct(t):
-        return _json_struct(value, t, zone) if isinstance(value, dict) else None
-    if pa.types.is_string(t):
-        if isinstance(value, str) and not isinstance(value, _RawFloat):
-            return value
-        return _json_text(value)
     if pa.types.is_boolean(t):
         return value if isinstance(value, bool) else None
-    if pa.types.is_integer(t):
-        if isinstance(value, bool) or not isinstance(value, int) or isinstance(value, _RawFloat):
-            return None
-        bits = t.bit_width
-        return value if -(1 << (bits - 1)) <= value < (1 << (bits - 1)) else None
     if pa.types.is_floating(t):
         if isinstance(value, bool):
             return None
@@ -574,10 +563,6 @@ def _json_writer(t: pa.DataType, zone: ZoneInfo) -> Callable[[Any], str]:
     return lambda v: _json_written(v, t, zone)
 
 
-def _json_struct(obj: dict, t: pa.StructType, zone: ZoneInfo) -> dict:
-    return {f.name: _json_value(obj.get(f.name), f.type, zone) for f in t}
-
-
 def _json_text(value: Any) -> str:
     """A JSON value that is not a string, as the text Spark keeps for a string field: the
     value as Jackson read and writes it again (``copyCurrentStructure``: numbers with a
@@ -627,34 +612,14 @@ class ToJson(Expr):
         return pa.array([None if row is None else write(row) for row in values.to_pylist()], pa.string())
 
 
-def _json_object(row: dict, t: pa.StructType, zone: ZoneInfo) -> str:
-    parts = []
-    for f in t:
-        value = row.get(f.name)
-        if value is None:
-            continue            # spark.sql.jsonGenerator.ignoreNullFields
-        parts.append(json.dumps(f.name, ensure_ascii=False) + ":" + _json_written(value, f.type, zone))
-    return "{" + ",".join(parts) + "}"
-
-
 def _json_written(value: Any, t: pa.DataType, zone: ZoneInfo) -> str:
-    if pa.types.is_struct(t):
-        return _json_object(value, t, zone)
-    if pa.types.is_string(t):
-        return json.dumps(value, ensure_ascii=False)
+    """A value of the types ``_json_writer`` leaves to it, as Spark's JSON generator writes it."""
     if pa.types.is_boolean(t):
         return "true" if value else "false"
-    if pa.types.is_integer(t):
-        return str(value)
     if pa.types.is_floating(t):
         return java_double_text(value)
     if pa.types.is_decimal(t):
         return str(value)       # (BigDecimal.toString and Python's str follow the same spec)
-    if pa.types.is_timestamp(t):
-        local = value.astimezone(zone)
-        offset = local.utcoffset()
-        zone_text = "Z" if not offset else local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:5]
-        return '"' + local.strftime("%Y-%m-%dT%H:%M:%S.") + f"{local.microsecond // 1000:03d}" + zone_text + '"'
     if pa.types.is_binary(t):
         return '"' + base64.b64encode(value).decode() + '"'
     raise NotEvaluable(f"to_json of {t}")
