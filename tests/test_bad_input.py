@@ -55,8 +55,6 @@ def test_definition_errors_come_where_the_step_is_written(ss):
         frame.dropDuplicatesWithinWatermark(["value"]).writeStream.format("noop").start()   # at start, as Spark
     with pytest.raises(AnalysisException, match="LeftAnti joins with a streaming DataFrame/Dataset on the right"):
         frame.join(rate(ss), "value", "left_anti").writeStream.format("noop").start()   # at start, as Spark
-    with pytest.raises(UnsupportedOperationError, match="chained stateful operators"):
-        frame.limit(3).join(rate(ss), "value")
     with pytest.raises(AnalysisException, match="must be executed with writeStream.start"):
         frame.count()
     with pytest.raises(AnalysisException, match="Union between streaming and batch"):

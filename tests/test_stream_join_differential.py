@@ -195,8 +195,6 @@ def test_joins_spark_refuses_or_microbatch_does_not_run_yet(spark, ss, sides, tm
     # (a condition without an equality of the two sides' columns: Spark's checker refuses it)
     with pytest.raises(Exception, match="without equality predicate"):
         left.join(right.withColumnRenamed("id", "rid"), F.expr("id = rid OR a = 'x'"))
-    with pytest.raises(Exception, match="chained stateful operators"):
-        left.limit(3).join(right, "id")
 
 
 def test_the_state_reader_reads_each_side_as_sparks_does(spark, ss, sides, tmp_path):

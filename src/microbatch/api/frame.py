@@ -12,11 +12,14 @@ they are ``F.col("x")``.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 import sys
+import weakref
 from typing import Any, Callable
 
-from pyspark.errors import PySparkTypeError
+from pyspark.errors import AnalysisException as _PySparkAnalysisException, PySparkTypeError
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -49,6 +52,9 @@ _STATIC_JOIN_TYPES = {
 
 
 #: the stateless steps that may add a window function (``OVER (...)``) to a stream
+#: each stream-stream join's node -> how it was defined (its sides' frames, condition, type),
+#: to define it again with a left semi join moved into a side (``_semi_join_pushed_into_join``)
+_STREAM_JOINS_DEFINED: "weakref.WeakKeyDictionary[StreamJoin, tuple]" = weakref.WeakKeyDictionary()
 _MAY_ADD_WINDOWS = ("select", "selectExpr", "withColumn", "withColumns", "filter", "where")
 
 
@@ -420,7 +426,10 @@ class StreamFrame:
                           "below the aggregation (PushDownLeftSemiAntiJoin: the condition reads only its "
                           "grouping columns; join the aggregation's input, or aggregate after the join)",
                           "a left semi join pushed below an aggregation")
-        StreamJoin.check_sides(self._plan, other._plan, kind)
+        if kind == "semi":
+            pushed = self._semi_join_pushed_into_join(other, on, template)
+            if pushed is not None:
+                return pushed
         names = [on] if isinstance(on, str) else list(on) if isinstance(on, (list, tuple)) else None
         columns = (tuple(self.columns), tuple(other.columns))
         qualifiers = (spark_internals.output_qualifiers(self._template),
@@ -466,7 +475,55 @@ class StreamFrame:
             if kind != "semi":
                 sides.update({i: len(left) + n for n, i in enumerate(spark_internals.output_attribute_ids(other._template))
                               if i not in own and i not in sides})
-        return StreamFrame(self._session, node, template, sides)
+        joined = StreamFrame(self._session, node, template, sides)
+        _STREAM_JOINS_DEFINED[node] = (self, other, on, how, joined)
+        return joined
+
+    def _semi_join_pushed_into_join(self, other: "StreamFrame", on: Any, template: DataFrame) -> "StreamFrame | None":
+        """A left semi join of this frame, a stream-stream join under stateless steps, as
+        Spark's optimizer plans it where it moves the semi join into a side of that join
+        (``spark_internals.semi_join_pushed_into_join``): that side semi-joined with
+        ``other``, joined with the join's other side as the join was, under the same steps.
+        Spark's engine then runs those operators and keeps their state, which the query as
+        written would not. None where the semi join stays above the join."""
+        steps, node = [], self._plan
+        while isinstance(node, Transform):
+            steps.append(node)
+            node = node.child
+        if not isinstance(node, StreamJoin):
+            return None
+        side = spark_internals.semi_join_pushed_into_join(template)
+        if side is None:
+            return None
+        refused = not_yet("A left semi join of a stream-stream join that Spark's optimizer moves into a side of "
+                          "that join (PushLeftSemiLeftAntiThroughJoin), whose condition reads a column that a step "
+                          "between the joins renames or computes (semi-join that side before the join, or name "
+                          "the side's own columns in the condition)", "more stream-stream join shapes")
+        if node not in _STREAM_JOINS_DEFINED:
+            raise refused
+        left, right, lower_on, lower_how, lower = _STREAM_JOINS_DEFINED[node]
+        # (the join's type as Spark's optimizer leaves it: an outer join whose nullable side
+        # the semi join's condition reads is an inner one, EliminateOuterJoin, before the
+        # semi join moves and takes the filter it inferred along)
+        narrowed = spark_internals.outer_joins_narrowed(template, [lower._template])[0] \
+            if node.how in ("left", "right", "full") else None
+        try:
+            if side == 0:
+                joined = left.join(other, on, "left_semi").join(right, lower_on, lower_how)
+            else:
+                joined = left.join(right.join(other, on, "left_semi"), lower_on, lower_how)
+            plan = joined._plan
+            if narrowed is not None:
+                plan = dataclasses.replace(plan, exec_how=narrowed)
+            for step in reversed(steps):
+                plan = dataclasses.replace(step, child=plan)
+            moved = StreamFrame(self._session, plan, functools.reduce(
+                lambda df, step: getattr(df, step.method)(*step.args, **step.kwargs), reversed(steps), joined._template))
+        except _PySparkAnalysisException:
+            raise refused from None
+        if moved.schema != template.schema:
+            raise refused
+        return moved
 
     def _join_condition_parts(self, other: "StreamFrame", template: DataFrame, others: list) -> dict:
         """The parts of a stream-stream join's condition beside its keys and time comparisons

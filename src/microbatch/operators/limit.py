@@ -39,9 +39,6 @@ class StreamingLimit(StatefulNode):
     limit: int
 
     # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
-    #: a stream-stream join over a limit's output is not planned yet
-    stream_join_reads_output = False
-
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> "LimitStep":
         return LimitStep(self, operator_id, state_root, shuffle_partitions)
 

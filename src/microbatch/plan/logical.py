@@ -415,8 +415,6 @@ class StatefulNode(PlanNode):
     stateful = True
     #: Spark's checker counts it as a streaming aggregation (complete mode, sorting, limits)
     aggregation = False
-    #: a stream-stream join may read its output (``operators.join``)
-    stream_join_reads_output = True
     #: its place in the query's template (``build``) is a relation of its output alone, so
     #: the steps below it are not in the template's plan (a Python function's operator)
     template_hides_input = False

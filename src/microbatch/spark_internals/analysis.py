@@ -338,6 +338,39 @@ def semi_join_branches(joined: Any) -> int:
     return 1
 
 
+def semi_join_pushed_into_join(joined: Any) -> int | None:
+    """Into which side of a join Spark's optimizer moves the left semi join that is
+    ``joined``'s last step, where its left side is that join under deterministic
+    projections and filters (PushDownLeftSemiAntiJoin through them, then
+    PushLeftSemiLeftAntiThroughJoin: the condition reads that side's columns only, and
+    the join is inner, or left (right) outer for its left (right) side): 0 its left side,
+    1 its right side; None where the semi join stays above it. Found by counting the left
+    semi joins in each side of the optimized plan's top join against the analysed one's."""
+    def under(plan: Any, kinds: tuple[str, ...]) -> Any:
+        while plan.getClass().getSimpleName() in kinds:
+            plan = plan.child()
+        return plan
+
+    def semi_joins(plan: Any) -> int:
+        own = int(plan.getClass().getSimpleName() == "Join" and plan.joinType().toString() == "LeftSemi")
+        return own + sum(semi_joins(child) for child in _scala_list(plan.children()))
+
+    rows_steps = ("Project", "Filter", "SubqueryAlias")
+    analyzed = under(joined._jdf.queryExecution().analyzed(), rows_steps)
+    if analyzed.getClass().getSimpleName() != "Join" or analyzed.joinType().toString() != "LeftSemi":
+        return None
+    lower = under(analyzed.left(), rows_steps)
+    if lower.getClass().getSimpleName() != "Join" or lower.joinType().toString() in ("LeftSemi", "LeftAnti"):
+        return None
+    top = under(joined._jdf.queryExecution().optimizedPlan(), rows_steps)
+    if top.getClass().getSimpleName() != "Join" or top.joinType().toString() in ("LeftSemi", "LeftAnti"):
+        return None
+    before = (semi_joins(lower.left()), semi_joins(lower.right()))
+    after = (semi_joins(top.left()), semi_joins(top.right()))
+    moved = [side for side in (0, 1) if after[side] > before[side]]
+    return moved[0] if len(moved) == 1 else None
+
+
 def semi_join_below_aggregation(joined: Any) -> bool:
     """Whether Spark's optimizer moves the left semi join that is ``joined``'s last step
     below the aggregation on its left side (PushDownLeftSemiAntiJoin: through the

@@ -18,7 +18,7 @@ from microbatch import spark_internals
 from microbatch.errors import AnalysisException
 from microbatch.operators.base import quoted
 from microbatch.operators.join.step import JoinStep, join_statistics_column
-from microbatch.plan.checks import not_yet, unsupported_operation
+from microbatch.plan.checks import unsupported_operation
 from microbatch.plan.logical import (BatchFilter, NullFilter, PlanNode, ScanFilter, StatefulNode, StreamingRelation, Transform, Union,
                                      Watermark, children_replaced, filters_reading_back, rebound)
 
@@ -94,10 +94,6 @@ class StreamJoin(StatefulNode):
         return (self.left, self.right)
 
     # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
-    #: a stream-stream join may read a join's output (a join of a join: chained operators,
-    #: the upper one's input watermark the lower one's ``output_watermark_ms``)
-    stream_join_reads_output = True
-
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> JoinStep:
         return JoinStep(self, operator_id, state_root, shuffle_partitions)
 
@@ -171,23 +167,6 @@ class StreamJoin(StatefulNode):
                 return spark_internals.spark_error("AnalysisException", "MULTIPLE_EVENT_TIME_COLUMNS",
                                                    eventTimeCols=f"({named})")
         return None
-
-    @staticmethod
-    def check_sides(left: PlanNode, right: PlanNode, how: str = "inner") -> None:
-        """Refuse a join of two streams one of which is the output of a stateful operator
-        a join cannot read yet (a limit: chained stateful operators), and a left semi join
-        of a stream-stream join (through stateless steps): Spark's optimizer pushes it
-        into a side of that join where its condition reads that side only
-        (PushLeftSemiLeftAntiThroughJoin), which changes the operators and their state."""
-        for side in (left, right):
-            if any(n.stateful and not n.stream_join_reads_output for n in side.nodes()):
-                raise not_yet("A stream-stream join of a limit (chained stateful operators)")
-        node = left
-        while how == "semi" and not node.stateful and len(node.children) == 1:
-            node = node.children[0]
-        if how == "semi" and isinstance(node, StreamJoin):
-            raise not_yet("A left semi join of a stream-stream join (Spark's optimizer moves it into a "
-                          "side of that join)", "more stream-stream join shapes")
 
     # -- the state watermarks of its sides (Spark's StreamingJoinHelper) ----------------------
 
