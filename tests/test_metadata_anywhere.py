@@ -4,7 +4,8 @@ json and parquet files, batch by batch: after the source's ``withWatermark``, af
 ``withWatermark`` that follows other steps, after filters, projections, ``withColumn``, a
 ``dropDuplicates`` (with and without a watermark), in a ``groupBy``, through a stream-static
 join. Where Spark's analysis does not resolve it (above a union or an aggregation, and in SQL
-over a temporary view of the stream, which hides a relation's hidden columns), microbatch
+over a temporary view of the stream, which hides a relation's hidden columns), or resolves it
+and finds it missing (above applyInPandasWithState and transformWithStateInPandas), microbatch
 refuses it with Spark's own error, where the query is defined (issue 59)."""
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import json
 import os
 import time
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor
 
 from helpers import ci_share, collect_batches, sorted_rows
 from stream_events import comparable, watermarks
@@ -116,6 +119,34 @@ REFUSED = {
     "above an aggregation": lambda s: s.groupBy("id").count().select("id", "_metadata.file_name"),
 }
 
+def _counts(key, frames, state):
+    yield pd.DataFrame({"id": [key[0]], "n": [sum(len(f) for f in frames)]})
+
+
+class Counter(StatefulProcessor):
+    """A transformWithStateInPandas processor: the rows seen per id."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n LONG")
+
+    def handleInputRows(self, key, rows, timerValues):   # noqa: N802, N803 - PySpark's names
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(r) for r in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"id": [key[0]], "n": [n]})
+
+    def close(self):
+        pass
+
+
+#: name -> the query over the stream; Spark's analysis resolves _metadata through the Python
+#: stateful operator and finds it missing from the operator's output
+ABOVE_PYTHON_STATE = {
+    "above applyInPandasWithState": lambda s: s.groupBy("id").applyInPandasWithState(
+        _counts, "id INT, n LONG", "n LONG", "append", "NoTimeout").select("id", "_metadata.file_name"),
+    "above transformWithStateInPandas": lambda s: s.groupBy("id").transformWithStateInPandas(
+        Counter(), "id INT, n LONG", "append", "None").select("id", "_metadata"),
+}
+
 #: name -> (the view of the stream, SQL over it); Spark's SQL hides a view's hidden columns
 SQL_REFUSED = {
     "_metadata.file_name": (lambda s: s, "SELECT id, _metadata.file_name AS f FROM v"),
@@ -184,6 +215,16 @@ def test_metadata_where_spark_does_not_resolve_it_gets_sparks_error(spark, ss, f
     theirs = refusal(lambda: REFUSED[case](stream(spark, path, fmt)))
     ours = refusal(lambda: REFUSED[case](stream(ss, path, fmt)))
     assert ours == theirs and theirs[0] == "UNRESOLVED_COLUMN.WITH_SUGGESTION"
+
+
+@pytest.mark.parametrize("case", list(ABOVE_PYTHON_STATE))
+def test_metadata_above_a_python_stateful_operator_gets_sparks_error(spark, ss, files, case):
+    fmt, path = files
+    said = [refusal(lambda session=session: ABOVE_PYTHON_STATE[case](stream(session, path, fmt)))
+            for session in (spark, ss)]
+    # (the operator Spark names has its attribute ids: the message is compared up to it)
+    assert [(c, m.split(" in operator")[0]) for c, m in said] == \
+        [("MISSING_ATTRIBUTES.RESOLVED_ATTRIBUTE_MISSING_FROM_INPUT", said[0][1].split(" in operator")[0])] * 2
 
 
 @pytest.mark.parametrize("case", list(SQL_REFUSED))

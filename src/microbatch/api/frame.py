@@ -187,7 +187,10 @@ class StreamFrame:
             if isinstance(a, (StreamFrame, DataFrame)):
                 raise AnalysisException(f"{method}() does not take a DataFrame argument on a stream.")
         args, kwargs = self._own((args, kwargs))
-        template = getattr(self._template, method)(*args, **kwargs)
+        try:
+            template = getattr(self._template, method)(*args, **kwargs)
+        except _PySparkAnalysisException as e:
+            raise self._hidden_column_refusal(e, method) from None
         if method in ("select", "selectExpr") and spark_internals.is_global_aggregation(template):
             # (an aggregate function in a projection: Spark's analysis makes it an aggregation
             # of the whole stream, ``select(count("*"))`` as ``agg(count("*"))``)
@@ -198,6 +201,22 @@ class StreamFrame:
                 raise refused
         node = Transform(self._plan, method, args, kwargs, positions=_positions(self._template, (args, kwargs), below=True))
         return StreamFrame(self._session, node, template)
+
+    def _hidden_column_refusal(self, error: Exception, method: str) -> Exception:
+        """``error`` (a step's analysis failing over this frame's template), or Spark's own
+        error where the step reads the file source's hidden ``_metadata`` above a Python
+        stateful operator: Spark's analysis resolves it through the operator (its plan's
+        hidden columns are its input's) and then finds it missing from the operator's
+        output; microbatch's template of the operator is a relation of its output alone,
+        which does not resolve it at all."""
+        condition = getattr(error, "getCondition", lambda: None)() or ""
+        if not (condition.startswith("UNRESOLVED_COLUMN") and "`_metadata`" in str(error)
+                and self._plan.stateful and self._plan.template_hides_input):
+            return error
+        return spark_internals.spark_error(
+            "AnalysisException", "MISSING_ATTRIBUTES.RESOLVED_ATTRIBUTE_MISSING_FROM_INPUT",
+            missingAttributes='"_metadata"', input=", ".join(f'"{c}"' for c in self.columns),
+            operator=f"!{method} over {self._plan.describe()}")
 
     def select(self, *cols: Any) -> "StreamFrame":
         return self._derive("select", *cols)

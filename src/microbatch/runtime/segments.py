@@ -126,10 +126,10 @@ class PreparedSegment(PlanNode):
                 raise
             raise AnalysisException(
                 "The file source's hidden column _metadata is read here through a step that "
-                "microbatch does not carry it through (a stream-stream join, a "
-                "flatMapGroupsWithState, transformWithState or applyInPandasWithState): "
-                "select it right after the source, e.g. readStream...load().select('*', "
-                f"'_metadata'), and use that column afterwards. ({e})") from e
+                "microbatch does not carry it through (a stream-stream join, which Spark's engine "
+                "carries it through): select it right after the source, e.g. "
+                "readStream...load().select('*', '_metadata'), and use that column afterwards. "
+                f"({e})") from e
         return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
 
     def describe(self) -> str:
