@@ -231,7 +231,7 @@ def generate(seed: int) -> Case:
     count = rng.randint(3, 6)
     files1 = _input_files(rng, count, second=False)
     files2 = _input_files(rng, rng.randint(3, 6), second=True)
-    query = _Grammar(rng).query()
+    query = _Grammar(rng, random.Random(f"composed-{seed}")).query()
     if rng.random() < 0.35:
         query.restart_after = rng.randint(1, count - 1)
     return Case(seed, query, files1, files2)
@@ -239,6 +239,8 @@ def generate(seed: int) -> Case:
 
 # -- the grammar -----------------------------------------------------------------------------
 
+#: how often a join's query composes it with a limit below or a left semi join above
+COMPOSED = {"limit": 0.12, "semi": 0.2}
 _DELAYS = ("0 seconds", "3 seconds", "5 seconds", "10 seconds")
 #: column names ``df.<name>`` cannot spell (``df.count`` is the method)
 _FRAME_ATTRIBUTES = frozenset(n for n in dir(__import__("pyspark.sql").sql.DataFrame) if not n.startswith("_"))
@@ -276,8 +278,11 @@ def _attr(var: str, name: str) -> str:
 
 
 class _Grammar:
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, more: random.Random | None = None):
         self.rng = rng
+        #: the draws of shapes composed later (a join of a limit, a left semi join of a join),
+        #: from their own generator, so every seed's query before them stays as it was
+        self.more = more or random.Random(0)
         self.lines: list[str] = []
         self.names = 0
         self.shape = ""
@@ -575,6 +580,8 @@ class _Grammar:
         return r
 
     def shape_join(self, f: _Frame) -> _Frame:
+        if self.more.random() < COMPOSED["limit"]:      # a join of a streaming limit
+            self.emit(f"df = df.limit({self.more.randint(3, 8)})")
         et, key = f.role("et"), f.role("key")
         if key is None:
             self.emit('df = df.withColumn("k", F.lit(1))')
@@ -628,6 +635,15 @@ class _Grammar:
             if kind != "using" or target not in (key, et):
                 out.pop(target, None)
         self.emit(line)
+        if how not in ("left_semi", "left_anti") and key in out and et in out and f.cols.get(et) == "ts" \
+                and self.more.random() < COMPOSED["semi"]:
+            # a left semi join of the join, on the left side's key and event time against a
+            # second read of src: Spark's optimizer moves it into the join's side where it can
+            delay = self.more.choice(_DELAYS)
+            self.emit(f'third = src.select(F.col("ts").alias("ts3"), F.col("k").alias("k3"))'
+                      f'.withWatermark("ts3", "{delay}")')
+            self.emit(f'df = df.join(third, F.expr("{key} = k3 AND {et} BETWEEN ts3 - INTERVAL 5 SECONDS '
+                      f'AND ts3 + INTERVAL 5 SECONDS"), "left_semi")')
         joined = _Frame(out, {"et": et, "key": key, "val": f.role("val"), "str": f.role("str")}, f.wm)
         if self.chance(0.3):
             joined = self.aggregation(joined)
