@@ -509,7 +509,8 @@ class StreamFrame:
         while isinstance(node, Transform):
             steps.append(node)
             node = node.child
-        if not isinstance(node, StreamJoin):
+        defined = _STREAM_JOINS_DEFINED.get(node)   # (each stream-stream join defined here)
+        if defined is None:
             return None
         side = spark_internals.semi_join_pushed_into_join(template)
         if side is None:
@@ -518,14 +519,12 @@ class StreamFrame:
                           "that join (PushLeftSemiLeftAntiThroughJoin), whose condition reads a column that a step "
                           "between the joins renames or computes (semi-join that side before the join, or name "
                           "the side's own columns in the condition)", "more stream-stream join shapes")
-        if node not in _STREAM_JOINS_DEFINED:
-            raise refused
-        left, right, lower_on, lower_how, lower = _STREAM_JOINS_DEFINED[node]
+        left, right, lower_on, lower_how, lower = defined
         # (the join's type as Spark's optimizer leaves it: an outer join whose nullable side
         # the semi join's condition reads is an inner one, EliminateOuterJoin, before the
         # semi join moves and takes the filter it inferred along)
         narrowed = spark_internals.outer_joins_narrowed(template, [lower._template])[0] \
-            if node.how in ("left", "right", "full") else None
+            if _STATIC_JOIN_TYPES.get((lower_how or "inner").lower()) in ("left", "right", "full") else None
         try:
             if side == 0:
                 joined = left.join(other, on, "left_semi").join(right, lower_on, lower_how)

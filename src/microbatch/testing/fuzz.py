@@ -225,13 +225,15 @@ def _input_files(rng: random.Random, count: int, second: bool) -> list[list[dict
     return files
 
 
-def generate(seed: int) -> Case:
-    """The query and input of ``seed`` (the same on every machine)."""
+def generate(seed: int, composed: bool = True) -> Case:
+    """The query and input of ``seed`` (the same on every machine). ``composed=False``: the
+    query as the grammar made it before it composed joins with a limit below and a left
+    semi join above (``COMPOSED``), which the tests of queries found by then pin."""
     rng = random.Random(seed)
     count = rng.randint(3, 6)
     files1 = _input_files(rng, count, second=False)
     files2 = _input_files(rng, rng.randint(3, 6), second=True)
-    query = _Grammar(rng, random.Random(f"composed-{seed}")).query()
+    query = _Grammar(rng, random.Random(f"composed-{seed}") if composed else None).query()
     if rng.random() < 0.35:
         query.restart_after = rng.randint(1, count - 1)
     return Case(seed, query, files1, files2)
@@ -281,8 +283,9 @@ class _Grammar:
     def __init__(self, rng: random.Random, more: random.Random | None = None):
         self.rng = rng
         #: the draws of shapes composed later (a join of a limit, a left semi join of a join),
-        #: from their own generator, so every seed's query before them stays as it was
-        self.more = more or random.Random(0)
+        #: from their own generator, so every seed's query is the same up to them; None:
+        #: none composed
+        self.more = more
         self.lines: list[str] = []
         self.names = 0
         self.shape = ""
@@ -580,7 +583,7 @@ class _Grammar:
         return r
 
     def shape_join(self, f: _Frame) -> _Frame:
-        if self.more.random() < COMPOSED["limit"]:      # a join of a streaming limit
+        if self.more and self.more.random() < COMPOSED["limit"]:      # a join of a streaming limit
             self.emit(f"df = df.limit({self.more.randint(3, 8)})")
         et, key = f.role("et"), f.role("key")
         if key is None:
@@ -636,7 +639,7 @@ class _Grammar:
                 out.pop(target, None)
         self.emit(line)
         if how not in ("left_semi", "left_anti") and key in out and et in out and f.cols.get(et) == "ts" \
-                and self.more.random() < COMPOSED["semi"]:
+                and self.more and self.more.random() < COMPOSED["semi"]:
             # a left semi join of the join, on the left side's key and event time against a
             # second read of src: Spark's optimizer moves it into the join's side where it can
             delay = self.more.choice(_DELAYS)
