@@ -6,7 +6,8 @@ json and parquet files, batch by batch: after the source's ``withWatermark``, af
 join. Where Spark's analysis does not resolve it (above a union or an aggregation, and in SQL
 over a temporary view of the stream, which hides a relation's hidden columns), or resolves it
 and finds it missing (above applyInPandasWithState and transformWithStateInPandas), microbatch
-refuses it with Spark's own error, where the query is defined (issue 59)."""
+refuses it with Spark's own error, where the query is defined. Through a stream-stream join
+(``a._metadata`` of an aliased side) it runs as Spark's engine runs it (issue 59)."""
 from __future__ import annotations
 
 import json
@@ -113,6 +114,28 @@ CASES = {
         .select("id", "name", "_metadata.file_name"), "append"),
 }
 
+#: name -> the query over two streams of the files joined (``a`` and ``b``), in append mode;
+#: Spark's engine runs each, the join keeping the side's _metadata in its state
+JOINED_ON = "id = bid AND bts BETWEEN ts - INTERVAL 5 SECONDS AND ts + INTERVAL 5 SECONDS"
+JOINED = {
+    "both sides' through an inner join": lambda a, b: a.join(b, F.expr(JOINED_ON)).select(
+        "id", "bid", F.col("a._metadata.file_path").alias("af"), F.col("b._metadata.file_name").alias("bf")),
+    "the left side's through a left outer join": lambda a, b: a.join(b, F.expr(JOINED_ON), "left_outer").select(
+        "id", "bid", F.col("a._metadata.file_path").alias("af")),
+    "the right side's through a right outer join": lambda a, b: a.join(b, F.expr(JOINED_ON), "right_outer").select(
+        "bid", F.col("b._metadata").alias("bm"), "ts"),
+    "through a left semi join": lambda a, b: a.join(b, F.expr(JOINED_ON), "left_semi").select("id", "_metadata.file_path"),
+    "a side's metadataColumn through an inner join": lambda a, b: a.join(b, F.expr(JOINED_ON)).select(
+        "id", "bid", b.metadataColumn("_metadata").getField("file_path").alias("bf")),
+}
+
+
+def joined_sides(session, paths: tuple[str, str]):
+    a = watermarked(stream(session, paths[0], "json")).alias("a")
+    b = stream(session, paths[1], "json").toDF("bid", "bts").withWatermark("bts", "10 seconds").alias("b")
+    return a, b
+
+
 #: name -> the query over the stream; Spark's analysis refuses each (UNRESOLVED_COLUMN)
 REFUSED = {
     "after a union": lambda s: s.union(s).select("id", "_metadata.file_name"),
@@ -200,6 +223,14 @@ def test_metadata_read_where_spark_reads_it(spark, ss, files, tmp_path, case):
     query, mode = CASES[case]
     theirs = run(query(stream(spark, path, fmt), static_table(spark)), tmp_path / "spark", mode)
     ours = run(query(stream(ss, path, fmt), static_table(spark)), tmp_path / "microbatch", mode)
+    assert_same(theirs, ours, tmp_path / "spark", tmp_path / "microbatch")
+
+
+@pytest.mark.parametrize("case", ci_share(list(JOINED)))
+def test_metadata_through_a_stream_stream_join_as_spark_reads_it(spark, ss, tmp_path, case):
+    paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"))
+    theirs = run(JOINED[case](*joined_sides(spark, paths)), tmp_path / "spark", "append")
+    ours = run(JOINED[case](*joined_sides(ss, paths)), tmp_path / "microbatch", "append")
     assert_same(theirs, ours, tmp_path / "spark", tmp_path / "microbatch")
 
 

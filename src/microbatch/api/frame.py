@@ -330,6 +330,12 @@ class StreamFrame:
         Column of this stream; Spark's error if the stream has no such column."""
         spark_internals.require("metadataColumn")
         self._template.metadataColumn(colName)
+        qualifiers = set() if spark_internals.is_connect(self._template) \
+            else set(spark_internals.output_qualifiers(self._template))
+        if len(qualifiers) == 1 and next(iter(qualifiers)):
+            # (a frame whose columns all have one qualifier, a side aliased for a join: named
+            # by it, so that over the join it is this side's, as Spark's resolves it)
+            return spark_internals.metadata_column(f"{next(iter(qualifiers))[-1]}.{colName}")
         return spark_internals.metadata_column(colName)
 
     def transform(self, func: Callable[..., "StreamFrame"], *args: Any, **kwargs: Any) -> "StreamFrame":

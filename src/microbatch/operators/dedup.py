@@ -112,8 +112,8 @@ class Deduplicate(StatefulNode):
     def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
         return None
 
-    def passes_hidden_columns(self) -> bool:
-        return True    # (its rows are its input's: Spark's Deduplicate keeps its child's metadataOutput)
+    def hidden_column_children(self) -> tuple[tuple[int, int | None], ...]:
+        return ((0, None),)    # (its rows are its input's: Spark's Deduplicate keeps its child's metadataOutput)
 
     def scan_filter_stand_in(self) -> PlanNode:
         """A limit: a batch's optimizer makes a deduplication an aggregation and pushes

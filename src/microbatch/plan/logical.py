@@ -491,11 +491,13 @@ class StatefulNode(PlanNode):
         raise NotImplementedError
 
     # -- answers most kinds share -----------------------------------------------------------
-    def passes_hidden_columns(self) -> bool:
-        """Whether a step above may read its input's hidden columns (a file source's
-        ``_metadata``) through it: its output rows are its input's, as Spark's logical node
-        gives its child's ``metadataOutput`` (a Deduplicate; not an Aggregate)."""
-        return False
+    def hidden_column_children(self) -> tuple[tuple[int, int | None], ...]:
+        """The children whose hidden columns (a file source's ``_metadata``) a step above
+        may read through it, as Spark's logical node gives their ``metadataOutput`` (a
+        Deduplicate: its child; a Join: both sides; not an Aggregate), each with how many
+        of its output's columns are that child's, in order (None: all of them); none: a
+        step above reads no hidden column through it."""
+        return ()
 
     def output_marks_event_time(self) -> bool:
         """Whether its output carries the event-time mark of its input (a ``withWatermark``

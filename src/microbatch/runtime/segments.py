@@ -104,6 +104,10 @@ class PreparedSegment(PlanNode):
             while isinstance(source, (Watermark, ScanFilter)):
                 source = source.child
             empty = source.empty_batch(df.sparkSession) if isinstance(source, StreamingRelation) else None
+            if len(_hidden_sides(hole)) > 1 and spark_internals.CARRIED_METADATA in df.columns:
+                # (a join whose sides carry their sources' _metadata: a join of stand-ins)
+                empties.append(_joined_placeholder(hole, df, df.sparkSession)[0])
+                continue
             if df.columns[-1:] == [spark_internals.CARRIED_METADATA]:
                 # (a hole that carries its source's _metadata, ``hidden_columns_carried``: a
                 # relation of the source's format with the columns before it, which has the
@@ -126,8 +130,9 @@ class PreparedSegment(PlanNode):
                 raise
             raise AnalysisException(
                 "The file source's hidden column _metadata is read here through a step that "
-                "microbatch does not carry it through (a stream-stream join, which Spark's engine "
-                "carries it through): select it right after the source, e.g. "
+                "microbatch does not carry it through (a stream-stream join on column names, or "
+                "one whose side's columns have no one qualifier to name it by; a watermark above "
+                "a join): select it right after the source, e.g. "
                 "readStream...load().select('*', '_metadata'), and use that column afterwards. "
                 f"({e})") from e
         return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
@@ -204,17 +209,28 @@ def _direct(hole: PlanNode, carriers: Mapping[StreamingRelation, Any] = _NO_CARR
     return isinstance(hole, StreamingRelation) and hole not in carriers
 
 
+def _hidden_sides(node: PlanNode) -> tuple[tuple[int, int | None], ...]:
+    """The children whose hidden columns a step above may read through ``node`` (Spark's
+    ``metadataOutput`` of a watermark, a deduplication, a join), each with the number of
+    ``node``'s output columns that are that child's (None: all)."""
+    if isinstance(node, (Watermark, ScanFilter)):
+        return ((0, None),)
+    return node.hidden_column_children() if node.stateful else ()
+
+
 def _passes_hidden(node: PlanNode) -> bool:
-    """Whether ``node``'s output rows are its input's, hidden columns included, for a step
-    above (Spark's ``metadataOutput`` of a watermark, a deduplication)."""
-    return isinstance(node, (Watermark, ScanFilter)) or (node.stateful and node.passes_hidden_columns())
+    """Whether ``node``'s output rows carry a child's, hidden columns included."""
+    return bool(_hidden_sides(node))
 
 
 def _may_carry(hole: PlanNode) -> bool:
     """Whether ``hole``, not read directly, could carry a source's hidden columns up: it
     passes them, down to a stateless step or a source."""
-    while _passes_hidden(hole):
-        hole = hole.child
+    sides = _hidden_sides(hole)
+    if len(sides) == 1 and len(_hidden_sides(hole.children[sides[0][0]])) > 1:
+        return False    # (a join's output under one stand-in: its sides' columns are not the last)
+    if sides:
+        return any(_may_carry(hole.children[i]) for i, _ in sides)
     return isinstance(hole, (StreamingRelation,) + SEGMENT_STEPS)
 
 
@@ -247,7 +263,11 @@ def _arguments_text(step: PlanNode) -> str:
 
 def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame | None:
     """A relation of no rows with ``schema``'s columns and the hidden columns of the file
-    source read under ``hole`` (its format over no files), or None."""
+    source read under ``hole`` (its format over no files; through a node that passes its
+    children's, the first of those), or None."""
+    sides = _hidden_sides(hole)
+    if sides:
+        return _hidden_placeholder(hole.children[sides[0][0]], schema, spark)
     for node in hole.nodes():
         if isinstance(node, StreamingRelation) and node.provider is not None:
             try:
@@ -257,6 +277,35 @@ def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame 
             if spark_internals.has_hidden_columns(empty):
                 return empty
     return None
+
+
+def _joined_placeholder(hole: PlanNode, built: DataFrame, spark) -> tuple[DataFrame, list[DataFrame | None]]:
+    """A stand-in for the output ``built`` of ``hole``, a join whose sides' hidden columns a
+    step above may read: per side a relation of its source's format with the side's columns
+    (``_hidden_placeholder``; an empty DataFrame for a side without one), named by the
+    side's qualifier where all its columns have the same (``a`` of ``a._metadata``), the
+    two cross-joined: the join's columns in its order, and each side's hidden columns as
+    Spark's Join gives them. A side's column ``CARRIED_METADATA`` after its own (a batch's)
+    is its carried ``_metadata``, which the stand-in has hidden. Also each side's relation
+    (None: none)."""
+    fields = built.schema.fields
+    qualifiers = spark_internals.output_qualifiers(built)
+    start, frames, relations = 0, [], []
+    for child, width in _hidden_sides(hole):
+        end = len(fields) if width is None else start + width
+        schema = StructType(fields[start:end])
+        relation = _hidden_placeholder(hole.children[child], schema, spark)
+        frame = relation if relation is not None else spark_internals.empty_dataframe(spark, schema)
+        named = set(qualifiers[start:end])
+        if len(named) == 1 and next(iter(named)):
+            frame = frame.alias(next(iter(named))[-1])
+        frames.append(frame)
+        relations.append(relation)
+        start = end + (1 if end < len(fields) and fields[end].name == spark_internals.CARRIED_METADATA else 0)
+    joined = frames[0]
+    for frame in frames[1:]:
+        joined = joined.crossJoin(frame)
+    return joined, relations
 
 
 def _run_holes(node: PlanNode) -> list[PlanNode]:
@@ -290,9 +339,13 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
     unless its batches are not relations that have them (``carriers``: a file source
     reading in Python tasks), which then carries them in that column itself."""
 
-    def carried(node: PlanNode, needed: bool) -> PlanNode:
-        if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node, carriers) and _passes_hidden(node):
-            return children_replaced(node, [carried(node.child, True)])
+    def carried(node: PlanNode, needed: bool | tuple[int, ...]) -> PlanNode:
+        """``node`` carrying its hidden columns up where ``needed`` (for a node of several
+        children that pass theirs, a join's: those whose columns are read)."""
+        sides = _hidden_sides(node)
+        if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node, carriers) and sides:
+            read = {i for i, _ in sides[:1]} if needed is True else set(needed)
+            return children_replaced(node, [carried(c, i in read) for i, c in enumerate(node.children)])
         if needed and node in carriers:    # (its batches carry the column themselves from now on)
             carriers[node].carry_hidden_columns()
             return node
@@ -304,21 +357,36 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
         reads = _holes_read_for_hidden(node, holes)
         return _run_over(node, [carried(hole, read) for hole, read in zip(holes, reads)])
 
-    def _holes_read_for_hidden(run: PlanNode, holes: list[PlanNode]) -> list[bool]:
+    def _holes_read_for_hidden(run: PlanNode, holes: list[PlanNode]) -> list[bool | tuple[int, ...]]:
+        """Per hole of the run, whether the run's steps read its hidden columns (for a join:
+        the sides whose columns they read, or False)."""
         asked = [not _direct(h, carriers) and _may_carry(h) for h in holes]
         if not any(asked) or not _steps_may_name_hidden(run):
             return [False] * len(holes)
         try:
-            placeholders = []
+            placeholders, relations = [], []
             for hole, ask in zip(holes, asked):
                 built = hole.build(empty_inputs)
-                stand_in = _hidden_placeholder(hole, built.schema, spark) if ask else None
+                if ask and len(_hidden_sides(hole)) > 1:
+                    stand_in, sides = _joined_placeholder(hole, built, spark)
+                else:
+                    stand_in = _hidden_placeholder(hole, built.schema, spark) if ask else None
+                    sides = [stand_in]
                 placeholders.append(stand_in if stand_in is not None else built)
+                relations.append(sides)
             analyzed = spark_internals.analyzed_plan(_run_over(run, [Placeholder(p) for p in placeholders]).build({}))
         except AnalysisException:    # (read through a step that does not carry it: the segment says so)
             return [False] * len(holes)
-        read = spark_internals.hidden_columns_read(
-            analyzed, [spark_internals.analyzed_plan(p) for p in placeholders])
-        return [ask and r for ask, r in zip(asked, read)]
+        read = iter(spark_internals.hidden_columns_read(
+            analyzed, [spark_internals.analyzed_plan(r) for sides in relations for r in sides if r is not None]))
+        answers: list[bool | tuple[int, ...]] = []
+        for hole, ask, sides in zip(holes, asked, relations):
+            got = [r is not None and next(read) for r in sides]
+            if len(sides) > 1:
+                picked = tuple(i for (i, _), g in zip(_hidden_sides(hole), got) if g)
+                answers.append(picked if ask and picked else False)
+            else:
+                answers.append(ask and got[0])
+        return answers
 
     return carried(plan, False)

@@ -140,6 +140,25 @@ def _exposed(plan: Any) -> Any:
         return None
 
 
+def _join_as_read(prepared: Any, placeholder: Any) -> Any:
+    """A placeholder that is a join of stand-ins (a stream-stream join's output whose sides'
+    hidden columns a step above may read) as ``prepared`` holds it: the sides whose hidden
+    columns the plan reads exposed (AddMetadataColumns), which puts them in the join's
+    output after each side's columns, where the batch's join carries them
+    (``CARRIED_METADATA``)."""
+    wanted = {placeholder.output().apply(i).exprId().id() for i in range(placeholder.output().size())}
+    pending = [prepared]
+    while pending:
+        node = pending.pop()
+        if node.getClass().getSimpleName() == "Join":
+            output = node.output()
+            if wanted <= {output.apply(i).exprId().id() for i in range(output.size())}:
+                return node
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    return placeholder
+
+
 def has_hidden_columns(df: Any) -> bool:
     """Whether ``df``'s plan has hidden columns (a file relation's ``_metadata``)."""
     return analyzed_plan(df).metadataOutput().nonEmpty()
@@ -179,6 +198,8 @@ class BindablePlan:
         leaves = prepared.collectLeaves()
         leaves = [leaves.apply(i) for i in range(leaves.size())]
         for placeholder in placeholders:
+            if placeholder.getClass().getSimpleName() == "Join":
+                placeholder = _join_as_read(prepared, placeholder)
             output = placeholder.output()
             self.placeholders.append((placeholder, [(output.apply(i).name(), output.apply(i).exprId())
                                                     for i in range(output.size())]))

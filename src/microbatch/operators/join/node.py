@@ -94,6 +94,15 @@ class StreamJoin(StatefulNode):
         return (self.left, self.right)
 
     # -- its policy (plan.logical.StatefulNode) ----------------------------------------------
+    def hidden_column_children(self) -> tuple[tuple[int, int | None], ...]:
+        """Spark's Join gives both sides' hidden columns (a left semi join its left side's):
+        its output is the left side's columns, then the right side's."""
+        if self.using:     # (its output is the keys first: not a side's columns, then the other's)
+            return ()
+        if self.how == "semi":
+            return ((0, None),)
+        return ((0, len(self.side_columns[0])), (1, len(self.side_columns[1])))
+
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> JoinStep:
         return JoinStep(self, operator_id, state_root, shuffle_partitions)
 
