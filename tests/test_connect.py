@@ -233,6 +233,31 @@ def test_rate_source_into_foreach_batch(css, tmp_path):
     assert query.exception() is None
 
 
+def test_the_current_time_is_the_batchs_over_connect(css, connect_spark, tmp_path):
+    """current_timestamp(), now(), current_date() and localtimestamp(), as Columns and in SQL
+    text, are the batch's time (its offset log's batchTimestampMs), as on Spark's engine."""
+    from zoneinfo import ZoneInfo
+    from pyspark.sql import functions as F
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    for i in range(2):
+        _write_json(source, f"f{i}", _rows(10 * i, 3))
+
+    def build(reader):
+        return (reader.format("json").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
+                .select("v", F.unix_millis(F.current_timestamp()).alias("at"), F.expr("unix_millis(now())").alias("ms"),
+                        F.current_date().alias("day"), F.expr("localtimestamp()").alias("local"))
+                .where("day >= current_date AND at > 0"))
+    batches, _ = _run_microbatch(css, build, checkpoint)
+    zone = ZoneInfo(connect_spark.conf.get("spark.sql.session.timeZone"))
+    assert sorted(batches) == [0, 1]
+    for batch_id, rows in batches.items():
+        metadata = json.loads((checkpoint / "offsets" / str(batch_id)).read_text().splitlines()[1])
+        at = metadata["batchTimestampMs"]
+        local = datetime.datetime.fromtimestamp(at / 1000, zone)
+        assert len(rows) == 3
+        assert {r[1:] for r in rows} == {(at, at, local.date(), local.replace(tzinfo=None))}
+
+
 # -- (b) the windowed aggregation -----------------------------------------------------------
 @pytest.mark.parametrize("mode", ["append", "update"])
 def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path, mode):

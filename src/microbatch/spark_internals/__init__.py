@@ -106,6 +106,7 @@ import functools as _functools
 
 from microbatch.spark_internals import session as _session
 from microbatch.spark_internals.connect import analysis as _c_analysis
+from microbatch.spark_internals.connect import batch_time as _c_batch_time
 from microbatch.spark_internals.connect import errors as _c_errors
 from microbatch.spark_internals.connect import is_connect
 from microbatch.spark_internals.connect import metrics as _c_metrics
@@ -199,7 +200,7 @@ grouping_column_names = _by_kind(grouping_column_names, _refused("applyInPandasW
 ambiguous_on_a_stream = _by_kind(ambiguous_on_a_stream, lambda df, step: None)   # (Connect: none)
 grouped_dataframe = _by_kind(grouped_dataframe, _refused("applyInPandasWithState or transformWithState"))
 window_function_error = _by_kind(window_function_error, _refused("A window function (OVER)"))
-with_batch_timestamp = _by_kind(with_batch_timestamp, _refused("current_timestamp()/now() in a stream"))
+with_batch_timestamp = _by_kind(with_batch_timestamp, _c_batch_time.with_batch_timestamp)
 analyzed_plan = _by_kind(analyzed_plan, _refused("A prepared plan"))
 nullable_output = _by_kind(nullable_output, lambda df: df)   # (over Connect the task's output is nullable)
 _classic_parse_schema_ddl = parse_schema_ddl
