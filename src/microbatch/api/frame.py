@@ -522,9 +522,9 @@ class StreamFrame:
         if side is None:
             return None
         refused = not_yet("A left semi join of a stream-stream join that Spark's optimizer moves into a side of "
-                          "that join (PushLeftSemiLeftAntiThroughJoin), whose condition reads a column that a step "
-                          "between the joins renames or computes (semi-join that side before the join, or name "
-                          "the side's own columns in the condition)", "more stream-stream join shapes")
+                          "that join (PushLeftSemiLeftAntiThroughJoin), whose condition does not read back over "
+                          "that side's columns (semi-join that side before the join, or name the side's own "
+                          "columns in the condition)", "more stream-stream join shapes")
         left, right, lower_on, lower_how, lower = defined
         # (the join's type as Spark's optimizer leaves it: an outer join whose nullable side
         # the semi join's condition reads is an inner one, EliminateOuterJoin, before the
@@ -532,10 +532,20 @@ class StreamFrame:
         narrowed = spark_internals.outer_joins_narrowed(template, [lower._template])[0] \
             if _STATIC_JOIN_TYPES.get((lower_how or "inner").lower()) in ("left", "right", "full") else None
         try:
+            moved_side = (left, right)[side]
+            try:
+                semi = moved_side.join(other, on, "left_semi")
+            except _PySparkAnalysisException:
+                # (the condition reads a column a step between renames or computes: Spark's
+                # optimizer reads it back through the step, which its condition then says)
+                read_back = spark_internals.pushed_semi_join_condition(template)
+                if read_back is None:
+                    raise
+                semi = moved_side.join(other, F.expr(read_back), "left_semi")
             if side == 0:
-                joined = left.join(other, on, "left_semi").join(right, lower_on, lower_how)
+                joined = semi.join(right, lower_on, lower_how)
             else:
-                joined = left.join(right.join(other, on, "left_semi"), lower_on, lower_how)
+                joined = left.join(semi, lower_on, lower_how)
             plan = joined._plan
             if narrowed is not None:
                 plan = dataclasses.replace(plan, exec_how=narrowed)

@@ -23,7 +23,7 @@ from microbatch.spark_internals.analysis import (
     join_condition, output_qualifiers, parse_schema_ddl, processing_time_ms, projections_keep_column, pruned_from_joins,
     pruned_below_repartitions,
     qualified_alias, reads_only_files, requalified, scan_filters, scan_skips_filter, schema_string, semi_join_below_aggregation, semi_join_branches,
-    semi_join_pushed_into_join,
+    semi_join_pushed_into_join, pushed_semi_join_condition,
     window_function_error,
     schema_tree,
 )
@@ -94,7 +94,7 @@ __all__ = [
     "streaming_query_exception", "temp_view_exists", "user_error_cause", "uses_current_time",
     "with_batch_timestamp", "nullable_output", "runs_again_alike", "reset_observations",
     "reads_only_files", "scan_filters", "scan_skips_filter", "ambiguous_on_a_stream", "semi_join_branches",
-    "semi_join_below_aggregation", "semi_join_pushed_into_join", "sources_removed",
+    "semi_join_below_aggregation", "semi_join_pushed_into_join", "pushed_semi_join_condition", "sources_removed",
     "join_inferred_filters", "optimized_plan", "stream_without_data",
 ]
 
@@ -178,6 +178,7 @@ conjunct_sides = _by_kind(conjunct_sides, _refused("A join"))
 semi_join_branches = _by_kind(semi_join_branches, _refused("A join"))
 semi_join_below_aggregation = _by_kind(semi_join_below_aggregation, _c_analysis.never)
 semi_join_pushed_into_join = _by_kind(semi_join_pushed_into_join, lambda joined: None)   # (Connect runs no stream-stream join)
+pushed_semi_join_condition = _by_kind(pushed_semi_join_condition, _refused("A join"))
 sources_removed = _by_kind(sources_removed, _c_analysis.never)   # (Connect runs no stream-stream join)
 pruned_from_joins = _by_kind(pruned_from_joins, _refused("A join"))
 pruned_below_repartitions = _by_kind(pruned_below_repartitions, lambda df, columns: [False] * len(columns))

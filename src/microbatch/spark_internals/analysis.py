@@ -371,6 +371,52 @@ def semi_join_pushed_into_join(joined: Any) -> int | None:
     return moved[0] if len(moved) == 1 else None
 
 
+def pushed_semi_join_condition(joined: Any) -> str | None:
+    """The condition of the left semi join that is ``joined``'s last step as Spark's
+    optimizer left it once moved into a side of the join below
+    (``semi_join_pushed_into_join``), as SQL text over that side's output columns: the
+    steps between read back (a renamed column by its name in the side, a computed one as
+    its expression), and where the optimizer moved the semi join further down, into the
+    side's own projections, its columns named again as the side's output names them.
+    None without a condition."""
+    from py4j.java_collections import MapConverter
+
+    def under(plan: Any) -> Any:
+        while plan.getClass().getSimpleName() in ("Project", "Filter"):
+            plan = plan.child()
+        return plan
+
+    top = under(joined._jdf.queryExecution().optimizedPlan())
+    path, pending = [], [(top, [])]
+    while pending:   # (the steps from the top join down to the moved semi join)
+        node, above = pending.pop()
+        if node.getClass().getSimpleName() == "Join" and node.joinType().toString() == "LeftSemi":
+            path = above
+            break
+        pending.extend((child, above + [node]) for child in _scala_list(node.children()))
+    else:
+        return None
+    if not node.condition().isDefined():
+        return None
+    renamed = {}   # an attribute of the semi join's left side -> the one the side's output has
+    for step in reversed(path):
+        if step.getClass().getSimpleName() != "Project":
+            continue
+        for item in _scala_list(step.projectList()):
+            if item.getClass().getSimpleName() == "Alias" and \
+                    item.child().getClass().getSimpleName() == "AttributeReference":
+                source = item.child()
+                for old, new in list(renamed.items()):
+                    if new.exprId().equals(source.exprId()):
+                        renamed[old] = item.toAttribute()
+                if not any(old.exprId().equals(source.exprId()) for old in renamed):
+                    renamed[source] = item.toAttribute()
+    gateway = joined.sparkSession.sparkContext._gateway
+    replacements = jvm_class("org.apache.spark.api.python.PythonUtils").toScalaMap(
+        MapConverter().convert(renamed, gateway._gateway_client))
+    return node.condition().get().transform(replacements).sql()
+
+
 def semi_join_below_aggregation(joined: Any) -> bool:
     """Whether Spark's optimizer moves the left semi join that is ``joined``'s last step
     below the aggregation on its left side (PushDownLeftSemiAntiJoin: through the
