@@ -68,9 +68,9 @@ CASES = {
     "left semi of left outer, on its right side's columns (the join inner then)": lambda a, b, c: a.join(
         b, F.expr(RANGE), "left_outer").drop("lts").join(c, F.expr(RIGHTS), "left_semi"),
     "left semi of right outer, on its left side's columns": cascaded("right_outer", "left_semi"),
-    "left semi of full outer, on its left side's columns": cascaded("full_outer", "left_semi"),
     "left semi of inner, through a rename its condition reads": lambda a, b, c: a.join(b, F.expr(RANGE)).drop(
         "rts").withColumnRenamed("id", "k").join(c, F.expr("k = cid AND lts = cts"), "left_semi"),
+    "left semi of full outer, on its left side's columns": cascaded("full_outer", "left_semi"),
     # a join of a streaming limit (Spark's StreamingGlobalLimitExec below the join exec)
     "inner of a limit": lambda a, b, c: a.limit(5).join(b, F.expr(RANGE)),
     "inner with a limit on the right": lambda a, b, c: a.join(b.limit(5), F.expr(RANGE)),
