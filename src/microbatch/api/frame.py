@@ -51,10 +51,12 @@ _STATIC_JOIN_TYPES = {
 }
 
 
-#: the stateless steps that may add a window function (``OVER (...)``) to a stream
-#: each stream-stream join's node -> how it was defined (its sides' frames, condition, type),
-#: to define it again with a left semi join moved into a side (``_semi_join_pushed_into_join``)
+#: each stream-stream join's node -> how it was defined (its sides' frames, condition, type,
+#: and its template), to define it again with a left semi join moved into a side
+#: (``_semi_join_pushed_into_join``); nothing in a value refers to its key, so an entry goes
+#: with the join's node
 _STREAM_JOINS_DEFINED: "weakref.WeakKeyDictionary[StreamJoin, tuple]" = weakref.WeakKeyDictionary()
+#: the stateless steps that may add a window function (``OVER (...)``) to a stream
 _MAY_ADD_WINDOWS = ("select", "selectExpr", "withColumn", "withColumns", "filter", "where")
 
 
@@ -500,9 +502,8 @@ class StreamFrame:
             if kind != "semi":
                 sides.update({i: len(left) + n for n, i in enumerate(spark_internals.output_attribute_ids(other._template))
                               if i not in own and i not in sides})
-        joined = StreamFrame(self._session, node, template, sides)
-        _STREAM_JOINS_DEFINED[node] = (self, other, on, how, joined)
-        return joined
+        _STREAM_JOINS_DEFINED[node] = (self, other, on, how, template)
+        return StreamFrame(self._session, node, template, sides)
 
     def _semi_join_pushed_into_join(self, other: "StreamFrame", on: Any, template: DataFrame) -> "StreamFrame | None":
         """A left semi join of this frame, a stream-stream join under stateless steps, as
@@ -529,7 +530,7 @@ class StreamFrame:
         # (the join's type as Spark's optimizer leaves it: an outer join whose nullable side
         # the semi join's condition reads is an inner one, EliminateOuterJoin, before the
         # semi join moves and takes the filter it inferred along)
-        narrowed = spark_internals.outer_joins_narrowed(template, [lower._template])[0] \
+        narrowed = spark_internals.outer_joins_narrowed(template, [lower])[0] \
             if _STATIC_JOIN_TYPES.get((lower_how or "inner").lower()) in ("left", "right", "full") else None
         try:
             moved_side = (left, right)[side]
@@ -549,10 +550,12 @@ class StreamFrame:
             plan = joined._plan
             if narrowed is not None:
                 plan = dataclasses.replace(plan, exec_how=narrowed)
+                _STREAM_JOINS_DEFINED[plan] = _STREAM_JOINS_DEFINED[joined._plan]
             for step in reversed(steps):
                 plan = dataclasses.replace(step, child=plan)
             moved = StreamFrame(self._session, plan, functools.reduce(
-                lambda df, step: getattr(df, step.method)(*step.args, **step.kwargs), reversed(steps), joined._template))
+                lambda df, step: getattr(df, step.method)(*step.args, **step.kwargs), reversed(steps), joined._template),
+                None if steps else joined._sides)
         except _PySparkAnalysisException:
             raise refused from None
         if moved.schema != template.schema:

@@ -386,11 +386,19 @@ def pushed_semi_join_condition(joined: Any) -> str | None:
             plan = plan.child()
         return plan
 
+    def ids(plan: Any) -> set[int]:
+        return {a.exprId().id() for a in _scala_list(plan.output())}
+
+    written = joined._jdf.queryExecution().analyzed()
+    while written.getClass().getSimpleName() in ("Project", "Filter", "SubqueryAlias"):
+        written = written.child()
+    others = ids(written.right())    # (the columns of the stream the semi join reads)
     top = under(joined._jdf.queryExecution().optimizedPlan())
     path, pending = [], [(top, [])]
     while pending:   # (the steps from the top join down to the moved semi join)
         node, above = pending.pop()
-        if node.getClass().getSimpleName() == "Join" and node.joinType().toString() == "LeftSemi":
+        if node.getClass().getSimpleName() == "Join" and node.joinType().toString() == "LeftSemi" \
+                and ids(node.right()) & others:
             path = above
             break
         pending.extend((child, above + [node]) for child in _scala_list(node.children()))

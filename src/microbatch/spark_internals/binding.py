@@ -151,8 +151,10 @@ def _join_as_read(prepared: Any, placeholder: Any) -> Any:
     while pending:
         node = pending.pop()
         if node.getClass().getSimpleName() == "Join":
-            output = node.output()
-            if wanted <= {output.apply(i).exprId().id() for i in range(output.size())}:
+            output = [node.output().apply(i) for i in range(node.output().size())]
+            ids = {a.exprId().id() for a in output}
+            # (its output is the stand-in's and hidden columns only: not a join above it)
+            if wanted <= ids and all(a.name() == "_metadata" for a in output if a.exprId().id() not in wanted):
                 return node
         children = node.children()
         pending.extend(children.apply(i) for i in range(children.size()))
