@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StatefulProcessor
 
 from helpers import ci_share, collect_batches, sorted_rows
 from stream_events import comparable, watermarks
+from test_state_source_options import Counts   # (never run here: the query is refused where written)
 
 SCHEMA = "id INT, ts TIMESTAMP"
 #: (id, time on 2026-01-01) per file, one file a batch: a late row, a duplicate id across files
@@ -146,28 +146,13 @@ def _counts(key, frames, state):
     yield pd.DataFrame({"id": [key[0]], "n": [sum(len(f) for f in frames)]})
 
 
-class Counter(StatefulProcessor):
-    """A transformWithStateInPandas processor: the rows seen per id."""
-
-    def init(self, handle):
-        self.count = handle.getValueState("count", "n LONG")
-
-    def handleInputRows(self, key, rows, timerValues):   # noqa: N802, N803 - PySpark's names
-        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(r) for r in rows)
-        self.count.update((n,))
-        yield pd.DataFrame({"id": [key[0]], "n": [n]})
-
-    def close(self):
-        pass
-
-
 #: name -> the query over the stream; Spark's analysis resolves _metadata through the Python
 #: stateful operator and finds it missing from the operator's output
 ABOVE_PYTHON_STATE = {
     "above applyInPandasWithState": lambda s: s.groupBy("id").applyInPandasWithState(
         _counts, "id INT, n LONG", "n LONG", "append", "NoTimeout").select("id", "_metadata.file_name"),
     "above transformWithStateInPandas": lambda s: s.groupBy("id").transformWithStateInPandas(
-        Counter(), "id INT, n LONG", "append", "None").select("id", "_metadata"),
+        Counts(), "id INT, n LONG", "append", "None").select("id", "_metadata"),
 }
 
 #: name -> (the view of the stream, SQL over it); Spark's SQL hides a view's hidden columns
