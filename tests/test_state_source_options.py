@@ -103,6 +103,82 @@ def test_a_snapshot_read_gives_the_partitions_state_after_the_batch(spark, ss, c
     assert error.value.getCondition() == "CANNOT_LOAD_STATE_STORE.SNAPSHOT_PARTITION_ID_NOT_FOUND"
 
 
+#: (k, v, seconds) per file for session windows of 5 s: a's two sessions merged into one by
+#: its next row, a session put unchanged and evicted in one batch, evictions with no input
+SESSION_FILES = [
+    [("a", 1, 0), ("a", 2, 7), ("b", 1, 1)],
+    [("a", 3, 4), ("c", 1, 20)],
+    [("a", 1, 30), ("b", 2, 31)],
+    [("a", 1, 50)],
+]
+
+
+@pytest.fixture(scope="module")
+def session_checkpoints(spark, tmp_path_factory):
+    """A session window count and sum run by both engines: the checkpoints."""
+    from microbatch import StreamingSession
+    ss = StreamingSession(spark)
+    base = tmp_path_factory.mktemp("state-source-sessions")
+    events = base / "events"
+    events.mkdir()
+    for i, rows in enumerate(SESSION_FILES):
+        (events / f"{i}.json").write_text("".join(
+            json.dumps({"k": k, "v": v, "ts": f"2026-01-01T00:00:{s:02d}Z"}) + "\n" for k, v, s in rows))
+        os.utime(events / f"{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+
+    def sessions(frame):
+        from pyspark.sql import functions as F
+        return frame.withWatermark("ts", "5 seconds").groupBy(F.session_window("ts", "5 seconds"), "k") \
+            .agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+
+    ckpts = {}
+    for name, session in (("spark", spark), ("microbatch", ss)):
+        ckpts[name] = base / name
+        batches, _ = collect_batches(sessions(json_stream(session, events, SCHEMA)), ckpts[name], "append")
+        assert len(batches) == len(SESSION_FILES) + 1
+    return ckpts
+
+
+def test_a_session_windows_change_feed_is_sparks_batch_by_batch(spark, ss, session_checkpoints):
+    """Spark's store has a row per session: a key with input has each of its sessions put,
+    changed or not, and the sessions merged away removed; each evicted session is removed,
+    one put in the same batch too. microbatch keeps a key's sessions in one row, so its
+    session task logs these changes beside its state files."""
+    theirs = read(spark, session_checkpoints["spark"], readChangeFeed=True, changeStartBatchId=0)
+    ours = read(ss, session_checkpoints["microbatch"], readChangeFeed=True, changeStartBatchId=0)
+    assert ours.schema.json() == theirs.schema.json()
+    found = rows(ours)
+    assert found == rows(theirs)
+    changes = {(r[0], r[1], r[2][0], r[2][1].second) for r in found}
+    assert (1, "delete", "a", 7) in changes                                  # merged away
+    assert {(2, "update", "a", 0), (2, "delete", "a", 0)} <= changes         # put unchanged, evicted
+    assert (4, "delete", "b", 31) in changes and not any(r[0] == 4 and r[1] == "update" for r in found)
+    some = dict(readChangeFeed=True, changeStartBatchId=1, changeEndBatchId=2)
+    assert rows(read(ss, session_checkpoints["microbatch"], **some)) == \
+        rows(read(spark, session_checkpoints["spark"], **some))
+    # the checkpoint toolkit knows the change files: not damage
+    from microbatch.ops.verify import Verifier
+    verifier = Verifier(str(session_checkpoints["microbatch"]))
+    verifier.run()
+    assert not verifier.damaged, verifier.findings
+    assert list((session_checkpoints["microbatch"] / "state" / "0").glob("*/*.changes.arrow"))
+
+
+def test_a_session_change_feed_of_a_checkpoint_that_did_not_log_it_is_refused(ss, session_checkpoints, tmp_path):
+    import shutil
+
+    from microbatch.errors import UnsupportedOperationError
+    older = tmp_path / "older"
+    shutil.copytree(session_checkpoints["microbatch"], older)
+    schema = older / "state" / "0" / "_metadata" / "schema"
+    doc = json.loads(schema.read_text())
+    del doc["changesLogged"]
+    schema.write_text(json.dumps(doc))
+    with pytest.raises(UnsupportedOperationError, match="'readChangeFeed' cannot read the changes"):
+        read(ss, older, readChangeFeed=True, changeStartBatchId=0)
+    assert rows(read(ss, older, batchId=2)) == rows(read(ss, session_checkpoints["microbatch"], batchId=2))
+
+
 #: options Spark's reader refuses, each with its condition (both engines' readers are asked)
 REFUSED = {
     "joinSide with storeName": dict(joinSide="left", storeName="left-keyToNumValues"),

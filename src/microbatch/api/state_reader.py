@@ -11,7 +11,8 @@ transformWithState ``stateVarName``, ``readRegisteredTimers`` and
 ``flattenCollectionTypes``; ``snapshotStartBatchId`` with ``snapshotPartitionId`` (one
 partition's state rebuilt from the snapshot written after that batch, which must exist,
 plus the deltas after it); ``readChangeFeed`` with ``changeStartBatchId`` and
-``changeEndBatchId`` (each batch's changes, from the delta files: Spark's columns
+``changeEndBatchId`` (each batch's changes, from the delta files, or for an operator
+whose rows are not Spark's from the changes its tasks logged: Spark's columns
 ``batch_id``, ``change_type`` (``update`` or ``delete``), ``key``, ``value`` (null for a
 delete), ``partition_id``). The result has Spark's columns ``key`` and ``value`` (structs
 of the operator's key and value schema) and ``partition_id``. An aggregation's value holds
@@ -280,7 +281,7 @@ class StateStoreReader:
             storage = (file_schema.field("key").type, file_schema.field("value").type)
             conf = StateStoreConf(storage=fs.spec(), provider_class=provider_name, value_evolution=evolution)
             files = StateFiles(store_id, pa.schema(list(storage[0])), pa.schema(list(storage[1])), conf)
-            rows = _store_rows(files, opts, changes, kind, provider_name)
+            rows = _store_rows(files, opts, changes, kind, provider_name, layout.logs_changes)
             if join_side is not None:   # (join key, index) -> (row, matched): the key and the row
                 storage = (pa.struct([pa.field(f"field{i}", f.type) for i, f in enumerate(list(storage[0])[:-1])]),
                            pa.struct(list(storage[1])[:-1]))
@@ -290,6 +291,9 @@ class StateStoreReader:
                 continue
             if as_spark:
                 rows = list(as_spark[0].to_spark(rows))
+                if opts.read_change_feed:   # (a logged change's row: one session, one row of Spark's)
+                    types = changes[len(changes) - len(rows):]
+                    rows = [(key, None if t[1] == "delete" else value) for (key, value), t in zip(rows, types)]
                 storage = tuple(pa.struct(list(schema)) for schema in as_spark[0].spark_storage())
             for key, value in rows:
                 keys.append(key)
@@ -536,19 +540,34 @@ def _check_layout(opts: StateSourceOptions, layout: Any, doc: dict) -> None:
         raise IllegalArgumentException(
             f"Option 'joinSide' reads a stream-stream join's state, but operator {opts.operator} "
             f"is {doc.get('operatorName')}. Give the join's operatorId, or drop the option.")
-    if opts.read_change_feed and (layout.read_as_spark or layout.in_column_families):
+    if opts.read_change_feed and layout.logs_changes and not doc.get("changesLogged"):
+        raise UnsupportedOperationError(
+            f"Option 'readChangeFeed' cannot read the changes of operator {opts.operator} "
+            f"({doc.get('operatorName')}) in this checkpoint: its state was started by an earlier microbatch, "
+            "whose tasks did not log the changes Spark's store would have made (microbatch keeps a key's "
+            "sessions in one row). Read the state after each batch with option 'batchId', or start the "
+            "query with a new checkpoint location to have its changes logged.")
+    if opts.read_change_feed and ((layout.read_as_spark and not layout.logs_changes) or layout.in_column_families):
         raise UnsupportedOperationError(
             f"Option 'readChangeFeed' of the state data source does not read the state of operator "
             f"{opts.operator} ({doc.get('operatorName')}) in microbatch yet: microbatch keeps it in other rows "
-            "than Spark's store (a session window's sessions per key, a transformWithState's variables), "
+            "than Spark's store (a transformWithState's variables), "
             "and its changes are not translated. Read the state after each batch with option 'batchId'.")
 
 
 def _store_rows(files: StateFiles, opts: StateSourceOptions, changes: list, kind: type,
-                provider_name: str) -> list[tuple]:
+                provider_name: str, logged: bool) -> list[tuple]:
     """One store's (key, value) rows as the options ask: its changes (each one's batch and
-    type appended to ``changes``), its state rebuilt from a snapshot, or its state after
-    the batch through its provider."""
+    type appended to ``changes``; ``logged``: the ones its task logged, a delete's value
+    still there to be turned into Spark's key), its state rebuilt from a snapshot, or its
+    state after the batch through its provider."""
+    if opts.read_change_feed and logged:
+        rows = []
+        for version in range(opts.change_start + 1, opts.change_end + 2):
+            for change_type, key, value in files.read_changes(version):
+                rows.append((key, value))
+                changes.append((version - 1, change_type))
+        return rows
     if opts.read_change_feed:
         rows = []
         for version in range(opts.change_start + 1, opts.change_end + 2):

@@ -40,7 +40,7 @@ from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
 from microbatch.planted_bugs import planted
-from microbatch.state.files import storage_type
+from microbatch.state.files import StateFiles, storage_type
 from microbatch.state.store import (StateStore, StateStoreConf, StateStoreId, StateStoreMetrics,
                                     load_provider, task_metrics)
 from microbatch.state.worker_heap import begin_task, end_task
@@ -115,6 +115,15 @@ class StateTask:
         begin_task()
         store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
         return load_provider(store_id, key_schema, value_schema, self.conf).get_store(self.version)
+
+    def log_changes(self, partition: int, key_schema: pa.Schema, value_schema: pa.Schema,
+                    changes: list[tuple[str, tuple, tuple]], name: str = "default") -> None:
+        """This version's changes as Spark's store made them (``StateLayout.logs_changes``:
+        the operator's rows are not Spark's), beside the store's files, before its commit:
+        a retried task writes them again."""
+        if changes:
+            store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
+            StateFiles(store_id, key_schema, value_schema, self.conf).write_changes(self.version + 1, changes)
 
     def finish(self, partition: int, store_metrics: StateStoreMetrics, **counts) -> None:
         """The task's metrics to the operator's accumulator (Spark's progress fields, the
@@ -338,6 +347,10 @@ class StateLayout:
     one_store = True
     #: the state reader shows Spark's rows, microbatch's being reshaped (a session window's)
     read_as_spark = False
+    #: its task logs each version's changes as Spark's store made them (``StateTask.
+    #: log_changes``), which its own rows cannot tell: the state reader's change feed reads
+    #: them (a session window's: a key's sessions updated then evicted in one batch)
+    logs_changes = False
     #: the sides the state reader reads one at a time (option ``joinSide``: ``side_store``)
     sides: tuple[str, ...] = ()
     #: Spark 3.5 gives it no short name in progress (``defaultName``)

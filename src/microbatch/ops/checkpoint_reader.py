@@ -22,7 +22,7 @@ from microbatch.checkpoint.run_lease import RunLease
 from microbatch.errors import CheckpointError
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
-_MICROBATCH_STATE = re.compile(r"^(\d+)\.(delta|snapshot)\.arrow$")
+_MICROBATCH_STATE = re.compile(r"^(\d+)\.(delta|snapshot|changes)\.arrow$")
 _SPARK_STATE = re.compile(r"^(\d+)\.(delta|snapshot|changelog|zip)$")
 _FILE_SINK = re.compile(r"^FileSink\[(?:file:)?(.+)\]$")
 

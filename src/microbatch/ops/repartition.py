@@ -191,7 +191,7 @@ def _file_schema(ckpt: CheckpointReader, stores) -> pa.Schema:
     import pyarrow.ipc as ipc
     store = stores[0]
     version = max(store.files)
-    kind = sorted(store.files[version])[0]
+    kind = sorted(store.files[version] - {"changes"})[0]   # (a state file, not the change feed's)
     return ipc.open_stream(pa.py_buffer(ckpt.fs.read_bytes(store.file(version, kind)))).schema
 
 

@@ -277,7 +277,8 @@ class Verifier:
                 except (OSError, pa.ArrowInvalid) as e:
                     self.damage(path, f"the state file cannot be read: {e}")
                     continue
-                if table.schema.names != ["key", "value"]:
+                columns = ["change_type", "key", "value"] if kind == "changes" else ["key", "value"]
+                if table.schema.names != columns:
                     self.damage(path, f"is not a state file: its columns are {table.schema.names}")
                     continue
                 shape = _shape(table.schema)
@@ -413,7 +414,19 @@ def _expected_schema(doc: dict) -> tuple | None:
 
 
 def _struct_shape(kind: pa.DataType) -> tuple:
-    return tuple((f.name, str(f.type)) for f in kind)
+    return tuple((f.name, str(_plain(f.type))) for f in kind)
+
+
+def _plain(kind: pa.DataType) -> pa.DataType:
+    """A type without what the files need not repeat of the schema file: nullability, and
+    the name of a list's element (Arrow's ``item``, Spark's ``element``)."""
+    if pa.types.is_struct(kind):
+        return pa.struct([pa.field(f.name, _plain(f.type)) for f in kind])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(_plain(kind.value_type))
+    if pa.types.is_map(kind):
+        return pa.map_(_plain(kind.key_type), _plain(kind.item_type))
+    return kind
 
 
 def _shape(schema: pa.Schema) -> tuple:

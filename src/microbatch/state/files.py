@@ -7,6 +7,11 @@ state reader reads them all. In ``<checkpoint>/state/<op>/<partition>[/<store>]/
   (a struct of the key schema) and ``value`` (a struct of the value schema; null
   marks a removed key).
 - ``<v>.snapshot.arrow``: every key and value of version v, same columns.
+- ``<v>.changes.arrow``: for an operator whose state rows are not Spark's (a session
+  window's), the changes of version v as Spark's store made them, for the state reader's
+  change feed: columns ``change_type`` (``update`` or ``delete``), ``key``, ``value``, one
+  row per change in order (a key may change twice), written by the operator's task before
+  the delta (``StateLayout.logs_changes``), only when there are changes.
 
 Both are Arrow IPC streams (lz4 or zstd, ``spark.sql.streaming.stateStore.compression.codec``),
 written whole through the checkpoint's storage layer (``checkpoint/fs.py``), so a
@@ -36,7 +41,7 @@ from microbatch.errors import CheckpointError
 
 #: The value of a key removed in a version (a null ``value`` in a file).
 REMOVED = object()
-_FILE = re.compile(r"^(\d+)\.(delta|snapshot)\.arrow$")
+_FILE = re.compile(r"^(\d+)\.(delta|snapshot|changes)\.arrow$")
 
 
 # -- the encoding of keys and values ------------------------------------------------
@@ -234,6 +239,35 @@ class StateFiles:
         self.conf.fs.write_bytes(self.path(version, kind), sink.getvalue())
         crash_points.reached(f"state-{kind}-written")   # delta: a commit; snapshot: maintenance
 
+    def write_changes(self, version: int, changes: list[tuple[str, tuple, tuple]]) -> None:
+        """Write version ``version``'s changes as Spark's store made them: (``update`` or
+        ``delete``, key tuple, value tuple) each, in order; whole, as ``write_arrays``."""
+        schema = pa.schema([pa.field("change_type", pa.string()), *self.schema])
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array([c[0] for c in changes], pa.string()), to_struct_array([c[1] for c in changes], self.key_schema),
+             to_struct_array([c[2] for c in changes], self.value_schema)], schema=schema)
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, schema, options=ipc.IpcWriteOptions(compression=self.conf.compression)) as writer:
+            writer.write_batch(batch)
+        self.conf.fs.write_bytes(self.path(version, "changes"), sink.getvalue())
+
+    def read_changes(self, version: int) -> list[tuple[str, tuple, tuple]]:
+        """Version ``version``'s changes (``write_changes``); none when it has no file.
+        The version's delta must be there: else it was removed with old state, or never
+        written (a clear error, as ``read_delta``'s)."""
+        if not self.exists(version, "delta"):
+            self.read_delta(version, version, self.newest_snapshot(version))   # (raises, naming the file)
+        try:
+            table = ipc.open_stream(pa.py_buffer(self.conf.fs.read_bytes(self.path(version, "changes")))).read_all()
+        except FileNotFoundError:
+            return []
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CheckpointError(
+                f"Error reading state file {self.path(version, 'changes')} of state store {self.id}: {e}. "
+                "The file is damaged; the state is not (the change feed alone reads it).") from e
+        return list(zip(table.column("change_type").to_pylist(),
+                        from_struct_array(table.column("key"), keys=True), from_struct_array(table.column("value"))))
+
     def write_chunks(self, version: int, kind: str, chunks) -> None:
         """Write a state file from ``(keys, values)`` tuple lists, one record batch each,
         so a caller streaming a large store holds one chunk of Python rows at a time.
@@ -325,6 +359,6 @@ class StateFiles:
         snapshots = [v for v, kind in files if kind == "snapshot" and v <= earliest]
         keep_from = max(snapshots) if snapshots else 0
         for v, kind in files:
-            if v < keep_from or (v == keep_from and kind == "delta" and snapshots):
+            if v < keep_from or (v == keep_from and kind != "snapshot" and snapshots):
                 self.conf.fs.delete(self.path(v, kind))
                 crash_points.reached("state-cleanup")

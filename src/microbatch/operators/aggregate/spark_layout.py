@@ -78,6 +78,7 @@ class SessionWindowLayout(StateLayout):
     names = ("sessionWindowStateStoreSaveExec",)
     known_as = "session windows"
     read_as_spark = True
+    logs_changes = True
     unnamed_in_progress_before_4 = True
 
     @classmethod
@@ -88,7 +89,8 @@ class SessionWindowLayout(StateLayout):
         element = value["sessions"].dataType.elementType
         window = StructType(element.fields[:2])
         grouping = list(key.fields)
-        grouping.insert(index, StructField(extras.get("sessionColumn", "session_window"), window))
+        grouping.insert(index, StructField(extras.get("sessionColumn", "session_window"), window,
+                                           metadata=extras.get("sessionMetadata")))
         buffers = _buffer_names(StructType(element.fields[2:]), extras.get("aggregates", []))
         return [SparkStore("default", key, value,
                            StructType(list(key.fields) + [StructField("sessionStartTime", TimestampType())]),

@@ -146,7 +146,11 @@ class AggregateStep(StatefulStep):
         extras = {"aggregates": [call.sql for call in self.node.spec.calls]}
         if self.node.session_index is not None:
             extras["sessionIndex"] = self.node.session_index
-            extras["sessionColumn"] = self.node.spec.partial_schema.fields[self.node.session_index].name
+            session = self.node.spec.partial_schema.fields[self.node.session_index]
+            extras["sessionColumn"] = session.name
+            if session.metadata:   # (Spark's marks: spark.sessionWindow, the watermark's delay)
+                extras["sessionMetadata"] = session.metadata
+            extras["changesLogged"] = True   # (its tasks write the change feed's files since this version)
         return extras
 
     def _meaning_difference(self, doc: dict) -> list[str]:

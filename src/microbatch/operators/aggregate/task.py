@@ -652,8 +652,9 @@ class SessionAggregateTask(StateTask):
         value_storage = [storage_type(f.type) for f in self.buffer_fields]
         group_fields = [pa.field(f.name, t) for i, (f, t) in enumerate(zip(self.key_fields, key_storage))
                         if i != self.session_index]
-        store = self.store(partition, pa.schema(group_fields), sessions_schema(
-            [pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)]))
+        schemas = (pa.schema(group_fields),
+                   sessions_schema([pa.field(f.name, t) for f, t in zip(self.buffer_fields, value_storage)]))
+        store = self.store(partition, *schemas)
         num_keys = len(self.key_fields)
         s = self.session_index
         incoming: dict[tuple, list[tuple]] = {}
@@ -670,12 +671,17 @@ class SessionAggregateTask(StateTask):
                     incoming.setdefault(group, []).append(
                         (window[0], window[1], *self._normal([column[r] for column in buffers])))
             updated = removed = 0
+            # Spark's store's changes (for the change feed): a key with input has each of its
+            # sessions put, changed or not, and those merged away removed; then evictions
+            changes: list[tuple[str, tuple, tuple]] = []
             for group, new in incoming.items():
                 saved = [_session(x) for x in (store.get(group) or ((),))[0]]
                 merged = self._merge(sorted(saved + new, key=lambda x: x[0]))
                 updated += len(merged)
                 starts = {x[0] for x in merged}
-                removed += sum(1 for x in saved if x[0] not in starts)
+                gone = [x for x in saved if x[0] not in starts]
+                removed += len(gone)
+                changes += [("delete", group, ([x],)) for x in gone] + [("update", group, ([x],)) for x in merged]
                 store.put(group, (merged,))
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
@@ -688,6 +694,7 @@ class SessionAggregateTask(StateTask):
                 for x in sessions:
                     if x[1] <= self.evict_us:
                         emitted.append((group, x))
+                        changes.append(("delete", group, ([x],)))
                 removed += len(sessions) - len(kept)
                 if not kept:
                     store.remove(group)
@@ -698,6 +705,7 @@ class SessionAggregateTask(StateTask):
                 emitted.extend((group, x) for x in sessions)
             total += len(sessions)
         removals_ms = (time.monotonic() - started) * 1000
+        self.log_changes(partition, *schemas, changes)
         store.commit()
         m = store.metrics()
         if emitted:
