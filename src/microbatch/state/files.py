@@ -59,6 +59,18 @@ def storage_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def nullable_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field nullable, nested ones too (a change's value may lack
+    what the state's never does: a removed map entry's value)."""
+    def nullable(kind: pa.DataType) -> pa.DataType:
+        if pa.types.is_struct(kind):
+            return pa.struct([pa.field(f.name, nullable(f.type)) for f in kind])
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            return pa.list_(pa.field(kind.value_field.name, nullable(kind.value_type)))
+        return kind
+    return pa.schema([pa.field(f.name, nullable(f.type)) for f in schema])
+
+
 def hashable(value):
     """A nested value as a key can hold it: structs (dicts) and lists become tuples."""
     if isinstance(value, dict):

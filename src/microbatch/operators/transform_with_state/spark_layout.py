@@ -25,6 +25,7 @@ class TransformWithStateLayout(StateLayout):
     known_as = "transformWithState"
     in_column_families = True
     one_store = False
+    logs_changes = True
 
 
 #: Spark's families of a transformWithState's timers, by time mode: (grouping key, expiry) rows

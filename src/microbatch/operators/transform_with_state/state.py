@@ -98,12 +98,15 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
 
         def update(self, newValue) -> None:
             self._handle._check_live(self._variable, "updating value state")
-            self._handle._put(self._variable, self._encode(newValue) + self._handle._expiry(self._variable))
+            value = self._encode(newValue) + self._handle._expiry(self._variable)
+            self._handle._put(self._variable, value)
+            self._handle._log(self._variable, "update", value)
             self._handle._counts.updated += 1
 
         def clear(self) -> None:
             self._handle._check_live(self._variable, "clearing value state")
             self._handle._remove(self._variable)
+            self._handle._log(self._variable, "delete", None)   # (Spark's store logs each clear too)
             self._handle._counts.removed += 1      # Spark counts a clear whether or not a value was there
 
     class StoreListState(ListState):
@@ -140,24 +143,34 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
             removed = len(self._elements())
             encoded = [self._encode_element(v) for v in newState]
             self._write(encoded)
+            # Spark's store logs a put of the first element, a merge of each other one
+            for i, element in enumerate(encoded):
+                self._handle._log(self._variable, "append" if i else "update", ([element],))
+            if not encoded:
+                self._handle._log(self._variable, "delete", None)
             self._handle._counts.removed += removed
             self._handle._counts.updated += len(encoded)
 
         def appendValue(self, newState) -> None:
             self._handle._check_live(self._variable, "updating value state")
-            self._write(self._elements() + [self._encode_element(newState)])
+            element = self._encode_element(newState)
+            self._write(self._elements() + [element])
+            self._handle._log(self._variable, "append", ([element],))
             self._handle._counts.updated += 1
 
         def appendList(self, newState) -> None:
             self._handle._check_live(self._variable, "updating value state")
             encoded = [self._encode_element(v) for v in newState]
             self._write(self._elements() + encoded)
+            for element in encoded:
+                self._handle._log(self._variable, "append", ([element],))
             self._handle._counts.updated += len(encoded)
 
         def clear(self) -> None:
             self._handle._check_live(self._variable, "clearing value state")
             self._handle._counts.removed += len(self._elements())
             self._handle._remove(self._variable)
+            self._handle._log(self._variable, "delete", None)
 
         def _write(self, elements: list) -> None:
             if elements:
@@ -216,8 +229,10 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
 
         def updateValue(self, key, value) -> None:
             entries = self._entries("updating map state value")
-            entries[self._encode_key(key)] = (self._encode(value),) + self._handle._expiry(self._variable)
+            user_key = self._encode_key(key)
+            entries[user_key] = (self._encode(value),) + self._handle._expiry(self._variable)
             self._write(entries)
+            self._handle._log(self._variable, "update", ([(user_key,) + entries[user_key]],))
             self._handle._counts.updated += 1
 
         def iterator(self):
@@ -231,14 +246,19 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
 
         def removeKey(self, key) -> None:
             entries = self._entries("removing key from map state")
-            if entries.pop(self._encode_key(key), None) is not None:
+            user_key = self._encode_key(key)
+            if entries.pop(user_key, None) is not None:
                 self._write(entries)
+            self._handle._log(self._variable, "delete", self._handle._map_entry_gone(self._variable, user_key))
             self._handle._counts.removed += 1
 
         def clear(self) -> None:
             self._handle._check_live(self._variable, "clearing map state")
             stored = self._handle._get(self._variable)
             self._handle._counts.removed += len(stored[0] or []) if stored is not None else 0
+            for entry in (stored[0] or []) if stored is not None else []:   # (Spark removes each entry)
+                self._handle._log(self._variable, "delete",
+                                  self._handle._map_entry_gone(self._variable, _fields(_fields(entry)[0])))
             self._handle._remove(self._variable)
 
     classes = {VALUE: StoreValueState, LIST: StoreListState, MAP: StoreMapState}
@@ -255,6 +275,18 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
             self._now_ms = batch_timestamp_ms
             self._key: tuple | None = None
             self._deleted: set[str] = set()   # deleteIfExists'd and not asked for since
+            #: per state variable, the changes Spark's store would log (its change feed): (type,
+            #: grouping key, the value as this variable's store keeps it, one element or entry)
+            self.changes: dict[str, list] = {}
+
+        def _log(self, variable: StateVariable, change_type: str, value: Any, key: tuple | None = None) -> None:
+            self.changes.setdefault(variable.name, []).append(
+                (change_type, self._current_key() if key is None else key, value))
+
+        @staticmethod
+        def _map_entry_gone(variable: StateVariable, user_key: tuple) -> tuple:
+            """A removed map entry as a change holds it: its user key, no value."""
+            return ([(user_key, None) + ((None,) if variable.ttl_ms is not None else ())],)
 
         def _check_live(self, variable: StateVariable, doing: str) -> None:
             """A state variable deleted with ``deleteIfExists`` (and not asked for again) fails
@@ -283,10 +315,19 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
                     if variable.kind == VALUE:
                         if self._expired(stored[-1]):
                             store.remove(key)
+                            self._log(variable, "delete", None, key)
                             removed += 1
                         continue
                     items = [_fields(e) for e in stored[0] or []]
                     live = [e for e in items if not self._expired(e[-1])]
+                    for e in items:
+                        if variable.kind == MAP and self._expired(e[-1]):
+                            self._log(variable, "delete", self._map_entry_gone(variable, _fields(e[0])), key)
+                    if variable.kind == LIST and len(live) != len(items):   # (Spark rewrites the list)
+                        for i, element in enumerate(live):
+                            self._log(variable, "append" if i else "update", ([element],), key)
+                        if not live:
+                            self._log(variable, "delete", None, key)
                     if len(live) != len(items):
                         removed += len(items) - len(live)
                         if live:

@@ -112,4 +112,5 @@ class TransformWithStateStep(StatefulStep):
         return {"stateVariables": [{"name": v.name, "kind": v.kind, "ttl": v.ttl_ms is not None,
                                     **({"ttlMs": int(v.ttl_ms)} if v.ttl_ms is not None else {})}
                                    for v in self.node.variables],
-                "timeMode": self.node.time_mode, "outputMode": self.node.output_mode}
+                "timeMode": self.node.time_mode, "outputMode": self.node.output_mode,
+                "changesLogged": True}   # (its tasks write the change feed's files since this version)

@@ -48,6 +48,7 @@ from microbatch.operators.base import StateTask, task_partition
 from microbatch.operators.pandas_groups import PandasConversion, arrow_table, python_value, storage_value, without_late_rows
 from microbatch.operators.transform_with_state.state import _Counts, _handle_class
 from microbatch.operators.transform_with_state.variables import LIST, MAP, TIMERS_STORE, VALUE
+from microbatch.state.files import nullable_schema
 
 @dataclass(frozen=True)
 class TransformWithStateTask(StateTask):
@@ -128,6 +129,9 @@ class TransformWithStateTask(StateTask):
             variable = next((v for v in self.variables if v.name == name), None)
             if variable is not None and variable.kind == MAP:   # (read before the commit ends the store's use)
                 total += sum(len(value[0] or []) for _, value in store.iterator())
+            if name in handle.changes:
+                self.log_changes(partition, self.key_schema, nullable_schema(self.store_schemas[name]),
+                                 handle.changes[name], name)
             store.commit()
             m = store.metrics()
             tracked = tracked and m.rows_tracked
