@@ -259,7 +259,7 @@ def test_the_current_time_is_the_batchs_over_connect(css, connect_spark, tmp_pat
 
 
 # -- (b) the windowed aggregation -----------------------------------------------------------
-@pytest.mark.parametrize("mode", ["append", "update"])
+@pytest.mark.parametrize("mode", ["append", "update", "session"])
 def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path, mode):
     from pyspark.sql import functions as F
     source = tmp_path / "in"
@@ -272,12 +272,14 @@ def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connec
             _write_parquet(source, f"f{run}{i}", files[2 * run + i][0])
 
     def build(reader):
-        return (reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
-                .withWatermark("ts", "10 seconds").groupBy(F.window("ts", "10 seconds"))
+        window = F.session_window("ts", "3 seconds") if mode == "session" else F.window("ts", "10 seconds")
+        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
+            .withWatermark("ts", "10 seconds")
+        return (frame.groupBy(window, *(["k"] if mode == "session" else []))
                 .agg(F.count(F.lit(1)).alias("count"), F.sum("v").alias("total"), F.min("v").alias("low"),
                      F.max("v").alias("high"), F.avg("v").alias("mean")))
 
-    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, mode)
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "append" if mode == "session" else mode)
     emitted = [r for rows_ in batches.values() for r in rows_]
     assert any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
     assert emitted, "no window was emitted"

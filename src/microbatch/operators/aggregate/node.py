@@ -91,8 +91,8 @@ class Aggregate(StatefulNode):
         return True
 
     def connect_refusal(self, output_mode: str) -> str | None:
-        if self.grouping is not None or self.session_index is not None:
-            return "An aggregation by grouping sets or session windows"
+        if self.grouping is not None and self.grouping.has_sets:   # (its expansion is read from Spark's plan)
+            return f"An aggregation by {self.grouping.kind}"
         if output_mode not in ("append", "update"):
             return f"An aggregation in {output_mode} mode"
         return None

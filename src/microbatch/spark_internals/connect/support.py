@@ -7,7 +7,8 @@ from typing import NoReturn
 WHAT_RUNS = (
     "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files), rate and kafka; "
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
-    "groupBy(window(...) and columns) with count/sum/min/max/avg in append or update mode, "
+    "groupBy(window(...) or session_window(...) and columns) with count/sum/min/max/avg in append or "
+    "update mode, "
     "and dropDuplicates/dropDuplicatesWithinWatermark (current_timestamp() and the other current-time "
     "functions are the batch's time); "
     "the sinks foreachBatch, the parquet file sink and kafka")
