@@ -316,6 +316,22 @@ def test_deduplication_matches_sparks_engine_across_a_restart(css, connect_spark
     assert any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
 
 
+def test_a_streaming_limit_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    source = tmp_path / "in"
+    files = [_rows(0, 4), _rows(4, 4), _rows(8, 4), _rows(12, 4)]
+
+    def add_files(run):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
+
+    def build(reader):
+        return reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
+            .where("v % 2 = 0").limit(5)
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path)
+    assert sum(len(r) for r in batches.values()) == 5   # (the limit across the restart)
+
+
 # -- (d) Kafka ------------------------------------------------------------------------------
 # (Spark's engine has no Kafka jar here: the batches are the offset ranges asked for, and
 # the records in the sink's topic the ones read, each once)

@@ -66,7 +66,7 @@ class StreamingLimit(StatefulNode):
         return False
 
     def connect_refusal(self, output_mode: str) -> str | None:
-        return "limit"
+        return None
 
     def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
         return None
@@ -117,7 +117,7 @@ class LimitStep(StatefulStep):
 
         def build(inputs: list[DataFrame], task: LimitTask):
             schema = inputs[0].schema
-            mapped = inputs[0].limit(limit).mapInArrow(task, schema)
+            mapped = spark_internals.map_state_task(inputs[0].limit(limit), task, schema)
             return mapped, spark_internals.map_in_arrow_function(mapped, schema)
 
         return self.bind(inputs, task, build)
