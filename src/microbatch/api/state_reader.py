@@ -557,8 +557,9 @@ def _check_layout(opts: StateSourceOptions, layout: Any, doc: dict) -> None:
             f"Option 'readChangeFeed' cannot read the changes of operator {opts.operator} "
             f"({doc.get('operatorName')}) in this checkpoint: its state was started by an earlier microbatch, "
             "whose tasks did not log the changes Spark's store would have made (microbatch's rows are not "
-            "Spark's: a session window's sessions per key, a transformWithState's lists and maps). Read the state after each batch with option 'batchId', or start the "
-            "query with a new checkpoint location to have its changes logged.")
+            "Spark's: a session window's sessions per key, a transformWithState's lists and maps). Read the "
+            "state after each batch with option 'batchId', or start the query with a new checkpoint "
+            "location to have its changes logged.")
     if opts.read_change_feed and (layout.read_as_spark or layout.in_column_families) and not layout.logs_changes:
         raise UnsupportedOperationError(
             f"Option 'readChangeFeed' of the state data source does not read the state of operator "

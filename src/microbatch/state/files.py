@@ -8,10 +8,11 @@ state reader reads them all. In ``<checkpoint>/state/<op>/<partition>[/<store>]/
   marks a removed key).
 - ``<v>.snapshot.arrow``: every key and value of version v, same columns.
 - ``<v>.changes.arrow``: for an operator whose state rows are not Spark's (a session
-  window's), the changes of version v as Spark's store made them, for the state reader's
-  change feed: columns ``change_type`` (``update`` or ``delete``), ``key``, ``value``, one
-  row per change in order (a key may change twice), written by the operator's task before
-  the delta (``StateLayout.logs_changes``), only when there are changes.
+  window's, a transformWithState's), the changes of version v as Spark's store made them,
+  for the state reader's change feed: columns ``change_type`` (``update``, ``delete``, a
+  list's ``append``), ``key``, ``value`` (in the store's form, one session, list element or
+  map entry), one row per change in order (a key may change twice), written by the
+  operator's task before the delta (``StateLayout.logs_changes``), only when there are changes.
 
 Both are Arrow IPC streams (lz4 or zstd, ``spark.sql.streaming.stateStore.compression.codec``),
 written whole through the checkpoint's storage layer (``checkpoint/fs.py``), so a

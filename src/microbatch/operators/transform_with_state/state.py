@@ -279,9 +279,8 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
             #: grouping key, the value as this variable's store keeps it, one element or entry)
             self.changes: dict[str, list] = {}
 
-        def _log(self, variable: StateVariable, change_type: str, value: Any, key: tuple | None = None) -> None:
-            self.changes.setdefault(variable.name, []).append(
-                (change_type, self._current_key() if key is None else key, value))
+        def _log(self, variable: StateVariable, change_type: str, value: Any) -> None:
+            self.changes.setdefault(variable.name, []).append((change_type, self._current_key(), value))
 
         @staticmethod
         def _map_entry_gone(variable: StateVariable, user_key: tuple) -> tuple:
@@ -305,7 +304,8 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
 
         def _remove_expired(self) -> int:
             """Every expired value, list element and map entry removed from the stores (at
-            the end of the batch, as Spark's TTL eviction); how many."""
+            the end of the batch, as Spark's TTL eviction); how many. (Not logged as changes:
+            the state reader refuses the change feed of a variable with a TTL.)"""
             removed = 0
             for variable in self._variables.values():
                 if variable.ttl_ms is None:
@@ -315,19 +315,10 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
                     if variable.kind == VALUE:
                         if self._expired(stored[-1]):
                             store.remove(key)
-                            self._log(variable, "delete", None, key)
                             removed += 1
                         continue
                     items = [_fields(e) for e in stored[0] or []]
                     live = [e for e in items if not self._expired(e[-1])]
-                    for e in items:
-                        if variable.kind == MAP and self._expired(e[-1]):
-                            self._log(variable, "delete", self._map_entry_gone(variable, _fields(e[0])), key)
-                    if variable.kind == LIST and len(live) != len(items):   # (Spark rewrites the list)
-                        for i, element in enumerate(live):
-                            self._log(variable, "append" if i else "update", ([element],), key)
-                        if not live:
-                            self._log(variable, "delete", None, key)
                     if len(live) != len(items):
                         removed += len(items) - len(live)
                         if live:
