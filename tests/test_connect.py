@@ -19,7 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pyspark import cloudpickle
+from pyspark.sql.streaming import StatefulProcessor
+
 from helpers import wait_for
+
+# the processor below runs in the server's Python workers, which cannot import this module
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.connect
 
@@ -330,6 +336,72 @@ def test_a_streaming_limit_matches_sparks_engine_across_a_restart(css, connect_s
 
     batches, rows = _compare(css, connect_spark, build, add_files, tmp_path)
     assert sum(len(r) for r in batches.values()) == 5   # (the limit across the restart)
+
+
+class _RunningCount(StatefulProcessor):
+    """transformWithStateInPandas without a time mode: a running count and sum per key."""
+
+    def init(self, handle):
+        self.total = handle.getValueState("total", "n LONG, s LONG")
+
+    def handleInputRows(self, key, rows, timerValues):  # noqa: N802, N803 - PySpark's StatefulProcessor
+        import pandas as pd
+        n, s = self.total.get() if self.total.exists() else (0, 0)
+        for frame in rows:
+            n, s = n + len(frame), s + int(frame["v"].sum())
+        self.total.update((n, s))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "s": [s]})
+
+    def close(self):
+        pass
+
+
+def test_transform_with_state_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    source = tmp_path / "in"
+    files = [_rows(0, 5), _rows(5, 4), _rows(9, 6), _rows(15, 2)]
+
+    def add_files(run):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
+
+    def build(reader):
+        return reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
+            .groupBy("k").transformWithStateInPandas(_RunningCount(), "k STRING, n LONG, s LONG", "update", "None")
+
+    rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    connect_spark.conf.set("spark.sql.streaming.stateStore.providerClass", rocksdb)   # (Spark's runs only there)
+    try:
+        batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "update")
+    finally:
+        connect_spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    assert batches and any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
+
+
+def _running_count(key, frames, state):
+    """applyInPandasWithState's function: a running count and sum per key."""
+    import pandas as pd
+    n, s = state.get if state.exists else (0, 0)
+    for frame in frames:
+        n, s = n + len(frame), s + int(frame["v"].sum())
+    state.update((n, s))
+    yield pd.DataFrame({"k": [key[0]], "n": [n], "s": [s]})
+
+
+def test_apply_in_pandas_with_state_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    source = tmp_path / "in"
+    files = [_rows(0, 5), _rows(5, 4), _rows(9, 6), _rows(15, 2)]
+
+    def add_files(run):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
+
+    def build(reader):
+        return reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
+            .groupBy("k").applyInPandasWithState(_running_count, "k STRING, n LONG, s LONG", "n LONG, s LONG",
+                                                  "update", "NoTimeout")
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "update")
+    assert batches and any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
 
 
 # -- (d) Kafka ------------------------------------------------------------------------------

@@ -276,7 +276,7 @@ class StatefulStep:
         partitions = self.num_partitions
 
         def build(inputs: list[DataFrame], task: Any):
-            mapped = inputs[0].repartition(partitions, *partition_columns).mapInArrow(task, output)
+            mapped = spark_internals.map_state_task(inputs[0].repartition(partitions, *partition_columns), task, output)
             return mapped, spark_internals.map_in_arrow_function(mapped, output)
         return build
 

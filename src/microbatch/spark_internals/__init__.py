@@ -196,10 +196,10 @@ def _connect_event_time_marked(df, column, delay_ms):
 
 
 event_time_marked = _by_kind(event_time_marked, _connect_event_time_marked)
-grouping_columns = _by_kind(grouping_columns, _refused("applyInPandasWithState or transformWithState"))
-grouping_column_names = _by_kind(grouping_column_names, _refused("applyInPandasWithState or transformWithState"))
+grouping_columns = _by_kind(grouping_columns, _c_analysis.grouping_columns)
+grouping_column_names = _by_kind(grouping_column_names, _c_analysis.grouping_column_names)
 ambiguous_on_a_stream = _by_kind(ambiguous_on_a_stream, lambda df, step: None)   # (Connect: none)
-grouped_dataframe = _by_kind(grouped_dataframe, _refused("applyInPandasWithState or transformWithState"))
+grouped_dataframe = _by_kind(grouped_dataframe, _c_analysis.grouped_dataframe)
 window_function_error = _by_kind(window_function_error, _refused("A window function (OVER)"))
 with_batch_timestamp = _by_kind(with_batch_timestamp, _c_batch_time.with_batch_timestamp)
 analyzed_plan = _by_kind(analyzed_plan, _refused("A prepared plan"))

@@ -75,7 +75,7 @@ class FlatMapGroupsWithState(StatefulNode):
         return True
 
     def connect_refusal(self, output_mode: str) -> str | None:
-        return "applyInPandasWithState"
+        return None
 
     def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
         return None

@@ -74,7 +74,7 @@ class TransformWithState(StatefulNode):
         return False
 
     def connect_refusal(self, output_mode: str) -> str | None:
-        return "transformWithState"
+        return None
 
     def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:
         if provider != SPARK_ROCKSDB_PROVIDER:   # (Spark runs it only on its RocksDB provider)

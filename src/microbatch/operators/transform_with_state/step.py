@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, LongType, StructField, StructType
 
+from microbatch import spark_internals
 from microbatch.operators.base import OperatorBatch, StatefulStep, quoted
 from microbatch.operators.pandas_groups import keyed_state_shape
 from microbatch.operators.transform_with_state.schema import (ENCODING_FORMAT_CONF, check_nullable_state,
@@ -97,7 +98,8 @@ class TransformWithStateStep(StatefulStep):
             output_late_us=batch.late_ms * 1000 if shape["output_event_time"] is not None and shape["has_watermark"]
             else None)
         if first_with_initial:   # the query's first batch also reads the initial state
-            return with_initial_state(node, df, self.num_partitions).mapInArrow(task, shape["output"])
+            return spark_internals.map_state_task(with_initial_state(node, df, self.num_partitions), task,
+                                                  shape["output"])
         return self.bind([df], task, self.map_by_keys(shape["partition"], shape["output"]))
 
     def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:

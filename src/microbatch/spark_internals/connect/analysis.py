@@ -154,3 +154,31 @@ def parse_schema_ddl(ddl: str) -> Any:
 
 def schema_tree(df: Any, level: int | None = None) -> str:
     return df.schema.treeString(level) if level else df.schema.treeString()
+
+
+def grouping_columns(grouped: Any) -> list[str | None]:
+    """What a Connect ``GroupedData`` groups by, key by key (the classic
+    ``grouping_columns``): a top-level column's name, or None for anything else."""
+    E = _expressions()
+    names: list[str | None] = []
+    for column in grouped._grouping_cols:
+        expression = column._expr
+        name = expression._unparsed_identifier if isinstance(expression, E.ColumnReference) else None
+        if name is not None and re.match(r"^`[^`]+`$", name):
+            name = name[1:-1]
+        names.append(name if name is not None and "." not in name.strip("`") else None)
+    return names
+
+
+def grouping_column_names(grouped: Any) -> list[str]:
+    """The column names a Connect ``GroupedData`` groups by; a ValueError for anything else."""
+    names = grouping_columns(grouped)
+    if None in names:
+        raise ValueError("The initial state must be grouped by columns, not by "
+                         f"{grouped._grouping_cols[names.index(None)]._expr}")
+    return names  # type: ignore[return-value]
+
+
+def grouped_dataframe(grouped: Any) -> Any:
+    """The DataFrame a Connect ``GroupedData`` groups."""
+    return grouped._df

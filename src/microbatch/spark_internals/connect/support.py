@@ -9,7 +9,8 @@ WHAT_RUNS = (
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
     "groupBy(window(...) or session_window(...) and columns) with count/sum/min/max/avg in append or "
     "update mode, "
-    "dropDuplicates/dropDuplicatesWithinWatermark, and limit (current_timestamp() and the other current-time "
+    "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
+    "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
     "the sinks foreachBatch, the parquet file sink and kafka")
 
