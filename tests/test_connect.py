@@ -322,19 +322,24 @@ def test_deduplication_matches_sparks_engine_across_a_restart(css, connect_spark
     assert any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
 
 
-def test_a_streaming_limit_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+def _compare_steps(css, connect_spark, tmp_path: Path, files: list, steps, mode: str = "append") -> tuple[dict, dict]:
+    """``steps`` over a parquet stream of ``files`` (two before the restart, two after, one
+    a batch), run by both engines: ``_compare``'s batches and progress."""
     source = tmp_path / "in"
-    files = [_rows(0, 4), _rows(4, 4), _rows(8, 4), _rows(12, 4)]
 
     def add_files(run):
         for i in range(2):
             _write_parquet(source, f"f{run}{i}", files[2 * run + i])
 
     def build(reader):
-        return reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
-            .where("v % 2 = 0").limit(5)
+        return steps(reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)))
 
-    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path)
+    return _compare(css, connect_spark, build, add_files, tmp_path, mode)
+
+
+def test_a_streaming_limit_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    files = [_rows(0, 4), _rows(4, 4), _rows(8, 4), _rows(12, 4)]
+    batches, _ = _compare_steps(css, connect_spark, tmp_path, files, lambda frame: frame.where("v % 2 = 0").limit(5))
     assert sum(len(r) for r in batches.values()) == 5   # (the limit across the restart)
 
 
@@ -356,25 +361,23 @@ class _RunningCount(StatefulProcessor):
         pass
 
 
-def test_transform_with_state_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
-    source = tmp_path / "in"
+def _compare_keyed_state(css, connect_spark, tmp_path: Path, keyed) -> None:
+    """``keyed(df.groupBy("k"))``, an arbitrary-state step in update mode, run by both engines
+    across a restart: equal batch by batch, its state rows counted in band."""
     files = [_rows(0, 5), _rows(5, 4), _rows(9, 6), _rows(15, 2)]
+    batches, rows = _compare_steps(css, connect_spark, tmp_path, files, lambda frame: keyed(frame.groupBy("k")),
+                                   "update")
+    assert batches and any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
 
-    def add_files(run):
-        for i in range(2):
-            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
 
-    def build(reader):
-        return reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
-            .groupBy("k").transformWithStateInPandas(_RunningCount(), "k STRING, n LONG, s LONG", "update", "None")
-
+def test_transform_with_state_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
     rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     connect_spark.conf.set("spark.sql.streaming.stateStore.providerClass", rocksdb)   # (Spark's runs only there)
     try:
-        batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "update")
+        _compare_keyed_state(css, connect_spark, tmp_path, lambda grouped: grouped.transformWithStateInPandas(
+            _RunningCount(), "k STRING, n LONG, s LONG", "update", "None"))
     finally:
         connect_spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    assert batches and any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
 
 
 def _running_count(key, frames, state):
@@ -388,20 +391,8 @@ def _running_count(key, frames, state):
 
 
 def test_apply_in_pandas_with_state_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
-    source = tmp_path / "in"
-    files = [_rows(0, 5), _rows(5, 4), _rows(9, 6), _rows(15, 2)]
-
-    def add_files(run):
-        for i in range(2):
-            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
-
-    def build(reader):
-        return reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
-            .groupBy("k").applyInPandasWithState(_running_count, "k STRING, n LONG, s LONG", "n LONG, s LONG",
-                                                  "update", "NoTimeout")
-
-    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "update")
-    assert batches and any(operators and operators[0][0] > 0 for _, operators, _ in rows.values()), rows
+    _compare_keyed_state(css, connect_spark, tmp_path, lambda grouped: grouped.applyInPandasWithState(
+        _running_count, "k STRING, n LONG, s LONG", "n LONG, s LONG", "update", "NoTimeout"))
 
 
 # -- (d) Kafka ------------------------------------------------------------------------------

@@ -30,6 +30,18 @@ FILES = [
 ]
 
 
+def write_events(base, files: list) -> object:
+    """``files`` ((k, v, seconds) rows each) as JSON files in ``base / "events"``, their
+    modification times in order (the file source reads them so); the directory."""
+    events = base / "events"
+    events.mkdir()
+    for i, rows in enumerate(files):
+        (events / f"{i}.json").write_text("".join(
+            json.dumps({"k": k, "v": v, "ts": f"2026-01-01T00:00:{s:02d}Z"}) + "\n" for k, v, s in rows))
+        os.utime(events / f"{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+    return events
+
+
 @pytest.fixture(scope="module")
 def checkpoints(spark, tmp_path_factory):
     """The windowed count run by both engines (Spark's map provider and microbatch's,
@@ -37,12 +49,7 @@ def checkpoints(spark, tmp_path_factory):
     from microbatch import StreamingSession
     ss = StreamingSession(spark)
     base = tmp_path_factory.mktemp("state-source")
-    events = base / "events"
-    events.mkdir()
-    for i, rows in enumerate(FILES):
-        (events / f"{i}.json").write_text("".join(
-            json.dumps({"k": k, "v": v, "ts": f"2026-01-01T00:00:{s:02d}Z"}) + "\n" for k, v, s in rows))
-        os.utime(events / f"{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))   # (read in this order)
+    events = write_events(base, FILES)
 
     def count(frame):
         from pyspark.sql import functions as F
@@ -119,12 +126,7 @@ def session_checkpoints(spark, tmp_path_factory):
     from microbatch import StreamingSession
     ss = StreamingSession(spark)
     base = tmp_path_factory.mktemp("state-source-sessions")
-    events = base / "events"
-    events.mkdir()
-    for i, rows in enumerate(SESSION_FILES):
-        (events / f"{i}.json").write_text("".join(
-            json.dumps({"k": k, "v": v, "ts": f"2026-01-01T00:00:{s:02d}Z"}) + "\n" for k, v, s in rows))
-        os.utime(events / f"{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+    events = write_events(base, SESSION_FILES)
 
     def sessions(frame):
         from pyspark.sql import functions as F
@@ -356,12 +358,7 @@ def tws_change_checkpoints(spark, tmp_path_factory):
     from microbatch import StreamingSession
     ss = StreamingSession(spark)
     base = tmp_path_factory.mktemp("state-source-tws-changes")
-    events = base / "events"
-    events.mkdir()
-    for i, rows in enumerate(CHANGE_FILES):
-        (events / f"{i}.json").write_text("".join(
-            json.dumps({"k": k, "v": v, "ts": f"2026-01-01T00:00:{s:02d}Z"}) + "\n" for k, v, s in rows))
-        os.utime(events / f"{i}.json", (1_700_000_000 + i, 1_700_000_000 + i))
+    events = write_events(base, CHANGE_FILES)
     rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     ckpts = {}
     for name, session in (("spark", spark), ("microbatch", ss)):
