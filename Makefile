@@ -100,7 +100,7 @@ test-connect: test-setup
 # Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka;
 # S3, the broker and the disk failing under queries (docs/faults.md)
 test-faults: test-setup
-	$(WITHOUT_STAGE_CODEGEN) $(PYTEST) -m "faults and not extended"
+	$(WITHOUT_STAGE_CODEGEN) $(PYTEST_BY_TEST) -m "faults and not extended"
 
 # State moving between Spark's engine and microbatch, both ways, every operator (docs/porting.md)
 test-porting: test-setup
