@@ -281,17 +281,18 @@ class StateStoreReader:
             storage = (file_schema.field("key").type, file_schema.field("value").type)
             conf = StateStoreConf(storage=fs.spec(), provider_class=provider_name, value_evolution=evolution)
             files = StateFiles(store_id, pa.schema(list(storage[0])), pa.schema(list(storage[1])), conf)
+            first_change = len(changes)
             rows = _store_rows(files, opts, changes, kind, provider_name, layout.logs_changes)
+            own = changes[first_change:] if opts.read_change_feed else None   # (this store's, row by row)
             if join_side is not None:   # (join key, index) -> (row, matched): the key and the row
                 storage = (pa.struct([pa.field(f"field{i}", f.type) for i, f in enumerate(list(storage[0])[:-1])]),
                            pa.struct(list(storage[1])[:-1]))
                 rows = [(key[:-1], value[:-1]) for key, value in rows]
             if variable is not None:
-                tws_rows += _variable_rows(variable, rows, changes if opts.read_change_feed else None,
-                                           len(value_type.fields) - 1, partition)
+                tws_rows += _variable_rows(variable, rows, own, len(value_type.fields) - 1, partition)
                 continue
             if as_spark:
-                rows = _as_sparks(as_spark[0], rows, changes if opts.read_change_feed else None)
+                rows = _as_sparks(as_spark[0], rows, own)
                 storage = tuple(pa.struct(list(schema)) for schema in as_spark[0].spark_storage())
             for key, value in rows:
                 keys.append(key)
@@ -570,24 +571,22 @@ def _check_layout(opts: StateSourceOptions, layout: Any, doc: dict) -> None:
 
 def _as_sparks(store: Any, rows: list[tuple], changes: list | None) -> list[tuple]:
     """A store's rows as Spark's store has them (``store``: the ``SparkStore``); for a change
-    feed, its logged changes (the last ``len(rows)`` of ``changes``), each one session, one
+    feed, its logged changes (``changes``: each row's batch and type), each one session, one
     row of Spark's, a delete's value null."""
     rows = list(store.to_spark(rows))
     if changes is None:
         return rows
-    types = changes[len(changes) - len(rows):]
-    return [(key, None if t[1] == "delete" else value) for (key, value), t in zip(rows, types)]
+    return [(key, None if t[1] == "delete" else value) for (key, value), t in zip(rows, changes)]
 
 
 def _variable_rows(variable: Callable, rows: list[tuple], changes: list | None, width: int,
                    partition: int) -> list[tuple]:
     """A transformWithState store's rows as the reader's (``variable``: ``_state_variable``'s
-    function), or, for a change feed, its logged changes (the last ``len(rows)`` of
-    ``changes`` are theirs) each as one row after its batch and type."""
+    function), or, for a change feed, its logged changes (``changes``: each row's batch and
+    type) each as one row after its batch and type."""
     if changes is None:
         return [row + (partition,) for key, value in rows for row in variable(key, value)]
-    types = changes[len(changes) - len(rows):]
-    return [change + _changed(variable, key, value, width) + (partition,) for (key, value), change in zip(rows, types)]
+    return [change + _changed(variable, key, value, width) + (partition,) for (key, value), change in zip(rows, changes)]
 
 
 def _changed(variable: Callable, key: tuple, value: tuple | None, width: int) -> tuple:
