@@ -7,7 +7,10 @@ join. Where Spark's analysis does not resolve it (above a union or an aggregatio
 over a temporary view of the stream, which hides a relation's hidden columns), or resolves it
 and finds it missing (above applyInPandasWithState and transformWithStateInPandas), microbatch
 refuses it with Spark's own error, where the query is defined. Through a stream-stream join
-(``a._metadata`` of an aliased side) it runs as Spark's engine runs it (issue 59)."""
+(``a._metadata`` of an aliased side), and through a withWatermark or a dropDuplicates above
+one, it runs as Spark's engine runs it (issue 59); where Spark refuses it there (a USING
+join, a watermark redefined), microbatch gives Spark's error; an aggregation by it above a
+join is refused with the way out."""
 from __future__ import annotations
 
 import json
@@ -18,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import functions as F
 
 from helpers import ci_share, collect_batches, sorted_rows
@@ -130,10 +133,25 @@ JOINED = {
 }
 
 
-def joined_sides(session, paths: tuple[str, str]):
-    a = watermarked(stream(session, paths[0], "json")).alias("a")
-    b = stream(session, paths[1], "json").toDF("bid", "bts").withWatermark("bts", "10 seconds").alias("b")
-    return a, b
+#: name -> the query over two streams of the files without watermarks joined on the ids
+#: (``a`` and ``b``), in append mode: a side's _metadata read through a step above the join
+#: that passes its rows (Spark's engine runs each; an inner join without watermarks keeps
+#: all its state)
+ABOVE_JOIN = {
+    "both sides' through a withWatermark above a join": lambda a, b: a.join(b, F.expr("id = bid"))
+    .withWatermark("ts", "5 seconds").select("id", "ts", F.col("a._metadata.file_name").alias("af"),
+                                            F.col("b._metadata.file_name").alias("bf")),
+    "a side's through a dropDuplicates above a join": lambda a, b: a.join(b, F.expr("id = bid"))
+    .dropDuplicates(["id", "bts"]).select("id", F.col("b._metadata.file_name").alias("bf")),
+}
+
+
+def joined_sides(session, paths: tuple[str, str], watermarks: bool = True):
+    a = stream(session, paths[0], "json")
+    b = stream(session, paths[1], "json").toDF("bid", "bts")
+    if watermarks:
+        a, b = watermarked(a), b.withWatermark("bts", "10 seconds")
+    return a.alias("a"), b.alias("b")
 
 
 #: name -> the query over the stream; Spark's analysis refuses each (UNRESOLVED_COLUMN)
@@ -211,12 +229,53 @@ def test_metadata_read_where_spark_reads_it(spark, ss, files, tmp_path, case):
     assert_same(theirs, ours, tmp_path / "spark", tmp_path / "microbatch")
 
 
-@pytest.mark.parametrize("case", ci_share(list(JOINED)))
+@pytest.mark.parametrize("case", ci_share(list(JOINED) + list(ABOVE_JOIN)))
 def test_metadata_through_a_stream_stream_join_as_spark_reads_it(spark, ss, tmp_path, case):
     paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"))
-    theirs = run(JOINED[case](*joined_sides(spark, paths)), tmp_path / "spark", "append")
-    ours = run(JOINED[case](*joined_sides(ss, paths)), tmp_path / "microbatch", "append")
+    query, watermarks = (JOINED[case], True) if case in JOINED else (ABOVE_JOIN[case], False)
+    theirs = run(query(*joined_sides(spark, paths, watermarks)), tmp_path / "spark", "append")
+    ours = run(query(*joined_sides(ss, paths, watermarks)), tmp_path / "microbatch", "append")
     assert_same(theirs, ours, tmp_path / "spark", tmp_path / "microbatch")
+
+
+def test_metadata_through_a_join_spark_refuses_gets_sparks_errors(spark, ss, tmp_path):
+    """A USING join hides its sides' _metadata (Spark's analysis, where the query is
+    written); a withWatermark above a join of watermarked sides redefines the watermark
+    (Spark's planning, as the query starts), before microbatch would read _metadata."""
+    paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"))
+
+    def using(session):
+        a, b = (stream(session, path, "json").alias(name) for path, name in zip(paths, "ab"))
+        return a.join(b, ["id", "ts"]).select("id", F.col("a._metadata.file_name"))
+
+    said = [refusal(lambda session=session: using(session)) for session in (spark, ss)]
+    assert said[0] == said[1] and said[0][0] == "UNRESOLVED_COLUMN.WITH_SUGGESTION", said
+
+    def redefined(session):
+        a, b = joined_sides(session, paths)
+        return a.join(b, F.expr(JOINED_ON)).withWatermark("ts", "5 seconds").select(
+            "id", F.col("a._metadata.file_name").alias("af"))
+
+    errors = []
+    for session, name in ((spark, "spark"), (ss, "microbatch")):
+        with pytest.raises(StreamingQueryException) as caught:
+            run(redefined(session), tmp_path / name, "append")
+        errors.append(str(caught.value).split("SQLSTATE")[0].split("terminated with exception: ")[-1])
+    assert errors[0] == errors[1] and errors[0].startswith("Redefining watermark is disallowed"), errors
+
+
+def test_metadata_aggregated_above_a_join_is_refused_with_the_way_out(ss, tmp_path):
+    """Spark's engine groups by a side's _metadata through a withWatermark above a join;
+    microbatch's aggregation reads the join's output, which does not carry it: the first
+    batch fails naming the fix, and commits nothing."""
+    paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"))
+    a, b = joined_sides(ss, paths, watermarks=False)
+    query = a.join(b, F.expr("id = bid")).withWatermark("ts", "5 seconds").groupBy(
+        F.window("ts", "10 seconds"), F.col("a._metadata.file_name").alias("af")).count()
+    with pytest.raises(StreamingQueryException) as caught:
+        run(query, tmp_path / "ckpt", "update")
+    assert "select('*', '_metadata')" in str(caught.value) and "an aggregation" in str(caught.value)
+    assert not (tmp_path / "ckpt" / "commits").exists() or not os.listdir(tmp_path / "ckpt" / "commits")
 
 
 def refusal(define) -> tuple[str | None, str]:

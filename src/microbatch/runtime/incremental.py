@@ -63,6 +63,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -77,7 +78,7 @@ from microbatch.operators.limit import limits_over_appends
 from microbatch.plan.logical import (BatchFilter, NullFilter, Observe, PlanNode, StatefulNode, StaticJoin, StreamingRelation,
                                      Transform, Union, Watermark, children_replaced)
 from microbatch.plan.checks import unsupported_operation
-from microbatch.runtime.segments import PreparedSegment, hidden_columns_carried, segments_prepared
+from microbatch.runtime.segments import PreparedSegment, hidden_column_not_carried, hidden_columns_carried, segments_prepared
 from microbatch.runtime.watermarks import WatermarkTracker
 from microbatch.state.store import StateStoreConf
 
@@ -152,6 +153,24 @@ def _static_joins_null_filtered(plan: PlanNode, empty_inputs: Mapping[StreamingR
     return plan
 
 
+def _check_watermarks_not_redefined(plan: PlanNode) -> None:
+    """Spark's watermark propagation refuses a ``withWatermark`` whose input already has a
+    watermark (one below it, directly or through other operators)."""
+    def watermarked(node: PlanNode) -> bool:
+        below = [watermarked(c) for c in node.children]
+        if isinstance(node, Watermark):
+            if any(below):
+                raise unsupported_operation(
+                    "Redefining watermark is disallowed. You can set the config "
+                    "'spark.sql.streaming.statefulOperator.allowMultiple' to 'false' to restore the previous "
+                    "behavior. Note that multiple stateful operators will be disallowed.")
+            return True
+        if node.stateful and not node.output_marks_event_time():
+            return False    # (its output carries no watermark in Spark)
+        return any(below)
+    watermarked(plan)
+
+
 #: Where a batch's version goes in the printed plan.
 _VERSION = "\x00version\x00"
 
@@ -190,6 +209,14 @@ class IncrementalExecution:
         plan = _static_joins_null_filtered(joins_null_filtered(plan), empty_inputs)
         plan = grouping_set_filters(self._push_filters_below_watermarks(plan, empty_inputs), empty_inputs)
         plan = dedups_times_pruned(joins_times_pruned(plan, empty_inputs), empty_inputs)
+        # (Spark's refusals of the plan's shape come before any analysis of its steps: the
+        # planner's, then the watermark propagation's)
+        for node in plan.nodes():
+            refusal = node.planning_refusal() if node.stateful else None
+            if refusal is not None:
+                raise refusal
+        if spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true").lower() == "true":
+            _check_watermarks_not_redefined(plan)
         self.plan = segments_prepared(hidden_columns_carried(plan, empty_inputs, spark, hidden_carriers or {}))
         nodes = list(self.plan.nodes())
         stateful = [n for n in nodes if n.stateful]
@@ -204,12 +231,6 @@ class IncrementalExecution:
                                                    node.state_partitions(shuffle_partitions), step,
                                                    spark_internals.operator_accumulator(spark, DictSum())))
         self.operator = {op.node: op for op in self.operators}
-        for op in self.operators:
-            refusal = op.node.planning_refusal()
-            if refusal is not None:
-                raise refusal
-        if spark.conf.get("spark.sql.streaming.statefulOperator.allowMultiple", "true").lower() == "true":
-            self._check_watermarks_not_redefined()
         self.watermark_nodes = [n for n in nodes if isinstance(n, Watermark)]
         self.watermark_ids = {node: i for i, node in enumerate(self.watermark_nodes)}
         #: nothing in a batch's DataFrame but its inputs changes from batch to batch (a
@@ -217,23 +238,6 @@ class IncrementalExecution:
         self.keeps_batch_plan = not (self.operators or self.needs_batch_time
                                      or any(isinstance(n, Observe) for n in nodes))
         self._explained: tuple[str, str] | None = None    # (run id, the plan's tree)
-
-    def _check_watermarks_not_redefined(self) -> None:
-        """Spark's watermark propagation refuses a ``withWatermark`` whose input already has a
-        watermark (one below it, directly or through other operators)."""
-        def watermarked(node: PlanNode) -> bool:
-            below = [watermarked(c) for c in node.children]
-            if isinstance(node, Watermark):
-                if any(below):
-                    raise unsupported_operation(
-                        "Redefining watermark is disallowed. You can set the config "
-                        "'spark.sql.streaming.statefulOperator.allowMultiple' to 'false' to restore the previous "
-                        "behavior. Note that multiple stateful operators will be disallowed.")
-                return True
-            if node.stateful and not node.output_marks_event_time():
-                return False    # (its output carries no watermark in Spark)
-            return any(below)
-        watermarked(self.plan)
 
     # -- rewrites, once per run ------------------------------------------------
     def _push_filters_below_watermarks(self, plan: PlanNode,
@@ -347,7 +351,10 @@ class IncrementalExecution:
                                       self.output_mode, self.store_conf, op.metrics,
                                       statistics_of=watermarks.statistics_of(node, planned.watermark_observations),
                                       nullable_output=self.nullable_output)
-                df = op.step.build(built, given)
+                try:
+                    df = op.step.build(built, given)
+                except AnalysisException as e:    # (its expressions read what no step carried up)
+                    raise hidden_column_not_carried(e) from e
                 planned.operators[op.id] = given
                 planned.reported_statistics.update((w, (op.id, tag)) for w, tag in given.reported.items())
                 return df

@@ -61,6 +61,7 @@ class PreparedSegment(PlanNode):
                                                        repr=False)
     analyses: int = 0          # how often the steps were analysed (one per run, normally)
     _choosers: list | None = field(default=None, init=False, repr=False)
+    _hole_qualifiers: dict = field(default_factory=dict, init=False, repr=False)
 
     @property
     def children(self):
@@ -99,14 +100,16 @@ class PreparedSegment(PlanNode):
         stands as its own empty batch, so its hidden columns (``_metadata``) resolve (under
         the filter Spark's engine gives its scan too, ``ScanFilter``)."""
         empties = []
-        for hole, df in zip(self.holes, built):
+        for index, (hole, df) in enumerate(zip(self.holes, built)):
             source = hole
             while isinstance(source, (Watermark, ScanFilter)):
                 source = source.child
             empty = source.empty_batch(df.sparkSession) if isinstance(source, StreamingRelation) else None
-            if len(_hidden_sides(hole)) > 1 and spark_internals.CARRIED_METADATA in df.columns:
-                # (a join whose sides carry their sources' _metadata: a join of stand-ins)
-                empties.append(_joined_placeholder(hole, df, df.sparkSession)[0])
+            join = _hidden_join(hole)
+            if join is not None and spark_internals.CARRIED_METADATA in df.columns:
+                # (a join whose sides carry their sources' _metadata, or a watermark or a
+                # deduplication over one: a join of stand-ins)
+                empties.append(_joined_placeholder(join, df, df.sparkSession, self._qualifiers(index, df))[0])
                 continue
             if df.columns[-1:] == [spark_internals.CARRIED_METADATA]:
                 # (a hole that carries its source's _metadata, ``hidden_columns_carried``: a
@@ -119,23 +122,24 @@ class PreparedSegment(PlanNode):
             if empty is None or empty.schema != df.schema:
                 # (with the columns' qualifiers: a stream-stream join's ``l.id`` and ``r.id``)
                 empty = spark_internals.requalified(spark_internals.empty_dataframe(df.sparkSession, df.schema),
-                                                    spark_internals.output_qualifiers(df))
+                                                    self._qualifiers(index, df))
             empties.append(empty)
         self.analyses += 1
         try:
             analyzed = spark_internals.analyzed_plan(
                 _template_over(self.template, iter(empties), chosen, Placeholder).build({}))
         except AnalysisException as e:
-            if HIDDEN_COLUMN not in str(e):
-                raise
-            raise AnalysisException(
-                "The file source's hidden column _metadata is read here through a step that "
-                "microbatch does not carry it through (a stream-stream join on column names, or "
-                "one whose side's columns have no one qualifier to name it by; a watermark above "
-                "a join): select it right after the source, e.g. "
-                "readStream...load().select('*', '_metadata'), and use that column afterwards. "
-                f"({e})") from e
+            raise hidden_column_not_carried(e) from e
         return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
+
+    def _qualifiers(self, index: int, df: DataFrame) -> tuple:
+        """The qualifiers of hole ``index``'s columns in ``df``, its batch: as the hole's
+        plan gives them (the first batch it was prepared over, the run's empty one; a
+        stateful operator's batch output may have lost the ones of its input, which Spark's
+        operator keeps: a deduplication's of a join's ``a.id``)."""
+        qualifiers = spark_internals.output_qualifiers(df)
+        known = self._hole_qualifiers.setdefault(index, qualifiers)
+        return qualifiers if any(qualifiers) or len(known) != len(qualifiers) else known
 
     def describe(self) -> str:
         return self.template.describe()
@@ -148,6 +152,20 @@ class PreparedSegment(PlanNode):
 
     def tree_string(self, indent: int = 0, annotate=None) -> str:
         return self.template.tree_string(indent, annotate)
+
+
+def hidden_column_not_carried(error: AnalysisException) -> AnalysisException:
+    """``error``, Spark's analysis of a query's steps over a batch's inputs (which Spark's
+    analysis of the query as written resolved), or where it names the file source's hidden
+    ``_metadata``, the way out: microbatch does not carry it up to the step that reads it."""
+    if HIDDEN_COLUMN not in str(error):
+        return error
+    return AnalysisException(
+        "The file source's hidden column _metadata is read here through a step that microbatch "
+        "does not carry it through (a stream-stream join whose side's columns have no one "
+        "qualifier to name it by; an aggregation's keys or aggregates over a join): select it "
+        "right after the source, e.g. readStream...load().select('*', '_metadata'), and use that "
+        f"column afterwards. ({error})")
 
 
 def segments_prepared(node: PlanNode) -> PlanNode:
@@ -218,6 +236,18 @@ def _hidden_sides(node: PlanNode) -> tuple[tuple[int, int | None], ...]:
     return node.hidden_column_children() if node.stateful else ()
 
 
+def _hidden_join(node: PlanNode) -> PlanNode | None:
+    """The node of several children whose hidden columns a step above ``node`` may read (a
+    join), ``node`` itself or one whose output rows ``node`` passes whole (through
+    watermarks, scan filters, deduplications, semi joins), or None."""
+    sides = _hidden_sides(node)
+    if len(sides) > 1:
+        return node
+    if len(sides) == 1 and sides[0][1] is None:
+        return _hidden_join(node.children[sides[0][0]])
+    return None
+
+
 def _passes_hidden(node: PlanNode) -> bool:
     """Whether ``node``'s output rows carry a child's, hidden columns included."""
     return bool(_hidden_sides(node))
@@ -227,8 +257,6 @@ def _may_carry(hole: PlanNode) -> bool:
     """Whether ``hole``, not read directly, could carry a source's hidden columns up: it
     passes them, down to a stateless step or a source."""
     sides = _hidden_sides(hole)
-    if len(sides) == 1 and len(_hidden_sides(hole.children[sides[0][0]])) > 1:
-        return False    # (a join's output under one stand-in: its sides' columns are not the last)
     if sides:
         return any(_may_carry(hole.children[i]) for i, _ in sides)
     return isinstance(hole, (StreamingRelation,) + SEGMENT_STEPS)
@@ -279,7 +307,8 @@ def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame 
     return None
 
 
-def _joined_placeholder(hole: PlanNode, built: DataFrame, spark) -> tuple[DataFrame, list[DataFrame | None]]:
+def _joined_placeholder(hole: PlanNode, built: DataFrame, spark,
+                        qualifiers: tuple | None = None) -> tuple[DataFrame, list[DataFrame | None]]:
     """A stand-in for the output ``built`` of ``hole``, a join whose sides' hidden columns a
     step above may read: per side a relation of its source's format with the side's columns
     (``_hidden_placeholder``; an empty DataFrame for a side without one), named by the
@@ -287,9 +316,9 @@ def _joined_placeholder(hole: PlanNode, built: DataFrame, spark) -> tuple[DataFr
     two cross-joined: the join's columns in its order, and each side's hidden columns as
     Spark's Join gives them. A side's column ``CARRIED_METADATA`` after its own (a batch's)
     is its carried ``_metadata``, which the stand-in has hidden. Also each side's relation
-    (None: none)."""
+    (None: none). ``qualifiers``: ``built``'s columns' (None: its own)."""
     fields = built.schema.fields
-    qualifiers = spark_internals.output_qualifiers(built)
+    qualifiers = qualifiers or spark_internals.output_qualifiers(built)
     start, frames, relations = 0, [], []
     for child, width in _hidden_sides(hole):
         end = len(fields) if width is None else start + width
@@ -344,6 +373,9 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
         children that pass theirs, a join's: those whose columns are read)."""
         sides = _hidden_sides(node)
         if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node, carriers) and sides:
+            if isinstance(needed, tuple) and len(sides) == 1:    # (over a join: its sides)
+                return children_replaced(node, [carried(c, needed if i == sides[0][0] else False)
+                                                for i, c in enumerate(node.children)])
             read = {i for i, _ in sides[:1]} if needed is True else set(needed)
             return children_replaced(node, [carried(c, i in read) for i, c in enumerate(node.children)])
         if needed and node in carriers:    # (its batches carry the column themselves from now on)
@@ -367,8 +399,9 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
             placeholders, relations = [], []
             for hole, ask in zip(holes, asked):
                 built = hole.build(empty_inputs)
-                if ask and len(_hidden_sides(hole)) > 1:
-                    stand_in, sides = _joined_placeholder(hole, built, spark)
+                join = _hidden_join(hole) if ask else None
+                if join is not None:
+                    stand_in, sides = _joined_placeholder(join, built, spark)
                 else:
                     stand_in = _hidden_placeholder(hole, built.schema, spark) if ask else None
                     sides = [stand_in]
@@ -383,7 +416,7 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
         for hole, ask, sides in zip(holes, asked, relations):
             got = [r is not None and next(read) for r in sides]
             if len(sides) > 1:
-                picked = tuple(i for (i, _), g in zip(_hidden_sides(hole), got) if g)
+                picked = tuple(i for (i, _), g in zip(_hidden_sides(_hidden_join(hole)), got) if g)
                 answers.append(picked if ask and picked else False)
             else:
                 answers.append(ask and got[0])
