@@ -139,9 +139,10 @@ def test_a_restart_in_the_middle_gives_sparks_answer_and_state(spark, ss, paths,
     assert sorted(outputs.items()) == theirs
     assert watermarks(ckpt) == watermarks(tmp_path / "spark")
     if running_version().at_least_4:   # (Spark 3.5 has no state data source)
-        # (the right side of a left semi join keeps the columns Spark's optimizer prunes, those
-        # its condition does not read: the fields Spark's rows have are compared)
+        # (the right side of a left semi join leaves out the columns Spark's optimizer
+        # prunes, those its condition does not read, as Spark's state rows do)
         fields = _value_fields(spark, tmp_path / "spark")
+        assert _value_fields(ss, ckpt) == fields
         assert _state_rows(ss, ckpt, fields) == _state_rows(spark, tmp_path / "spark", fields)
 
 

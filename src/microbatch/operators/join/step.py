@@ -1,6 +1,7 @@
 """A stream-stream join's step and task (``operators.join`` says what they do)."""
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import time
 from dataclasses import dataclass
@@ -333,6 +334,34 @@ def _compare(op: str, a: Any, b: Any) -> bool | None:
     return a < b if op == "<" else a <= b if op == "<=" else a > b if op == ">" else a >= b
 
 
+def _columns_read(tree: Any) -> Iterator[tuple[int, int]]:
+    """The (side, index) of each column a condition part's tree reads."""
+    if isinstance(tree, list):
+        for item in tree:
+            yield from _columns_read(item)
+    elif isinstance(tree, tuple) and tree:
+        if tree[0] == "col":
+            yield tree[1], tree[2]
+        elif tree[0] != "lit":
+            for item in tree[1:] if isinstance(tree[0], str) else tree:
+                yield from _columns_read(item)
+
+
+def _columns_renumbered(tree: Any, side: int, at: dict[int, int]) -> Any:
+    """A condition part's tree with ``side``'s column ``i`` read at ``at[i]``."""
+    if isinstance(tree, list):
+        return [_columns_renumbered(item, side, at) for item in tree]
+    if not isinstance(tree, tuple) or not tree:
+        return tree
+    if tree[0] == "col":
+        return ("col", tree[1], at[tree[2]]) + tuple(tree[3:]) if tree[1] == side else tree
+    if tree[0] == "lit":
+        return tree
+    if isinstance(tree[0], str):
+        return (tree[0],) + tuple(_columns_renumbered(item, side, at) for item in tree[1:])
+    return tuple(_columns_renumbered(item, side, at) for item in tree)
+
+
 def _time_us(value: Any) -> int | None:
     """An event time in µs: a timestamp, or a time window (Spark compares a window's end
     with the watermark), which the state encoding gives as a tuple or a dict."""
@@ -363,10 +392,17 @@ class JoinStep(StatefulStep):
 
     name = "symmetricHashJoin"
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        #: the right-side columns a left semi join's state rows leave out, as Spark's
+        #: (``StreamJoin.right_pruned``); none for state an earlier microbatch wrote with
+        #: them (``stored_schema_check``)
+        self.right_pruned = frozenset(n.lower() for n in self.node.right_pruned)
+
     def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
         node = self.node
         left, right = inputs
-        shape = self.cached("shape", lambda: _join_shape(node, left, right))
+        shape = self.cached("shape", lambda: _join_shape(node, left, right, self.right_pruned))
         # (test-only: a planted bug, microbatch.planted_bugs, that never evicts join state)
         eviction_ms = 0 if self.cached("no-evict", lambda: planted(left.sparkSession, "join-no-evict")) \
             else batch.eviction_ms
@@ -408,7 +444,20 @@ class JoinStep(StatefulStep):
         left, right = input_schemas
         by_name = {f.name.lower(): f for f in left.fields}
         key = StructType([by_name[k.lower()] for k in self.node.keys])
-        return key, StructType([StructField("left", left), StructField("right", right)])
+        kept = StructType([f for f in right.fields if f.name.lower() not in self.right_pruned])
+        return key, StructType([StructField("left", left), StructField("right", kept)])
+
+    def stored_schema_check(self, stored: dict, key: StructType, value: StructType,
+                            conf: Any) -> tuple[str | None, str | None]:
+        """State written before microbatch pruned a semi join's right side (every column
+        of it kept) is read and written as it was."""
+        if self.right_pruned and self.schema_difference(stored, key, value):
+            right = [f for f in StructType.fromJson(stored["valueSchema"]).fields if f.name == "right"]
+            if right and {f.name.lower() for f in right[0].dataType.fields} >= self.right_pruned:
+                self.right_pruned = frozenset()
+                self._cache.pop("shape", None)
+                value = StructType([value.fields[0], StructField("right", right[0].dataType)])
+        return super().stored_schema_check(stored, key, value, conf)
 
     def _document_extras(self) -> dict:
         return {"joinType": self.node.how}
@@ -419,11 +468,25 @@ class JoinStep(StatefulStep):
         return []
 
 
-def _join_shape(node: Any, left: DataFrame, right: DataFrame) -> dict:
+def _join_shape(node: Any, left: DataFrame, right: DataFrame, right_pruned: frozenset = frozenset()) -> dict:
     """What a stream-stream join's batches share: each side's tagging columns (``__side``,
-    the keys ``__k..``, the left row ``__l..``, the right row ``__r..``), the task's schemas,
-    the partitioning columns and the output columns (Spark's USING or condition output)."""
+    the keys ``__k..``, the left row ``__l..``, the right row ``__r..``: of a left semi
+    join's right side, the columns not in ``right_pruned``), the task's schemas, the
+    partitioning columns and the output columns (Spark's USING or condition output)."""
     from pyspark.sql.types import StructField
+    kept = [j for j, f in enumerate(right.schema.fields) if f.name.lower() not in right_pruned]
+    if len(kept) < len(right.schema.fields) and node.how == "semi" and not node.using:
+        # (the condition's columns stay: a comparison or a part reading a pruned one
+        # would be Spark's optimizer and microbatch disagreeing, and nothing is pruned)
+        read = {a.index for _, *terms in node.comparisons for a in terms if a.side == 1}
+        read |= {index for tree in node.pair_conditions for side, index in _columns_read(tree) if side == 1}
+        if read <= set(kept):
+            at = {j: p for p, j in enumerate(kept)}
+            node = dataclasses.replace(
+                node, comparisons=tuple((op, *(t if t.side != 1 else dataclasses.replace(t, index=at[t.index])
+                                                for t in terms)) for op, *terms in node.comparisons),
+                pair_conditions=tuple(_columns_renumbered(tree, 1, at) for tree in node.pair_conditions))
+            right = right.select(*[F.col(quoted(right.schema.fields[j].name)) for j in kept])
     schemas = (left.schema, right.schema)
     keys = list(node.keys)
     side_keys = (list(node.keys), list(node.right_keys))
