@@ -295,6 +295,66 @@ def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connec
         assert all(r[1] == 10 for r in emitted if r[0].end.timestamp() <= T0 + 40)
 
 
+# -- (b2) one checkpoint, a classic session then Connect then classic again ---------------------
+def _deduplicated_window_counts(reader, source):
+    """Two stateful operators: a deduplication and a windowed count above it."""
+    from pyspark.sql import functions as F
+    frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
+        .withWatermark("ts", "10 seconds")
+    return (frame.dropDuplicates(["k", "ts"]).groupBy(F.window("ts", "10 seconds"))
+            .agg(F.count(F.lit(1)).alias("count"), F.sum("v").alias("total")))
+
+
+#: the queries ``connect_classic_run.py`` runs on a classic session, by name
+MOVING_QUERIES = {"deduplicated window counts": _deduplicated_window_counts}
+
+
+def _classic_run(query: str, source: Path, checkpoint: Path) -> tuple[dict, dict]:
+    """``_run_microbatch`` of ``MOVING_QUERIES[query]`` on a classic session, in a process
+    of its own (this one has no JVM): rows and progress as JSON gives them."""
+    env = {k: v for k, v in os.environ.items()   # (what a Connect session set here: not a client there)
+           if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")}
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("connect_classic_run.py")), query,
+                           str(source), str(checkpoint)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    return result["batches"], result["progress"]
+
+
+def _as_json(batches: dict) -> dict:
+    return json.loads(json.dumps({str(k): v for k, v in batches.items()}, default=str))
+
+
+def test_a_checkpoint_moves_from_a_classic_session_to_connect_and_back(css, connect_spark, tmp_path):
+    """microbatch runs the query on a classic session, then over Connect, then on a classic
+    session again, on one checkpoint; Spark's engine runs it uninterrupted on the Connect
+    server from its own checkpoint with the same files added between runs: the same rows,
+    input rows, state rows and watermark, batch by batch."""
+    source = tmp_path / "in"
+    # keys and times repeat within and across files; windows close as the watermark passes
+    files = [_rows(0, 15) + _rows(0, 4), _rows(15, 15), _rows(40, 20) + _rows(20, 3), _rows(60, 20),
+             _rows(90, 10) + [(T0 + 5, "late", 999)], _rows(100, 10)]
+    build = MOVING_QUERIES["deduplicated window counts"]
+    ours, our_progress, theirs, their_progress = {}, {}, {}, {}
+    for run, where in enumerate(("classic", "connect", "classic")):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
+        if where == "classic":
+            batches, progress = _classic_run("deduplicated window counts", source, tmp_path / "mb-checkpoint")
+        else:
+            batches, progress = _run_microbatch(css, lambda r: build(r, source), tmp_path / "mb-checkpoint")
+        ours.update(_as_json(batches))
+        our_progress.update(_as_json(progress))
+        batches, progress = _run_spark(connect_spark, lambda r: build(r, source), tmp_path / "spark-checkpoint",
+                                       tmp_path / f"spark-out-{run}")
+        theirs.update(_as_json(batches))
+        their_progress.update(_as_json(progress))
+    assert our_progress == their_progress and len(our_progress) >= 6
+    assert {b: rows for b, rows in ours.items() if b in our_progress} == theirs
+    assert sum(len(rows) for rows in theirs.values()) > 3
+
+
 # -- (c) deduplication -----------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["dropDuplicates with a watermark", "dropDuplicatesWithinWatermark",
                                  "dropDuplicates without a watermark"])

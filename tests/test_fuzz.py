@@ -12,7 +12,7 @@ import pytest
 
 from microbatch.testing import fuzz
 
-SECONDS = float(os.environ.get("MICROBATCH_FUZZ_SECONDS", "270"))
+SECONDS = float(os.environ.get("MICROBATCH_FUZZ_SECONDS", "220"))
 
 
 @pytest.mark.timeout(SECONDS + 300)

@@ -2,6 +2,8 @@
 the state per partition (``task``), then finalised (``spec``)."""
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
@@ -157,7 +159,14 @@ class AggregateStep(StatefulStep):
         if "aggregates" not in doc:   # (older checkpoints lack it)
             return []
         now = [call.sql for call in self.node.spec.calls]
-        if doc["aggregates"] != now:
+        if [_unquoted(sql) for sql in doc["aggregates"]] != [_unquoted(sql) for sql in now]:
             return [f"the aggregates were {', '.join(doc['aggregates'])} and are now "
                     f"{', '.join(now)}: the state holds the old ones' buffers"]
         return []
+
+
+def _unquoted(sql: str) -> str:
+    """An aggregate call's text without back quotes around plain names, as Spark prints
+    them (``sum(v)``): a Spark Connect client's reads ``sum(`v`)``, and a checkpoint
+    moves between the two."""
+    return re.sub(r"`([A-Za-z_][A-Za-z0-9_]*)`", r"\1", sql)
