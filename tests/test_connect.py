@@ -355,6 +355,79 @@ def test_a_checkpoint_moves_from_a_classic_session_to_connect_and_back(css, conn
     assert sum(len(rows) for rows in theirs.values()) > 3
 
 
+# -- (b3) Delta and Iceberg tables -----------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_delta_and_iceberg_tables_over_connect(css, tmp_path, fmt):
+    """A stream written to a Delta table (by path) and to an Iceberg table (of a SQL
+    catalog on SQLite, by name) over Connect: each batch one commit carrying the query's
+    id and the batch id (Spark's engine here has neither jar: the table is read back by
+    deltalake and pyiceberg); a batch run again after a crash between the table's commit
+    and ``commits/N`` writes nothing twice; the table's source streams it back, a commit a
+    batch."""
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
+    from helpers import json_stream
+    from microbatch.lakehouse import EPOCH_ID_PROPERTY, QUERY_ID_PROPERTY, iceberg_catalog
+    from stream_events import write_event_files
+    events = [[(1, "a", 1.5), (2, "b", None), (3, None, 3.0)], [(4, "a", 4.5), (5, "c", 5.0)], [(6, "b", 6.5)]]
+    path = write_event_files(tmp_path / "events", events, lambda i, n, v: {"id": i, "name": n, "v": v})
+    (tmp_path / "warehouse").mkdir()
+    options = {"catalog.type": "sql", "catalog.uri": f"sqlite:///{tmp_path}/warehouse/catalog.db",
+               "catalog.warehouse": f"file://{tmp_path}/warehouse"} if fmt == "iceberg" else {}
+    table = "db.events" if fmt == "iceberg" else str(tmp_path / "table")
+
+    def write():
+        frame = json_stream(css, path, "id INT, name STRING, v DOUBLE").withColumn("v2", F.col("v") * 2)
+        writer = frame.writeStream.format(fmt).option("checkpointLocation", str(tmp_path / "ckpt")) \
+            .options(**options).trigger(availableNow=True)
+        query = writer.toTable(table) if fmt == "iceberg" else writer.start(table)
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        return query
+
+    def commits() -> list[tuple]:
+        """(query id, batch id, rows) of each commit of the table."""
+        if fmt == "iceberg":
+            snapshots = iceberg_catalog("/nonexistent", options).load_table(table).snapshots()
+            return [(p[QUERY_ID_PROPERTY], int(p[EPOCH_ID_PROPERTY]), int(p["added-records"]))
+                    for p in (s.summary.additional_properties for s in snapshots)]
+        found = []
+        for log in sorted(Path(table, "_delta_log").glob("*.json")):
+            actions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            txn = [a["txn"] for a in actions if "txn" in a]
+            added = sum(json.loads(a["add"]["stats"])["numRecords"] for a in actions if "add" in a)
+            found.append((txn[0]["appId"], txn[0]["version"], added))
+        return found
+
+    def rows() -> list:
+        if fmt == "iceberg":
+            arrow = iceberg_catalog("/nonexistent", options).load_table(table).scan().to_arrow()
+        else:
+            arrow = DeltaTable(table).to_pyarrow_table()
+        return sorted(((r["id"], r["name"], r["v"], r["v2"]) for r in arrow.to_pylist()), key=str)
+
+    expected = sorted(((i, n, v, None if v is None else 2 * v) for batch in events for i, n, v in batch), key=str)
+    query = write()
+    assert rows() == expected
+    assert commits() == [(query.id, b, len(batch)) for b, batch in enumerate(events)]
+    os.remove(tmp_path / "ckpt" / "commits" / "2")     # a crash after the table's commit, before commits/2
+    write()
+    assert (tmp_path / "ckpt" / "commits" / "2").exists() and rows() == expected
+    assert len(commits()) == len(events)
+
+    batches = []
+    reader = css.readStream.format(fmt).options(**options)
+    reader = reader.option("maxFilesPerTrigger", 1) if fmt == "delta" else \
+        reader.option("streaming-max-files-per-micro-batch", 1)
+    back = reader.load(table).writeStream.foreachBatch(
+        lambda df, _: batches.append(sorted((tuple(r) for r in df.select("id", "name", "v").collect()), key=str))) \
+        .option("checkpointLocation", str(tmp_path / "back")).trigger(availableNow=True).start()
+    back.awaitTermination(300)
+    assert back.exception() is None, back.exception()
+    assert batches == [sorted(batch, key=str) for batch in events]
+
+
 # -- (c) deduplication -----------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["dropDuplicates with a watermark", "dropDuplicatesWithinWatermark",
                                  "dropDuplicates without a watermark"])
@@ -574,7 +647,7 @@ def test_an_output_mode_error_is_sparks_over_connect(css, connect_spark, tmp_pat
 
 
 # -- refused --------------------------------------------------------------------------------
-@pytest.mark.parametrize("what", ["join", "console sink"])
+@pytest.mark.parametrize("what", ["join", "console sink", "a table of the session catalog"])
 def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_path, what):
     from microbatch.errors import UnsupportedOperationError
     source = tmp_path / "in"
@@ -584,8 +657,11 @@ def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_pat
         if what == "join":
             other = css.readStream.format("parquet").load(str(source)).withColumnRenamed("k", "k2")
             writer = frame.join(other, "v").writeStream.foreachBatch(lambda df, i: None)
-        else:
+        elif what == "console sink":
             writer = frame.writeStream.format("console")
+        else:
+            frame.writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "checkpoint")) \
+                .toTable("events")
         writer.option("checkpointLocation", str(tmp_path / "checkpoint")).start()
     message = str(raised.value)
     assert "over Spark Connect" in message

@@ -145,6 +145,12 @@ static_conf = _by_kind(_session.static_conf, _c_session.static_conf)
 app_name = _by_kind(_session.app_name, _c_session.app_name)
 default_parallelism = _by_kind(_session.default_parallelism, _c_session.default_parallelism)
 set_local_property = _by_kind(_session.set_local_property, _refused("A kept batch plan"))
+# catalog: a Connect client asks the catalog API; the session catalog's tables (their
+# location and provider, which that API does not give) stay on a classic session
+temp_view_exists = _by_kind(temp_view_exists, _c_session.temp_view_exists)
+catalog_table = _by_kind(catalog_table, _refused("A table of Spark's session catalog (toTable, readStream.table)"))
+managed_table_location = _by_kind(managed_table_location,
+                                  _refused("A table of Spark's session catalog (toTable, readStream.table)"))
 row_accumulator = _by_kind(_session.row_accumulator, _refused("A kept batch plan"))
 # relations
 empty_batch = _by_kind(empty_batch, _c_relations.empty_batch)

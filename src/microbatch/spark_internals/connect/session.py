@@ -112,3 +112,13 @@ def metrics_source_unavailable(spark: Any, name: str, gauges: dict) -> None:
         "spark.sql.streaming.metricsEnabled: a Spark Connect client has no access to Spark's metrics "
         "system; query %s's gauges are on microbatch's /metrics only", name)
     return None
+
+
+def temp_view_exists(spark: Any, name: str) -> bool:
+    """Whether ``name`` is a temporary view of the session (the catalog API a Connect
+    client has: a name it does not know is no view)."""
+    from pyspark.errors import AnalysisException
+    try:
+        return bool(spark.catalog.getTable(name).isTemporary)
+    except AnalysisException:
+        return False

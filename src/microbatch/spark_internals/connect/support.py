@@ -5,19 +5,20 @@ from typing import NoReturn
 
 #: what a Connect session runs, in the words of the refusal
 WHAT_RUNS = (
-    "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files), rate and kafka; "
+    "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files), rate, kafka, "
+    "delta (by path) and iceberg; "
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
     "groupBy(window(...) or session_window(...) and columns) with count/sum/min/max/avg in append or "
     "update mode, "
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
-    "the sinks foreachBatch, the parquet file sink and kafka")
+    "the sinks foreachBatch, the parquet file sink, kafka, delta (by path) and iceberg")
 
 #: source formats that run over Connect
-SOURCES = frozenset({"parquet", "json", "csv", "rate", "kafka"})
+SOURCES = frozenset({"parquet", "json", "csv", "rate", "kafka", "delta", "iceberg"})
 #: sink formats that run over Connect
-SINKS = frozenset({"parquet", "foreachbatch", "kafka"})
+SINKS = frozenset({"parquet", "foreachbatch", "kafka", "delta", "iceberg"})
 #: DataFrame methods (a ``Transform`` step) that run over Connect
 STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "withColumns",
                    "withColumnRenamed", "withColumnsRenamed", "drop", "alias", "toDF"})
