@@ -354,7 +354,10 @@ class IncrementalExecution:
                 try:
                     df = op.step.build(built, given)
                 except AnalysisException as e:    # (its expressions read what no step carried up)
-                    raise hidden_column_not_carried(e) from e
+                    refused = hidden_column_not_carried(e)
+                    if refused is e:
+                        raise
+                    raise refused from e
                 planned.operators[op.id] = given
                 planned.reported_statistics.update((w, (op.id, tag)) for w, tag in given.reported.items())
                 return df

@@ -129,7 +129,10 @@ class PreparedSegment(PlanNode):
             analyzed = spark_internals.analyzed_plan(
                 _template_over(self.template, iter(empties), chosen, Placeholder).build({}))
         except AnalysisException as e:
-            raise hidden_column_not_carried(e) from e
+            refused = hidden_column_not_carried(e)
+            if refused is e:
+                raise
+            raise refused from e
         return spark_internals.BindablePlan(analyzed, [spark_internals.analyzed_plan(df) for df in empties])
 
     def _qualifiers(self, index: int, df: DataFrame) -> tuple:

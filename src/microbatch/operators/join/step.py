@@ -394,10 +394,19 @@ class JoinStep(StatefulStep):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        node = self.node
         #: the right-side columns a left semi join's state rows leave out, as Spark's
         #: (``StreamJoin.right_pruned``); none for state an earlier microbatch wrote with
-        #: them (``stored_schema_check``)
-        self.right_pruned = frozenset(n.lower() for n in self.node.right_pruned)
+        #: them (``stored_schema_check``), nor where the condition reads one (Spark's
+        #: optimizer and microbatch would disagree: nothing is pruned then)
+        pruned = frozenset(n.lower() for n in node.right_pruned) if node.how == "semi" else frozenset()
+        names = [n.lower() for n in node.side_columns[1]]
+        read = {a.index for _, *terms in node.comparisons for a in terms if a.side == 1}
+        read |= {index for tree in node.pair_conditions for side, index in _columns_read(tree) if side == 1}
+        if any(i is None or i >= len(names) or names[i] in pruned for i in read):
+            pruned = frozenset()
+        self.right_pruned = pruned
+        self._unpruned_right: StructType | None = None
 
     def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
         node = self.node
@@ -444,6 +453,7 @@ class JoinStep(StatefulStep):
         left, right = input_schemas
         by_name = {f.name.lower(): f for f in left.fields}
         key = StructType([by_name[k.lower()] for k in self.node.keys])
+        self._unpruned_right = right
         kept = StructType([f for f in right.fields if f.name.lower() not in self.right_pruned])
         return key, StructType([StructField("left", left), StructField("right", kept)])
 
@@ -451,12 +461,12 @@ class JoinStep(StatefulStep):
                             conf: Any) -> tuple[str | None, str | None]:
         """State written before microbatch pruned a semi join's right side (every column
         of it kept) is read and written as it was."""
-        if self.right_pruned and self.schema_difference(stored, key, value):
-            right = [f for f in StructType.fromJson(stored["valueSchema"]).fields if f.name == "right"]
-            if right and {f.name.lower() for f in right[0].dataType.fields} >= self.right_pruned:
+        if self.right_pruned and self._unpruned_right is not None and self.schema_difference(stored, key, value):
+            whole = StructType([value.fields[0], StructField("right", self._unpruned_right)])
+            if not self.schema_difference(stored, key, whole):
                 self.right_pruned = frozenset()
                 self._cache.pop("shape", None)
-                value = StructType([value.fields[0], StructField("right", right[0].dataType)])
+                value = whole
         return super().stored_schema_check(stored, key, value, conf)
 
     def _document_extras(self) -> dict:
@@ -475,18 +485,13 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame, right_pruned: froz
     partitioning columns and the output columns (Spark's USING or condition output)."""
     from pyspark.sql.types import StructField
     kept = [j for j, f in enumerate(right.schema.fields) if f.name.lower() not in right_pruned]
-    if len(kept) < len(right.schema.fields) and node.how == "semi" and not node.using:
-        # (the condition's columns stay: a comparison or a part reading a pruned one
-        # would be Spark's optimizer and microbatch disagreeing, and nothing is pruned)
-        read = {a.index for _, *terms in node.comparisons for a in terms if a.side == 1}
-        read |= {index for tree in node.pair_conditions for side, index in _columns_read(tree) if side == 1}
-        if read <= set(kept):
-            at = {j: p for p, j in enumerate(kept)}
-            node = dataclasses.replace(
-                node, comparisons=tuple((op, *(t if t.side != 1 else dataclasses.replace(t, index=at[t.index])
-                                                for t in terms)) for op, *terms in node.comparisons),
-                pair_conditions=tuple(_columns_renumbered(tree, 1, at) for tree in node.pair_conditions))
-            right = right.select(*[F.col(quoted(right.schema.fields[j].name)) for j in kept])
+    if len(kept) < len(right.schema.fields):   # (a semi join's: its condition reads none of the others)
+        at = {j: p for p, j in enumerate(kept)}
+        node = dataclasses.replace(
+            node, comparisons=tuple((op, *(t if t.side != 1 else dataclasses.replace(t, index=at[t.index])
+                                            for t in terms)) for op, *terms in node.comparisons),
+            pair_conditions=tuple(_columns_renumbered(tree, 1, at) for tree in node.pair_conditions))
+        right = right.select(*[F.col(quoted(right.schema.fields[j].name)) for j in kept])
     schemas = (left.schema, right.schema)
     keys = list(node.keys)
     side_keys = (list(node.keys), list(node.right_keys))
