@@ -143,6 +143,12 @@ ABOVE_JOIN = {
                                             F.col("b._metadata.file_name").alias("bf")),
     "a side's through a dropDuplicates above a join": lambda a, b: a.join(b, F.expr("id = bid"))
     .dropDuplicates(["id", "bts"]).select("id", F.col("b._metadata.file_name").alias("bf")),
+    "a side's grouped by through a withWatermark above a join": lambda a, b: a.join(b, F.expr("id = bid"))
+    .withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds"),
+                                              F.col("a._metadata.file_name").alias("af")).count(),
+    "both sides' aggregated above a dropDuplicates above a join": lambda a, b: a.join(b, F.expr("id = bid"))
+    .withWatermark("bts", "5 seconds").dropDuplicates(["id", "bts"]).groupBy(F.window("bts", "10 seconds")).agg(
+        F.max(F.col("a._metadata.file_name")).alias("af"), F.min("b._metadata.file_path").alias("bf")),
 }
 
 
@@ -264,13 +270,17 @@ def test_metadata_through_a_join_spark_refuses_gets_sparks_errors(spark, ss, tmp
     assert errors[0] == errors[1] and errors[0].startswith("Redefining watermark is disallowed"), errors
 
 
-def test_metadata_aggregated_above_a_join_is_refused_with_the_way_out(ss, tmp_path):
-    """Spark's engine groups by a side's _metadata through a withWatermark above a join;
-    microbatch's aggregation reads the join's output, which does not carry it: the first
-    batch fails naming the fix, and commits nothing."""
-    paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"))
-    a, b = joined_sides(ss, paths, watermarks=False)
-    query = a.join(b, F.expr("id = bid")).withWatermark("ts", "5 seconds").groupBy(
+def test_metadata_aggregated_above_a_cascaded_join_is_refused_with_the_way_out(ss, tmp_path):
+    """Spark's engine groups by a side's _metadata through a withWatermark above a join whose
+    left side is itself a join; microbatch carries a side's _metadata up to an aggregation
+    over a join only where the side has one name (``a._metadata``), not through a side of
+    several (``a`` and ``b`` here): the first batch fails naming the fix, and commits
+    nothing."""
+    paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"),
+             write_files(tmp_path / "c", "json"))
+    a, b = joined_sides(ss, paths[:2], watermarks=False)
+    c = stream(ss, paths[2], "json").toDF("cid", "cts").alias("c")
+    query = a.join(b, F.expr("id = bid")).join(c, F.expr("id = cid")).withWatermark("ts", "5 seconds").groupBy(
         F.window("ts", "10 seconds"), F.col("a._metadata.file_name").alias("af")).count()
     with pytest.raises(StreamingQueryException) as caught:
         run(query, tmp_path / "ckpt", "update")

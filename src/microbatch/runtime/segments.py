@@ -166,7 +166,7 @@ def hidden_column_not_carried(error: AnalysisException) -> AnalysisException:
     return AnalysisException(
         "The file source's hidden column _metadata is read here through a step that microbatch "
         "does not carry it through (a stream-stream join whose side's columns have no one "
-        "qualifier to name it by; an aggregation's keys or aggregates over a join): select it "
+        "qualifier to name it by; an aggregation's keys or aggregates over such a side): select it "
         "right after the source, e.g. readStream...load().select('*', '_metadata'), and use that "
         f"column afterwards. ({error})")
 
@@ -310,8 +310,8 @@ def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame 
     return None
 
 
-def _joined_placeholder(hole: PlanNode, built: DataFrame, spark,
-                        qualifiers: tuple | None = None) -> tuple[DataFrame, list[DataFrame | None]]:
+def _joined_placeholder(hole: PlanNode, built: DataFrame, spark, qualifiers: tuple | None = None
+                        ) -> tuple[DataFrame, list[DataFrame | None], list[str | None]]:
     """A stand-in for the output ``built`` of ``hole``, a join whose sides' hidden columns a
     step above may read: per side a relation of its source's format with the side's columns
     (``_hidden_placeholder``; an empty DataFrame for a side without one), named by the
@@ -319,25 +319,26 @@ def _joined_placeholder(hole: PlanNode, built: DataFrame, spark,
     two cross-joined: the join's columns in its order, and each side's hidden columns as
     Spark's Join gives them. A side's column ``CARRIED_METADATA`` after its own (a batch's)
     is its carried ``_metadata``, which the stand-in has hidden. Also each side's relation
-    (None: none). ``qualifiers``: ``built``'s columns' (None: its own)."""
+    (None: none) and the name it has (None: none). ``qualifiers``: ``built``'s columns'
+    (None: its own)."""
     fields = built.schema.fields
     qualifiers = qualifiers or spark_internals.output_qualifiers(built)
-    start, frames, relations = 0, [], []
+    start, frames, relations, names = 0, [], [], []
     for child, width in _hidden_sides(hole):
         end = len(fields) if width is None else start + width
         schema = StructType(fields[start:end])
         relation = _hidden_placeholder(hole.children[child], schema, spark)
         frame = relation if relation is not None else spark_internals.empty_dataframe(spark, schema)
         named = set(qualifiers[start:end])
-        if len(named) == 1 and next(iter(named)):
-            frame = frame.alias(next(iter(named))[-1])
-        frames.append(frame)
+        name = next(iter(named))[-1] if len(named) == 1 and next(iter(named)) else None
+        frames.append(frame if name is None else frame.alias(name))
         relations.append(relation)
+        names.append(name)
         start = end + (1 if end < len(fields) and fields[end].name == spark_internals.CARRIED_METADATA else 0)
     joined = frames[0]
     for frame in frames[1:]:
         joined = joined.crossJoin(frame)
-    return joined, relations
+    return joined, relations, names
 
 
 def _run_holes(node: PlanNode) -> list[PlanNode]:
@@ -357,6 +358,33 @@ def _run_over(node: PlanNode, holes: list[PlanNode]) -> PlanNode:
     return over(node)
 
 
+def _hidden_columns_exposed_for(node: PlanNode, empty_inputs, spark) -> tuple | None:
+    """Where the expressions of ``node``, a stateful operator of one child (an
+    aggregation's keys and aggregates), read the hidden columns of a join's sides that
+    its child passes (Spark's analysis of its template over the join's stand-in): those
+    columns, each named by its side's qualifier (``a._metadata``), for a projection
+    below it to select; None where it reads none, or a side it reads has no name."""
+    child = node.children[0] if len(node.children) == 1 else None
+    join = _hidden_join(child) if child is not None and not isinstance(child, SEGMENT_STEPS) else None
+    if join is None or not _may_carry(child):
+        return None
+    try:
+        stand_in, relations, names = _joined_placeholder(join, child.build(empty_inputs), spark)
+        if all(r is None for r in relations):
+            return None
+        analyzed = spark_internals.analyzed_plan(children_replaced(node, [Placeholder(stand_in)]).build({}))
+    except AnalysisException:    # (the first batch says so: hidden_column_not_carried)
+        return None
+    read = iter(spark_internals.hidden_columns_read(
+        analyzed, [spark_internals.analyzed_plan(r) for r in relations if r is not None]))
+    sides = [name for name, relation in zip(names, relations) if relation is not None and next(read)]
+    if sides == [None] and sum(r is not None for r in relations) == 1:   # (the only one: by its name)
+        return (F.col(HIDDEN_COLUMN),)
+    if not sides or None in sides:
+        return None
+    return tuple(F.col(f"`{name}`.`{HIDDEN_COLUMN}`") for name in sides)
+
+
 def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
                            carriers: Mapping[StreamingRelation, Any] = _NO_CARRIERS) -> PlanNode:
     """A rewrite the planner makes once per run, before the segments: where stateless steps
@@ -369,7 +397,9 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
     the hidden column). Which reads need it is Spark's analysis of the steps over such
     placeholders; a source read directly needs none (the binding exposes its relation's),
     unless its batches are not relations that have them (``carriers``: a file source
-    reading in Python tasks), which then carries them in that column itself."""
+    reading in Python tasks), which then carries them in that column itself. An
+    aggregation whose own keys or aggregates read a join's sides' hidden columns gets a
+    projection below it that selects them by the sides' names, carried up to it alike."""
 
     def carried(node: PlanNode, needed: bool | tuple[int, ...]) -> PlanNode:
         """``node`` carrying its hidden columns up where ``needed`` (for a node of several
@@ -387,6 +417,9 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
         if needed:    # (a source read directly, or stateless steps: they select it)
             node = Transform(node, "select", ("*", F.col(HIDDEN_COLUMN).alias(spark_internals.CARRIED_METADATA)))
         if not isinstance(node, SEGMENT_STEPS):
+            exposed = _hidden_columns_exposed_for(node, empty_inputs, spark) if node.stateful else None
+            if exposed:   # (a step of its own below it selects them: carried up to that step)
+                node = children_replaced(node, [Transform(node.children[0], "select", ("*", *exposed))])
             return children_replaced(node, [carried(c, False) for c in node.children])
         holes = _run_holes(node)
         reads = _holes_read_for_hidden(node, holes)
@@ -404,7 +437,7 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
                 built = hole.build(empty_inputs)
                 join = _hidden_join(hole) if ask else None
                 if join is not None:
-                    stand_in, sides = _joined_placeholder(join, built, spark)
+                    stand_in, sides, _ = _joined_placeholder(join, built, spark)
                 else:
                     stand_in = _hidden_placeholder(hole, built.schema, spark) if ask else None
                     sides = [stand_in]

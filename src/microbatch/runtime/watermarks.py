@@ -37,6 +37,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
@@ -219,8 +220,11 @@ class WatermarkTracker:
     def _reports(self, node: Watermark, df: DataFrame, steps: tuple) -> bool:
         if steps:
             projected = df
-            for step in reversed(steps):
-                projected = step.over(projected)
+            try:
+                for step in reversed(steps):
+                    projected = step.over(projected)
+            except AnalysisException:   # (a step reads what only its segment's binding gives: _metadata)
+                return False
             if not spark_internals.projections_keep_column(projected, df, node.event_time):
                 return False
         return all(op.reports_statistics(node, df.schema) for op in self._stateful
