@@ -295,6 +295,75 @@ def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connec
         assert all(r[1] == 10 for r in emitted if r[0].end.timestamp() <= T0 + 40)
 
 
+# -- (a2) a union, a stream-static join, mapInPandas; the memory, console and noop sinks -----
+def _double(frames):
+    for frame in frames:
+        frame["v"] = frame["v"] * 2
+        yield frame
+
+
+def test_union_static_join_and_map_in_pandas_match_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    """Two file streams unioned, left-joined with a static DataFrame of the user's session
+    (the batch session, a clone, runs the same plan) and through mapInPandas."""
+    a, b = tmp_path / "a", tmp_path / "b"
+
+    def add_files(run):
+        _write_json(a, f"a{run}", _rows(run * 10, 6))
+        _write_json(b, f"b{run}", _rows(run * 10 + 3, 5))
+    static = connect_spark.createDataFrame([("k0", "zero"), ("k1", "one")], "k STRING, name STRING")
+
+    def build(reader):
+        one, two = (reader.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(path)) for path in (a, b))
+        return one.union(two).join(static, "k", "left").mapInPandas(
+            _double, "k STRING, ts TIMESTAMP, v BIGINT, name STRING")
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path)
+    assert len(batches) == 2 and all(batches.values())   # (a file of each source a batch)
+    assert {r[3] for rows_ in batches.values() for r in rows_} == {"zero", "one", None}
+
+
+def _run_into(session, fmt: str, build, checkpoint: Path) -> list[tuple]:
+    """One availableNow run into the sink ``fmt`` (query name ``counts``): per batch its
+    input rows, output rows, state rows and watermark."""
+    query = (build(session.readStream).writeStream.format(fmt).queryName("counts").outputMode("update")
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    assert query.awaitTermination(240)
+    assert query.exception() is None, query.exception()
+    return [(p.batchId, p.sink.numOutputRows) + _progress(p) for p in query.recentProgress]
+
+
+@pytest.mark.parametrize("fmt", ["memory", "console", "noop"])
+def test_memory_console_and_noop_sinks_match_sparks_engine(css, connect_spark, tmp_path, fmt, capfd):
+    """A windowed count into each sink on both engines over the same server: each batch's
+    input, output and state rows and watermark alike; the memory sink's table has Spark's
+    rows, and the console sink prints each batch as Spark's does."""
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    for i, first in enumerate((0, 12, 30)):
+        _write_parquet(source, f"f{i}", _rows(first, 12))
+
+    def build(reader):
+        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
+        return frame.withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds")).agg(
+            F.count(F.lit(1)).alias("n"), F.sum("v").alias("total"))
+
+    theirs = _run_into(connect_spark, fmt, build, tmp_path / "spark")
+    their_table = None
+    if fmt == "memory":   # (the view dropped: microbatch's sink must make its own)
+        their_table = sorted(tuple(r) for r in connect_spark.table("counts").collect())
+        connect_spark.catalog.dropTempView("counts")
+    capfd.readouterr()
+    ours = _run_into(css, fmt, build, tmp_path / "microbatch")
+    printed = capfd.readouterr().out
+    assert ours == theirs and any(out for _, out, *_ in ours), (ours, theirs)
+    if fmt == "memory":
+        assert sorted(tuple(r) for r in connect_spark.table("counts").collect()) == their_table and their_table
+    if fmt == "console":
+        for batch_id, *_ in ours:
+            assert f"Batch: {batch_id}" in printed
+        assert "|window" in printed and "|  n|total|" in printed, printed
+
+
 # -- (b2) one checkpoint, a classic session then Connect then classic again ---------------------
 def _deduplicated_window_counts(reader, source):
     """Two stateful operators: a deduplication and a windowed count above it."""
@@ -647,7 +716,7 @@ def test_an_output_mode_error_is_sparks_over_connect(css, connect_spark, tmp_pat
 
 
 # -- refused --------------------------------------------------------------------------------
-@pytest.mark.parametrize("what", ["join", "console sink", "a table of the session catalog"])
+@pytest.mark.parametrize("what", ["join", "foreach sink", "a table of the session catalog"])
 def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_path, what):
     from microbatch.errors import UnsupportedOperationError
     source = tmp_path / "in"
@@ -657,8 +726,8 @@ def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_pat
         if what == "join":
             other = css.readStream.format("parquet").load(str(source)).withColumnRenamed("k", "k2")
             writer = frame.join(other, "v").writeStream.foreachBatch(lambda df, i: None)
-        elif what == "console sink":
-            writer = frame.writeStream.format("console")
+        elif what == "foreach sink":
+            writer = frame.writeStream.foreach(lambda row: None)
         else:
             frame.writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "checkpoint")) \
                 .toTable("events")

@@ -149,7 +149,7 @@ def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode
                             custom_sink: bool = False) -> None:
     """Over a Spark Connect session, at ``start()``: refuse a query with a part that does
     not run over Connect yet, naming it (the message lists what runs)."""
-    from microbatch.plan.logical import Observe, StreamingRelation, Transform, Watermark
+    from microbatch.plan.logical import Apply, Observe, StaticJoin, StreamingRelation, Transform, Union, Watermark
     from microbatch.spark_internals.connect.support import SINKS as _CONNECT_SINKS
     from microbatch.spark_internals.connect.support import SOURCES as _CONNECT_SOURCES
     from microbatch.spark_internals.connect.support import STEPS as _CONNECT_STEPS
@@ -165,11 +165,8 @@ def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode
             refusal = node.connect_refusal(output_mode)
             if refusal is not None:
                 raise support(refusal)
-        elif not isinstance(node, (Watermark, Observe)):
-            raise support(_CONNECT_NODE_NAMES.get(type(node).__name__, f"The step {type(node).__name__}"))
+        elif not isinstance(node, (Watermark, Observe, Union, StaticJoin, Apply)):
+            raise support(f"The step {type(node).__name__}")
     if custom_sink or (sink_format or "").lower() not in _CONNECT_SINKS:
         raise support(f"The sink {sink_format or 'given by .sink(...)'!r}")
 
-
-#: the stateless steps that do not run over Connect yet (a stateful operator names itself: ``connect_refusal``)
-_CONNECT_NODE_NAMES = {"StaticJoin": "A stream-static join", "Union": "union", "Apply": "mapInPandas / mapInArrow"}

@@ -335,9 +335,10 @@ class StaticJoin(PlanNode):
     def build(self, inputs):
         stream = self.child.build(inputs)
         on = rebound(self.on, [(stream, self.positions)])
+        static = spark_internals.in_session(self.static, stream.sparkSession)
         if self.stream_side == "left":
-            return stream.join(self.static, on, self.how)
-        return self.static.join(stream, on, self.how)
+            return stream.join(static, on, self.how)
+        return static.join(stream, on, self.how)
 
     def describe(self) -> str:
         return f"Join {self.how}, stream on the {self.stream_side}, on {self.on!r} with a static DataFrame"

@@ -155,6 +155,7 @@ row_accumulator = _by_kind(_session.row_accumulator, _refused("A kept batch plan
 # relations
 empty_batch = _by_kind(empty_batch, _c_relations.empty_batch)
 empty_dataframe = _by_kind(empty_dataframe, _c_relations.empty_dataframe)
+in_session = _by_kind(lambda df, spark: df, _c_relations.in_session)   # (classic: one SparkContext, any session)
 FileBatches = _by_kind(FileBatches, _c_relations.FileBatches)
 RangeBatches = _by_kind(RangeBatches, _refused("The rate-micro-batch source"))
 # analysis
@@ -246,6 +247,8 @@ outer_joins_narrowed = _by_kind(outer_joins_narrowed, lambda df, joins: [None] *
 # metrics
 observation_row = _by_kind(observation_row, _c_metrics.observation_row)
 executed_observation_row = _by_kind(executed_observation_row, _c_metrics.executed_observation_row)
+run_to_end = _by_kind(run_to_end, _c_metrics.run_to_end)
+reset_observations = _by_kind(reset_observations, _c_metrics.reset_observations)
 ScanRowCounter = _by_kind(ScanRowCounter, _c_metrics.ScanRowCounter)
 operator_accumulator = _by_kind(_session.operator_accumulator, _c_metrics.operator_accumulator)
 map_state_task = _by_kind(_session.map_state_task, _c_metrics.map_state_task)
@@ -268,5 +271,5 @@ __all__ += [
     "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
     "static_conf", "empty_stream_stand_in", "engine_file_scans", "engine_join_event_times", "streaming_file_stand_in",
-    "outer_joins_eliminated", "outer_joins_narrowed",
+    "outer_joins_eliminated", "outer_joins_narrowed", "in_session",
 ]

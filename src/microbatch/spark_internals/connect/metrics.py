@@ -174,3 +174,18 @@ def map_state_task(df: Any, task: Any, output: Any) -> Any:
     column = F.col(METRICS_COLUMN)
     return (mapped.observe(observation, F.collect_list(column).alias("metrics"))
             .filter(column.isNull()).drop(METRICS_COLUMN))
+
+
+def run_to_end(df: Any) -> int:
+    """Runs ``df`` to the end, dropping its rows (Spark's ``noop`` writer, on the server);
+    how many there were, counted by an ``Observation`` the same action fills (the batch's
+    own observations with it)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+    counted = Observation(f"__microbatch_rows_{uuid.uuid4().hex}")
+    df.observe(counted, F.count(F.lit(1)).alias("rows")).write.format("noop").mode("overwrite").save()
+    return int(counted.get["rows"])
+
+
+def reset_observations(df: Any) -> None:
+    """Over Connect no plan is kept across batches: each batch's observations are new."""

@@ -42,3 +42,14 @@ class FileBatches:
         df = reader.load(list(paths)) if paths else reader.load()
         df._cached_schema = self._schema     # (the stream's schema: no round trip to ask)
         return df
+
+
+def in_session(df: Any, spark: Any) -> Any:
+    """``df`` (a static DataFrame of the user's session) as a DataFrame of ``spark``, the
+    query's batch session: a Connect plan is resolved by the session that runs it, and the
+    batch session is a clone of the user's (its temporary views and functions too), so the
+    same plan, its columns' plan ids with it, reads the same there."""
+    if df.sparkSession is spark:
+        return df
+    from pyspark.sql.connect.dataframe import DataFrame
+    return DataFrame(df._plan, spark)

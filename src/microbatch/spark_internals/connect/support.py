@@ -8,17 +8,18 @@ WHAT_RUNS = (
     "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files), rate, kafka, "
     "delta (by path) and iceberg; "
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
+    "union, joins with a static DataFrame, mapInPandas/mapInArrow, "
     "groupBy(window(...) or session_window(...) and columns) with count/sum/min/max/avg in append or "
     "update mode, "
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
-    "the sinks foreachBatch, the parquet file sink, kafka, delta (by path) and iceberg")
+    "the sinks foreachBatch, the parquet file sink, kafka, delta (by path), iceberg, memory, console and noop")
 
 #: source formats that run over Connect
 SOURCES = frozenset({"parquet", "json", "csv", "rate", "kafka", "delta", "iceberg"})
 #: sink formats that run over Connect
-SINKS = frozenset({"parquet", "foreachbatch", "kafka", "delta", "iceberg"})
+SINKS = frozenset({"parquet", "foreachbatch", "kafka", "delta", "iceberg", "memory", "console", "noop"})
 #: DataFrame methods (a ``Transform`` step) that run over Connect
 STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "withColumns",
                    "withColumnRenamed", "withColumnsRenamed", "drop", "alias", "toDF"})
