@@ -364,6 +364,58 @@ def test_memory_console_and_noop_sinks_match_sparks_engine(css, connect_spark, t
         assert "|window" in printed and "|  n|total|" in printed, printed
 
 
+class _RowsToFiles:
+    """A foreach writer (PySpark's open/process/close) that writes each partition's rows of
+    a batch to a JSON file of its own under ``out`` (the server's workers run Spark's engine's;
+    both share this file system)."""
+
+    def __init__(self, out: str):
+        self.out = out
+
+    def open(self, partition_id, epoch_id):
+        import uuid
+        self.path = f"{self.out}/{epoch_id}-{partition_id}-{uuid.uuid4().hex}.json"
+        self.rows = []
+        return True
+
+    def process(self, row):
+        self.rows.append([str(row.window.start), str(row.window.end), row.n, row.total])
+
+    def close(self, error):
+        with open(self.path, "w") as f:
+            json.dump(self.rows, f)
+
+
+def test_foreach_sink_matches_sparks_engine(css, connect_spark, tmp_path):
+    """A windowed count into a foreach writer on both engines: each batch's rows, as the
+    writer got them, and each batch's progress alike."""
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    for i, first in enumerate((0, 12, 30)):
+        _write_parquet(source, f"f{i}", _rows(first, 12))
+
+    def build(reader):
+        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
+        return frame.withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds")).agg(
+            F.count(F.lit(1)).alias("n"), F.sum("v").alias("total"))
+
+    written, progress = {}, {}
+    for name, session in (("spark", connect_spark), ("microbatch", css)):
+        out = tmp_path / f"out-{name}"
+        out.mkdir()
+        query = (build(session.readStream).writeStream.foreach(_RowsToFiles(str(out))).outputMode("update")
+                 .option("checkpointLocation", str(tmp_path / name)).trigger(availableNow=True).start())
+        assert query.awaitTermination(240)
+        assert query.exception() is None, query.exception()
+        progress[name] = [(p.batchId, p.sink.numOutputRows) + _progress(p) for p in query.recentProgress]
+        batches: dict[int, list] = {}
+        for path in out.iterdir():
+            batches.setdefault(int(path.name.split("-")[0]), []).extend(map(tuple, json.loads(path.read_text())))
+        written[name] = {b: sorted(rows) for b, rows in batches.items()}
+    assert progress["microbatch"] == progress["spark"]
+    assert written["microbatch"] == written["spark"] and any(written["spark"].values())
+
+
 # -- (b2) one checkpoint, a classic session then Connect then classic again ---------------------
 def _deduplicated_window_counts(reader, source):
     """Two stateful operators: a deduplication and a windowed count above it."""
@@ -716,7 +768,7 @@ def test_an_output_mode_error_is_sparks_over_connect(css, connect_spark, tmp_pat
 
 
 # -- refused --------------------------------------------------------------------------------
-@pytest.mark.parametrize("what", ["join", "foreach sink", "a table of the session catalog"])
+@pytest.mark.parametrize("what", ["join", "rate-micro-batch source", "a table of the session catalog"])
 def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_path, what):
     from microbatch.errors import UnsupportedOperationError
     source = tmp_path / "in"
@@ -726,8 +778,9 @@ def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_pat
         if what == "join":
             other = css.readStream.format("parquet").load(str(source)).withColumnRenamed("k", "k2")
             writer = frame.join(other, "v").writeStream.foreachBatch(lambda df, i: None)
-        elif what == "foreach sink":
-            writer = frame.writeStream.foreach(lambda row: None)
+        elif what == "rate-micro-batch source":
+            writer = css.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load() \
+                .writeStream.foreachBatch(lambda df, i: None)
         else:
             frame.writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "checkpoint")) \
                 .toTable("events")

@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row
 
 from pyspark.errors import PySparkAttributeError
+from microbatch import spark_internals
 from microbatch.errors import pyspark_error
 from microbatch.sinks.base import READS_RDD, Sink, SinkContext, SinkProvider
 
@@ -80,6 +81,21 @@ class RealTimeForeach:
         return sum(_partition_writer(self.f, self.batch_id)(rows)), 0
 
 
+@dataclass(frozen=True)
+class _ArrowPartitionWriter:
+    """A partition's function over Arrow batches (over Spark Connect, which has no RDDs):
+    the user's writer on each row, as PySpark gives it; one row out, how many it got."""
+
+    f: Any
+    batch_id: int
+    names: tuple
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = (_row(self.names, values) for batch in batches for values in zip(*batch.to_pydict().values()))
+        count = sum(_partition_writer(self.f, self.batch_id)(rows))
+        yield pa.RecordBatch.from_pydict({"rows": pa.array([count], pa.int64())})
+
+
 def _row(names: tuple, values: tuple) -> Row:
     """A row as PySpark gives it to a foreach writer: structs as Rows, timestamps as naive
     local datetimes."""
@@ -101,6 +117,10 @@ class ForeachSink(Sink):
         self.f = f
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        if spark_internals.is_connect(df):   # (no RDDs: the rows reach the writer through mapInArrow)
+            written = df.mapInArrow(_ArrowPartitionWriter(self.f, batch_id, tuple(df.columns)), "rows LONG")
+            self.last_num_output_rows = sum(r["rows"] for r in written.collect())
+            return
         self.last_num_output_rows = sum(df.rdd.mapPartitions(_partition_writer(self.f, batch_id)).collect())
 
     def real_time_writer(self, df: DataFrame, batch_id: int, query_id: str) -> tuple[DataFrame, RealTimeForeach]:

@@ -14,12 +14,12 @@ WHAT_RUNS = (
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
-    "the sinks foreachBatch, the parquet file sink, kafka, delta (by path), iceberg, memory, console and noop")
+    "the sinks foreachBatch, the parquet file sink, kafka, delta (by path), iceberg, memory, console, noop and foreach")
 
 #: source formats that run over Connect
 SOURCES = frozenset({"parquet", "json", "csv", "rate", "kafka", "delta", "iceberg"})
 #: sink formats that run over Connect
-SINKS = frozenset({"parquet", "foreachbatch", "kafka", "delta", "iceberg", "memory", "console", "noop"})
+SINKS = frozenset({"parquet", "foreachbatch", "kafka", "delta", "iceberg", "memory", "console", "noop", "foreach"})
 #: DataFrame methods (a ``Transform`` step) that run over Connect
 STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "withColumns",
                    "withColumnRenamed", "withColumnsRenamed", "drop", "alias", "toDF"})
