@@ -416,6 +416,32 @@ def test_foreach_sink_matches_sparks_engine(css, connect_spark, tmp_path):
     assert written["microbatch"] == written["spark"] and any(written["spark"].values())
 
 
+def test_more_aggregate_functions_match_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    """max_by, min_by, first, last (with and without ignoring nulls), collect_list,
+    collect_set, stddev and variance and their forms, in a windowed aggregation in update
+    mode (each batch's updated windows, their state kept across a restart)."""
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    files = [_rows(0, 15), _rows(15, 15), _rows(40, 20, 1), _rows(60, 20)]
+
+    def add_files(run):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
+
+    def build(reader):
+        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
+            .withWatermark("ts", "10 seconds").withColumn("odd", F.when(F.col("v") % 2 == 1, F.col("v")))
+        return frame.groupBy(F.window("ts", "10 seconds")).agg(
+            F.max_by("k", "v").alias("kmax"), F.min_by("v", "ts").alias("vfirst"),
+            F.first("odd").alias("f"), F.last("odd", True).alias("l"),
+            F.sort_array(F.collect_list("v")).alias("vs"), F.sort_array(F.collect_set("k")).alias("ks"),
+            F.round(F.stddev("v"), 9).alias("sd"), F.round(F.stddev_pop("v"), 9).alias("sdp"),
+            F.round(F.variance("v"), 9).alias("var"), F.round(F.var_pop("v"), 9).alias("varp"))
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "update")
+    assert sum(map(bool, batches.values())) >= 3 and any(r[3] is None for rows_ in batches.values() for r in rows_)
+
+
 # -- (b2) one checkpoint, a classic session then Connect then classic again ---------------------
 def _deduplicated_window_counts(reader, source):
     """Two stateful operators: a deduplication and a windowed count above it."""

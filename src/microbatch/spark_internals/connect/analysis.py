@@ -10,7 +10,13 @@ from typing import Any
 from microbatch.spark_internals.connect.support import AGGREGATES, refuse
 
 #: Spark's class of each aggregate function the translation knows
-_CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "Average", "mean": "Average"}
+_CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "Average", "mean": "Average",
+            "max_by": "MaxBy", "min_by": "MinBy", "first": "First", "last": "Last",
+            "collect_list": "CollectList", "collect_set": "CollectSet",
+            "stddev": "StddevSamp", "std": "StddevSamp", "stddev_samp": "StddevSamp", "stddev_pop": "StddevPop",
+            "variance": "VarianceSamp", "var_samp": "VarianceSamp", "var_pop": "VariancePop"}
+#: the functions whose last argument is a literal flag, not a column: first/last(x, ignoreNulls)
+_FLAGGED = frozenset({"first", "last"})
 #: functions printed infix, as Spark prints them
 _INFIX = {"+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=", "and", "or"}
 #: functions that read the current time
@@ -120,11 +126,18 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
             kind = _CLASSES[call._name]
             if call._is_distinct:
                 refuse(f"{call._name}(DISTINCT ...)")
-            arguments = tuple(sql_of(a) for a in call._args)
-            decimal = (kind == "Average" and child.select(F.expr(arguments[0])).schema.fields[0]
-                       .dataType.typeName().startswith("decimal"))
+            args, ignore_nulls = list(call._args), False
+            if call._name in _FLAGGED and len(args) == 2:
+                flag = args.pop()
+                if not isinstance(flag, E.LiteralExpression) or not isinstance(flag._value, bool):
+                    refuse(f"{call._name} with a second argument that is not true or false")
+                ignore_nulls = flag._value
+            arguments = tuple(sql_of(a) for a in args)
+            types = () if kind == "Count" else tuple(   # (one schema request: what the state's buffers hold)
+                f.dataType.simpleString() for f in child.select(*[F.expr(a) for a in arguments]).schema.fields)
+            decimal = kind == "Average" and types[0].startswith("decimal")
             calls.append(AggregateCall(kind, call._name, sql_of(call), False, arguments, None, decimal,
-                                       False, None))
+                                       ignore_nulls, None, argument_types=types))
         outputs.append(AggregateOutput(sql_of(expression), tuple(calls)))
     assert AGGREGATES >= set(_CLASSES)
     return "Aggregate", len(node._grouping_cols), outputs

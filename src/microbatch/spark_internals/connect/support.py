@@ -9,7 +9,8 @@ WHAT_RUNS = (
     "delta (by path) and iceberg; "
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
     "union, joins with a static DataFrame, mapInPandas/mapInArrow, "
-    "groupBy(window(...) or session_window(...) and columns) with count/sum/min/max/avg in append or "
+    "groupBy(window(...) or session_window(...) and columns) with count, sum, min, max, avg, max_by, "
+    "min_by, first, last, collect_list, collect_set, stddev and variance (and their _samp/_pop forms) in append or "
     "update mode, "
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
@@ -24,7 +25,9 @@ SINKS = frozenset({"parquet", "foreachbatch", "kafka", "delta", "iceberg", "memo
 STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "withColumns",
                    "withColumnRenamed", "withColumnsRenamed", "drop", "alias", "toDF"})
 #: aggregate functions the Connect translation knows
-AGGREGATES = frozenset({"count", "sum", "min", "max", "avg", "mean"})
+AGGREGATES = frozenset({"count", "sum", "min", "max", "avg", "mean", "max_by", "min_by", "first", "last",
+                        "collect_list", "collect_set", "stddev", "std", "stddev_samp", "stddev_pop",
+                        "variance", "var_samp", "var_pop"})
 
 
 def refusal(feature: str):
