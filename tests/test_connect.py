@@ -221,6 +221,43 @@ def test_stateless_query_into_the_parquet_file_sink(css, connect_spark, tmp_path
     assert written == [(v, 2 * v) for v in [1, 2, 3, 10, 11, 12, 13]]
 
 
+@pytest.mark.parametrize("source_format, sink_format", [("text", "json"), ("orc", "csv")])
+def test_other_file_formats_in_and_out_match_sparks_engine(css, connect_spark, tmp_path, source_format, sink_format):
+    """The text and orc sources and the json and csv file sinks: the files each engine's
+    sink wrote (read back) and each batch's progress alike, across a restart."""
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    source.mkdir()
+    written, progress = {}, {}
+    for run in range(2):
+        rows = _rows(10 * run, 4)
+        if source_format == "text":
+            (source / f".f{run}").write_text("".join(f"{k},{v}\n" for _, k, v in rows))
+        else:
+            pa_table = pa.table({"k": [k for _, k, _ in rows], "v": pa.array([v for _, _, v in rows], pa.int64())})
+            import pyarrow.orc as orc
+            orc.write_table(pa_table, str(source / f".f{run}"))
+        _ordered(source / f".f{run}")
+        os.rename(source / f".f{run}", source / f"f{run}.{source_format}")
+        for name, session in (("spark", connect_spark), ("microbatch", css)):
+            reader = session.readStream.format(source_format)
+            frame = (reader.load(str(source)).select(F.split("value", ",").getItem(0).alias("k"),
+                                                      F.split("value", ",").getItem(1).cast("long").alias("v"))
+                     if source_format == "text" else reader.schema("k STRING, v BIGINT").load(str(source)))
+            query = (frame.where(F.col("v") % 2 == 0).withColumn("w", F.col("v") * 3).writeStream
+                     .format(sink_format).option("header", "true")
+                     .option("checkpointLocation", str(tmp_path / f"{name}-checkpoint")).trigger(availableNow=True)
+                     .start(str(tmp_path / f"{name}-out")))
+            assert query.awaitTermination(240) and query.exception() is None, query.exception()
+            progress.setdefault(name, []).extend(
+                (p.batchId, p.numInputRows, p.sink.numOutputRows) for p in query.recentProgress)
+    for name in ("spark", "microbatch"):
+        reader = connect_spark.read.format(sink_format).option("header", "true")
+        written[name] = sorted(tuple(r) for r in reader.load(str(tmp_path / f"{name}-out")).collect())
+    assert progress["microbatch"] == progress["spark"]
+    assert written["microbatch"] == written["spark"] and len(written["spark"]) == 4
+
+
 def test_rate_source_into_foreach_batch(css, tmp_path):
     seen: dict[int, list] = {}
     query = (css.readStream.format("rate").option("rowsPerSecond", 10).load()

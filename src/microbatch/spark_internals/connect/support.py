@@ -5,7 +5,7 @@ from typing import NoReturn
 
 #: what a Connect session runs, in the words of the refusal
 WHAT_RUNS = (
-    "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files), rate, kafka, "
+    "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files; orc and text too), rate, kafka, "
     "delta (by path) and iceberg; "
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
     "union, joins with a static DataFrame, mapInPandas/mapInArrow, "
@@ -15,12 +15,12 @@ WHAT_RUNS = (
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
-    "the sinks foreachBatch, the parquet file sink, kafka, delta (by path), iceberg, memory, console, noop and foreach")
+    "the sinks foreachBatch, the parquet file sink (json, csv, orc and text too), kafka, delta (by path), iceberg, memory, console, noop and foreach")
 
 #: source formats that run over Connect
-SOURCES = frozenset({"parquet", "json", "csv", "rate", "kafka", "delta", "iceberg"})
+SOURCES = frozenset({"parquet", "json", "csv", "orc", "text", "rate", "kafka", "delta", "iceberg"})
 #: sink formats that run over Connect
-SINKS = frozenset({"parquet", "foreachbatch", "kafka", "delta", "iceberg", "memory", "console", "noop", "foreach"})
+SINKS = frozenset({"parquet", "json", "csv", "orc", "text", "foreachbatch", "kafka", "delta", "iceberg", "memory", "console", "noop", "foreach"})
 #: DataFrame methods (a ``Transform`` step) that run over Connect
 STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "withColumns",
                    "withColumnRenamed", "withColumnsRenamed", "drop", "alias", "toDF"})
