@@ -296,3 +296,53 @@ def test_a_real_time_query_into_foreach_gives_the_micro_batch_rows(ss, broker, t
         .trigger(availableNow=True).start()
     batch.awaitTermination(120)
     assert rows(rt) == rows(mb) and sum(rows(mb).values()) == 80
+
+
+def _shown_rows(printed: str) -> dict[int, collections.Counter]:
+    """The rows the console sink printed, by batch: each table line but the header."""
+    batches: dict[int, collections.Counter] = {}
+    batch = None
+    for line in printed.splitlines():
+        if line.startswith("Batch: "):
+            batch = int(line.split()[1])
+            batches[batch] = collections.Counter()
+            header = True
+        elif batch is not None and line.startswith("|"):
+            if header:
+                header = False
+                continue
+            batches[batch][line] += 1
+    return batches
+
+
+def test_a_real_time_query_into_the_console_shows_the_micro_batch_rows(ss, broker, tmp_path, short_batches, capfd):
+    """Spark's real-time mode writes to the console too: a batch's rows are shown when the
+    batch ends, as the console sink shows a micro-batch's."""
+    source = "rt-console"
+    broker.create_topic(source, 2)
+    _produce(broker, source, 0, 60, 2)
+
+    def frame():
+        e = F.from_json(F.col("value").cast("string"), EVENT).alias("e")
+        return _reader(ss, broker, source).select(e, "partition", "offset").where("e.kind <> 'wire'") \
+            .select("e.*", "partition", "offset")
+
+    def writer(frame_, checkpoint):
+        return frame_.writeStream.format("console").option("numRows", 1000).option("truncate", False) \
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+    capfd.readouterr()
+    query = writer(frame(), "rt").outputMode("update").trigger(realTime="1 second").start()
+    try:
+        wait_for(lambda: sum(p.numInputRows for p in query.recentProgress) >= 60, 60, "every record in a batch")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    real_time = _shown_rows(capfd.readouterr().out)
+    progress = {p.batchId: p.sink.numOutputRows for p in query.recentProgress}
+    assert all(sum(real_time[b].values()) == n for b, n in progress.items()), (real_time, progress)
+    batch = writer(frame(), "mb").trigger(availableNow=True).start()
+    batch.awaitTermination(120)
+    assert batch.exception() is None
+    micro_batch = _shown_rows(capfd.readouterr().out)
+    shown = sum(real_time.values(), collections.Counter())
+    assert shown == sum(micro_batch.values(), collections.Counter()) and sum(shown.values()) == 40

@@ -35,7 +35,8 @@ END_CHECK_S = 0.1
 #: latencies a task keeps for the batch's percentiles (a uniform sample beyond that)
 LATENCY_SAMPLE = 20_000
 #: the schema of a task's answer
-RESULT_SCHEMA = "task INT, offsets STRING, rows_in LONG, rows_out LONG, skipped LONG, latencies STRING"
+RESULT_SCHEMA = ("task INT, offsets STRING, rows_in LONG, rows_out LONG, skipped LONG, latencies STRING, "
+                 "rows BINARY")
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,14 @@ class _RealTimeTask:
         # the exactly-once sink's ids, kafka.sink.RealTimeWrite)
         skip, past = self.write.written_before()
         outputs = self._outputs(positions, counts, latencies, seen, past)
-        written, skipped = self.write(outputs, skip)
+        # (a sink that shows the batch's rows at its end, the console's, answers them too)
+        written, skipped, *rows = self.write(outputs, skip)
         reached = {f"{t}:{p}": offset for (t, p), offset in positions.items()}
         return pa.RecordBatch.from_pydict({
             "task": pa.array([task], pa.int32()), "offsets": [json.dumps(reached)],
             "rows_in": pa.array([counts["in"]], pa.int64()), "rows_out": pa.array([written], pa.int64()),
-            "skipped": pa.array([skipped], pa.int64()), "latencies": [json.dumps(latencies)]})
+            "skipped": pa.array([skipped], pa.int64()), "latencies": [json.dumps(latencies)],
+            "rows": pa.array(rows[:1] or [None], pa.binary())})
 
     def _outputs(self, positions: dict, counts: dict, latencies: dict, seen: list,
                  past: dict) -> Iterator[pa.RecordBatch]:

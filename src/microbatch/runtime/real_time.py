@@ -29,7 +29,7 @@ records again (at least once, as Spark's), or skips the ones it has with the Kaf
 sink's ``microbatch.exactlyOnce``.
 
 ``check_real_time_query`` holds Spark's rules for the mode, checked at start: the Kafka
-source only, the sinks of Spark's allowlist that write row by row (here Kafka and foreach), Update
+source only, the sinks of Spark's allowlist (Kafka, foreach, console: its rows shown at the batch's end), Update
 output mode, no stateful operator, no asynchronous progress tracking, a duration of at
 least ``spark.sql.streaming.realTimeMode.minBatchDuration``; and microbatch's: steps its
 tasks evaluate (``plan.arrow_steps.NotEvaluable`` named).
@@ -109,11 +109,7 @@ def check_real_time_query(spark: Any, trigger: Any, plan: Any, sink_format: str,
             f"microbatch's real-time mode runs stateless queries: {stateful[0].describe()} is a stateful "
             "operator (Spark 4.3's real-time aggregations and deduplication are not in microbatch yet). "
             "Use a processingTime trigger.")
-    if fmt not in ("kafka", "foreach"):
-        raise UnsupportedOperationError(
-            f"microbatch's real-time mode writes to the Kafka and foreach sinks; the {sink_format} sink, which "
-            "Spark's real-time mode allows, is not in microbatch's yet. Write to Kafka or foreach, or use a "
-            "processingTime trigger.")
+
     if len(relations) != 1:
         raise UnsupportedOperationError(
             "microbatch's real-time mode reads one Kafka source a query (a union of sources, which Spark's "
@@ -245,6 +241,7 @@ class RealTimeExecution(MicroBatchExecution):
                 task = read.task(self._steps, write, deadline_ms, (self.fs.spec(), self._end_marker))
                 tasks = len(read.groups)
                 results = spark.range(0, tasks, 1, tasks).mapInArrow(task, read.result_schema).collect()
+                self.sink.real_time_batch_ended(batch_id, [r["rows"] for r in results])
                 crash_points.reached("sink-added")
             end = read.end_offset([json.loads(r["offsets"]) for r in results])
             self.available_offsets = {0: end}

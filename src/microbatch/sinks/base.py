@@ -62,8 +62,14 @@ class Sink(ABC):
         wrote (skipped) and, per input partition, the offset to read past before the batch
         may end; with ``write.wants_positions`` each batch carries its rows' input positions
         in a last column (``kafka.sink.SOURCE_POSITION``). None: the sink does not write row
-        by row (Spark's allowlist refuses it)."""
+        by row (Spark's allowlist refuses it). A sink that shows a batch's rows at its end
+        (the console) answers a third item, the rows as Arrow IPC bytes, which the driver
+        hands to ``real_time_batch_ended``."""
         return None
+
+    def real_time_batch_ended(self, batch_id: int, answered: list) -> None:  # noqa: B027 - a hook
+        """Real-time mode: the batch's tasks ended; ``answered``: each task's rows (Arrow IPC
+        bytes, or None), for a sink whose writer answers them (``real_time_writer``)."""
 
     def stop(self) -> None:  # noqa: B027 - a hook: most sinks hold nothing to release
         pass
