@@ -258,6 +258,69 @@ def test_other_file_formats_in_and_out_match_sparks_engine(css, connect_spark, t
     assert written["microbatch"] == written["spark"] and len(written["spark"]) == 4
 
 
+def _counted_files_source():
+    """A Python data source streaming the json files of a directory, a file an offset
+    (defined in a function: its classes pickle by value to the server's workers)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class FilePartition(InputPartition):
+        def __init__(self, index):
+            self.index = index
+
+    class FilesReader(DataSourceStreamReader):
+        def __init__(self, path):
+            self.path = path
+
+        def _files(self):
+            return sorted(n for n in os.listdir(self.path) if n.endswith(".json"))
+
+        def initialOffset(self):  # noqa: N802 - PySpark's names
+            return {"files": 0}
+
+        def latestOffset(self, start=None, limit=None):  # noqa: N802
+            return {"files": len(self._files())}
+
+        def partitions(self, start, end):
+            return [FilePartition(i) for i in range(start["files"], end["files"])]
+
+        def read(self, partition):
+            with open(os.path.join(self.path, self._files()[partition.index])) as f:
+                for line in f:
+                    record = json.loads(line)
+                    yield (record["k"], record["v"])
+
+    class CountedFiles(DataSource):
+        @classmethod
+        def name(cls):
+            return "counted_files"
+
+        def schema(self):
+            return "k STRING, v BIGINT"
+
+        def streamReader(self, schema):  # noqa: N802
+            return FilesReader(self.options["path"])
+
+    return CountedFiles
+
+
+def test_a_python_data_source_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    """A Python data source registered through the StreamingSession (on the server too, for
+    Spark's engine): read by microbatch in the client and in mapInArrow tasks, batch by batch
+    as Spark's engine reads it on the server."""
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    css.dataSource.register(_counted_files_source())
+
+    def add_files(run):
+        _write_json(source, f"f{run}", _rows(run * 10, 5))
+
+    def build(reader):
+        return reader.format("counted_files").option("path", str(source)).load().where(F.col("v") % 2 == 0)
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path)
+    assert len(batches) == 2 and all(batches.values())
+
+
 def test_rate_source_into_foreach_batch(css, tmp_path):
     seen: dict[int, list] = {}
     query = (css.readStream.format("rate").option("rowsPerSecond", 10).load()

@@ -107,6 +107,13 @@ class StreamingSession:
         return getattr(self.spark, name)
 
     @property
+    def dataSource(self):
+        """PySpark's ``spark.dataSource``: ``register(cls)`` makes a Python data source's
+        name a format for ``readStream`` (over Spark Connect, registered here as well as on
+        the server, where a client cannot read the class back)."""
+        return spark_internals.data_source_registration(self.spark)
+
+    @property
     def read(self):
         """Spark's batch reader, plus ``format("statestore")`` to read a query's state."""
         from microbatch.api.state_reader import SessionReader

@@ -156,7 +156,8 @@ def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode
     support = spark_internals.connect_refusal
     for node in plan.nodes():
         if isinstance(node, StreamingRelation):
-            if node.source_name.lower() not in _CONNECT_SOURCES:
+            if node.source_name.lower() not in _CONNECT_SOURCES and not (
+                    node.provider is not None and node.provider.runs_over_connect):
                 raise support(f"The source {node.source_name!r}")
         elif isinstance(node, Transform):
             if type(node) is not Transform or node.method not in _CONNECT_STEPS:

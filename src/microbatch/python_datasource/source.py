@@ -168,6 +168,8 @@ class PythonDataSourceStream(Source):
 class PythonDataSourceProvider(SourceProvider):
     """Found when no built-in source has the name and a Python data source does."""
 
+    runs_over_connect = True   # (its reader runs in the client, its partitions in mapInArrow)
+
     def __init__(self, name: str, data_source_class: type):
         self.short_name = name
         self.data_source_class = data_source_class

@@ -212,6 +212,8 @@ class SourceProvider(ABC):
     #: whether Spark's optimizer reuses the exchange of a stream read in two places, and so
     #: its ``numInputRows`` (``runtime.engine_scans``)
     spark_v1_source: bool = False
+    #: runs over Spark Connect whatever its name (``plan.checks.check_runs_over_connect``)
+    runs_over_connect: bool = False
 
     @abstractmethod
     def resolve_schema(self, spark: SparkSession, options: CaseInsensitiveOptions,

@@ -148,6 +148,8 @@ set_local_property = _by_kind(_session.set_local_property, _refused("A kept batc
 # catalog: a Connect client asks the catalog API; the session catalog's tables (their
 # location and provider, which that API does not give) stay on a classic session
 temp_view_exists = _by_kind(temp_view_exists, _c_session.temp_view_exists)
+python_data_source = _by_kind(python_data_source, _c_session.python_data_source)
+data_source_registration = _by_kind(lambda spark: spark.dataSource, _c_session.data_source_registration)
 catalog_table = _by_kind(catalog_table, _refused("A table of Spark's session catalog (toTable, readStream.table)"))
 managed_table_location = _by_kind(managed_table_location,
                                   _refused("A table of Spark's session catalog (toTable, readStream.table)"))
@@ -271,5 +273,5 @@ __all__ += [
     "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
     "static_conf", "empty_stream_stand_in", "engine_file_scans", "engine_join_event_times", "streaming_file_stand_in",
-    "outer_joins_eliminated", "outer_joins_narrowed", "in_session",
+    "outer_joins_eliminated", "outer_joins_narrowed", "in_session", "data_source_registration",
 ]

@@ -122,3 +122,30 @@ def temp_view_exists(spark: Any, name: str) -> bool:
         return bool(spark.catalog.getTable(name).isTemporary)
     except AnalysisException:
         return False
+
+
+#: the Python data source classes registered through a StreamingSession over Connect, by
+#: lower-case name: the server keeps them pickled where no client API reads them back
+_PYTHON_DATA_SOURCES: dict[str, type] = {}
+
+
+class DataSourceRegistration:
+    """``StreamingSession.dataSource`` over Connect: PySpark's registration (the server
+    gets the class, for Spark's batch reads), the class kept here for microbatch's streams."""
+
+    def __init__(self, spark: Any):
+        self._spark = spark
+
+    def register(self, dataSource: type) -> None:  # noqa: N803 - PySpark's argument name
+        self._spark.dataSource.register(dataSource)
+        _PYTHON_DATA_SOURCES[dataSource.name().lower()] = dataSource
+
+
+def data_source_registration(spark: Any) -> DataSourceRegistration:
+    return DataSourceRegistration(spark)
+
+
+def python_data_source(spark: Any, name: str) -> type | None:
+    """A Python data source class registered through a StreamingSession (``dataSource``),
+    or None."""
+    return _PYTHON_DATA_SOURCES.get(name.lower())

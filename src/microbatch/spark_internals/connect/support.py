@@ -6,7 +6,7 @@ from typing import NoReturn
 #: what a Connect session runs, in the words of the refusal
 WHAT_RUNS = (
     "over Spark Connect microbatch runs so far: the sources parquet, json and csv (files; orc and text too), rate, kafka, "
-    "delta (by path) and iceberg; "
+    "delta (by path), iceberg and Python data sources registered with StreamingSession.dataSource.register; "
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
     "union, joins with a static DataFrame, mapInPandas/mapInArrow, "
     "groupBy(window(...) or session_window(...) and columns) with count, sum, min, max, avg, max_by, "
