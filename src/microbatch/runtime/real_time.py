@@ -109,7 +109,6 @@ def check_real_time_query(spark: Any, trigger: Any, plan: Any, sink_format: str,
             f"microbatch's real-time mode runs stateless queries: {stateful[0].describe()} is a stateful "
             "operator (Spark 4.3's real-time aggregations and deduplication are not in microbatch yet). "
             "Use a processingTime trigger.")
-
     if len(relations) != 1:
         raise UnsupportedOperationError(
             "microbatch's real-time mode reads one Kafka source a query (a union of sources, which Spark's "

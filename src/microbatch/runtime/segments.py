@@ -373,8 +373,8 @@ def _hidden_columns_exposed_for(node: PlanNode, empty_inputs, spark) -> tuple | 
         if all(r is None for r in relations):
             return None
         analyzed = spark_internals.analyzed_plan(children_replaced(node, [Placeholder(stand_in)]).build({}))
-    except AnalysisException:    # (the first batch says so: hidden_column_not_carried)
-        return None
+    except Exception:   # noqa: BLE001 - a probe: where the operator's template cannot be built over
+        return None         # the stand-in, none is exposed, and its first batch says why (hidden_column_not_carried)
     read = iter(spark_internals.hidden_columns_read(
         analyzed, [spark_internals.analyzed_plan(r) for r in relations if r is not None]))
     sides = [name for name, relation in zip(names, relations) if relation is not None and next(read)]
