@@ -95,7 +95,7 @@ test-nexmark: test-setup
 # A Spark Connect client (no JVM in the test process) against a Connect server started in
 # its own process: what runs over Connect, compared with Spark's engine on the same server
 test-connect: test-setup
-	$(WITH_CLASSES) $(PYTEST_BY_TEST) -m connect
+	$(WITH_CLASSES) $(PYTEST_BY_TEST) -m "connect and not extended"
 
 # Real processes killed with SIGKILL at every step of the batch protocol, with files and Kafka;
 # S3, the broker and the disk failing under queries (docs/faults.md)

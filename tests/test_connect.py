@@ -22,7 +22,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor
 
-from helpers import wait_for
+from helpers import ci_share, wait_for
 
 # the processor below runs in the server's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -221,7 +221,7 @@ def test_stateless_query_into_the_parquet_file_sink(css, connect_spark, tmp_path
     assert written == [(v, 2 * v) for v in [1, 2, 3, 10, 11, 12, 13]]
 
 
-@pytest.mark.parametrize("source_format, sink_format", [("text", "json"), ("orc", "csv")])
+@pytest.mark.parametrize("source_format, sink_format", ci_share([("text", "json"), ("orc", "csv")]))
 def test_other_file_formats_in_and_out_match_sparks_engine(css, connect_spark, tmp_path, source_format, sink_format):
     """The text and orc sources and the json and csv file sinks: the files each engine's
     sink wrote (read back) and each batch's progress alike, across a restart."""
@@ -422,6 +422,20 @@ def test_union_static_join_and_map_in_pandas_match_sparks_engine_across_a_restar
     assert {r[3] for rows_ in batches.values() for r in rows_} == {"zero", "one", None}
 
 
+def _window_counts(source: Path):
+    """Three parquet files in ``source``, and the query over them: a count and a sum per
+    10-second window, 5 seconds of watermark."""
+    for i, first in enumerate((0, 12, 30)):
+        _write_parquet(source, f"f{i}", _rows(first, 12))
+
+    def build(reader):
+        from pyspark.sql import functions as F
+        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
+        return frame.withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds")).agg(
+            F.count(F.lit(1)).alias("n"), F.sum("v").alias("total"))
+    return build
+
+
 def _run_into(session, fmt: str, build, checkpoint: Path) -> list[tuple]:
     """One availableNow run into the sink ``fmt`` (query name ``counts``): per batch its
     input rows, output rows, state rows and watermark."""
@@ -432,20 +446,12 @@ def _run_into(session, fmt: str, build, checkpoint: Path) -> list[tuple]:
     return [(p.batchId, p.sink.numOutputRows) + _progress(p) for p in query.recentProgress]
 
 
-@pytest.mark.parametrize("fmt", ["memory", "console", "noop"])
+@pytest.mark.parametrize("fmt", ci_share(["memory", "noop", "console"]))
 def test_memory_console_and_noop_sinks_match_sparks_engine(css, connect_spark, tmp_path, fmt, capfd):
     """A windowed count into each sink on both engines over the same server: each batch's
     input, output and state rows and watermark alike; the memory sink's table has Spark's
     rows, and the console sink prints each batch as Spark's does."""
-    from pyspark.sql import functions as F
-    source = tmp_path / "in"
-    for i, first in enumerate((0, 12, 30)):
-        _write_parquet(source, f"f{i}", _rows(first, 12))
-
-    def build(reader):
-        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
-        return frame.withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds")).agg(
-            F.count(F.lit(1)).alias("n"), F.sum("v").alias("total"))
+    build = _window_counts(tmp_path / "in")
 
     theirs = _run_into(connect_spark, fmt, build, tmp_path / "spark")
     their_table = None
@@ -489,15 +495,7 @@ class _RowsToFiles:
 def test_foreach_sink_matches_sparks_engine(css, connect_spark, tmp_path):
     """A windowed count into a foreach writer on both engines: each batch's rows, as the
     writer got them, and each batch's progress alike."""
-    from pyspark.sql import functions as F
-    source = tmp_path / "in"
-    for i, first in enumerate((0, 12, 30)):
-        _write_parquet(source, f"f{i}", _rows(first, 12))
-
-    def build(reader):
-        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source))
-        return frame.withWatermark("ts", "5 seconds").groupBy(F.window("ts", "10 seconds")).agg(
-            F.count(F.lit(1)).alias("n"), F.sum("v").alias("total"))
+    build = _window_counts(tmp_path / "in")
 
     written, progress = {}, {}
     for name, session in (("spark", connect_spark), ("microbatch", css)):

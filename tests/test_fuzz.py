@@ -1,6 +1,6 @@
 """The differential query fuzzer (microbatch.testing.fuzz): generated queries on Spark's
 engine and on microbatch, batch by batch, for a bounded time (MICROBATCH_FUZZ_SECONDS,
-default 270: seeds 1, 2, ... in order, so a run is reproducible); and the fuzzer finds
+default 180: seeds 1, 2, ... in order, so a run is reproducible); and the fuzzer finds
 each bug planted in microbatch by its test-only hooks (microbatch.testing.plants)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from microbatch.testing import fuzz
 
-SECONDS = float(os.environ.get("MICROBATCH_FUZZ_SECONDS", "220"))
+SECONDS = float(os.environ.get("MICROBATCH_FUZZ_SECONDS", "180"))
 
 
 @pytest.mark.timeout(SECONDS + 300)
