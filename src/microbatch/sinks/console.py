@@ -31,6 +31,8 @@ class ConsoleSink(Sink):
         self.query_name = query_name
         self.live = is_terminal() if live is None else live
         self._live_key = f"console sink {id(self)}"
+        #: real-time mode: the session and schema the batch's answered rows are shown with
+        self._real_time_output: tuple | None = None
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         # As Spark's console sink: every row comes to the driver (and is counted), the first
