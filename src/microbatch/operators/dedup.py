@@ -121,6 +121,16 @@ class Deduplicate(StatefulNode):
         does."""
         return Apply(self.child, lambda df: df.limit(2147483647), "deduplication")
 
+    def pruning_stand_in(self) -> PlanNode:
+        """The limit, over a repartition by the keys: Spark's streaming Deduplicate reads
+        its keys, which a limit does not (a join below would find them pruned); within a
+        watermark, its event time too."""
+        keys = list(self.keys) + ([self.event_time()[0]] if self.within_watermark and self.event_time() else [])
+
+        def stand_in(df: DataFrame) -> DataFrame:
+            return df.repartition(*[F.col(quoted(k)) for k in keys or df.columns]).limit(2147483647)
+        return Apply(self.child, stand_in, "deduplication")
+
     def build(self, inputs):
         df = self.child.build(inputs)
         if self.within_watermark:

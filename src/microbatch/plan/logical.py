@@ -522,6 +522,13 @@ class StatefulNode(PlanNode):
         does not, as ``dropDuplicatesWithinWatermark``)."""
         return self
 
+    def pruning_stand_in(self) -> "PlanNode":
+        """What stands for it in the batch plans whose optimizer says which columns Spark
+        prunes from an operator's input (``joins_times_pruned``): its
+        ``scan_filter_stand_in``, which must read every column Spark's streaming operator
+        reads (its keys)."""
+        return self.scan_filter_stand_in()
+
     def watermark_column(self) -> str | None:
         """The event-time column of a watermark below this node, if the node uses it."""
         return None

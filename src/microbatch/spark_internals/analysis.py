@@ -544,32 +544,51 @@ def pruned_from_joins(df: Any, columns: list[tuple[Any, str]]) -> list[bool]:
     a column of it): whether Spark's optimizer prunes the column from that join's input in
     ``df``'s optimized plan (ColumnPruning: nothing above the join reads it, nor the join's
     condition). A streaming join exec sees only its inputs' columns, so a side's event time
-    pruned is one it has not: it drops no late rows and evicts no state by it. False when
-    the column is not an input of a join in ``df``'s analysed plan (a side Spark's analysis
-    gave new attributes, as the right side of a self-join). Never a column the join's
-    condition reads: a left semi join Spark pushes below a projection that renames the
-    column (PushDownLeftSemiAntiJoin) reads it there under its old attribute."""
-    def join_inputs(plan: Any) -> tuple[set[int], set[int]]:
-        found, read, pending = set(), set(), [plan]
+    pruned is one it has not: it drops no late rows and evicts no state by it. The side is
+    found in ``df``'s analysed plan as the one join input with its column names (Spark's
+    analysis gives new attributes to a side that reads a relation the other side reads);
+    False when none or several are, and the side's own attribute is no join's input, and
+    when a join's input in the
+    optimized plan has a column of that name: the optimizer gives some columns back their
+    first attribute (RemoveRedundantAliases: ``toDF``'s ``maxn AS maxn`` is ``maxn`` of
+    the relation), so an attribute missing there may still be read. Never a column the
+    join's condition reads: a left semi join Spark pushes below a projection that renames
+    the column (PushDownLeftSemiAntiJoin) reads it there under its old attribute."""
+    def join_inputs(plan: Any) -> tuple[set[int], set[int], set[str], list[list]]:
+        found, read, names, inputs, pending = set(), set(), set(), [], [plan]
         while pending:
             node = pending.pop()
             children = _scala_list(node.children())
             if node.getClass().getSimpleName() == "Join":
                 for child in children:
-                    found.update(a.exprId().id() for a in _scala_list(child.output()))
+                    inputs.append(_scala_list(child.output()))
+                    for a in inputs[-1]:
+                        found.add(a.exprId().id())
+                        names.add(a.name().lower())
                 if node.condition().isDefined():
                     read.update(a.exprId().id() for a in _attribute_references(node.condition().get()))
             pending.extend(children)
-        return found, read
+        return found, read, names, inputs
+
+    def side_output(side: Any) -> list:
+        """The side's columns as the whole plan's analysis has them: the one join input of
+        the side's column names (Spark's analysis gives a side that reads a relation the
+        other side reads new attributes), else the side's own."""
+        output = _scala_list(analyzed_plan(side).output())
+        names = [a.name().lower() for a in output]
+        matching = [i for i in inputs if [a.name().lower() for a in i] == names]
+        return matching[0] if len(matching) == 1 else output
 
     execution = df._jdf.queryExecution()
-    (analyzed, read), (optimized, _) = join_inputs(execution.analyzed()), join_inputs(execution.optimizedPlan())
+    (analyzed, read, _, inputs), (optimized, _, optimized_names, _) = (join_inputs(execution.analyzed()),
+                                                                       join_inputs(execution.optimizedPlan()))
     pruned = []
     for side, name in columns:
-        output = _scala_list(analyzed_plan(side).output())
+        output = side_output(side)
         attribute = next((a for a in output if a.name().lower() == name.lower()), None)
         ids = None if attribute is None else attribute.exprId().id()
-        pruned.append(ids is not None and ids in analyzed and ids not in optimized and ids not in read)
+        pruned.append(ids is not None and ids in analyzed and ids not in optimized and ids not in read
+                      and name.lower() not in optimized_names)
     return pruned
 
 

@@ -57,10 +57,11 @@ class StreamJoin(StatefulNode):
     #: per side: whether Spark's optimizer prunes its event time from the join's input
     #: (``joins_times_pruned``), so that Spark's join exec sees no event time on it
     times_pruned: tuple = (False, False)
-    #: a left semi join's right-side columns Spark's optimizer prunes from its input
-    #: (``joins_times_pruned``: its condition does not read them, and nothing above can):
-    #: its state rows hold the others only, as Spark's do
-    right_pruned: tuple = ()
+    #: per side, the columns Spark's optimizer prunes from the join's input
+    #: (``joins_times_pruned``: neither its condition nor a step above reads them; of a
+    #: left semi join's right side, nothing above can): its state rows hold the others
+    #: only, as Spark's do
+    pruned: tuple = ((), ())
     #: the condition's parts beside its keys and time comparisons (``a.num >= b.maxn``): per
     #: side, as SQL text over its columns, those reading that side only; Spark's join exec
     #: filters the side's new rows by them (a row failing them is never stored, and comes
@@ -399,13 +400,14 @@ class _SideRead(PlanNode):
 def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:
     """A rewrite the planner makes once per run: each stream-stream join with the sides
     whose event time Spark's optimizer prunes from the join's input (``times_pruned``),
-    and each left semi join with the right-side columns it prunes (``right_pruned``),
-    read from the query built as a batch (each stateful node what stands for it in Spark's
-    optimizer, ``scan_filter_stand_in``): a side's watermarked column that nothing above
-    the join reads, nor its condition, never reaches Spark's join exec, which then drops
-    no late row of that side (``exec_event_time``)."""
-    joins = [n for n in plan.nodes() if isinstance(n, StreamJoin)
-             and (any(n.engine_times or n.side_times) or n.how == "semi")]
+    and with each side's columns it prunes (``pruned``), read from the query built as a
+    batch (each stateful node what stands for it in Spark's optimizer,
+    ``scan_filter_stand_in``): a side's watermarked column that nothing above the join
+    reads, nor its condition, never reaches Spark's join exec, which then drops no late
+    row of that side (``exec_event_time``); nor does any column nothing reads, which
+    Spark's join state then does not hold. A column whose name a side has twice is never
+    counted pruned (its name does not say which)."""
+    joins = [n for n in plan.nodes() if isinstance(n, StreamJoin)]
     if not joins:
         return plan
     reads: dict[StreamJoin, tuple[_SideRead, _SideRead]] = {}
@@ -416,30 +418,29 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
             reads[node] = (_SideRead(children[0]), _SideRead(children[1]))
             children = list(reads[node])
         node = children_replaced(node, children)
-        return node.scan_filter_stand_in() if node.stateful else node
+        return node.pruning_stand_in() if node.stateful else node
 
     asked = [(join, side) for join in joins for side in (0, 1)
              if join.engine_event_time(side) is not None and not join.condition_reads(side, join.engine_event_time(side))]
-    semis = [join for join in joins if join.how == "semi"]
-    if not asked and not semis:   # (a column the join's condition reads stays in its input)
-        return plan
     try:
         whole = batch_plan(plan).build(empty_inputs)
-        right_columns = {join: reads[join][1].df.columns for join in semis}
+        columns = {(join, side): _once_named(reads[join][side].df.columns) for join in joins for side in (0, 1)}
         pruned = spark_internals.pruned_from_joins(
             whole, [(reads[join][side].df, join.engine_event_time(side)) for join, side in asked]
-            + [(reads[join][1].df, name) for join in semis for name in right_columns[join]])
+            + [(reads[join][side].df, name) for (join, side), names in columns.items() for name in names])
     except Exception:  # a plan that does not build as a batch: the joins stay as they are
-        log.debug("No pruned event times read for the joins of %s", plan.describe(), exc_info=True)
+        log.debug("No pruned columns read for the joins of %s", plan.describe(), exc_info=True)
         return plan
     found: dict[StreamJoin, list[bool]] = {}
     for (join, side), gone in zip(asked, pruned):
         found.setdefault(join, [False, False])[side] = gone
     found = {j: f for j, f in found.items() if any(f)}
-    gone_right = iter(pruned[len(asked):])
-    right_found = {join: names for join in semis
-                   if (names := tuple(n for n in right_columns[join] if next(gone_right)))}
-    if not found and not right_found:
+    gone = iter(pruned[len(asked):])
+    side_found: dict[StreamJoin, list[tuple]] = {}
+    for (join, side), names in columns.items():
+        side_found.setdefault(join, [(), ()])[side] = tuple(n for n in names if next(gone))
+    side_found = {j: f for j, f in side_found.items() if any(f)}
+    if not found and not side_found:
         return plan
 
     def with_pruned(node: PlanNode) -> PlanNode:
@@ -447,11 +448,17 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
         if node in found:
             log.debug("Join %s: Spark's optimizer prunes the event time of sides %s", node.describe(), found[node])
             replaced = dataclasses.replace(replaced, times_pruned=tuple(found[node]))
-        if node in right_found:
-            log.debug("Join %s: Spark's optimizer prunes %s from its right side", node.describe(), right_found[node])
-            replaced = dataclasses.replace(replaced, right_pruned=right_found[node])
+        if node in side_found:
+            log.debug("Join %s: Spark's optimizer prunes %s from its sides", node.describe(), side_found[node])
+            replaced = dataclasses.replace(replaced, pruned=tuple(side_found[node]))
         return replaced
     return with_pruned(plan)
+
+
+def _once_named(names: list[str]) -> list[str]:
+    """The names a side's columns have once (case-insensitively)."""
+    lowered = [n.lower() for n in names]
+    return [n for n in names if lowered.count(n.lower()) == 1]
 
 
 def outer_joins_eliminated(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) -> PlanNode:

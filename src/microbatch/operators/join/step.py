@@ -395,23 +395,27 @@ class JoinStep(StatefulStep):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         node = self.node
-        #: the right-side columns a left semi join's state rows leave out, as Spark's
-        #: (``StreamJoin.right_pruned``); none for state an earlier microbatch wrote with
-        #: them (``stored_schema_check``), nor where the condition reads one (Spark's
-        #: optimizer and microbatch would disagree: nothing is pruned then)
-        pruned = frozenset(n.lower() for n in node.right_pruned) if node.how == "semi" else frozenset()
-        names = [n.lower() for n in node.side_columns[1]]
-        read = {a.index for _, *terms in node.comparisons for a in terms if a.side == 1}
-        read |= {index for tree in node.pair_conditions for side, index in _columns_read(tree) if side == 1}
-        if any(i is None or i >= len(names) or names[i] in pruned for i in read):
-            pruned = frozenset()
-        self.right_pruned = pruned
-        self._unpruned_right: StructType | None = None
+        #: per side, the columns its state rows leave out, as Spark's (``StreamJoin.pruned``);
+        #: none for state an earlier microbatch wrote with them (``stored_schema_check``),
+        #: nor on a side where the condition reads one (Spark's optimizer and microbatch
+        #: would disagree: nothing is pruned there then)
+        pruned = []
+        for side in (0, 1):
+            gone = frozenset(n.lower() for n in node.pruned[side])
+            names = [n.lower() for n in node.side_columns[side]]
+            read = {a.index for _, *terms in node.comparisons for a in terms if a.side == side}
+            read |= {index for tree in node.pair_conditions for s, index in _columns_read(tree) if s == side}
+            read_names = {k.lower() for k in (node.keys, node.right_keys or node.keys)[side]}
+            if any(i is None or i >= len(names) or names[i] in gone for i in read) or gone & read_names:
+                gone = frozenset()
+            pruned.append(gone)
+        self.pruned: tuple[frozenset, frozenset] = tuple(pruned)
+        self._unpruned: tuple[StructType, StructType] | None = None
 
     def build(self, inputs: list[DataFrame], batch: OperatorBatch) -> DataFrame:
         node = self.node
         left, right = inputs
-        shape = self.cached("shape", lambda: _join_shape(node, left, right, self.right_pruned))
+        shape = self.cached("shape", lambda: _join_shape(node, left, right, self.pruned))
         # (test-only: a planted bug, microbatch.planted_bugs, that never evicts join state)
         eviction_ms = 0 if self.cached("no-evict", lambda: planted(left.sparkSession, "join-no-evict")) \
             else batch.eviction_ms
@@ -453,20 +457,27 @@ class JoinStep(StatefulStep):
         left, right = input_schemas
         by_name = {f.name.lower(): f for f in left.fields}
         key = StructType([by_name[k.lower()] for k in self.node.keys])
-        self._unpruned_right = right
-        kept = StructType([f for f in right.fields if f.name.lower() not in self.right_pruned])
-        return key, StructType([StructField("left", left), StructField("right", kept)])
+        self._unpruned = (left, right)
+        return key, self._value_schema(self.pruned)
+
+    def _value_schema(self, pruned: tuple[frozenset, frozenset]) -> StructType:
+        kept = [StructType([f for f in schema.fields if f.name.lower() not in gone])
+                for schema, gone in zip(self._unpruned, pruned)]
+        return StructType([StructField("left", kept[0]), StructField("right", kept[1])])
 
     def stored_schema_check(self, stored: dict, key: StructType, value: StructType,
                             conf: Any) -> tuple[str | None, str | None]:
-        """State written before microbatch pruned a semi join's right side (every column
-        of it kept) is read and written as it was."""
-        if self.right_pruned and self._unpruned_right is not None and self.schema_difference(stored, key, value):
-            whole = StructType([value.fields[0], StructField("right", self._unpruned_right)])
-            if not self.schema_difference(stored, key, whole):
-                self.right_pruned = frozenset()
-                self._cache.pop("shape", None)
-                value = whole
+        """State written before microbatch pruned a join's sides (every column kept), or
+        before it pruned any but a left semi join's right side, is read and written as it
+        was."""
+        if any(self.pruned) and self._unpruned is not None and self.schema_difference(stored, key, value):
+            for earlier in ((frozenset(), self.pruned[1]), (frozenset(), frozenset())):
+                whole = self._value_schema(earlier)
+                if earlier != self.pruned and not self.schema_difference(stored, key, whole):
+                    self.pruned = earlier
+                    self._cache.pop("shape", None)
+                    value = whole
+                    break
         return super().stored_schema_check(stored, key, value, conf)
 
     def _document_extras(self) -> dict:
@@ -478,21 +489,25 @@ class JoinStep(StatefulStep):
         return []
 
 
-def _join_shape(node: Any, left: DataFrame, right: DataFrame, right_pruned: frozenset = frozenset()) -> dict:
+def _join_shape(node: Any, left: DataFrame, right: DataFrame,
+                pruned: tuple[frozenset, frozenset] = (frozenset(), frozenset())) -> dict:
     """What a stream-stream join's batches share: each side's tagging columns (``__side``,
-    the keys ``__k..``, the left row ``__l..``, the right row ``__r..``: of a left semi
-    join's right side, the columns not in ``right_pruned``), the task's schemas, the
-    partitioning columns and the output columns (Spark's USING or condition output)."""
+    the keys ``__k..``, the left row ``__l..``, the right row ``__r..``: a side's columns
+    not in ``pruned``), the task's schemas, the partitioning columns and the output
+    columns (Spark's USING or condition output; a pruned column null: nothing reads it)."""
     from pyspark.sql.types import StructField
-    kept = [j for j, f in enumerate(right.schema.fields) if f.name.lower() not in right_pruned]
-    if len(kept) < len(right.schema.fields):   # (a semi join's: its condition reads none of the others)
-        at = {j: p for p, j in enumerate(kept)}
-        node = dataclasses.replace(
-            node, comparisons=tuple((op, *(t if t.side != 1 else dataclasses.replace(t, index=at[t.index])
-                                            for t in terms)) for op, *terms in node.comparisons),
-            pair_conditions=tuple(_columns_renumbered(tree, 1, at) for tree in node.pair_conditions))
-        right = right.select(*[F.col(quoted(right.schema.fields[j].name)) for j in kept])
-    schemas = (left.schema, right.schema)
+    whole = (left.schema, right.schema)
+    kept = [[j for j, f in enumerate(schema.fields) if f.name.lower() not in gone]
+            for schema, gone in zip(whole, pruned)]
+    at = [{j: p for p, j in enumerate(indexes)} for indexes in kept]
+    for side in (0, 1):
+        if len(kept[side]) < len(whole[side].fields):   # (its condition reads none of the others)
+            node = dataclasses.replace(
+                node, comparisons=tuple((op, *(t if t.side != side else dataclasses.replace(t, index=at[side][t.index])
+                                                for t in terms)) for op, *terms in node.comparisons),
+                pair_conditions=tuple(_columns_renumbered(tree, side, at[side]) for tree in node.pair_conditions))
+    sides = (left, right)
+    schemas = tuple(StructType([whole[side].fields[j] for j in kept[side]]) for side in (0, 1))
     keys = list(node.keys)
     side_keys = (list(node.keys), list(node.right_keys))
     tagged = []
@@ -506,7 +521,7 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame, right_pruned: froz
             parts = node.side_conditions[side]
             columns.append((F.expr(" AND ".join(f"({p})" for p in parts)) if parts else F.lit(True)).alias("__f"))
         tagged.append(columns)
-    both = left.select(*tagged[0]).union(right.select(*tagged[1]))   # the keys' common types
+    both = sides[0].select(*tagged[0]).union(sides[1].select(*tagged[1]))   # the keys' common types
     key_fields = [both.schema[f"__k{i}"] for i in range(len(keys))]
     arrow = [[spark_internals.arrow_type(f.dataType) for f in schema.fields] for schema in schemas]
 
@@ -515,23 +530,29 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame, right_pruned: froz
         names = [n.lower() for n in schema.fieldNames()]
         return names.index(column.lower()) if column and column.lower() in names else None
 
-    left_names, right_names = schemas[0].fieldNames(), schemas[1].fieldNames()
+    left_names, right_names = whole[0].fieldNames(), whole[1].fieldNames()
+
+    def column(side: int, index: int):
+        """A side's column ``index`` (of the side's whole row) from the task's output."""
+        if index not in at[side]:   # (pruned: nothing above reads it)
+            return F.lit(None).cast(whole[side].fields[index].dataType)
+        return F.col(f"{('__l', '__r')[side]}{at[side][index]}")
 
     def named(column, name: str, side: int, index: int):
         """A side's column under its name, with its qualifier and its metadata (a time
         window's mark, which ``window_time`` above reads; the event time's watermark)."""
         qualifiers = node.side_qualifiers[side]
         qualifier = qualifiers[index] if index < len(qualifiers) else ()
-        metadata = schemas[side].fields[index].metadata or None
+        metadata = whole[side].fields[index].metadata or None
         if qualifier:
             return spark_internals.qualified_alias(column, name, qualifier, metadata)
         return column.alias(name, metadata=metadata) if metadata else column.alias(name)
 
     if not node.using:   # a condition: every column of the left, then of the right
         # (each keeps its side's qualifier, so a query above may name both sides' ``id``)
-        result = [named(F.col(f"__l{j}"), n, 0, j) for j, n in enumerate(left_names)]
+        result = [named(column(0, j), n, 0, j) for j, n in enumerate(left_names)]
         if node.how != "semi":
-            result += [named(F.col(f"__r{j}"), n, 1, j) for j, n in enumerate(right_names)]
+            result += [named(column(1, j), n, 1, j) for j, n in enumerate(right_names)]
     else:
         # Spark's USING join output: the keys (the left's; the right's in a right outer join;
         # the one that is there in a full outer join), then the other columns of each side
@@ -541,20 +562,20 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame, right_pruned: froz
 
         def key_column(k: str):
             if node.how == "right":
-                return F.col(f"__r{right_key[k.lower()]}")
+                return column(1, right_key[k.lower()])
             if node.how == "full":
-                return F.coalesce(F.col(f"__l{left_key[k.lower()]}"), F.col(f"__r{right_key[k.lower()]}"))
-            return F.col(f"__l{left_key[k.lower()]}")
+                return F.coalesce(column(0, left_key[k.lower()]), column(1, right_key[k.lower()]))
+            return column(0, left_key[k.lower()])
         def key_metadata(k: str) -> dict:   # (a full outer join's coalesce has none, as in Spark)
             if node.how == "full":
                 return {}
-            return (schemas[1].fields[right_key[k.lower()]] if node.how == "right"
-                    else schemas[0].fields[left_key[k.lower()]]).metadata
+            return (whole[1].fields[right_key[k.lower()]] if node.how == "right"
+                    else whole[0].fields[left_key[k.lower()]]).metadata
         result = [key_column(k).alias(k, metadata=key_metadata(k)) if key_metadata(k) else key_column(k).alias(k)
                   for k in keys]
-        result += [named(F.col(f"__l{j}"), n, 0, j) for j, n in enumerate(left_names) if n.lower() not in lowered]
+        result += [named(column(0, j), n, 0, j) for j, n in enumerate(left_names) if n.lower() not in lowered]
         if node.how != "semi":   # a left semi join gives the left side's columns only
-            result += [named(F.col(f"__r{j}"), n, 1, j) for j, n in enumerate(right_names)
+            result += [named(column(1, j), n, 1, j) for j, n in enumerate(right_names)
                        if n.lower() not in lowered]
     return {
         "tagged": tagged,
