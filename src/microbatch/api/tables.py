@@ -49,7 +49,13 @@ def stream_of_table(spark: Any, name: str, options: dict[str, str],
         if location is not None:
             return make_frame("delta", {**options, "path": location}, None)
     batch = spark.table(name)   # Spark's own TABLE_OR_VIEW_NOT_FOUND when there is none
+    schema = batch.schema
     table = None if temp_view else spark_internals.catalog_table(spark, name)
+    if table is not None and table.table_type != "VIEW":
+        # (resolving the table left its relation in the session's cache with the files of
+        # now, which a later spark.table(name) would read as the table: Spark's streaming
+        # read of a table leaves none)
+        spark.catalog.refreshTable(name)
     if table is None or table.table_type == "VIEW":
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1008",
                                           quoted=name)
@@ -58,7 +64,7 @@ def stream_of_table(spark: Any, name: str, options: dict[str, str],
     merged = dict(table.storage_properties)
     merged.update(options)
     merged["path"] = table.location
-    return make_frame(table.provider, merged, batch.schema)
+    return make_frame(table.provider, merged, schema)
 
 
 @dataclass(frozen=True)
