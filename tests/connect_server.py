@@ -19,6 +19,8 @@ def main() -> None:
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.python.unix.domain.socket.enabled", "true")
+             # (managed tables beside the stop file, not in the working directory)
+             .config("spark.sql.warehouse.dir", os.path.join(os.path.dirname(os.path.abspath(stop_file)), "warehouse"))
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     print("SERVER READY", flush=True)

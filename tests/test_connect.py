@@ -258,6 +258,47 @@ def test_other_file_formats_in_and_out_match_sparks_engine(css, connect_spark, t
     assert written["microbatch"] == written["spark"] and len(written["spark"]) == 4
 
 
+def test_session_catalog_tables_match_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    """``toTable`` creates a partitioned parquet table of the session catalog (with a
+    writer option) and writes each batch into it; ``readStream.table`` streams a table
+    of that catalog into the parquet sink: each engine's table (read back with
+    ``spark.table``), what its stream wrote and the progress alike, across a restart."""
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    for name in ("spark", "microbatch"):
+        connect_spark.sql(f"DROP TABLE IF EXISTS counts_{name}")
+    progress, streamed = {}, {}
+    for run in range(2):
+        _write_json(source, f"f{run}", _rows(10 * run, 5))
+        for name, session in (("spark", connect_spark), ("microbatch", css)):
+            query = (session.readStream.format("json").schema(SCHEMA_DDL).load(str(source))
+                     .where(F.col("v") % 2 == 0).withColumn("v10", F.col("v") * 10).writeStream
+                     .format("parquet").partitionBy("k").option("compression", "gzip")
+                     .option("checkpointLocation", str(tmp_path / f"{name}-checkpoint"))
+                     .trigger(availableNow=True).toTable(f"counts_{name}"))
+            assert query.awaitTermination(240) and query.exception() is None, query.exception()
+            progress.setdefault(name, []).extend(
+                (p.batchId, p.numInputRows, p.sink.numOutputRows) for p in query.recentProgress)
+            read = (session.readStream.table(f"counts_{name}").select("ts", "k", "v10").writeStream
+                    .format("parquet").option("checkpointLocation", str(tmp_path / f"{name}-read-checkpoint"))
+                    .trigger(availableNow=True).start(str(tmp_path / f"{name}-read")))
+            assert read.awaitTermination(240) and read.exception() is None, read.exception()
+            streamed.setdefault(name, []).extend(
+                (p.batchId, p.numInputRows) for p in read.recentProgress)
+    tables = {name: sorted(tuple(r) for r in connect_spark.table(f"counts_{name}").collect())
+              for name in ("spark", "microbatch")}
+    assert progress["microbatch"] == progress["spark"] and tables["microbatch"] == tables["spark"]
+    assert len(tables["spark"]) == 6 and streamed["microbatch"] == streamed["spark"]
+    read = {name: sorted(tuple(r) for r in connect_spark.read.parquet(str(tmp_path / f"{name}-read")).collect())
+            for name in ("spark", "microbatch")}
+    assert read["microbatch"] == read["spark"] and len(read["spark"]) == 6
+    described = {name: {r.col_name: r.data_type for r in connect_spark.sql(
+        f"DESCRIBE TABLE EXTENDED counts_{name}").collect()} for name in ("spark", "microbatch")}
+    assert described["microbatch"]["Provider"] == described["spark"]["Provider"] == "parquet"
+    assert sorted(f.name for f in connect_spark.table("counts_microbatch").schema.fields) == \
+        sorted(f.name for f in connect_spark.table("counts_spark").schema.fields)
+
+
 def _counted_files_source():
     """A Python data source streaming the json files of a directory, a file an offset
     (defined in a function: its classes pickle by value to the server's workers)."""
@@ -892,7 +933,7 @@ def test_an_output_mode_error_is_sparks_over_connect(css, connect_spark, tmp_pat
 
 
 # -- refused --------------------------------------------------------------------------------
-@pytest.mark.parametrize("what", ["join", "rate-micro-batch source", "a table of the session catalog"])
+@pytest.mark.parametrize("what", ["join", "rate-micro-batch source"])
 def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_path, what):
     from microbatch.errors import UnsupportedOperationError
     source = tmp_path / "in"
@@ -902,12 +943,9 @@ def test_what_does_not_run_over_connect_is_refused_naming_what_runs(css, tmp_pat
         if what == "join":
             other = css.readStream.format("parquet").load(str(source)).withColumnRenamed("k", "k2")
             writer = frame.join(other, "v").writeStream.foreachBatch(lambda df, i: None)
-        elif what == "rate-micro-batch source":
+        else:
             writer = css.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load() \
                 .writeStream.foreachBatch(lambda df, i: None)
-        else:
-            frame.writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "checkpoint")) \
-                .toTable("events")
         writer.option("checkpointLocation", str(tmp_path / "checkpoint")).start()
     message = str(raised.value)
     assert "over Spark Connect" in message

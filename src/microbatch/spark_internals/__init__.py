@@ -145,14 +145,14 @@ static_conf = _by_kind(_session.static_conf, _c_session.static_conf)
 app_name = _by_kind(_session.app_name, _c_session.app_name)
 default_parallelism = _by_kind(_session.default_parallelism, _c_session.default_parallelism)
 set_local_property = _by_kind(_session.set_local_property, _refused("A kept batch plan"))
-# catalog: a Connect client asks the catalog API; the session catalog's tables (their
-# location and provider, which that API does not give) stay on a classic session
+# catalog: a Connect client asks the catalog API, and the session catalog's tables' location,
+# provider and storage options of DESCRIBE TABLE EXTENDED .. AS JSON
 temp_view_exists = _by_kind(temp_view_exists, _c_session.temp_view_exists)
 python_data_source = _by_kind(python_data_source, _c_session.python_data_source)
 data_source_registration = _by_kind(lambda spark: spark.dataSource, _c_session.data_source_registration)
-catalog_table = _by_kind(catalog_table, _refused("A table of Spark's session catalog (toTable, readStream.table)"))
-managed_table_location = _by_kind(managed_table_location,
-                                  _refused("A table of Spark's session catalog (toTable, readStream.table)"))
+catalog_table = _by_kind(catalog_table, _c_session.catalog_table)
+managed_table_location = _by_kind(managed_table_location, _c_session.managed_table_location)
+schema_ddl = _by_kind(schema_ddl, _c_session.schema_ddl)
 row_accumulator = _by_kind(_session.row_accumulator, _refused("A kept batch plan"))
 # relations
 empty_batch = _by_kind(empty_batch, _c_relations.empty_batch)

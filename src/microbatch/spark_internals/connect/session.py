@@ -124,6 +124,60 @@ def temp_view_exists(spark: Any, name: str) -> bool:
         return False
 
 
+def catalog_table(spark: Any, name: str) -> Any:
+    """The session catalog's metadata of table ``name`` (``spark_internals.CatalogTableInfo``),
+    or None if there is none (a temporary view is none, as classically): what a Connect
+    client reads of it, ``DESCRIBE TABLE EXTENDED .. AS JSON``."""
+    import json
+
+    from microbatch.spark_internals.catalog import CatalogTableInfo
+    if temp_view_exists(spark, name) or not spark.catalog.tableExists(name):
+        return None
+    table = json.loads(spark.sql(f"DESCRIBE TABLE EXTENDED {name} AS JSON").collect()[0][0])
+    return CatalogTableInfo(
+        name=".".join([table["catalog_name"], *table.get("namespace", []), table["table_name"]]),
+        table_type=table["type"], provider=table.get("provider"), location=table.get("location"),
+        partition_columns=list(table.get("partition_columns", [])),
+        storage_properties=dict(table.get("storage_properties", {})))
+
+
+def managed_table_location(spark: Any, name: str) -> str:
+    """Where the session catalog keeps the data of a managed table ``name``: its
+    database's location and the table's name (Spark's ``defaultTablePath``); Spark's
+    SCHEMA_NOT_FOUND for a database that does not exist."""
+    parts = _name_parts(name)
+    database = parts[-2] if len(parts) > 1 else spark.catalog.currentDatabase()
+    table = parts[-1] if str(spark.conf.get("spark.sql.caseSensitive", "false")).lower() == "true" \
+        else parts[-1].lower()
+    rows = spark.sql(f"DESCRIBE DATABASE EXTENDED `{database.replace('`', '``')}`").collect()
+    location = next(r.info_value for r in rows if r.info_name == "Location")
+    return f"{location.rstrip('/')}/{table}"
+
+
+def _name_parts(name: str) -> list[str]:
+    """A multi-part name's parts (```a.b`.c``: ``a.b``, ``c``)."""
+    parts, current, quoted, i = [], "", False, 0
+    while i < len(name):
+        c = name[i]
+        if c == "`":
+            if quoted and name[i + 1:i + 2] == "`":
+                current, i = current + "`", i + 2
+                continue
+            quoted = not quoted
+        elif c == "." and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += c
+        i += 1
+    return parts + [current]
+
+
+def schema_ddl(spark: Any, schema: Any) -> str:
+    """``StructType.toDDL``, which the server gives a Connect client."""
+    return spark._to_ddl(schema)
+
+
 #: the Python data source classes registered through a StreamingSession over Connect, by
 #: lower-case name: the server keeps them pickled where no client API reads them back
 _PYTHON_DATA_SOURCES: dict[str, type] = {}

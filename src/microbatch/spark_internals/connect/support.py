@@ -15,7 +15,8 @@ WHAT_RUNS = (
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
-    "the sinks foreachBatch, the parquet file sink (json, csv, orc and text too), kafka, delta (by path), iceberg, memory, console, noop and foreach")
+    "the sinks foreachBatch, the parquet file sink (json, csv, orc and text too), kafka, delta (by path), iceberg, memory, console, noop and foreach; "
+    "readStream.table and toTable of the session catalog's file tables")
 
 #: source formats that run over Connect
 SOURCES = frozenset({"parquet", "json", "csv", "orc", "text", "rate", "kafka", "delta", "iceberg"})
