@@ -112,6 +112,20 @@ def test_read_stream_table_reads_new_files_batch_by_batch(spark, ss, tmp_path, n
     assert batches["microbatch"][1] == batches["spark"][1]
 
 
+def test_a_table_streamed_is_read_whole_after_more_batches(spark, ss, tmp_path, names):
+    """Defining ``readStream.table(t)`` leaves no relation of ``t`` in the session's cache
+    with the files of that moment: ``spark.table(t)`` after later batches reads them all
+    (Spark's streaming read of a table caches none)."""
+    src = str(tmp_path / "in")
+    write_json_files(src, 0, 3)
+    to_table(source(ss, src), names("t"), tmp_path / "ckpt")
+    # (no spark.table(t) here: a batch read caches the file list in Spark too)
+    ss.readStream.table(names("t"))   # (defined, not started)
+    write_json_files(src, 3, 2)
+    to_table(source(ss, src), names("t"), tmp_path / "ckpt")
+    assert len(table_rows(spark, names("t"))) == 15
+
+
 def test_read_stream_table_errors_as_spark(spark, ss, names):
     spark.range(1).createOrReplaceTempView(names("batch_only"))
     for session in (spark, ss):
