@@ -401,8 +401,8 @@ def joins_times_pruned(plan: PlanNode, empty_inputs: Mapping[Any, DataFrame]) ->
     """A rewrite the planner makes once per run: each stream-stream join with the sides
     whose event time Spark's optimizer prunes from the join's input (``times_pruned``),
     and with each side's columns it prunes (``pruned``), read from the query built as a
-    batch (each stateful node what stands for it in Spark's optimizer,
-    ``scan_filter_stand_in``): a side's watermarked column that nothing above the join
+    batch (each stateful node what stands for it in Spark's optimizer, reading what the
+    operator reads, ``pruning_stand_in``): a side's watermarked column that nothing above the join
     reads, nor its condition, never reaches Spark's join exec, which then drops no late
     row of that side (``exec_event_time``); nor does any column nothing reads, which
     Spark's join state then does not hold. A column whose name a side has twice is never
