@@ -15,7 +15,7 @@ from pyspark import cloudpickle
 from pyspark.errors import PySparkException
 from pyspark.sql.streaming import StatefulProcessor
 
-from helpers import collect_batches, confs, json_stream
+from helpers import collect_batches, confs, json_stream, wait_for
 
 # the processor below runs in Spark's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -388,10 +388,100 @@ def test_a_transform_with_states_change_feed_is_sparks_batch_by_batch(spark, ss,
     assert {r[1] for r in found} >= ({"update", "delete"} if variable != "seen" else {"append", "update", "delete"})
 
 
+class ExpiringChanges(StatefulProcessor):
+    """State variables with a TTL (processing time): ``short``, ``seen`` and ``sums`` expire
+    by the next batch (1 ms), ``long`` lives an hour. ``v`` 1 sets each, 2 appends two
+    elements and puts an entry (a list and map then partly expired), 3 sets the value."""
+
+    def init(self, handle):
+        self.short = handle.getValueState("short", "n LONG", 1)
+        self.long = handle.getValueState("long", "n LONG", 3_600_000)
+        self.seen = handle.getListState("seen", "v INT", 1)
+        self.sums = handle.getMapState("sums", "v INT", "s LONG", 1)
+
+    def handleInputRows(self, key, rows, timerValues):  # noqa: N802, N803 - PySpark's StatefulProcessor
+        import pandas as pd
+        vs = [int(v) for frame in rows for v in frame["v"]]
+        for v in vs:
+            if v == 1:
+                self.short.update((1,))
+                self.long.update((1,))
+                self.seen.appendValue((1,))
+                self.seen.appendValue((2,))
+                self.sums.updateValue((1,), (1,))
+                self.sums.updateValue((2,), (2,))
+            elif v == 2:
+                self.seen.appendList([(3,), (4,)])
+                self.sums.updateValue((3,), (3,))
+                self.long.update((2,))
+            else:
+                self.short.update((5,))
+        yield pd.DataFrame({"k": [key[0]], "n": [len(vs)]})
+
+    def close(self):
+        pass
+
+
+EXPIRING_FILES = [[("a", 1, 0), ("b", 1, 1)], [("a", 2, 4)], [("b", 3, 31)], [("a", 3, 50)]]
+
+
+@pytest.fixture(scope="module")
+def ttl_change_checkpoints(spark, tmp_path_factory):
+    """``ExpiringChanges`` run by both engines for 7 batches, a file each then batches
+    without data (a processing-time transformWithState runs one at every trigger)."""
+    from microbatch import StreamingSession
+    ss = StreamingSession(spark)
+    base = tmp_path_factory.mktemp("state-source-ttl-changes")
+    events = write_events(base, EXPIRING_FILES)
+    rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ckpts = {}
+    for name, session in (("spark", spark), ("microbatch", ss)):
+        ckpts[name] = base / name
+        frame = session.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(events)) \
+            .groupBy("k").transformWithStateInPandas(ExpiringChanges(), "k STRING, n LONG", "update", "ProcessingTime")
+        with confs(spark, {"spark.sql.streaming.stateStore.providerClass": rocksdb if name == "spark" else None,
+                           "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}):
+            query = frame.writeStream.outputMode("update").foreachBatch(lambda df, i: df.collect()) \
+                .option("checkpointLocation", str(ckpts[name])).trigger(availableNow=True).start()
+            wait_for(lambda q=query: len(q.recentProgress) >= 7 or q.exception() is not None, 240, "7 batches",
+                     every=0.1)
+            query.stop()
+            assert query.exception() is None
+    return ckpts
+
+
+def _expiry_after_batch(ckpt, row) -> str:
+    """A change feed's row as text, each ``ttlExpirationMs`` made the time after its batch's
+    timestamp (the two engines' batches ran at other times)."""
+    line = (ckpt / "offsets" / str(row["batch_id"])).read_text().split("\n")[1]
+    stamp = json.loads(line)["batchTimestampMs"]
+
+    def relative(value):
+        if isinstance(value, dict):
+            return {k: v - stamp if k == "ttlExpirationMs" and v is not None else relative(v) for k, v in value.items()}
+        return value
+    return repr(relative(row.asDict(recursive=True)))
+
+
+@pytest.mark.parametrize("variable", ["short", "long", "seen", "sums"])
+def test_a_transform_with_states_change_feed_of_ttl_variables_is_sparks(spark, ss, ttl_change_checkpoints, variable):
+    """Values with a TTL, as Spark's store logs them: each with its expiry (the batch's
+    timestamp and the TTL), and the TTL's evictions at the end of a batch: a value's delete,
+    a list's delete and its live elements put back, a delete per expired map entry."""
+    options = dict(stateVarName=variable, readChangeFeed=True, changeStartBatchId=0, changeEndBatchId=5)
+    theirs = read(spark, ttl_change_checkpoints["spark"], **options)
+    ours = read(ss, ttl_change_checkpoints["microbatch"], **options)
+    assert ours.schema == theirs.schema
+    found = sorted(_expiry_after_batch(ttl_change_checkpoints["microbatch"], r) for r in ours.collect())
+    assert found == sorted(_expiry_after_batch(ttl_change_checkpoints["spark"], r) for r in theirs.collect())
+    assert any("'delete'" in r for r in found) == (variable != "long"), found   # (the evictions)
+
+
 def test_a_transform_with_states_change_feed_refusals(spark, ss, tws_change_checkpoints, tmp_path):
     """A map's change feed unflattened fails in Spark 4.3's reader (it looks for the column
     it did not make), and so in microbatch's, with its condition. The changes of timers
-    (Spark's reader fails on them) and of a variable with a TTL are refused by name."""
+    (Spark's reader fails on them) are refused by name, and so are a TTL variable's in a
+    checkpoint an earlier microbatch started (its tasks did not log the evictions)."""
     import shutil
 
     from microbatch.errors import UnsupportedOperationError
@@ -404,6 +494,7 @@ def test_a_transform_with_states_change_feed_refusals(spark, ss, tws_change_chec
     schema = with_ttl / "state" / "0" / "_metadata" / "schema"
     doc = json.loads(schema.read_text())
     doc["stateVariables"] = [{**v, "ttl": True} if v["name"] == "count" else v for v in doc["stateVariables"]]
+    del doc["ttlEvictionsLogged"]   # (a checkpoint an earlier microbatch started)
     schema.write_text(json.dumps(doc))
-    with pytest.raises(UnsupportedOperationError, match="'readChangeFeed'.*TTL"):
+    with pytest.raises(UnsupportedOperationError, match="'readChangeFeed'.*TTL.*did not log"):
         read(ss, with_ttl, stateVarName="count", readChangeFeed=True, changeStartBatchId=0)

@@ -350,15 +350,21 @@ class StateStoreReader:
         flatten = opts.flatten
         key_field = StructField("key", key_type)
         partition = StructField("partition_id", IntegerType())
-        if opts.read_change_feed and (opts.read_timers or variables[opts.state_var].get("ttl")):
+        if opts.read_change_feed and opts.read_timers:
             raise UnsupportedOperationError(
                 "Option 'readChangeFeed' does not read the changes of a transformWithState's "
-                f"{'timers' if opts.read_timers else 'state variable with a TTL'} in microbatch yet. Read "
-                "the state after each batch with option 'batchId'.")
+                "timers in microbatch (Spark's reader fails on them). Read the timers after each "
+                "batch with option 'batchId'.")
         if opts.read_timers:
             schema = StructType([key_field, StructField("expiration_timestamp_ms", LongType()), partition])
             return (lambda key, value: [(key, ts) for ts in value[0] or []]), TIMERS_STORE, key_type, schema
         name = opts.state_var
+        if opts.read_change_feed and variables[name].get("ttl") and not doc.get("ttlEvictionsLogged"):
+            raise UnsupportedOperationError(
+                f"Option 'readChangeFeed' cannot read the changes of state variable {name!r} in this "
+                "checkpoint: the variable has a TTL, and its state was started by an earlier microbatch, "
+                "whose tasks did not log the TTL evictions' changes. Read the state after each batch with "
+                "option 'batchId', or start the query with a new checkpoint location to have them logged.")
         kind = variables[name]["kind"]
         stored = types[name]
         # with a TTL, Spark's reader shows each value as Spark keeps it: the value and when

@@ -304,27 +304,41 @@ def _handle_class():  # noqa: C901 - the classes it defines: they subclass PySpa
 
         def _remove_expired(self) -> int:
             """Every expired value, list element and map entry removed from the stores (at
-            the end of the batch, as Spark's TTL eviction); how many. (Not logged as changes:
-            the state reader refuses the change feed of a variable with a TTL.)"""
+            the end of the batch, as Spark's TTL eviction); how many. Each removal is logged
+            as Spark's store logs it (its change feed): a value's delete; a list's delete,
+            then its live elements put back (the first an update, the others appends); a
+            delete of each expired map entry."""
             removed = 0
             for variable in self._variables.values():
                 if variable.ttl_ms is None:
                     continue
                 store = self._stores[variable.name]
                 for key, stored in list(store.iterator()):
+                    self._key = key
                     if variable.kind == VALUE:
                         if self._expired(stored[-1]):
                             store.remove(key)
+                            self._log(variable, "delete", None)
                             removed += 1
                         continue
                     items = [_fields(e) for e in stored[0] or []]
                     live = [e for e in items if not self._expired(e[-1])]
-                    if len(live) != len(items):
-                        removed += len(items) - len(live)
-                        if live:
-                            store.put(key, (live,))
-                        else:
-                            store.remove(key)
+                    if len(live) == len(items):
+                        continue
+                    removed += len(items) - len(live)
+                    if live:
+                        store.put(key, (live,))
+                    else:
+                        store.remove(key)
+                    if variable.kind == MAP:
+                        for entry in items:
+                            if self._expired(entry[-1]):
+                                self._log(variable, "delete", self._map_entry_gone(variable, _fields(entry[0])))
+                        continue
+                    self._log(variable, "delete", None)
+                    for i, element in enumerate(live):
+                        self._log(variable, "append" if i else "update", ([element],))
+            self._key = None
             return removed
 
         # -- the state variables -------------------------------------------------

@@ -115,4 +115,6 @@ class TransformWithStateStep(StatefulStep):
                                     **({"ttlMs": int(v.ttl_ms)} if v.ttl_ms is not None else {})}
                                    for v in self.node.variables],
                 "timeMode": self.node.time_mode, "outputMode": self.node.output_mode,
-                "changesLogged": True}   # (its tasks write the change feed's files since this version)
+                # (its tasks write the change feed's files, and since the next version the
+                # TTL evictions' changes in them)
+                "changesLogged": True, "ttlEvictionsLogged": True}
