@@ -557,8 +557,10 @@ def test_foreach_sink_matches_sparks_engine(css, connect_spark, tmp_path):
 
 def test_more_aggregate_functions_match_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
     """max_by, min_by, first, last (with and without ignoring nulls), collect_list,
-    collect_set, stddev and variance and their forms, in a windowed aggregation in update
-    mode (each batch's updated windows, their state kept across a restart)."""
+    collect_set, stddev and variance and their forms, first_value, last_value, any_value,
+    count_if, bool_and/every, bool_or/some/any, try_sum, try_avg and bit_and/or/xor, in a
+    windowed aggregation in update mode (each batch's updated windows, their state kept
+    across a restart)."""
     from pyspark.sql import functions as F
     source = tmp_path / "in"
     files = [_rows(0, 15), _rows(15, 15), _rows(40, 20, 1), _rows(60, 20)]
@@ -569,13 +571,20 @@ def test_more_aggregate_functions_match_sparks_engine_across_a_restart(css, conn
 
     def build(reader):
         frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
-            .withWatermark("ts", "10 seconds").withColumn("odd", F.when(F.col("v") % 2 == 1, F.col("v")))
+            .withWatermark("ts", "10 seconds").withColumn("odd", F.when(F.col("v") % 2 == 1, F.col("v"))) \
+            .withColumn("big", F.col("v") > 70)
         return frame.groupBy(F.window("ts", "10 seconds")).agg(
             F.max_by("k", "v").alias("kmax"), F.min_by("v", "ts").alias("vfirst"),
             F.first("odd").alias("f"), F.last("odd", True).alias("l"),
             F.sort_array(F.collect_list("v")).alias("vs"), F.sort_array(F.collect_set("k")).alias("ks"),
             F.round(F.stddev("v"), 9).alias("sd"), F.round(F.stddev_pop("v"), 9).alias("sdp"),
-            F.round(F.variance("v"), 9).alias("var"), F.round(F.var_pop("v"), 9).alias("varp"))
+            F.round(F.variance("v"), 9).alias("var"), F.round(F.var_pop("v"), 9).alias("varp"),
+            F.first_value("odd").alias("fv"), F.last_value("odd", F.lit(True)).alias("lv"),
+            F.any_value("v").alias("av"), F.count_if(F.col("v") > 20).alias("ci"),
+            F.bool_and(F.col("v") % 2 == 0).alias("ba"), F.every(F.col("v") < 50).alias("ev"),
+            F.bool_or(F.col("v") % 7 == 0).alias("bo"), F.some(F.col("v") > 60).alias("so"),
+            F.expr("any(big)").alias("an"), F.try_sum("v").alias("ts_"), F.try_avg("v").alias("ta"),
+            F.bit_and("v").alias("band"), F.bit_or("v").alias("bor"), F.bit_xor("v").alias("bxor"))
 
     batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "update")
     assert sum(map(bool, batches.values())) >= 3 and any(r[3] is None for rows_ in batches.values() for r in rows_)

@@ -14,9 +14,17 @@ _CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "
             "max_by": "MaxBy", "min_by": "MinBy", "first": "First", "last": "Last",
             "collect_list": "CollectList", "collect_set": "CollectSet",
             "stddev": "StddevSamp", "std": "StddevSamp", "stddev_samp": "StddevSamp", "stddev_pop": "StddevPop",
-            "variance": "VarianceSamp", "var_samp": "VarianceSamp", "var_pop": "VariancePop"}
+            "variance": "VarianceSamp", "var_samp": "VarianceSamp", "var_pop": "VariancePop",
+            "first_value": "First", "last_value": "Last", "any_value": "First",
+            "count_if": "Count", "bool_and": "Min", "every": "Min", "bool_or": "Max", "some": "Max", "any": "Max",
+            "try_sum": "Sum", "try_avg": "Average",
+            "bit_and": "BitAndAgg", "bit_or": "BitOrAgg", "bit_xor": "BitXorAgg"}
+#: Spark's RuntimeReplaceableAggregate functions among them: the class Spark's optimizer
+#: replaces (``AggregateCall.replaced``; the call is planned as ``_CLASSES``' one)
+_REPLACED = {"count_if": "CountIf", "bool_and": "BoolAnd", "every": "BoolAnd", "bool_or": "BoolOr",
+             "some": "BoolOr", "any": "BoolOr", "any_value": "AnyValue"}
 #: the functions whose last argument is a literal flag, not a column: first/last(x, ignoreNulls)
-_FLAGGED = frozenset({"first", "last"})
+_FLAGGED = frozenset({"first", "last", "first_value", "last_value", "any_value"})
 #: functions printed infix, as Spark prints them
 _INFIX = {"+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">=", "and", "or"}
 #: functions that read the current time
@@ -113,6 +121,9 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
     if node._group_type != "groupby" or getattr(node, "_pivot_col", None) is not None:
         refuse(f"An aggregation by {node._group_type}")
     child = DataFrame(node._child, grouped._session)
+    # (sum's and avg's evaluation mode, as the server's analysis gives it: an overflow fails
+    # the batch in ANSI mode)
+    ansi = str(grouped._session.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
     outputs = []
     keys = len(node._grouping_cols)
     for position, column in enumerate(list(node._grouping_cols) + list(node._aggregate_cols)):
@@ -133,11 +144,17 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
                     refuse(f"{call._name} with a second argument that is not true or false")
                 ignore_nulls = flag._value
             arguments = tuple(sql_of(a) for a in args)
+            if call._name == "count_if":   # (as Spark's optimizer plans it: count of the true rows)
+                arguments = (f"nullif({arguments[0]}, false)",)
             types = () if kind == "Count" else tuple(   # (one schema request: what the state's buffers hold)
                 f.dataType.simpleString() for f in child.select(*[F.expr(a) for a in arguments]).schema.fields)
             decimal = kind == "Average" and types[0].startswith("decimal")
+            eval_mode = None
+            if kind in ("Sum", "Average"):
+                eval_mode = "TRY" if call._name.startswith("try_") else "ANSI" if ansi else "LEGACY"
             calls.append(AggregateCall(kind, call._name, sql_of(call), False, arguments, None, decimal,
-                                       ignore_nulls, None, argument_types=types))
+                                       ignore_nulls, None, eval_mode, argument_types=types,
+                                       replaced=_REPLACED.get(call._name)))
         outputs.append(AggregateOutput(sql_of(expression), tuple(calls)))
     assert AGGREGATES >= set(_CLASSES)
     return "Aggregate", len(node._grouping_cols), outputs

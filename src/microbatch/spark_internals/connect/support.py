@@ -10,8 +10,9 @@ WHAT_RUNS = (
     "the steps filter/where, select/selectExpr, withColumn(s), withColumnRenamed, drop, withWatermark, "
     "union, joins with a static DataFrame, mapInPandas/mapInArrow, "
     "groupBy(window(...) or session_window(...) and columns) with count, sum, min, max, avg, max_by, "
-    "min_by, first, last, collect_list, collect_set, stddev and variance (and their _samp/_pop forms) in append or "
-    "update mode, "
+    "min_by, first, last (first_value, last_value, any_value), collect_list, collect_set, stddev and variance "
+    "(and their _samp/_pop forms), count_if, bool_and/every, bool_or/some/any, try_sum, try_avg, bit_and, "
+    "bit_or and bit_xor in append or update mode, "
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
@@ -28,7 +29,9 @@ STEPS = frozenset({"filter", "where", "select", "selectExpr", "withColumn", "wit
 #: aggregate functions the Connect translation knows
 AGGREGATES = frozenset({"count", "sum", "min", "max", "avg", "mean", "max_by", "min_by", "first", "last",
                         "collect_list", "collect_set", "stddev", "std", "stddev_samp", "stddev_pop",
-                        "variance", "var_samp", "var_pop"})
+                        "variance", "var_samp", "var_pop", "first_value", "last_value", "any_value",
+                        "count_if", "bool_and", "every", "bool_or", "some", "any", "try_sum", "try_avg",
+                        "bit_and", "bit_or", "bit_xor"})
 
 
 def refusal(feature: str):
