@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from helpers import wait_for
 from microbatch import StreamingSession
+from microbatch.errors import UnsupportedOperationError
 from prometheus_client.parser import text_string_to_metric_families
 from microbatch.kafka.source import kafka_schema
 from microbatch.plan.arrow_steps import ArrowSteps, java_double_text
@@ -214,6 +215,61 @@ def test_a_real_time_query_writes_the_micro_batch_rows_and_resumes(ss, spark, br
     assert real_time == micro_batch
 
 
+def _union_query(ss, broker, topics: tuple[str, str]):
+    """Two Kafka sources, each with steps of its own, in a union; the second read twice
+    (a branch of its own over each half of its records)."""
+    cards, wires = (_query(_reader(ss, broker, topic)) for topic in topics)
+    flagged = wires.select("key", F.concat(F.lit("w:"), F.col("value")).alias("value"))
+    return cards.union(flagged.where(F.col("key").cast("int") % 2 == 0)).union(
+        flagged.where(F.col("key").cast("int") % 2 == 1).select("key", F.upper("value").alias("value")))
+
+
+def test_a_union_of_sources_in_real_time_mode_gives_the_micro_batch_rows(ss, broker, tmp_path, short_batches):
+    """Spark's real-time mode runs a union of sources: each source's tasks read its
+    partitions and run the branches that read it, all of the batch's tasks at once; each
+    source's end offsets are logged and committed; a restart goes on from them. The rows
+    are a micro-batch query's of the same records."""
+    topics, rt_out, mb_out = ("rt-union-a", "rt-union-b"), "rt-union-out", "rt-union-out-mb"
+    for topic, parts in ((topics[0], 2), (topics[1], 1), (rt_out, 2), (mb_out, 2)):
+        broker.create_topic(topic, parts)
+    _produce(broker, topics[0], 0, 60, 2)
+    _produce(broker, topics[1], 1000, 40, 1)
+
+    def start(out: str, ckpt: str, **trigger):
+        return (_union_query(ss, broker, topics).writeStream.format("kafka")
+                .option("kafka.bootstrap.servers", broker.bootstrap).option("topic", out)
+                .option("kafka.linger.ms", "1").option("kafka.batch.num.messages", 1)
+                .option("checkpointLocation", ckpt).outputMode("update").trigger(**trigger).start())
+    ckpt = str(tmp_path / "rt")
+    query = start(rt_out, ckpt, realTime="1 second")
+    try:
+        wait_for(lambda: len(broker.read_all(rt_out)) >= 67, 60, "the first records out")
+    finally:
+        query.stop()
+    assert query.exception() is None
+    committed = [p for p in query.recentProgress if p.numInputRows]
+    assert sum(p.numInputRows for p in query.recentProgress) == 100
+    assert [len(p.sources) for p in committed] == [2] * len(committed)
+    logged = open(f"{ckpt}/offsets/{committed[-1].batchId}").read().splitlines()[-2:]
+    assert [json.loads(line) for line in logged] == [{topics[0]: {"0": 30, "1": 30}}, {topics[1]: {"0": 40}}]
+    _produce(broker, topics[0], 60, 20, 2)
+    _produce(broker, topics[1], 1040, 10, 1)
+    again = start(rt_out, ckpt, realTime="1 second")
+    try:
+        wait_for(lambda: sum(p.numInputRows for p in again.recentProgress) == 30, 60, "the records after the restart")
+    finally:
+        again.stop()
+    assert again.exception() is None
+    real_time = collections.Counter((r.key(), r.value()) for r in broker.read_all(rt_out))
+    mb = start(mb_out, str(tmp_path / "mb"), availableNow=True)
+    mb.awaitTermination(120)
+    assert mb.exception() is None
+    micro_batch = collections.Counter((r.key(), r.value()) for r in broker.read_all(mb_out))
+    assert len(micro_batch) == 87 and max(micro_batch.values()) == 1     # (cash, a third of the cards, filtered)
+    assert real_time == micro_batch
+    assert {v[:2] for _, v in micro_batch} == {b'{"', b"w:", b"W:"}    # (each branch's rows)
+
+
 def test_spark_refuses_what_real_time_mode_does_not_run(ss, spark, broker, tmp_path, short_batches):
     broker.create_topic("rt-refusals", 1)
     frame = _reader(ss, broker, "rt-refusals")
@@ -244,6 +300,10 @@ def test_spark_refuses_what_real_time_mode_does_not_run(ss, spark, broker, tmp_p
         start(rate.writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
               .option("topic", "x").outputMode("update"), realTime="1 second")
     assert e.value.getCondition() == "STREAMING_REAL_TIME_MODE.INPUT_STREAM_NOT_SUPPORTED"
+    union = _query(frame).union(_query(frame))   # (microbatch's own: its exactly-once ids are input positions)
+    with pytest.raises(UnsupportedOperationError, match="exactlyOnce does not take a union"):
+        start(union.writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+              .option("topic", "x").option("microbatch.exactlyOnce", "true").outputMode("update"), realTime="1 second")
     counts = frame.groupBy("partition").count().selectExpr("CAST(count AS STRING) AS value")
     with pytest.raises(Exception) as e:
         start(counts.writeStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)

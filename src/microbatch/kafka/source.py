@@ -322,10 +322,10 @@ class KafkaSource(Source):
         return BoundBatch(("kafka", len(groups)), self._bound_key, value, frame, self._bound_rows.take)
 
 
-    def real_time_read(self, start: Any) -> RealTimeRead:
+    def real_time_read(self, start: Any, max_tasks: int | None = None) -> RealTimeRead:
         """Real-time mode's batch from ``start``: every partition the strategy names now
         (one new since ``start`` from its earliest offset), packed into at most the
-        cluster's cores. The read limits make no sense where a batch ends by time: refused,
+        cluster's cores (``max_tasks``: this source's share of them, in a union). The read limits make no sense where a batch ends by time: refused,
         as Spark's real-time Kafka stream refuses them."""
         limits = [name for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
                                     "minPartitions", "maxRecordsPerPartition") if name in self._options]
@@ -339,7 +339,8 @@ class KafkaSource(Source):
         new = [tp for tp in latest if tp not in start_offsets]
         begin = {**(self.reader.earliest(new) if new else {}), **start_offsets}
         partitions = [(t, p, begin[(t, p)]) for t, p in sorted(latest)]
-        tasks = max(1, min(len(partitions), spark_internals.default_parallelism(self._context.spark)))
+        cores = spark_internals.default_parallelism(self._context.spark) if max_tasks is None else max_tasks
+        tasks = max(1, min(len(partitions), cores))
         # (every partition in a task of its own up to the cores; then round robin, so a batch
         # run again puts each partition in the task it had: the exactly-once sink's ids)
         groups = [partitions[i::tasks] for i in range(tasks)]

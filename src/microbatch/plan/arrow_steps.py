@@ -6,9 +6,11 @@ runners Spark's JVM gathers ``spark.sql.execution.arrow.maxRecordsPerBatch`` row
 it hands any on: a record would wait for ten thousand others. So a real-time batch's tasks
 evaluate the steps themselves, over the few records each read returns: Spark's analysed
 plan of the steps (``Project``, ``Filter``, a ``SubqueryAlias``, over the source's
-relation), read as Spark's own JSON of it (``spark_internals.plan_json``), becomes
-``ArrowSteps``: a function from an Arrow batch of the source's columns to one of the
-query's output columns, with Spark's answers for the expressions below. Any other plan
+relation; a ``Union`` of sources by position: a source's tasks run the branches that read
+it, each projected to the union's columns), read as Spark's own JSON of it
+(``spark_internals.plan_json``), becomes ``ArrowSteps``: a function from an Arrow batch
+of the source's columns to one of the query's output columns, with Spark's answers for
+the expressions below. Any other plan
 node or expression is refused before the query reads a record (the query fails naming its Spark class)
 (``NotEvaluable``), so a query never runs with answers of its own.
 
@@ -666,6 +668,9 @@ class _Context:
     ansi: bool
     zone: str
     types: dict              # exprId -> Arrow type, of every attribute seen
+    #: per relation of the plan (in pre-order), whether it is the source the tasks read (a
+    #: union's branches that read it); None: every relation is
+    source: list | None = None
 
 
 def _compile(node: dict, ctx: _Context) -> Expr:   # noqa: C901 - one case an expression
@@ -797,6 +802,14 @@ def _check_writable(t: pa.DataType) -> None:
 @dataclass
 class _Input:
     ids: list[int]
+    names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Concat:
+    """A union's branches that read this source (each a projection to the union's
+    columns), their rows one after another."""
+    children: list
 
 
 @dataclass
@@ -814,14 +827,17 @@ class _Filter:
 def _compile_plan(node: dict, ctx: _Context) -> Any:
     kind = _kind(node)
     if not node["_children"]:
-        ids = []
+        ids, names = [], []
         for attribute in node.get("output") or []:
             head = attribute[0]
             ctx.types[_expr_id(head)] = arrow_type(head["dataType"])
             ids.append(_expr_id(head))
+            names.append(head.get("name", ""))
         if not ids:
             raise NotEvaluable(f"the relation {kind}")
-        return _Input(ids)
+        return _Input(ids, names)
+    if kind == "Union" and not node.get("byName") and not node.get("allowMissingCol"):
+        return _union(node, ctx)
     if kind in ("SubqueryAlias", "EventTimeWatermark", "Project", "Filter") and len(node["_children"]) == 1:
         child = _compile_plan(node["_children"][0], ctx)
         if kind == "Project":
@@ -837,6 +853,56 @@ def _compile_plan(node: dict, ctx: _Context) -> Any:
             return _Filter(child, _compile(condition, ctx))
         return child     # (a name for the plan; a stateless query's watermark changes no row)
     raise NotEvaluable(kind)
+
+
+def _outputs(plan: Any, ctx: _Context) -> list[tuple[int, str, pa.DataType]]:
+    """A compiled plan's output columns: (exprId, name, type) each."""
+    if isinstance(plan, _Input):
+        return [(i, name, ctx.types[i]) for i, name in zip(plan.ids, plan.names)]
+    if isinstance(plan, _Project):
+        return [(expr_id, name, expr.type) for expr_id, name, expr in plan.outputs]
+    return _outputs(plan.child, ctx)
+
+
+def _numbered_leaves(node: dict, start: int = 0) -> int:
+    """Each relation under ``node`` (Spark's JSON) numbered in pre-order (``_leaf``); the
+    next number."""
+    if not node["_children"]:
+        node["_leaf"] = start
+        return start + 1
+    for child in node["_children"]:
+        start = _numbered_leaves(child, start)
+    return start
+
+
+def _reads_source(node: dict, ctx: _Context) -> bool:
+    if not node["_children"]:
+        return ctx.source[node["_leaf"]]
+    return any(_reads_source(child, ctx) for child in node["_children"])
+
+
+def _union(node: dict, ctx: _Context) -> Any:
+    """A union (by position) as this source's tasks evaluate it: the branches that read the
+    source (``ctx.source``: its relation's exprIds; None, every branch), each projected to
+    the union's columns (its first child's exprIds, as Spark's Union outputs them), their
+    rows one after another."""
+    children = node["_children"]
+    first = _outputs(_compile_plan(children[0], ctx), ctx)
+    branches = []
+    for child in children:
+        if ctx.source is not None and not _reads_source(child, ctx):
+            continue
+        plan = _compile_plan(child, ctx)
+        own = _outputs(plan, ctx)
+        if len(own) != len(first) or any(o[2] != f[2] for o, f in zip(own, first)):
+            raise NotEvaluable("a union of branches of other columns")
+        branches.append(_Project(plan, [(first_id, name, Column(own_id, kind))
+                                        for (first_id, name, kind), (own_id, _, _) in zip(first, own)]))
+    if not branches:
+        raise NotEvaluable("a union none of whose branches reads the source")
+    if len(branches) == 1:
+        return branches[0]
+    return _Project(_Concat(branches), [(first_id, name, Column(first_id, kind)) for first_id, name, kind in first])
 
 
 #: (the key of each row's input row index beside the columns)
@@ -865,6 +931,11 @@ class ArrowSteps:
             columns = {i: batch.column(k) for k, i in enumerate(node.ids)}
             columns[_ROW] = pa.array(range(batch.num_rows), pa.int64())
             return columns, node.ids, batch.num_rows
+        if isinstance(node, _Concat):
+            parts = [self._run(child, batch) for child in node.children]
+            ids = parts[0][1]
+            columns = {key: pa.concat_arrays([part[0][key] for part in parts]) for key in (*ids, _ROW)}
+            return columns, ids, sum(part[2] for part in parts)
         columns, ids, n = self._run(node.child, batch)
         if isinstance(node, _Filter):
             keep = pc.fill_null(node.condition.eval(columns, n), False)
@@ -880,11 +951,17 @@ class ArrowSteps:
         return out, order, n
 
 
-def compile_steps(plan_json: list[dict], *, ansi: bool, zone: str) -> ArrowSteps:
+def compile_steps(plan_json: list[dict], *, ansi: bool, zone: str, source: list[bool] | None = None) -> ArrowSteps:
     """Spark's JSON of the steps' analysed plan as ``ArrowSteps`` (``NotEvaluable`` names
-    the first plan node or expression it does not evaluate)."""
+    the first plan node or expression it does not evaluate). ``source``: where the plan
+    reads several relations (a union of sources), whether each (in the plan's pre-order)
+    is the one the tasks read: the union's branches that read it are theirs. (By position,
+    not by attribute: Spark's analysis gives a relation read in two branches new
+    attributes in the second.)"""
     root, _ = _tree(plan_json)
-    ctx = _Context(ansi=ansi, zone=zone, types={})
+    if source is not None and _numbered_leaves(root) != len(source):
+        raise NotEvaluable("a plan whose relations are not the query's sources, one a read")
+    ctx = _Context(ansi=ansi, zone=zone, types={}, source=source)
     plan = _compile_plan(root, ctx)
     if isinstance(plan, _Project):
         names = [name for _, name, _ in plan.outputs]

@@ -15,14 +15,15 @@ The batch protocol (Spark's MicroBatchExecution under a RealTimeTrigger):
    run resumes after the last committed batch, from its end.
 2. construct_next_batch: every trigger runs a batch (ProcessingTime(0)'s executor); no
    offsets are logged when it starts: its end is not known yet.
-3. run_batch: the source's ``real_time_read`` from the last committed end (a new
+3. run_batch: each source's ``real_time_read`` from its last committed end (a new
    partition from its earliest offset); one Spark job whose tasks (at most the cluster's
-   cores: every task of the batch runs at once) read, evaluate and write through the
-   sink's ``real_time_writer`` until start + duration, then flush and answer the offsets
-   they reached and the latencies they saw.
-4. ``offsets/N`` gets the merged end offsets (create-if-absent), then ``commits/N``; the
-   sources hear the batch committed; progress reports the batch with the latency
-   percentiles in the sink's ``metrics``.
+   cores, shared among the sources of a union: every task of the batch runs at once)
+   read, evaluate the branches of the query that read their source and write through
+   the sink's ``real_time_writer`` until start + duration, then flush and answer the
+   offsets they reached and the latencies they saw.
+4. ``offsets/N`` gets each source's merged end offsets (create-if-absent), then
+   ``commits/N``; the sources hear the batch committed; progress reports the batch with
+   the latency percentiles in the sink's ``metrics``.
 
 A crash before ``commits/N`` runs batch N again from N-1's end: the sink gets those
 records again (at least once, as Spark's), or skips the ones it has with the Kafka
@@ -32,7 +33,8 @@ sink's ``microbatch.exactlyOnce``.
 source only, the sinks of Spark's allowlist (Kafka, foreach, console: its rows shown at the batch's end), Update
 output mode, no stateful operator, no asynchronous progress tracking, a duration of at
 least ``spark.sql.streaming.realTimeMode.minBatchDuration``; and microbatch's: steps its
-tasks evaluate (``plan.arrow_steps.NotEvaluable`` named).
+tasks evaluate (``plan.arrow_steps.NotEvaluable`` named), no union into the Kafka sink's
+``microbatch.exactlyOnce``.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from microbatch import crash_points, spark_internals
 from microbatch.checkpoint.commits import CommitMetadata
 from microbatch.checkpoint.offsets import OffsetSeq, OffsetSeqMetadata
 from microbatch.errors import ConcurrentUpdateError, UnsupportedOperationError
+from microbatch.kafka.sink import EXACTLY_ONCE_OPTION
 from microbatch.plan.arrow_steps import ArrowSteps, NotEvaluable, compile_steps
 from microbatch.runtime.batch_progress import sink_progress, source_progress
 from microbatch.runtime.micro_batch import MicroBatchExecution
@@ -109,24 +112,46 @@ def check_real_time_query(spark: Any, trigger: Any, plan: Any, sink_format: str,
             f"microbatch's real-time mode runs stateless queries: {stateful[0].describe()} is a stateful "
             "operator (Spark 4.3's real-time aggregations and deduplication are not in microbatch yet). "
             "Use a processingTime trigger.")
-    if len(relations) != 1:
+    unions = [n for n in plan.nodes() if len(n.children) > 1]
+    if unions and fmt == "kafka" and options.get(EXACTLY_ONCE_OPTION, "false").lower() == "true":
         raise UnsupportedOperationError(
-            "microbatch's real-time mode reads one Kafka source a query (a union of sources, which Spark's "
-            "allows, is not in microbatch's yet). Subscribe one source to every topic, or use a "
-            "processingTime trigger.")
+            f"The Kafka sink's {EXACTLY_ONCE_OPTION} does not take a union in real-time mode in microbatch: "
+            "its records' ids are their input positions, which a union's branches share. Write each "
+            "source with a query of its own, or leave the option out (at least once, as Spark's).")
 
 
-def steps_of(df: Any, spark: Any) -> ArrowSteps:
-    """The steps from the source's columns to ``df``'s, as the tasks evaluate them."""
+def steps_of(df: Any, spark: Any, source: list[bool] | None = None) -> ArrowSteps:
+    """The steps from the source's columns to ``df``'s, as the tasks evaluate them
+    (``source``: where ``df`` reads several relations, whether each, in plan order, is
+    the tasks' source; ``compile_steps``)."""
     try:
         return compile_steps(spark_internals.plan_json(df),
                              ansi=conf_bool(spark, "spark.sql.ansi.enabled", spark_internals.running_version().at_least_4),
-                             zone=spark.conf.get("spark.sql.session.timeZone"))
+                             zone=spark.conf.get("spark.sql.session.timeZone"), source=source)
     except NotEvaluable as e:
         raise UnsupportedOperationError(
             f"microbatch's real-time mode evaluates the query's steps in its Kafka tasks, and does not "
             f"evaluate {e} there yet (plan.arrow_steps lists what it does). Rewrite the step, or use a "
             "processingTime trigger.") from None
+
+
+class _UnionTasks:
+    """The ``mapInArrow`` function of a real-time batch of several sources (a union): task
+    index ``i`` runs the task of the source whose tasks it is among (``tasks``: each
+    source's task function and its number of tasks, in order), with its index there."""
+
+    def __init__(self, tasks: tuple):
+        self.tasks = tasks
+
+    def __call__(self, batches):
+        import pyarrow as pa
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                for task, count in self.tasks:
+                    if index < count:
+                        yield from task(iter([pa.record_batch([pa.array([index], pa.int64())], names=["id"])]))
+                        break
+                    index -= count
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -165,13 +190,14 @@ class RealTimeExecution(MicroBatchExecution):
         finally:
             if self.fs.exists(self._end_marker):
                 self.fs.delete(self._end_marker)
-    def _log_and_commit(self, batch_id: int, end: Any) -> None:
-        """``offsets/N`` with the end the tasks reached, then ``commits/N`` (step 4)."""
+    def _log_and_commit(self, batch_id: int, ends: list) -> None:
+        """``offsets/N`` with the ends the tasks reached (one a source), then ``commits/N``
+        (step 4)."""
         progress = self.progress
         with progress.time_phase("walCommit"):
             self.lease.check()
-            seq = OffsetSeq([end], self.offset_seq_metadata,       # (version 2: by the source's id)
-                            [self.source_ids[0]] if self.offset_log_version >= 2 else None)
+            seq = OffsetSeq(ends, self.offset_seq_metadata,       # (version 2: by the sources' ids)
+                            list(self.source_ids[:len(ends)]) if self.offset_log_version >= 2 else None)
             if not self.offset_log.add(batch_id, seq):
                 raise ConcurrentUpdateError(
                     f"Concurrent update to the log. Multiple streaming jobs detected for {batch_id}. Another "
@@ -220,36 +246,51 @@ class RealTimeExecution(MicroBatchExecution):
     def run_batch(self) -> None:
         batch_id = self.current_batch_id
         progress = self.progress
-        source = self.sources[0]
-        start = self.committed_offsets.get(0) or source.initial_offset()
+        spark = self._batch_session
+        count = len(self.sources)
+        # (a union of sources: the cores shared among them, every task of the batch at once)
+        share = None if count == 1 else max(1, spark_internals.default_parallelism(spark) // count)
         with progress.time_phase("latestOffset"):
-            read = source.real_time_read(start)
-            self.latest_offsets[0] = source.report_latest_offset(None)
+            reads = []
+            for i, source in enumerate(self.sources):
+                reads.append(source.real_time_read(self.committed_offsets.get(i) or source.initial_offset(), share))
+                self.latest_offsets[i] = source.report_latest_offset(None)
         with progress.time_phase("queryPlanning"):
-            output = self.plan.build({self.relations[0]: self._empty_batch(0)})
+            empties = [self._empty_batch(i) for i in range(count)]
+            output = self.plan.build(dict(zip(self.relations, empties)))
             columns, write = self.sink.real_time_writer(output, batch_id, self.id)
             if self._steps is None:
-                self._steps = steps_of(columns, self._batch_session)
-        spark = self._batch_session
+                # (the plan's relations in pre-order, a read each: which source each is)
+                read = [self.relations.index(n) for n in self.plan.nodes() if not n.children]
+                self._steps = [steps_of(columns, spark, [r == i for r in read] if count > 1 else None)
+                               for i in range(count)]
         spark_internals.describe_batch(self.jobs_session(), batch_id=batch_id)
         with self._batch_running:
             self._running = True
         try:
             with progress.time_phase("addBatch"):
                 deadline_ms = int(time.time() * 1000) + self.batch_duration_ms
-                task = read.task(self._steps, write, deadline_ms, (self.fs.spec(), self._end_marker))
-                tasks = len(read.groups)
-                results = spark.range(0, tasks, 1, tasks).mapInArrow(task, read.result_schema).collect()
+                marker = (self.fs.spec(), self._end_marker)
+                sizes = [len(read.groups) for read in reads]
+                tasks = [read.task(steps, write, deadline_ms, marker) for read, steps in zip(reads, self._steps)]
+                job = tasks[0] if count == 1 else _UnionTasks(tuple(zip(tasks, sizes)))
+                total = sum(sizes)
+                results = sorted(spark.range(0, total, 1, total).mapInArrow(job, reads[0].result_schema).collect(),
+                                 key=lambda r: r["task"])
                 self.sink.real_time_batch_ended(batch_id, [r["rows"] for r in results])
                 crash_points.reached("sink-added")
-            end = read.end_offset([json.loads(r["offsets"]) for r in results])
-            self.available_offsets = {0: end}
-            self._log_and_commit(batch_id, end)
+            per_source, at = [], 0
+            for size in sizes:
+                per_source.append(results[at:at + size])
+                at += size
+            ends = [read.end_offset([json.loads(r["offsets"]) for r in part]) for read, part in zip(reads, per_source)]
+            self.available_offsets = dict(enumerate(ends))
+            self._log_and_commit(batch_id, ends)
         finally:
             self._batch_ended()
-        rows_in = sum(r["rows_in"] for r in results)
         self.sink.last_num_output_rows = sum(r["rows_out"] for r in results)
-        source.batch_committed(end)
+        for source, end in zip(self.sources, ends):
+            source.batch_committed(end)
         samples: dict[str, list] = {name: [] for name in LATENCIES}
         for r in results:
             for name, values in json.loads(r["latencies"]).items():
@@ -259,8 +300,9 @@ class RealTimeExecution(MicroBatchExecution):
         sink.setdefault("metrics", {}).update(
             {f"{name}.{p}": str(value) for name, table in self.last_latencies.items() for p, value in table.items()})
         self._last_batch_stats = {
-            "sources": [source_progress(source, self.trigger_start_offsets.get(0), end, self.latest_offsets.get(0),
-                                        rows_in)],
+            "sources": [source_progress(source, self.trigger_start_offsets.get(i), end, self.latest_offsets.get(i),
+                                        sum(r["rows_in"] for r in part))
+                        for i, (source, end, part) in enumerate(zip(self.sources, ends, per_source))],
             "sink": sink, "eventTime": None, "stateOperators": [], "observedMetrics": {}}
         with self.await_progress:
             self.await_progress.notify_all()

@@ -179,10 +179,11 @@ class Source(ABC):
         steps read them); refuse, naming why, where the source cannot."""
         raise NotImplementedError(f"{type(self).__name__} exposes its batches' hidden columns itself")
 
-    def real_time_read(self, start: Any) -> Any:
+    def real_time_read(self, start: Any, max_tasks: int | None = None) -> Any:
         """Real-time mode (``runtime.real_time``): a ``RealTimeRead`` from ``start`` whose
-        tasks read records as they arrive until the batch's deadline and report where they
-        got. None: the source has no real-time reader (Spark's INPUT_STREAM_NOT_SUPPORTED)."""
+        tasks (at most ``max_tasks``; None: the cluster's cores) read records as they arrive
+        until the batch's deadline and report where they got. None: the source has no
+        real-time reader (Spark's INPUT_STREAM_NOT_SUPPORTED)."""
         return None
 
     def stop(self) -> None:  # noqa: B027 - a hook: most sources hold nothing to release
