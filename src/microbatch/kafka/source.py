@@ -325,8 +325,9 @@ class KafkaSource(Source):
     def real_time_read(self, start: Any, max_tasks: int | None = None) -> RealTimeRead:
         """Real-time mode's batch from ``start``: every partition the strategy names now
         (one new since ``start`` from its earliest offset), packed into at most the
-        cluster's cores (``max_tasks``: this source's share of them, in a union). The read limits make no sense where a batch ends by time: refused,
-        as Spark's real-time Kafka stream refuses them."""
+        cluster's cores (``max_tasks``: this source's share of them, in a union). The read
+        limits make no sense where a batch ends by time: refused, as Spark's real-time
+        Kafka stream refuses them."""
         limits = [name for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
                                     "minPartitions", "maxRecordsPerPartition") if name in self._options]
         if limits:

@@ -883,8 +883,8 @@ def _reads_source(node: dict, ctx: _Context) -> bool:
 
 def _union(node: dict, ctx: _Context) -> Any:
     """A union (by position) as this source's tasks evaluate it: the branches that read the
-    source (``ctx.source``: its relation's exprIds; None, every branch), each projected to
-    the union's columns (its first child's exprIds, as Spark's Union outputs them), their
+    source (``ctx.source``: whether each relation is it; None: every branch), each projected
+    to the union's columns (its first child's exprIds, as Spark's Union outputs them), their
     rows one after another."""
     children = node["_children"]
     first = _outputs(_compile_plan(children[0], ctx), ctx)

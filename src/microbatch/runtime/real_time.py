@@ -260,9 +260,10 @@ class RealTimeExecution(MicroBatchExecution):
             output = self.plan.build(dict(zip(self.relations, empties)))
             columns, write = self.sink.real_time_writer(output, batch_id, self.id)
             if self._steps is None:
-                # (the plan's relations in pre-order, a read each: which source each is)
-                read = [self.relations.index(n) for n in self.plan.nodes() if not n.children]
-                self._steps = [steps_of(columns, spark, [r == i for r in read] if count > 1 else None)
+                # (the plan's leaves in pre-order, a read each: which source each is)
+                leaves = [self.relations.index(n) if n in self.relations else -1
+                          for n in self.plan.nodes() if not n.children]
+                self._steps = [steps_of(columns, spark, [r == i for r in leaves] if count > 1 else None)
                                for i in range(count)]
         spark_internals.describe_batch(self.jobs_session(), batch_id=batch_id)
         with self._batch_running:
