@@ -590,6 +590,33 @@ def test_more_aggregate_functions_match_sparks_engine_across_a_restart(css, conn
     assert sum(map(bool, batches.values())) >= 3 and any(r[3] is None for rows_ in batches.values() for r in rows_)
 
 
+def test_moment_aggregate_functions_match_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    """corr, covar_pop, covar_samp, skewness, kurtosis and every regr_* (their final
+    expressions Spark 4.3's, tests/test_connect_moments_table.py), in a windowed
+    aggregation in update mode, across a restart."""
+    from pyspark.sql import functions as F
+    source = tmp_path / "in"
+    files = [_rows(0, 15), _rows(15, 15), _rows(40, 20, 1), _rows(60, 20)]
+
+    def add_files(run):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
+
+    def build(reader):
+        frame = reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).load(str(source)) \
+            .withWatermark("ts", "10 seconds").withColumn("w", (F.col("v") * 7) % 5) \
+            .withColumn("odd", F.when(F.col("v") % 2 == 1, F.col("v").cast("double")))
+        moments = [F.corr("v", "w"), F.covar_pop("v", "w"), F.covar_samp("v", "odd"), F.skewness("w"),
+                   F.kurtosis("v"), F.regr_sxy("w", "v"), F.regr_r2("w", "v"), F.regr_slope("w", "odd"),
+                   F.regr_intercept("w", "v"), F.regr_sxx("odd", "v"), F.regr_syy("w", "odd"),
+                   F.regr_count("odd", "v"), F.regr_avgx("w", "odd"), F.regr_avgy("odd", "v")]
+        return frame.groupBy(F.window("ts", "10 seconds")).agg(
+            *[F.round(m, 6).alias(f"m{i}") for i, m in enumerate(moments)])
+
+    batches, _ = _compare(css, connect_spark, build, add_files, tmp_path, "update")
+    assert sum(map(bool, batches.values())) >= 3
+
+
 # -- (b2) one checkpoint, a classic session then Connect then classic again ---------------------
 def _deduplicated_window_counts(reader, source):
     """Two stateful operators: a deduplication and a windowed count above it."""

@@ -19,10 +19,56 @@ _CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "
             "count_if": "Count", "bool_and": "Min", "every": "Min", "bool_or": "Max", "some": "Max", "any": "Max",
             "try_sum": "Sum", "try_avg": "Average",
             "bit_and": "BitAndAgg", "bit_or": "BitOrAgg", "bit_xor": "BitXorAgg"}
+#: The functions over central moments and co-moments: Spark's class, the class its optimizer
+#: replaces, and Spark 4.3's final expression over the buffers ({0}, {1}...), without and
+#: with ``spark.sql.legacy.statisticalAggregate`` (NaN where a division has no value). A
+#: classic session reads them from Spark's classes (``AggregateCall.final``); a Connect
+#: client has no JVM, and the server's line is 4.3's (``session.check_server``), so the
+#: table is Spark 4.3's, checked against the JVM's in tests/test_connect_moments_table.py.
+_MOMENTS = {
+    'corr': ('Corr', None,
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({0} = 1.0D), CAST(NULL AS DOUBLE), (IF((({4} = 0.0D) OR ({5} = 0.0D)), CAST(NULL AS DOUBLE), ({3} / SQRT(({4} * {5})))))))))',
+        "(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({0} = 1.0D), CAST('NaN' AS DOUBLE), (IF((({4} = 0.0D) OR ({5} = 0.0D)), CAST(NULL AS DOUBLE), ({3} / SQRT(({4} * {5})))))))))"),
+    'covar_pop': ('CovPopulation', None,
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), ({3} / {0})))',
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), ({3} / {0})))'),
+    'covar_samp': ('CovSample', None,
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({0} = 1.0D), CAST(NULL AS DOUBLE), ({3} / ({0} - 1.0D))))))',
+        "(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({0} = 1.0D), CAST('NaN' AS DOUBLE), ({3} / ({0} - 1.0D))))))"),
+    'skewness': ('Skewness', None,
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({2} = 0.0D), CAST(NULL AS DOUBLE), ((SQRT({0}) * {3}) / SQRT((({2} * {2}) * {2})))))))',
+        "(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({2} = 0.0D), CAST('NaN' AS DOUBLE), ((SQRT({0}) * {3}) / SQRT((({2} * {2}) * {2})))))))"),
+    'kurtosis': ('Kurtosis', None,
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({2} = 0.0D), CAST(NULL AS DOUBLE), ((({0} * {4}) / ({2} * {2})) - 3.0D)))))',
+        "(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), (IF(({2} = 0.0D), CAST('NaN' AS DOUBLE), ((({0} * {4}) / ({2} * {2})) - 3.0D)))))"),
+    'regr_sxy': ('RegrSXY', None,
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {3}))',
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {3}))'),
+    'regr_r2': ('RegrR2', None,
+        '(IF(({5} = 0.0D), CAST(NULL AS DOUBLE), (IF(({4} = 0.0D), 1.0D, (({3} / SQRT(({4} * {5}))) * ({3} / SQRT(({4} * {5}))))))))',
+        '(IF(({5} = 0.0D), CAST(NULL AS DOUBLE), (IF(({4} = 0.0D), 1.0D, (({3} / SQRT(({4} * {5}))) * ({3} / SQRT(({4} * {5}))))))))'),
+    'regr_slope': ('RegrSlope', None,
+        '(IF(({6} = 0.0D), CAST(NULL AS DOUBLE), ({3} / {6})))',
+        '(IF(({6} = 0.0D), CAST(NULL AS DOUBLE), ({3} / {6})))'),
+    'regr_intercept': ('RegrIntercept', None,
+        '(IF(({6} = 0.0D), CAST(NULL AS DOUBLE), ({2} - (({3} / {6}) * {1}))))',
+        '(IF(({6} = 0.0D), CAST(NULL AS DOUBLE), ({2} - (({3} / {6}) * {1}))))'),
+    'regr_sxx': ('RegrReplacement', 'RegrSXX',
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {2}))',
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {2}))'),
+    'regr_syy': ('RegrReplacement', 'RegrSYY',
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {2}))',
+        '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {2}))'),
+}
+#: the moment functions whose arguments Spark's analysis casts to double, (y, x) as given
+_REGRESSIONS = frozenset({"regr_sxy", "regr_r2", "regr_slope", "regr_intercept", "regr_sxx", "regr_syy"})
+_CLASSES.update({name: entry[0] for name, entry in _MOMENTS.items()})
+_CLASSES.update({"regr_count": "Count", "regr_avgx": "Average", "regr_avgy": "Average"})
 #: Spark's RuntimeReplaceableAggregate functions among them: the class Spark's optimizer
 #: replaces (``AggregateCall.replaced``; the call is planned as ``_CLASSES``' one)
 _REPLACED = {"count_if": "CountIf", "bool_and": "BoolAnd", "every": "BoolAnd", "bool_or": "BoolOr",
-             "some": "BoolOr", "any": "BoolOr", "any_value": "AnyValue"}
+             "some": "BoolOr", "any": "BoolOr", "any_value": "AnyValue", "regr_count": "RegrCount",
+             "regr_avgx": "RegrAvgX", "regr_avgy": "RegrAvgY", "regr_sxx": "RegrSXX", "regr_syy": "RegrSYY"}
 #: the functions whose last argument is a literal flag, not a column: first/last(x, ignoreNulls)
 _FLAGGED = frozenset({"first", "last", "first_value", "last_value", "any_value"})
 #: functions printed infix, as Spark prints them
@@ -124,6 +170,7 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
     # (sum's and avg's evaluation mode, as the server's analysis gives it: an overflow fails
     # the batch in ANSI mode)
     ansi = str(grouped._session.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
+    legacy = str(grouped._session.conf.get("spark.sql.legacy.statisticalAggregate", "false")).lower() == "true"
     outputs = []
     keys = len(node._grouping_cols)
     for position, column in enumerate(list(node._grouping_cols) + list(node._aggregate_cols)):
@@ -144,8 +191,7 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
                     refuse(f"{call._name} with a second argument that is not true or false")
                 ignore_nulls = flag._value
             arguments = tuple(sql_of(a) for a in args)
-            if call._name == "count_if":   # (as Spark's optimizer plans it: count of the true rows)
-                arguments = (f"nullif({arguments[0]}, false)",)
+            arguments, final = _as_planned(call._name, arguments, legacy)
             types = () if kind == "Count" else tuple(   # (one schema request: what the state's buffers hold)
                 f.dataType.simpleString() for f in child.select(*[F.expr(a) for a in arguments]).schema.fields)
             decimal = kind == "Average" and types[0].startswith("decimal")
@@ -154,10 +200,30 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
                 eval_mode = "TRY" if call._name.startswith("try_") else "ANSI" if ansi else "LEGACY"
             calls.append(AggregateCall(kind, call._name, sql_of(call), False, arguments, None, decimal,
                                        ignore_nulls, None, eval_mode, argument_types=types,
-                                       replaced=_REPLACED.get(call._name)))
+                                       replaced=_REPLACED.get(call._name), final=final))
         outputs.append(AggregateOutput(sql_of(expression), tuple(calls)))
     assert AGGREGATES >= set(_CLASSES)
     return "Aggregate", len(node._grouping_cols), outputs
+
+
+def _as_planned(name: str, arguments: tuple, legacy: bool) -> tuple[tuple, str | None]:
+    """A call's arguments as Spark's analysis and optimizer plan them (``count_if`` as a
+    count of the true rows, the moment functions' arguments as doubles, a regression's
+    replacements over the rows where both are set), and its final expression (the moment
+    functions', ``_MOMENTS``)."""
+    if name == "count_if":
+        return (f"nullif({arguments[0]}, false)",), None
+    if name in ("regr_count", "regr_avgx", "regr_avgy"):
+        y, x = arguments
+        both = f"(({y}) IS NOT NULL AND ({x}) IS NOT NULL)"
+        return ((y, x) if name == "regr_count" else (f"IF({both}, {x if name == 'regr_avgx' else y}, NULL)",)), None
+    if name not in _MOMENTS:
+        return arguments, None
+    doubles = tuple(f"CAST({a} AS DOUBLE)" for a in arguments)
+    if name in ("regr_sxx", "regr_syy"):
+        y, x = doubles
+        doubles = (f"IF(({y}) IS NULL OR ({x}) IS NULL, NULL, {x if name == 'regr_sxx' else y})",)
+    return doubles, _MOMENTS[name][3 if legacy else 2]
 
 
 def uses_current_time(df: Any) -> bool:

@@ -1,0 +1,28 @@
+"""Over Spark Connect the client has no JVM, so the final expressions of the moment
+functions (corr, covariances, skewness, kurtosis, regr_*) come from a table of Spark
+4.3's (``spark_internals.connect.analysis._MOMENTS``); a classic session reads them from
+Spark's classes. Here the table is checked against those, with
+``spark.sql.legacy.statisticalAggregate`` off and on: a Spark whose expressions change
+fails here, not in a Connect query's answers."""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from helpers import confs
+from microbatch.spark_internals import running_version
+from microbatch.spark_internals.analysis import aggregation_parts
+from microbatch.spark_internals.connect.analysis import _MOMENTS
+
+
+@pytest.mark.skipif(not running_version().at_least(4, 3), reason="the table is Spark 4.3's (Connect runs on 4.3 only)")
+@pytest.mark.parametrize("legacy", ["false", "true"])
+def test_the_connect_table_of_final_expressions_is_sparks(spark, legacy):
+    df = spark.createDataFrame([], "k STRING, v INT, d DOUBLE")
+    with confs(spark, {"spark.sql.legacy.statisticalAggregate": legacy}):
+        for name, (function, replaced, plain, with_legacy) in _MOMENTS.items():
+            _, _, outputs = aggregation_parts(df.groupBy("k").agg(getattr(F, name)("d", "v") if name not in (
+                "skewness", "kurtosis") else getattr(F, name)("v")))
+            call = outputs[1].calls[0]
+            assert (call.function, call.replaced, call.final) == \
+                (function, replaced, with_legacy if legacy == "true" else plain), name
