@@ -23,7 +23,7 @@ _CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "
 #: replaces, and Spark 4.3's final expression over the buffers ({0}, {1}...), without and
 #: with ``spark.sql.legacy.statisticalAggregate`` (NaN where a division has no value). A
 #: classic session reads them from Spark's classes (``AggregateCall.final``); a Connect
-#: client has no JVM, and the server's line is 4.3's (``session.check_server``), so the
+#: client has no JVM, and the server's line is the client's, 4.3 (``session.check_supported``), so the
 #: table is Spark 4.3's, checked against the JVM's in tests/test_connect_moments_table.py.
 _MOMENTS = {
     'corr': ('Corr', None,
@@ -60,8 +60,6 @@ _MOMENTS = {
         '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {2}))',
         '(IF(({0} = 0.0D), CAST(NULL AS DOUBLE), {2}))'),
 }
-#: the moment functions whose arguments Spark's analysis casts to double, (y, x) as given
-_REGRESSIONS = frozenset({"regr_sxy", "regr_r2", "regr_slope", "regr_intercept", "regr_sxx", "regr_syy"})
 _CLASSES.update({name: entry[0] for name, entry in _MOMENTS.items()})
 _CLASSES.update({"regr_count": "Count", "regr_avgx": "Average", "regr_avgy": "Average"})
 #: Spark's RuntimeReplaceableAggregate functions among them: the class Spark's optimizer
