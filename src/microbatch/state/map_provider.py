@@ -116,10 +116,18 @@ class MapStateStore(StateStore):
         self._check_open()
         self._table.upsert(rows)
 
-    def take_rows_at_or_below(self, bound: int, *, key_field: int, struct_field: int | None = None) -> pa.Table:
+    def take_rows_at_or_below(self, bound: int, *, key_field: int | None = None, struct_field: int | None = None,
+                              value_field: int | None = None) -> pa.Table:
         self._use("table")
         self._check_open()
-        return self._table.take_at_or_below(bound, self._table.versions.key_names[key_field], struct_field)
+        versions = self._table.versions
+        column = versions.key_names[key_field] if key_field is not None else versions.value_names[value_field]
+        return self._table.take_at_or_below(bound, column, struct_field)
+
+    def remove_rows(self, keys: pa.Table) -> int:
+        self._use("table")
+        self._check_open()
+        return self._table.remove(keys)
 
     def rows(self) -> pa.Table:
         self._use("table")

@@ -343,9 +343,14 @@ class StateStore(ABC):
         """Hold ``rows``: each replaces the row of its key."""
         raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
 
-    def take_rows_at_or_below(self, bound: int, *, key_field: int, struct_field: int | None = None) -> pa.Table:
-        """Remove the rows whose key field ``key_field`` (its struct field ``struct_field``)
-        is at or below ``bound``; return them."""
+    def take_rows_at_or_below(self, bound: int, *, key_field: int | None = None, struct_field: int | None = None,
+                              value_field: int | None = None) -> pa.Table:
+        """Remove the rows whose key field ``key_field`` (or value field ``value_field``;
+        its struct field ``struct_field``) is at or below ``bound``; return them."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
+
+    def remove_rows(self, keys: pa.Table) -> int:
+        """Remove the rows held for the keys of ``keys`` (columns k..); how many."""
         raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
 
     def rows(self) -> pa.Table:

@@ -98,11 +98,40 @@ def _join_ready(left: pa.Table, right: pa.Table, names: list[str]) -> tuple[pa.T
 
 
 def anti_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
-    """The rows of ``left`` whose key (columns ``names``) is not in ``right``, in no
-    particular order; a null equals a null, as in Spark's grouping."""
+    """The rows of ``left`` whose key (columns ``names``) is not in ``right``, in their
+    order; a null equals a null, as in Spark's grouping. Only the record batches of
+    ``left`` that lose a row are copied (``without_rows``): a store's table keeps its
+    state in the batches its versions added, and a version that replaces a few keys
+    copies those batches, not the whole state."""
     if left.num_rows == 0 or right.num_rows == 0:
         return left
-    return _filtered_by_join(left, right, names, "anti")
+    return without_rows(left, _filtered_by_join(left, right, names, "semi", indexes=True))
+
+
+def without_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table`` without the rows numbered ``rows``: its record batches that lose none
+    are kept as they are (no copy), the others filtered."""
+    if len(rows) == 0:
+        return table
+    rows = np.sort(rows)
+    kept, start = [], 0
+    for batch in table.to_batches():
+        end = start + batch.num_rows
+        low, high = np.searchsorted(rows, [start, end])
+        if low == high:
+            kept.append(batch)
+        else:
+            mask = np.ones(batch.num_rows, bool)
+            mask[rows[low:high] - start] = False
+            kept.append(batch.filter(pa.array(mask)))
+        start = end
+    return pa.Table.from_batches(kept, schema=table.schema)
+
+
+def compacted(table: pa.Table, most: int = 64) -> pa.Table:
+    """``table`` in one record batch once it is spread over more than ``most`` (each
+    version adds one; ``without_rows`` keeps them)."""
+    return table.combine_chunks() if table.num_rows and len(table.to_batches()) > most else table
 
 
 def semi_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
@@ -110,6 +139,54 @@ def semi_join(left: pa.Table, right: pa.Table, names: list[str]) -> pa.Table:
     if left.num_rows == 0 or right.num_rows == 0:
         return left.slice(0, 0)
     return _filtered_by_join(left, right, names, "semi")
+
+
+def join_pairs(left: pa.Table, right: pa.Table, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of rows of ``left`` and ``right`` whose keys (columns ``names``) are
+    equal, a null equal to a null: their row numbers, in no particular order."""
+    if left.num_rows == 0 or right.num_rows == 0 or _ranges_apart(left, right, names):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    a = left.select(names).append_column("__a", pa.array(np.arange(left.num_rows, dtype=np.int64)))
+    b = right.select(names).append_column("__b", pa.array(np.arange(right.num_rows, dtype=np.int64)))
+    a, b, keys = _join_ready(a, b, names)
+    a, b = a.select(keys + ["__a"]), b.select(keys + ["__b"])
+    # (Acero builds its hash table on the right input: the smaller side)
+    joined = a.join(b, keys=keys, join_type="inner", use_threads=False) if a.num_rows >= b.num_rows \
+        else b.join(a, keys=keys, join_type="inner", use_threads=False)
+    return (joined.column("__a").to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+            joined.column("__b").to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+
+
+def row_of_key(table: pa.Table, held: pa.Table, names: list[str]) -> np.ndarray:
+    """For each row of ``table``, the row of ``held`` (whose keys are unique) with its key
+    (columns ``names``; a null equals a null), or -1."""
+    found = np.full(table.num_rows, -1, np.int64)
+    rows, at = join_pairs(table, held, names)
+    found[rows] = at
+    return found
+
+
+def key_groups(table: pa.Table, names: list[str]) -> np.ndarray:
+    """Each row's key as a number, 0.. in the order of the keys' first rows."""
+    if table.num_rows == 0:
+        return np.empty(0, np.int64)
+    numbered = table.select(names).append_column("__row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    flat, keys = flat_keys(numbered, names)
+    firsts = flat.group_by(keys, use_threads=False).aggregate([("__row", "min")]).column("__row_min")
+    firsts = np.sort(firsts.to_numpy(zero_copy_only=False))
+    return row_of_key(table, table.take(pa.array(firsts)), names)
+
+
+def ranks_within(groups: np.ndarray) -> np.ndarray:
+    """Each row's place among the rows of its group (``key_groups``), in row order."""
+    order = np.argsort(groups, kind="stable")
+    sorted_groups = groups[order]
+    starts = np.r_[0, np.flatnonzero(sorted_groups[1:] != sorted_groups[:-1]) + 1] if len(groups) else \
+        np.empty(0, np.int64)
+    first = np.repeat(starts, np.diff(np.r_[starts, len(groups)]))
+    ranks = np.empty(len(groups), np.int64)
+    ranks[order] = np.arange(len(groups)) - first
+    return ranks
 
 
 def _leaves(column: pa.ChunkedArray) -> list[pa.ChunkedArray]:
@@ -139,8 +216,13 @@ def _ranges_apart(left: pa.Table, right: pa.Table, names: list[str]) -> bool:
     return False
 
 
-def _filtered_by_join(left: pa.Table, right: pa.Table, names: list[str], kind: str) -> pa.Table:
+def _filtered_by_join(left: pa.Table, right: pa.Table, names: list[str], kind: str,
+                      indexes: bool = False) -> pa.Table | np.ndarray:
+    """The rows of ``left`` a ``kind`` ("semi" or "anti") join with ``right`` keeps, or
+    (``indexes``) their row numbers."""
     if _ranges_apart(left, right, names):
+        if indexes:
+            return np.arange(left.num_rows) if kind == "anti" else np.empty(0, np.int64)
         return left if kind == "anti" else left.slice(0, 0)
     # The join carries only the keys and a row number (Acero carries no struct column),
     # then the rows are taken from ``left``.
@@ -153,6 +235,8 @@ def _filtered_by_join(left: pa.Table, right: pa.Table, names: list[str], kind: s
         joined = right.join(numbered, keys=keys, join_type=f"right {kind}", use_threads=False)
     else:
         joined = numbered.join(right, keys=keys, join_type=f"left {kind}", use_threads=False)
+    if indexes:
+        return joined.column("__index").to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     return left.take(joined.column("__index"))
 
 
@@ -265,6 +349,11 @@ def group_rows(table: pa.Table, names: list[str], aggregates: list[tuple[str, st
     return pa.Table.from_arrays(columns, names=names + [name for name, _ in aggregates])
 
 
+def _true_rows(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The row numbers where ``mask`` is true."""
+    return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+
+
 class TableVersions:
     """The Arrow tables of one store's recent versions: columns ``k0..`` (the key
     fields) and ``v0..`` (the value fields), in the order of the key and value schemas."""
@@ -329,7 +418,7 @@ class TableVersions:
         """``table`` changed by a delta file: its keys replaced, its removed keys gone."""
         table = anti_join(table, self._rows(delta, keys_only=True), self.key_names)
         added = self._rows(delta.filter(delta.column("value").is_valid()))
-        return pa.concat_tables([table, added]).combine_chunks()
+        return compacted(pa.concat_tables([table, added.combine_chunks()]))
 
     def _rows(self, file_table: pa.Table, keys_only: bool = False) -> pa.Table:
         """A state file's struct columns as flat ``k..``/``v..`` columns."""
@@ -438,7 +527,7 @@ class TableChanges:
         count = expired.num_rows
         if count:
             self.removed = pa.concat_tables([self.removed, expired])
-            self.base = self.base.filter(pc.invert(base_due))
+            self.base = without_rows(self.base, _true_rows(base_due))
         if self.added.num_rows:
             added_due = due(self.added)
             added_count = pc.sum(added_due).as_py() or 0
@@ -483,13 +572,27 @@ class TableChanges:
             expired = table.filter(mask)
             if expired.num_rows:
                 taken.append(expired)
-                setattr(self, name, table.filter(pc.invert(mask)))
+                setattr(self, name, without_rows(table, _true_rows(mask)))
         if not taken:
             return self.versions.empty()
         expired = pa.concat_tables(taken)
         self.removed = pa.concat_tables([self.removed, expired])
         self.removed_count += expired.num_rows
         return expired
+
+    def remove(self, keys: pa.Table) -> int:
+        """Remove the rows held for the keys of ``keys`` (columns ``k..``); how many."""
+        names = self.versions.key_names
+        count = 0
+        for name in ("base", "added"):
+            table = getattr(self, name)
+            gone = semi_join(table, keys, names)
+            if gone.num_rows:
+                self.removed = pa.concat_tables([self.removed, gone])
+                setattr(self, name, anti_join(table, keys, names))
+                count += gone.num_rows
+        self.removed_count += count
+        return count
 
     def rows(self) -> pa.Table:
         return pa.concat_tables([self.base, self.added]) if self.added.num_rows else self.base
@@ -499,7 +602,7 @@ class TableChanges:
 
     def commit(self) -> tuple[pa.Table, int]:
         """Commit version ``version + 1``: the new table and the commit time in ms."""
-        following = pa.concat_tables([self.base, self.added]).combine_chunks()
+        following = compacted(pa.concat_tables([self.base, self.added.combine_chunks()]))
         removed = self.removed
         if removed.num_rows and self.added.num_rows and self._added_after_removal:
             # a key removed, then added again: added (a removal takes its key out of the
