@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -21,6 +22,7 @@ from microbatch.plan.logical import Watermark
 from microbatch.planted_bugs import planted
 from microbatch.state.files import from_state_values, state_values, storage_type
 from microbatch.state.store import StateStoreMetrics
+from microbatch.state.table_form import join_pairs, key_groups, ranks_within, row_of_key, table_key
 
 SIDES = ("left", "right")
 #: The tags of each side's event-time statistics in the operator's metrics.
@@ -133,22 +135,30 @@ class JoinTask(StateTask):
         stores = self._stores(partition)
         late = updated = 0
         output: list[tuple[tuple, tuple]] = []
+        in_tables = self._in_tables(stores)
+        pieces: list[tuple[pa.Table | None, pa.Table | None]] = []
         if batches:
             table = pa.Table.from_batches(batches)
-            for side in ((1, 0) if self.how == "semi" and self.semi_evicts_matched else (0, 1)):
-                keys, rows, dropped, passes = self._side_rows(table, side, partition)
-                late += dropped
-                updated += self._store_and_join(stores, side, keys, rows, output, passes)
+            if in_tables:
+                late, updated = self._join_tables(stores, table, partition, pieces)
+            else:
+                for side in ((1, 0) if self.how == "semi" and self.semi_evicts_matched else (0, 1)):
+                    keys, rows, dropped, passes = self._side_rows(table, side, partition)
+                    late += dropped
+                    updated += self._store_and_join(stores, side, keys, rows, output, passes)
         updates_ms = (time.monotonic() - started) * 1000
         started = time.monotonic()
         removed = 0
         for side in SIDES:
-            evicted = self._evict(stores, side, output)
+            evicted = self._evict_tables(stores, side, pieces) if in_tables else self._evict(stores, side, output)
             if self.counts_outer_removals or not (self.how == "full" or self.how == side):
                 removed += evicted
         removals_ms = (time.monotonic() - started) * 1000
         if output:
             yield self._output(output)
+        for piece in pieces:
+            if (out := self._output_table(*piece)) is not None:
+                yield out
         total = memory = commit_ms = 0
         custom: dict[str, int] = {}
         tracked = True
@@ -167,6 +177,255 @@ class JoinTask(StateTask):
         self.finish(partition, combined, numRowsUpdated=updated, numRowsRemoved=removed,
                     allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
                     numRowsDroppedByWatermark=late, numStateStoreInstances=len(stores))
+
+    # -- the state as Arrow tables (``state.table_form``) -------------------------------
+    # Where the four stores keep their memory as tables, a batch is joined a side at a
+    # time as the row-by-row path does it, with Arrow's hash joins in place of lookups:
+    # the left rows probe the right rows held for their keys; the right rows probe the
+    # left rows held for theirs and the left rows of the batch; each stored row takes the
+    # next indexes of its key; a match marks the held row matched. Eviction is a filter,
+    # and a key's remaining rows are renumbered 0..n-1 in their order.
+    def _in_tables(self, stores: dict) -> bool:
+        """Whether this join runs on tables: an inner or outer join whose condition is its
+        keys and time comparisons, on keys Arrow joins on, and stores that take tables."""
+        def integer(side: int, index: int | None) -> bool:
+            return index is None or pa.types.is_integer(self.row_schemas[side][index].type)
+
+        def event_time(kind: pa.DataType) -> bool:   # a timestamp, or a window (its end)
+            return pa.types.is_integer(kind) or (pa.types.is_struct(kind) and kind.num_fields == 2
+                                                 and pa.types.is_integer(kind[1].type))
+        return (self.how in ("inner", "left", "right", "full") and not self.pair_conditions
+                and len(self.key_schema) > 0 and all(table_key(f.type) for f in self.key_schema)
+                and all(integer(a[0], a[1]) and integer(b[0], b[1]) for _, a, b in self.comparisons)
+                and all(i is None or event_time(self.row_schemas[side][i].type)
+                        for side, i in enumerate(self.event_times))
+                and (self.watermark_key is None or event_time(self.key_schema[self.watermark_key].type))
+                and all(store.in_tables() for store in stores.values()))
+
+    def _side_table(self, table: pa.Table, side: int, partition: int) -> tuple[pa.Table, int, np.ndarray]:
+        """A side's rows (``k..`` its keys, ``v..`` its row, storage types) without its
+        late rows, how many were late, and whether each passes the side's pre-join filter;
+        the event-time statistics of all its rows reported, when the task reports them."""
+        prefix = "__l" if side == 0 else "__r"
+        rows_table = table.filter(pc.equal(table.column("__side"), side))
+        if self.event_time_stats[side] is not None:
+            stats = EventTimeStats()
+            for chunk in rows_table.column(f"{prefix}{self.event_time_stats[side]}").chunks:
+                stats.add_micros(chunk.cast(pa.int64()))
+            stats.report(self.metrics, partition, JOIN_SIDE_TAGS[side])
+        columns = [rows_table.column(f"__k{i}").cast(f.type) for i, f in enumerate(self.key_schema)]
+        columns += [rows_table.column(f"{prefix}{j}").cast(f.type) for j, f in enumerate(self.row_schemas[side])]
+        rows = pa.Table.from_arrays(columns, schema=self._batch_schema(side))
+        passes = pc.fill_null(rows_table.column("__f"), False).to_numpy(zero_copy_only=False).astype(bool) \
+            if self.pre_filtered[side] else np.ones(rows.num_rows, bool)
+        time_index = self.event_times[side]
+        if time_index is None or self.late_us is None or rows.num_rows == 0:
+            return rows, 0, passes
+        times = _times(rows.column(f"v{time_index}"))
+        on_time = pc.fill_null(pc.greater(times, self.late_us), True).to_numpy(zero_copy_only=False).astype(bool)
+        return rows.filter(pa.array(on_time)), int((~on_time).sum()), passes[on_time]
+
+    def _batch_schema(self, side: int) -> pa.Schema:
+        return pa.schema([pa.field(f"k{i}", f.type) for i, f in enumerate(self.key_schema)]
+                         + [pa.field(f"v{j}", f.type) for j, f in enumerate(self.row_schemas[side])])
+
+    def _held(self, stores: dict, side: int, keys: pa.Table) -> pa.Table:
+        """The rows a side holds for the keys of ``keys`` (``k..`` and the index, ``v..``
+        and the matched flag), found through its key counts."""
+        key_names = [f"k{i}" for i in range(len(self.key_schema))]
+        counts = stores[f"{SIDES[side]}-keyToNumValues"].matching_rows(keys.select(key_names))
+        values = stores[f"{SIDES[side]}-keyWithIndexToValue"]
+        if counts.num_rows == 0:
+            return values.matching_rows(_indexed(keys.slice(0, 0).select(key_names), np.empty(0, np.int64)))
+        n = counts.column("v0").to_numpy(zero_copy_only=False).astype(np.int64)
+        at = np.repeat(np.arange(len(n)), n)
+        index = np.arange(n.sum(), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+        return values.matching_rows(_indexed(counts.select(key_names).take(pa.array(at)), index))
+
+    def _pairs(self, left: pa.Table, right: pa.Table, left_at: np.ndarray, right_at: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The pairs (rows of ``left`` and ``right`` with equal keys) that meet the
+        condition's time comparisons (a null compares false)."""
+        names = [f"k{i}" for i in range(len(self.key_schema))]
+        a, b = join_pairs(_rows_at(left.select(names), left_at), _rows_at(right.select(names), right_at), names)
+        a, b = left_at[a], right_at[b]
+        if not self.comparisons or len(a) == 0:
+            return a, b
+        taken = (left.take(pa.array(a)), right.take(pa.array(b)))
+        meets = np.ones(len(a), bool)
+        for op, *terms in self.comparisons:
+            x, y = (pc.add(taken[side].column(f"v{index}"), offset) for side, index, offset in terms)
+            compare = {"<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal}[op]
+            meets &= pc.fill_null(compare(x, y), False).to_numpy(zero_copy_only=False).astype(bool)
+        return a[meets], b[meets]
+
+    def _matched_held(self, stores: dict, side: int, held: pa.Table, rows: np.ndarray) -> None:
+        """Mark the held rows ``rows`` of a side matched (as Spark's join does a row's
+        first match)."""
+        flag = f"v{len(self.row_schemas[side])}"
+        rows = np.unique(rows)
+        if len(rows) == 0:
+            return
+        was = held.column(flag).take(pa.array(rows)).to_numpy(zero_copy_only=False).astype(bool)
+        rows = rows[~was]
+        if len(rows):
+            changed = held.take(pa.array(rows))
+            changed = changed.set_column(changed.schema.get_field_index(flag), flag,
+                                         pa.array(np.ones(len(rows), bool)))
+            stores[f"{SIDES[side]}-keyWithIndexToValue"].put_rows(changed)
+
+    def _join_tables(self, stores: dict, table: pa.Table, partition: int, pieces: list) -> tuple[int, int]:
+        """``_store_and_join`` of both sides, on tables; the late and stored rows' counts."""
+        (left, left_late, left_passes), (right, right_late, right_passes) = (
+            self._side_table(table, side, partition) for side in (0, 1))
+        left_outer, right_outer = self.how in ("left", "full"), self.how in ("right", "full")
+        # the left rows: joined with the right rows held for their keys
+        left_at = np.flatnonzero(left_passes)
+        held_right = self._held(stores, 1, left)
+        a, b = self._pairs(left, held_right, left_at, np.arange(held_right.num_rows))
+        pieces.append((left.take(pa.array(a)), held_right.take(pa.array(b))))
+        left_matched = np.zeros(left.num_rows, bool)
+        left_matched[a] = True
+        self._matched_held(stores, 1, held_right, b)
+        if left_outer and len(left_at) < left.num_rows:   # (failing the pre-join filter: out now)
+            pieces.append((left.filter(pa.array(~left_passes)), None))
+        # the right rows: joined with the left rows held for their keys, and this batch's
+        held_left = self._held(stores, 0, right)
+        row_columns = [f"k{i}" for i in range(len(self.key_schema))] + [
+            f"v{j}" for j in range(len(self.row_schemas[0]))]
+        stored_left = _rows_at(left, left_at)
+        candidates = pa.concat_tables([held_left.select(row_columns).cast(self._batch_schema(0)), stored_left])
+        right_at = np.flatnonzero(right_passes)
+        c, r = self._pairs(candidates, right, np.arange(candidates.num_rows), right_at)
+        pieces.append((candidates.take(pa.array(c)), right.take(pa.array(r))))
+        right_matched = np.zeros(right.num_rows, bool)
+        right_matched[r] = True
+        self._matched_held(stores, 0, held_left, c[c < held_left.num_rows])
+        left_matched[left_at[c[c >= held_left.num_rows] - held_left.num_rows]] = True
+        if right_outer and len(right_at) < right.num_rows:
+            pieces.append((None, right.filter(pa.array(~right_passes))))
+        # a right row behind the watermark met this batch's left rows already: not stored,
+        # unless it is an outer side's and matched nothing
+        kept = right_passes.copy()
+        behind = self._behind_watermark_rows(right, 1)
+        if behind is not None:
+            kept &= ~(behind & (right_matched | (not right_outer)))
+        stored = 0
+        kept_at = np.flatnonzero(kept)
+        for side, rows, matched in ((0, stored_left, left_matched[left_at]),
+                                    (1, _rows_at(right, kept_at), right_matched[kept_at])):
+            stored += self._store_rows(stores, side, rows, matched)
+        return left_late + right_late, stored
+
+    def _behind_watermark_rows(self, rows: pa.Table, side: int) -> np.ndarray | None:
+        """``_behind_watermark`` of each row (``k..``, ``v..``), or None: no watermark."""
+        bound = self.value_evict_us[side]
+        if bound is not None and self.event_times[side] is not None:
+            column, limit = rows.column(f"v{self.event_times[side]}"), bound
+        elif self.watermark_key is not None and self.evict_us is not None:
+            column, limit = rows.column(f"k{self.watermark_key}"), self.evict_us
+        else:
+            return None
+        return pc.fill_null(pc.less_equal(_times(column), limit), False).to_numpy(zero_copy_only=False).astype(bool)
+
+    def _store_rows(self, stores: dict, side: int, rows: pa.Table, matched: np.ndarray) -> int:
+        """Add a side's rows to its state: each at its key's next index, in their order."""
+        if rows.num_rows == 0:
+            return 0
+        counts, values = stores[f"{SIDES[side]}-keyToNumValues"], stores[f"{SIDES[side]}-keyWithIndexToValue"]
+        key_names = [f"k{i}" for i in range(len(self.key_schema))]
+        keys = rows.select(key_names)
+        held = counts.matching_rows(keys)
+        at = row_of_key(keys, held, key_names)
+        start = np.where(at >= 0, held.column("v0").to_numpy(zero_copy_only=False)[np.maximum(at, 0)]
+                         if held.num_rows else 0, 0)
+        groups = key_groups(keys, key_names)
+        index = start + ranks_within(groups)
+        new = _indexed(keys, index)
+        for j in range(len(self.row_schemas[side])):
+            new = new.append_column(f"v{j}", rows.column(f"v{j}"))
+        new = new.append_column(f"v{len(self.row_schemas[side])}", pa.array(matched.astype(bool)))
+        values.put_rows(new)
+        # each key's count: its highest index + 1 (the rows of a key are numbered in order)
+        last = np.zeros(groups.max() + 1, np.int64)
+        np.maximum.at(last, groups, index + 1)
+        firsts = np.unique(groups, return_index=True)[1]
+        count_rows = keys.take(pa.array(firsts)).append_column("v0", pa.array(last[groups[firsts]]))
+        counts.put_rows(count_rows)
+        return rows.num_rows
+
+    def _evict_tables(self, stores: dict, side: str, pieces: list) -> int:
+        """``_evict`` on tables: the rows behind the watermark taken out by a filter (on
+        the outer side(s) of an outer join, those that never matched come out with nulls);
+        where a value watermark took some of a key's rows, the rest renumbered 0..n-1."""
+        index_of_side = SIDES.index(side)
+        counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
+        width = len(self.row_schemas[index_of_side])
+        key_names = [f"k{i}" for i in range(len(self.key_schema))]
+        by_value = self.value_evict_us[index_of_side] is not None and self.event_times[index_of_side] is not None
+        if by_value:
+            time_index = self.event_times[index_of_side]
+            window = pa.types.is_struct(self.row_schemas[index_of_side][time_index].type)
+            gone = values.take_rows_at_or_below(self.value_evict_us[index_of_side], value_field=time_index,
+                                                struct_field=1 if window else None)
+        elif self.watermark_key is not None and self.evict_us is not None:
+            window = pa.types.is_struct(self.key_schema[self.watermark_key].type)
+            gone = values.take_rows_at_or_below(self.evict_us, key_field=self.watermark_key,
+                                                struct_field=1 if window else None)
+            counts.take_rows_at_or_below(self.evict_us, key_field=self.watermark_key,
+                                         struct_field=1 if window else None)
+        else:
+            return 0
+        if gone.num_rows == 0:
+            return 0
+        if self.how == "full" or self.how == side:
+            unmatched = gone.filter(pc.invert(gone.column(f"v{width}")))
+            if unmatched.num_rows:
+                rows = unmatched.select(key_names + [f"v{j}" for j in range(width)])
+                pieces.append((rows, None) if side == "left" else (None, rows))
+        if by_value:
+            self._renumbered(counts, values, gone.select(key_names), key_names)
+        return gone.num_rows
+
+    def _renumbered(self, counts, values, keys: pa.Table, key_names: list[str]) -> None:
+        """The rows left for ``keys`` renumbered 0..n-1 in their order, and their counts."""
+        old_counts = counts.matching_rows(keys)
+        n = old_counts.column("v0").to_numpy(zero_copy_only=False).astype(np.int64)
+        at = np.repeat(np.arange(len(n)), n)
+        index = np.arange(n.sum(), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+        left = values.matching_rows(_indexed(old_counts.select(key_names).take(pa.array(at)), index))
+        m = len(key_names)
+        left = left.take(pc.sort_indices(left, sort_keys=[(f"k{m}", "ascending")]))
+        groups = key_groups(left.select(key_names), key_names)
+        new_index = ranks_within(groups)
+        old_index = left.column(f"k{m}").to_numpy(zero_copy_only=False)
+        moved = np.flatnonzero(new_index != old_index)
+        if len(moved):
+            values.remove_rows(left.take(pa.array(moved)).select(key_names + [f"k{m}"]))
+            renumbered = left.take(pa.array(moved))
+            renumbered = renumbered.set_column(m, f"k{m}", pa.array(new_index[moved]))
+            values.put_rows(renumbered)
+        if left.num_rows:   # each key's rows left: its count
+            firsts = np.unique(groups, return_index=True)[1]
+            sizes = np.bincount(groups)
+            counts.put_rows(left.select(key_names).take(pa.array(firsts))
+                            .append_column("v0", pa.array(sizes[groups[firsts]], pa.int64())))
+        emptied = row_of_key(old_counts.select(key_names), left.select(key_names), key_names) < 0
+        if emptied.any():
+            counts.remove_rows(old_counts.select(key_names).filter(pa.array(emptied)))
+
+    def _output_table(self, left: pa.Table | None, right: pa.Table | None) -> pa.RecordBatch | None:
+        """Joined pairs (a side None: nulls) as the task's output columns."""
+        n = (left if left is not None else right).num_rows
+        if n == 0:
+            return None
+        columns, names = [], []
+        for side, (rows, prefix) in enumerate(((left, "__l"), (right, "__r"))):
+            for j, target in enumerate(self.output_types[side]):
+                columns.append(pa.nulls(n, target) if rows is None
+                               else rows.column(f"v{j}").combine_chunks().cast(target))
+                names.append(f"{prefix}{j}")
+        return pa.RecordBatch.from_arrays(columns, names=names)
 
     def _store_and_join(self, stores, side: int, keys: list, rows: list, output: list,
                         passes: list | None = None) -> int:
@@ -360,6 +619,21 @@ def _columns_renumbered(tree: Any, side: int, at: dict[int, int]) -> Any:
     if isinstance(tree[0], str):
         return (tree[0],) + tuple(_columns_renumbered(item, side, at) for item in tree[1:])
     return tuple(_columns_renumbered(item, side, at) for item in tree)
+
+
+def _times(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """An event-time column as µs: a timestamp's, or a time window's end."""
+    return pc.struct_field(column, [1]) if pa.types.is_struct(column.type) else column
+
+
+def _rows_at(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """The rows ``rows`` (ascending) of ``table``: the table itself when they are all."""
+    return table if len(rows) == table.num_rows else table.take(pa.array(rows))
+
+
+def _indexed(keys: pa.Table, index: np.ndarray) -> pa.Table:
+    """Keys (``k..``) with an index column after them: a row store's keys."""
+    return keys.append_column(f"k{keys.num_columns}", pa.array(index, pa.int64()))
 
 
 def _time_us(value: Any) -> int | None:
