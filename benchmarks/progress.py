@@ -37,13 +37,13 @@ def batch_times(progress) -> dict:
             "overheadMs": trigger - progress.durationMs.get("addBatch", 0)}
 
 
-def both_engines(run, warm_up: tuple, measured: tuple, partitions: int = 4):
+def both_engines(run, warm_up: tuple, measured: tuple, partitions: int = 4, conf: dict | None = None):
     """``run(session, *args)`` on Spark's engine and on microbatch in one embedded Spark:
     a warm-up run of each with ``warm_up`` (JVM code paths, Python workers), then one
     measured run of each with ``measured``. Returns the batches per engine and the median
-    ``triggerMs`` of batches 1.. per engine."""
+    ``triggerMs`` of batches 1.. per engine; ``conf`` adds to the embedded Spark's."""
     from microbatch import StreamingSession, embedded_spark
-    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": str(partitions)})
+    spark = embedded_spark(conf={"spark.sql.shuffle.partitions": str(partitions), **(conf or {})})
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))   # a session made before keeps its own
     engines = {"spark": spark, "microbatch": StreamingSession(spark)}
     for session in engines.values():
