@@ -94,6 +94,9 @@ CASES = {
     "time range with BETWEEN and a strict bound, inner": lambda l, r: ranged(
         l, r, "inner", "rid = id AND lts BETWEEN rts - interval 5 seconds AND rts + interval 30 seconds "
                        "AND rts < lts + interval 1 minute"),
+    # a condition with a part beside the keys and time range that reads both sides
+    "time range and a comparison of both sides' columns, left outer": lambda l, r: ranged(
+        l, r, "left_outer", "id = rid AND lts >= rts AND lts <= rts + interval 20 seconds AND id * 10 < b"),
     # window equality: the window over the event time is the watermarked key (its end is
     # compared with the watermark); the id filter moves below the watermark through the select
     "on id and a time window, inner": lambda l, r: windowed(l).join(windowed(r), ["id", "w"]),
@@ -119,6 +122,25 @@ def test_join_matches_spark_batch_by_batch(spark, ss, sides, tmp_path, case):
     assert comparable(our_progress) == comparable(their_progress)
     assert our_progress[0]["stateOperators"][0]["operatorName"] == "symmetricHashJoin"
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
+
+
+#: cases whose joins take the join task's branches: keys and values evicted, outer and semi
+#: joins, a condition's other parts
+BOTH_PATHS = ("full outer", "left semi", "time range and a comparison of both sides' columns, left outer")
+
+
+def test_the_row_path_of_the_rocksdb_stores_gives_what_the_arrow_path_gives(ss, sides, tmp_path):
+    """The join task has two paths: Arrow tables where the stores keep their memory as
+    tables (the default provider), a row at a time where they do not (the RocksDB
+    provider). Each is compared with Spark's engine where it runs by default; here the
+    row path against the Arrow path: the same rows and state counts, batch by batch."""
+    for n, case in enumerate(BOTH_PATHS):
+        arrow = run(ss, sides, tmp_path / f"arrow-{n}", CASES[case])
+        with confs(ss, {"spark.sql.streaming.stateStore.providerClass":
+                        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}):
+            rows = run(ss, sides, tmp_path / f"rows-{n}", CASES[case])
+        assert rows[0] == arrow[0], case
+        assert comparable(rows[1]) == comparable(arrow[1]), case
 
 
 def test_a_restart_in_the_middle_gives_the_same_answer(ss, sides, tmp_path):

@@ -124,6 +124,11 @@ class MapStateStore(StateStore):
         column = versions.key_names[key_field] if key_field is not None else versions.value_names[value_field]
         return self._table.take_at_or_below(bound, column, struct_field)
 
+    def take_rows_where(self, due) -> pa.Table:
+        self._use("table")
+        self._check_open()
+        return self._table.take_where(due)
+
     def remove_rows(self, keys: pa.Table) -> int:
         self._use("table")
         self._check_open()

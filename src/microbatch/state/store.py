@@ -349,6 +349,11 @@ class StateStore(ABC):
         its struct field ``struct_field``) is at or below ``bound``; return them."""
         raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
 
+    def take_rows_where(self, due) -> pa.Table:
+        """Remove the rows where ``due`` (a function of a table of rows, giving a boolean
+        array) is true; return them."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")
+
     def remove_rows(self, keys: pa.Table) -> int:
         """Remove the rows held for the keys of ``keys`` (columns k..); how many."""
         raise NotImplementedError(f"{type(self).__name__} does not keep its state as tables")

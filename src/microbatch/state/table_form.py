@@ -563,6 +563,11 @@ class TableChanges:
             if field is not None:
                 values = pc.struct_field(values, [field])
             return pc.fill_null(pc.less_equal(values, bound), False)
+        return self.take_where(due)
+
+    def take_where(self, due) -> pa.Table:
+        """Remove the rows where ``due(table)`` is true, and return them (as
+        ``take_at_or_below``)."""
         taken = []
         for name in ("base", "added"):
             table = getattr(self, name)

@@ -186,15 +186,15 @@ class JoinTask(StateTask):
     # next indexes of its key; a match marks the held row matched. Eviction is a filter,
     # and a key's remaining rows are renumbered 0..n-1 in their order.
     def _in_tables(self, stores: dict) -> bool:
-        """Whether this join runs on tables: an inner or outer join whose condition is its
-        keys and time comparisons, on keys Arrow joins on, and stores that take tables."""
+        """Whether this join runs on tables: on keys Arrow joins on, time comparisons of
+        integers (µs), and stores that take tables."""
         def integer(side: int, index: int | None) -> bool:
             return index is None or pa.types.is_integer(self.row_schemas[side][index].type)
 
         def event_time(kind: pa.DataType) -> bool:   # a timestamp, or a window (its end)
             return pa.types.is_integer(kind) or (pa.types.is_struct(kind) and kind.num_fields == 2
                                                  and pa.types.is_integer(kind[1].type))
-        return (self.how in ("inner", "left", "right", "full") and not self.pair_conditions
+        return (self.how in ("inner", "left", "right", "full", "semi")
                 and len(self.key_schema) > 0 and all(table_key(f.type) for f in self.key_schema)
                 and all(integer(a[0], a[1]) and integer(b[0], b[1]) for _, a, b in self.comparisons)
                 and all(i is None or event_time(self.row_schemas[side][i].type)
@@ -245,19 +245,32 @@ class JoinTask(StateTask):
     def _pairs(self, left: pa.Table, right: pa.Table, left_at: np.ndarray, right_at: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
         """The pairs (rows of ``left`` and ``right`` with equal keys) that meet the
-        condition's time comparisons (a null compares false)."""
+        condition's time comparisons (a null compares false) and its other parts."""
         names = [f"k{i}" for i in range(len(self.key_schema))]
         a, b = join_pairs(_rows_at(left.select(names), left_at), _rows_at(right.select(names), right_at), names)
         a, b = left_at[a], right_at[b]
-        if not self.comparisons or len(a) == 0:
-            return a, b
-        taken = (left.take(pa.array(a)), right.take(pa.array(b)))
-        meets = np.ones(len(a), bool)
-        for op, *terms in self.comparisons:
-            x, y = (pc.add(taken[side].column(f"v{index}"), offset) for side, index, offset in terms)
-            compare = {"<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal}[op]
-            meets &= pc.fill_null(compare(x, y), False).to_numpy(zero_copy_only=False).astype(bool)
-        return a[meets], b[meets]
+        if self.comparisons and len(a):
+            taken = (left.take(pa.array(a)), right.take(pa.array(b)))
+            meets = np.ones(len(a), bool)
+            for op, *terms in self.comparisons:
+                x, y = (pc.add(taken[side].column(f"v{index}"), offset) for side, index, offset in terms)
+                compare = {"<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal}[op]
+                meets &= pc.fill_null(compare(x, y), False).to_numpy(zero_copy_only=False).astype(bool)
+            a, b = a[meets], b[meets]
+        if self.pair_conditions and len(a):
+            # the condition's other parts, pair by pair as the row path evaluates them (only
+            # the pairs the keys and time comparisons leave)
+            pairs = zip(self._state_rows(left, a, 0), self._state_rows(right, b, 1))
+            meets = np.fromiter((all(evaluate(c, pair) is True for c in self.pair_conditions) for pair in pairs),
+                                bool, len(a))
+            a, b = a[meets], b[meets]
+        return a, b
+
+    def _state_rows(self, table: pa.Table, rows: np.ndarray, side: int) -> list[tuple]:
+        """The rows ``rows`` of a side's table as the row path's tuples (state values)."""
+        taken = table.take(pa.array(rows))
+        columns = [state_values(taken.column(f"v{j}"), f.type) for j, f in enumerate(self.row_schemas[side])]
+        return list(zip(*columns)) if columns else [()] * len(rows)
 
     def _matched_held(self, stores: dict, side: int, held: pa.Table, rows: np.ndarray) -> None:
         """Mark the held rows ``rows`` of a side matched (as Spark's join does a row's
@@ -276,6 +289,8 @@ class JoinTask(StateTask):
 
     def _join_tables(self, stores: dict, table: pa.Table, partition: int, pieces: list) -> tuple[int, int]:
         """``_store_and_join`` of both sides, on tables; the late and stored rows' counts."""
+        if self.how == "semi":
+            return self._semi_join_tables(stores, table, partition, pieces)
         (left, left_late, left_passes), (right, right_late, right_passes) = (
             self._side_table(table, side, partition) for side in (0, 1))
         left_outer, right_outer = self.how in ("left", "full"), self.how in ("right", "full")
@@ -317,6 +332,45 @@ class JoinTask(StateTask):
             stored += self._store_rows(stores, side, rows, matched)
         return left_late + right_late, stored
 
+    def _semi_join_tables(self, stores: dict, table: pa.Table, partition: int, pieces: list) -> tuple[int, int]:
+        """A left semi join on tables, in the row path's order (Spark 4.2's: the right rows
+        first; before, the left rows first): a left row comes out once, at its first
+        match. A batch's left row that matches comes out at once and is not stored; a held
+        one comes out when a right row matches it, and is marked matched."""
+        sides = {side: self._side_table(table, side, partition) for side in (0, 1)}
+        stored = 0
+        for side in ((1, 0) if self.semi_evicts_matched else (0, 1)):
+            rows, _, passes = sides[side]
+            at = np.flatnonzero(passes)
+            if side == 0:   # the left rows against every right row held
+                held = self._held(stores, 1, rows)
+                a, b = self._pairs(rows, held, at, np.arange(held.num_rows))
+                self._matched_held(stores, 1, held, b)
+                matched = np.zeros(rows.num_rows, bool)
+                matched[a] = True
+                if matched.any():
+                    pieces.append((rows.filter(pa.array(matched)), None))
+                kept_at = np.flatnonzero(passes & ~matched)
+                stored += self._store_rows(stores, 0, _rows_at(rows, kept_at), np.zeros(len(kept_at), bool))
+                continue
+            # the right rows against the left rows held that have not matched yet
+            held = self._held(stores, 0, rows)
+            flag = held.column(f"v{len(self.row_schemas[0])}").to_numpy(zero_copy_only=False).astype(bool)
+            c, r = self._pairs(held, rows, np.flatnonzero(~flag), at)
+            firsts = np.unique(c)
+            if len(firsts):
+                pieces.append((held.take(pa.array(firsts)), None))
+            self._matched_held(stores, 0, held, firsts)
+            matched = np.zeros(rows.num_rows, bool)
+            matched[r] = True
+            kept = passes.copy()
+            behind = self._behind_watermark_rows(rows, 1)
+            if behind is not None:   # (it met this batch's left rows already)
+                kept &= ~behind
+            kept_at = np.flatnonzero(kept)
+            stored += self._store_rows(stores, 1, _rows_at(rows, kept_at), matched[kept_at])
+        return sides[0][1] + sides[1][1], stored
+
     def _behind_watermark_rows(self, rows: pa.Table, side: int) -> np.ndarray | None:
         """``_behind_watermark`` of each row (``k..``, ``v..``), or None: no watermark."""
         bound = self.value_evict_us[side]
@@ -357,34 +411,40 @@ class JoinTask(StateTask):
     def _evict_tables(self, stores: dict, side: str, pieces: list) -> int:
         """``_evict`` on tables: the rows behind the watermark taken out by a filter (on
         the outer side(s) of an outer join, those that never matched come out with nulls);
-        where a value watermark took some of a key's rows, the rest renumbered 0..n-1."""
+        where that took some of a key's rows (a value watermark; a semi join's matched
+        left rows), the rest renumbered 0..n-1."""
         index_of_side = SIDES.index(side)
         counts, values = stores[f"{side}-keyToNumValues"], stores[f"{side}-keyWithIndexToValue"]
         width = len(self.row_schemas[index_of_side])
         key_names = [f"k{i}" for i in range(len(self.key_schema))]
-        by_value = self.value_evict_us[index_of_side] is not None and self.event_times[index_of_side] is not None
-        if by_value:
-            time_index = self.event_times[index_of_side]
-            window = pa.types.is_struct(self.row_schemas[index_of_side][time_index].type)
-            gone = values.take_rows_at_or_below(self.value_evict_us[index_of_side], value_field=time_index,
-                                                struct_field=1 if window else None)
-        elif self.watermark_key is not None and self.evict_us is not None:
+        matched_out = self.how == "semi" and side == "left" and self.semi_evicts_matched   # a matched row is done
+        time_index = self.event_times[index_of_side]
+        by_value = self.value_evict_us[index_of_side] is not None and time_index is not None
+        by_key = not by_value and self.watermark_key is not None and self.evict_us is not None
+        if by_key and not matched_out:   # whole keys: their counts go with them, nothing renumbered
             window = pa.types.is_struct(self.key_schema[self.watermark_key].type)
             gone = values.take_rows_at_or_below(self.evict_us, key_field=self.watermark_key,
                                                 struct_field=1 if window else None)
             counts.take_rows_at_or_below(self.evict_us, key_field=self.watermark_key,
                                          struct_field=1 if window else None)
+        elif by_value or by_key or matched_out:
+            def due(rows: pa.Table) -> pa.Array:
+                behind = pc.fill_null(pc.less_equal(_times(rows.column(f"v{time_index}")),
+                                                    self.value_evict_us[index_of_side]), False) if by_value \
+                    else pc.fill_null(pc.less_equal(_times(rows.column(f"k{self.watermark_key}")),
+                                                    self.evict_us), False) if by_key \
+                    else pa.array(np.zeros(rows.num_rows, bool))
+                return pc.or_(behind, pc.fill_null(rows.column(f"v{width}"), False)) if matched_out else behind
+            gone = values.take_rows_where(due)
+            if gone.num_rows:
+                self._renumbered(counts, values, gone.select(key_names), key_names)
         else:
             return 0
-        if gone.num_rows == 0:
-            return 0
-        if self.how == "full" or self.how == side:
+        if gone.num_rows and (self.how == "full" or self.how == side):
             unmatched = gone.filter(pc.invert(gone.column(f"v{width}")))
             if unmatched.num_rows:
                 rows = unmatched.select(key_names + [f"v{j}" for j in range(width)])
                 pieces.append((rows, None) if side == "left" else (None, rows))
-        if by_value:
-            self._renumbered(counts, values, gone.select(key_names), key_names)
         return gone.num_rows
 
     def _renumbered(self, counts, values, keys: pa.Table, key_names: list[str]) -> None:
