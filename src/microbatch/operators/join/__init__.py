@@ -19,6 +19,11 @@ right or full outer join, it matched nothing. Then each side's rows behind its s
 watermark are evicted — by the key, when a join key is a watermarked event time, or by
 the side's state value watermark from the time comparisons — an outer side's rows that
 never matched coming out with nulls; and the four stores commit version N+1.
+
+The task does this in one of two ways with the same answers: where the stores keep their
+memory as Arrow tables (the default provider), a side's batch at a time with Arrow's hash
+joins and filters (``JoinTask._join_tables``); otherwise (the RocksDB provider) a row at
+a time (``JoinTask._store_and_join``).
 """
 from microbatch.operators.join.node import (StreamJoin, condition_sides_pushed, engine_event_times, filters_pushed_into_joins, join_filters_inferred,
                                             joins_null_filtered, joins_times_pruned, outer_joins_eliminated,

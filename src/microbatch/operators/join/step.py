@@ -77,17 +77,24 @@ class JoinTask(StateTask):
                 stores[name] = self.store(partition, key, value, name)
         return stores
 
+    def _side_input(self, table: pa.Table, side: int, partition: int) -> pa.Table:
+        """A side's rows of the task's input; the event-time statistics of all of them
+        reported, when the task reports them."""
+        rows_table = table.filter(pc.equal(table.column("__side"), side))
+        if self.event_time_stats[side] is not None:
+            stats = EventTimeStats()
+            column = f"{'__l' if side == 0 else '__r'}{self.event_time_stats[side]}"
+            for chunk in rows_table.column(column).chunks:
+                stats.add_micros(chunk.cast(pa.int64()))
+            stats.report(self.metrics, partition, JOIN_SIDE_TAGS[side])
+        return rows_table
+
     def _side_rows(self, table: pa.Table, side: int, partition: int) -> tuple[list, list, int, list | None]:
         """A side's (keys, rows) without its late rows, how many were late, and whether each
         passes the side's pre-join filter (None: it has none); the event-time statistics of
         all its rows reported, when the task reports them."""
         prefix = "__l" if side == 0 else "__r"
-        rows_table = table.filter(pc.equal(table.column("__side"), side))
-        if self.event_time_stats[side] is not None:
-            stats = EventTimeStats()
-            for chunk in rows_table.column(f"{prefix}{self.event_time_stats[side]}").chunks:
-                stats.add_micros(chunk.cast(pa.int64()))
-            stats.report(self.metrics, partition, JOIN_SIDE_TAGS[side])
+        rows_table = self._side_input(table, side, partition)
         keys = list(zip(*[state_values(rows_table.column(f"__k{i}"), f.type, as_key=True)
                           for i, f in enumerate(self.key_schema)]))
         rows = list(zip(*[state_values(rows_table.column(f"{prefix}{j}"), f.type)
@@ -207,12 +214,7 @@ class JoinTask(StateTask):
         late rows, how many were late, and whether each passes the side's pre-join filter;
         the event-time statistics of all its rows reported, when the task reports them."""
         prefix = "__l" if side == 0 else "__r"
-        rows_table = table.filter(pc.equal(table.column("__side"), side))
-        if self.event_time_stats[side] is not None:
-            stats = EventTimeStats()
-            for chunk in rows_table.column(f"{prefix}{self.event_time_stats[side]}").chunks:
-                stats.add_micros(chunk.cast(pa.int64()))
-            stats.report(self.metrics, partition, JOIN_SIDE_TAGS[side])
+        rows_table = self._side_input(table, side, partition)
         columns = [rows_table.column(f"__k{i}").cast(f.type) for i, f in enumerate(self.key_schema)]
         columns += [rows_table.column(f"{prefix}{j}").cast(f.type) for j, f in enumerate(self.row_schemas[side])]
         rows = pa.Table.from_arrays(columns, schema=self._batch_schema(side))
