@@ -591,11 +591,13 @@ class TableChanges:
         count = 0
         for name in ("base", "added"):
             table = getattr(self, name)
-            gone = semi_join(table, keys, names)
-            if gone.num_rows:
-                self.removed = pa.concat_tables([self.removed, gone])
-                setattr(self, name, anti_join(table, keys, names))
-                count += gone.num_rows
+            if table.num_rows == 0 or keys.num_rows == 0:
+                continue
+            rows = _filtered_by_join(table, keys, names, "semi", indexes=True)
+            if len(rows):
+                self.removed = pa.concat_tables([self.removed, table.take(pa.array(rows))])
+                setattr(self, name, without_rows(table, rows))
+                count += len(rows)
         self.removed_count += count
         return count
 

@@ -22,7 +22,7 @@ from microbatch.plan.logical import Watermark
 from microbatch.planted_bugs import planted
 from microbatch.state.files import from_state_values, state_values, storage_type
 from microbatch.state.store import StateStoreMetrics
-from microbatch.state.table_form import join_pairs, key_groups, ranks_within, row_of_key, table_key
+from microbatch.state.table_form import anti_join, join_pairs, key_groups, ranks_within, row_of_key, table_key
 
 SIDES = ("left", "right")
 #: The tags of each side's event-time statistics in the operator's metrics.
@@ -236,13 +236,7 @@ class JoinTask(StateTask):
         and the matched flag), found through its key counts."""
         key_names = [f"k{i}" for i in range(len(self.key_schema))]
         counts = stores[f"{SIDES[side]}-keyToNumValues"].matching_rows(keys.select(key_names))
-        values = stores[f"{SIDES[side]}-keyWithIndexToValue"]
-        if counts.num_rows == 0:
-            return values.matching_rows(_indexed(keys.slice(0, 0).select(key_names), np.empty(0, np.int64)))
-        n = counts.column("v0").to_numpy(zero_copy_only=False).astype(np.int64)
-        at = np.repeat(np.arange(len(n)), n)
-        index = np.arange(n.sum(), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-        return values.matching_rows(_indexed(counts.select(key_names).take(pa.array(at)), index))
+        return _rows_counted(stores[f"{SIDES[side]}-keyWithIndexToValue"], counts, key_names)
 
     def _pairs(self, left: pa.Table, right: pa.Table, left_at: np.ndarray, right_at: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -452,10 +446,7 @@ class JoinTask(StateTask):
     def _renumbered(self, counts, values, keys: pa.Table, key_names: list[str]) -> None:
         """The rows left for ``keys`` renumbered 0..n-1 in their order, and their counts."""
         old_counts = counts.matching_rows(keys)
-        n = old_counts.column("v0").to_numpy(zero_copy_only=False).astype(np.int64)
-        at = np.repeat(np.arange(len(n)), n)
-        index = np.arange(n.sum(), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-        left = values.matching_rows(_indexed(old_counts.select(key_names).take(pa.array(at)), index))
+        left = _rows_counted(values, old_counts, key_names)
         m = len(key_names)
         left = left.take(pc.sort_indices(left, sort_keys=[(f"k{m}", "ascending")]))
         groups = key_groups(left.select(key_names), key_names)
@@ -472,9 +463,9 @@ class JoinTask(StateTask):
             sizes = np.bincount(groups)
             counts.put_rows(left.select(key_names).take(pa.array(firsts))
                             .append_column("v0", pa.array(sizes[groups[firsts]], pa.int64())))
-        emptied = row_of_key(old_counts.select(key_names), left.select(key_names), key_names) < 0
-        if emptied.any():
-            counts.remove_rows(old_counts.select(key_names).filter(pa.array(emptied)))
+        emptied = anti_join(old_counts.select(key_names), left.select(key_names), key_names)
+        if emptied.num_rows:
+            counts.remove_rows(emptied)
 
     def _output_table(self, left: pa.Table | None, right: pa.Table | None) -> pa.RecordBatch | None:
         """Joined pairs (a side None: nulls) as the task's output columns."""
@@ -691,6 +682,15 @@ def _times(column: pa.ChunkedArray) -> pa.ChunkedArray:
 def _rows_at(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """The rows ``rows`` (ascending) of ``table``: the table itself when they are all."""
     return table if len(rows) == table.num_rows else table.take(pa.array(rows))
+
+
+def _rows_counted(values, counts: pa.Table, key_names: list[str]) -> pa.Table:
+    """The rows a side's ``keyWithIndexToValue`` store holds for the keys of ``counts``
+    (its ``keyToNumValues`` rows: indexes 0..count-1 of each key)."""
+    n = counts.column("v0").to_numpy(zero_copy_only=False).astype(np.int64)
+    at = np.repeat(np.arange(len(n)), n)
+    index = np.arange(n.sum(), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    return values.matching_rows(_indexed(counts.select(key_names).take(pa.array(at)), index))
 
 
 def _indexed(keys: pa.Table, index: np.ndarray) -> pa.Table:
