@@ -132,6 +132,16 @@ JOINED = {
         "id", "bid", b.metadataColumn("_metadata").getField("file_path").alias("bf")),
 }
 
+#: name -> the query over two unaliased streams of the files joined: each side's hidden column
+#: named only by its DataFrame (Spark resolves ``metadataColumn`` by the side's plan)
+UNALIASED_JOINED = {
+    "both unaliased sides' metadataColumn through an inner join": lambda a, b: a.join(b, F.expr(JOINED_ON)).select(
+        "id", "bid", a.metadataColumn("_metadata").getField("file_path").alias("af"),
+        b.metadataColumn("_metadata").getField("file_name").alias("bf")),
+    "an unaliased side's metadataColumn through a left outer join": lambda a, b: a.join(
+        b, F.expr(JOINED_ON), "left_outer").select("id", "bid", b.metadataColumn("_metadata").alias("bm")),
+}
+
 
 #: name -> the query over two streams of the files without watermarks joined on the ids
 #: (``a`` and ``b``), in append mode: a side's _metadata read through a step above the join
@@ -152,12 +162,12 @@ ABOVE_JOIN = {
 }
 
 
-def joined_sides(session, paths: tuple[str, str], watermarks: bool = True):
+def joined_sides(session, paths: tuple[str, str], watermarks: bool = True, aliased: bool = True):
     a = stream(session, paths[0], "json")
     b = stream(session, paths[1], "json").toDF("bid", "bts")
     if watermarks:
         a, b = watermarked(a), b.withWatermark("bts", "10 seconds")
-    return a.alias("a"), b.alias("b")
+    return (a.alias("a"), b.alias("b")) if aliased else (a, b)
 
 
 #: name -> the query over the stream; Spark's analysis refuses each (UNRESOLVED_COLUMN)
@@ -235,12 +245,14 @@ def test_metadata_read_where_spark_reads_it(spark, ss, files, tmp_path, case):
     assert_same(theirs, ours, tmp_path / "spark", tmp_path / "microbatch")
 
 
-@pytest.mark.parametrize("case", ci_share(list(JOINED) + list(ABOVE_JOIN)))
+@pytest.mark.parametrize("case", ci_share(list(JOINED) + list(ABOVE_JOIN)) + ci_share(list(UNALIASED_JOINED)))
 def test_metadata_through_a_stream_stream_join_as_spark_reads_it(spark, ss, tmp_path, case):
     paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"))
-    query, watermarks = (JOINED[case], True) if case in JOINED else (ABOVE_JOIN[case], False)
-    theirs = run(query(*joined_sides(spark, paths, watermarks)), tmp_path / "spark", "append")
-    ours = run(query(*joined_sides(ss, paths, watermarks)), tmp_path / "microbatch", "append")
+    query, watermarks = (JOINED[case], True) if case in JOINED else (ABOVE_JOIN[case], False) \
+        if case in ABOVE_JOIN else (UNALIASED_JOINED[case], True)
+    aliased = case not in UNALIASED_JOINED
+    theirs = run(query(*joined_sides(spark, paths, watermarks, aliased)), tmp_path / "spark", "append")
+    ours = run(query(*joined_sides(ss, paths, watermarks, aliased)), tmp_path / "microbatch", "append")
     assert_same(theirs, ours, tmp_path / "spark", tmp_path / "microbatch")
 
 

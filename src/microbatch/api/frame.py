@@ -338,7 +338,15 @@ class StreamFrame:
             # (a frame whose columns all have one qualifier, a side aliased for a join: named
             # by it, so that over the join it is this side's, as Spark's resolves it)
             return spark_internals.metadata_column(f"{next(iter(qualifiers))[-1]}.{colName}")
-        return spark_internals.metadata_column(colName)
+        relations = self._plan.relations()
+        if spark_internals.is_connect(self._template) or len(relations) != 1:
+            return spark_internals.metadata_column(colName)
+        # (a frame of one source whose columns have no one qualifier, an unaliased side of a
+        # join: named by the plan id its template and every placeholder of the source's
+        # batches are tagged with, as Spark Connect names a DataFrame's column)
+        plan_id = relations[0].hidden_column_plan_id()
+        spark_internals.with_plan_id(self._template, plan_id, in_place=True)
+        return spark_internals.metadata_column(colName, plan_id)
 
     def transform(self, func: Callable[..., "StreamFrame"], *args: Any, **kwargs: Any) -> "StreamFrame":
         result = func(self, *args, **kwargs)

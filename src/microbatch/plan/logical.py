@@ -157,12 +157,24 @@ class StreamingRelation(PlanNode):
     def build(self, inputs):
         return inputs[self]
 
-    def empty_batch(self, spark: Any) -> DataFrame:
-        """A batch of no rows with the source's columns, hidden ones included (its provider's;
-        a MemoryStream has none)."""
+    def empty_batch(self, spark: Any, schema: StructType | None = None) -> DataFrame:
+        """A batch of no rows with the source's columns (or ``schema``'s), hidden ones
+        included (its provider's; a MemoryStream has none); tagged with the source's plan id
+        where a ``metadataColumn`` names its hidden column by it (``hidden_column_plan_id``)."""
+        schema = schema or self.schema
         if self.provider is None:
-            return spark_internals.empty_batch(spark, self.schema)
-        return self.provider.empty_batch(spark, self.options, self.schema)
+            return spark_internals.empty_batch(spark, schema)
+        batch = self.provider.empty_batch(spark, self.options, schema)
+        plan_id = self.__dict__.get("_hidden_column_plan_id")
+        return batch if plan_id is None else spark_internals.with_plan_id(batch, plan_id)
+
+    def hidden_column_plan_id(self) -> int:
+        """The plan id (Spark Connect's PLAN_ID_TAG) by which a frame's ``metadataColumn``
+        names this source's hidden column where its name alone would not say which side of a
+        join it is (sides whose columns have no qualifier): from now on, every placeholder
+        of the source's batches is tagged with it (``empty_batch``). Kept outside the
+        dataclass fields, as a copy (``copied``) keeps it: the same source read twice."""
+        return self.__dict__.setdefault("_hidden_column_plan_id", spark_internals.PLAN_IDS_FROM + self.id)
 
     def relations(self):
         return [self]

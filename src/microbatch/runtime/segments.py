@@ -302,7 +302,7 @@ def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame 
     for node in hole.nodes():
         if isinstance(node, StreamingRelation) and node.provider is not None:
             try:
-                empty = node.provider.empty_batch(spark, node.options, schema)
+                empty = node.empty_batch(spark, schema)
             except Exception:   # noqa: BLE001 - a format that cannot hold these columns: none
                 continue
             if spark_internals.has_hidden_columns(empty):

@@ -54,7 +54,7 @@ from microbatch.spark_internals.metrics import (
     reset_observations, row_json, run_to_end,
 )
 from microbatch.spark_internals.relations import (
-    FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column,
+    FileBatches, RangeBatches, empty_batch, empty_dataframe, metadata_column, with_plan_id, PLAN_IDS_FROM,
 )
 from microbatch.spark_internals.eliminated_joins import outer_joins_eliminated, outer_joins_narrowed
 from microbatch.spark_internals.join_conditions import ConditionPart, join_condition_parts
@@ -82,7 +82,7 @@ __all__ = [
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
     "arrow_batches_by_rows", "cloned_session", "jobs_see_session_confs", "column_sql", "conjuncts_without_column", "conjuncts_through_aggregation", "grouping_set_filters", "empty_batch", "empty_dataframe",
     "conjunct_sides", "pruned_from_joins", "pruned_below_repartitions", "event_time_marked", "is_global_aggregation", "having_condition", "having_aggregation", "hidden_aggregates_added", "is_aggregation", "output_columns", "bound_attribute_ids", "event_time_barrier",
-    "output_attribute_ids", "plan_json", "positions_below_projection", "attribute_positions", "rebound", "metadata_column", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
+    "output_attribute_ids", "plan_json", "positions_below_projection", "attribute_positions", "rebound", "metadata_column", "with_plan_id", "PLAN_IDS_FROM", "window_function_error", "output_qualifiers", "qualified_alias", "requalified",
     "error_condition", "exception_message", "exception_string", "executed_observation_row",
     "filter_can_skip_column", "filter_passes_filter", "filter_passes_projection", "grouped_dataframe",
     "foreach_batch_user_error", "grouping_column_names", "grouping_columns", "hyperloglog_tables",

@@ -49,14 +49,44 @@ def _empty_in_jvm(spark: SparkSession, schema: StructType, rows) -> Any:
     return DataFrame(jdf, spark)
 
 
-def metadata_column(name: str) -> Any:
+def metadata_column(name: str, plan_id: int | None = None) -> Any:
     """A Column naming a relation's hidden (metadata) column by name, unresolved, as Spark
     Connect's ``DataFrame.metadataColumn`` makes it: classic PySpark's resolves it against
-    the DataFrame's own plan, whose attribute a stream's batches do not have."""
+    the DataFrame's own plan, whose attribute a stream's batches do not have. With
+    ``plan_id``, the column of the plan tagged with it (``with_plan_id``), as Connect
+    resolves a DataFrame's column (Spark's PLAN_ID_TAG): over a join of two sides that
+    both have the column, it is the tagged side's."""
     from pyspark.sql import Column
     node = jvm_class("org.apache.spark.sql.internal.UnresolvedAttribute").apply(
-        name, jvm_class("scala.None$"), True)
+        name, jvm_class("scala.None$") if plan_id is None else jvm_class("scala.Some")(_long(plan_id)), True)
     return Column(jvm_class("org.apache.spark.sql.Column")(node))
+
+
+#: plan ids microbatch tags plans with start here: py4j passes a Python int of more than 32
+#: bits as a Java Long, which the tag's value must be (Connect's own ids are small)
+PLAN_IDS_FROM = 1 << 40
+
+
+def _long(plan_id: int) -> int:
+    if plan_id < PLAN_IDS_FROM:
+        raise ValueError(f"a plan id of microbatch's is at least {PLAN_IDS_FROM}, not {plan_id}")
+    return plan_id
+
+
+def with_plan_id(df: Any, plan_id: int, in_place: bool = False) -> Any:
+    """``df`` with its plan's root tagged with ``plan_id`` (Spark's PLAN_ID_TAG), which a
+    ``metadata_column(name, plan_id)`` resolves against: a copy of the plan (``in_place``:
+    the plan itself, which the plans of the DataFrames made from ``df`` share)."""
+    from pyspark.sql import DataFrame
+    plan = df._jdf.logicalPlan()
+    if not in_place:
+        plan = plan.clone()
+    plan.setTagValue(jvm_class("org.apache.spark.sql.catalyst.plans.logical.LogicalPlan$").PLAN_ID_TAG(),
+                     _long(plan_id))
+    if in_place:
+        return df
+    return DataFrame(jvm_class(running_version().dataset_class).ofRows(df.sparkSession._jsparkSession, plan),
+                     df.sparkSession)
 
 
 class FileBatches:
