@@ -282,21 +282,52 @@ def test_metadata_through_a_join_spark_refuses_gets_sparks_errors(spark, ss, tmp
     assert errors[0] == errors[1] and errors[0].startswith("Redefining watermark is disallowed"), errors
 
 
-def test_metadata_aggregated_above_a_cascaded_join_is_refused_with_the_way_out(ss, tmp_path):
-    """Spark's engine groups by a side's _metadata through a withWatermark above a join whose
-    left side is itself a join; microbatch carries a side's _metadata up to an aggregation
-    over a join only where the side has one name (``a._metadata``), not through a side of
-    several (``a`` and ``b`` here): the first batch fails naming the fix, and commits
-    nothing."""
+#: name -> (the query over three streams of the files without watermarks, ``a`` and ``b``
+#: joined and then ``c``, the output mode): a side's _metadata read through the outer join,
+#: whose left side has no one name (its columns are ``a``'s and ``b``'s), as Spark reads it
+CASCADED = {
+    "a side's grouped by through a withWatermark above a cascaded join": (
+        lambda a, b, c: a.join(b, F.expr("id = bid")).join(c, F.expr("id = cid")).withWatermark(
+            "ts", "5 seconds").groupBy(F.window("ts", "10 seconds"), F.col("a._metadata.file_name").alias("af"))
+        .count(), "update"),
+    "each side's selected above a cascaded join": (
+        lambda a, b, c: a.join(b, F.expr("id = bid")).join(c, F.expr("id = cid")).select(
+            "id", F.col("a._metadata.file_name").alias("af"), F.col("b._metadata.file_path").alias("bf"),
+            F.col("c._metadata.file_name").alias("cf")), "append"),
+}
+
+
+@pytest.mark.parametrize("case", ci_share(list(CASCADED)))
+def test_metadata_through_a_cascaded_join_as_spark_reads_it(spark, ss, tmp_path, case):
     paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"),
              write_files(tmp_path / "c", "json"))
-    a, b = joined_sides(ss, paths[:2], watermarks=False)
-    c = stream(ss, paths[2], "json").toDF("cid", "cts").alias("c")
-    query = a.join(b, F.expr("id = bid")).join(c, F.expr("id = cid")).withWatermark("ts", "5 seconds").groupBy(
-        F.window("ts", "10 seconds"), F.col("a._metadata.file_name").alias("af")).count()
+    query, mode = CASCADED[case]
+    results = []
+    for session, name in ((spark, "spark"), (ss, "microbatch")):
+        a, b = joined_sides(session, paths[:2], watermarks=False)
+        c = stream(session, paths[2], "json").toDF("cid", "cts").alias("c")
+        results.append(run(query(a, b, c), tmp_path / name, mode))
+    assert_same(*results, tmp_path / "spark", tmp_path / "microbatch")
+
+
+def test_metadata_through_a_side_microbatch_cannot_carry_it_through_is_refused_with_the_way_out(spark, ss, tmp_path):
+    """A side of a stream-stream join whose columns have two names and that is no join (``a``
+    joined with a static table ``s``) stands as one relation with no name: ``a._metadata``
+    read above the join cannot be carried to it. Spark's engine runs the query; microbatch's
+    first batch fails naming the fix, and commits nothing."""
+    paths = (write_files(tmp_path / "a", "json"), write_files(tmp_path / "b", "json"))
+    static = static_table(spark).alias("s")
+
+    def query(session):
+        a, b = joined_sides(session, paths, watermarks=False)
+        return a.join(static, F.col("a.id") == F.col("s.k")).join(b, F.expr("id = bid")).select(
+            "id", "name", F.col("a._metadata.file_name").alias("af"))
+
+    theirs, _ = run(query(spark), tmp_path / "spark", "append")
+    assert any(rows for _, (_, rows) in theirs)
     with pytest.raises(StreamingQueryException) as caught:
-        run(query, tmp_path / "ckpt", "update")
-    assert "select('*', '_metadata')" in str(caught.value) and "an aggregation" in str(caught.value)
+        run(query(ss), tmp_path / "ckpt", "append")
+    assert "select('*', '_metadata')" in str(caught.value) and "no join itself" in str(caught.value)
     assert not (tmp_path / "ckpt" / "commits").exists() or not os.listdir(tmp_path / "ckpt" / "commits")
 
 

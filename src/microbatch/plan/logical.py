@@ -512,6 +512,12 @@ class StatefulNode(PlanNode):
         step above reads no hidden column through it."""
         return ()
 
+    def child_column_qualifiers(self, child: int) -> tuple[tuple[str, ...], ...]:
+        """The qualifiers of the columns of its output that are child ``child``'s, as the
+        query was written (``a`` of a join side's ``a.id``), which a batch's output may have
+        lost (a prepared segment's binding drops them); () where it does not say."""
+        return ()
+
     def output_marks_event_time(self) -> bool:
         """Whether its output carries the event-time mark of its input (a ``withWatermark``
         above it would redefine the watermark)."""

@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from microbatch import spark_internals
-from microbatch.plan.logical import (Apply, PlanNode, ScanFilter, StaticJoin, StreamingRelation, Transform, Union,
-                                     Watermark, children_replaced)
+from microbatch.plan.logical import (Apply, NullFilter, PlanNode, ScanFilter, StaticJoin, StreamingRelation, Transform,
+                                     Union, Watermark, children_replaced)
 
 
 #: The steps a prepared segment is made of: stateless, and the same in every batch.
@@ -100,18 +100,21 @@ class PreparedSegment(PlanNode):
         stands as its own empty batch, so its hidden columns (``_metadata``) resolve (under
         the filter Spark's engine gives its scan too, ``ScanFilter``)."""
         empties = []
+        # (steps that cannot read a hidden column, a cascaded join's null filters, pass a
+        # hole's carried ones as its other columns: ``_passes_columns``)
+        reads_hidden = _steps_may_name_hidden(self.template)
         for index, (hole, df) in enumerate(zip(self.holes, built)):
             source = hole
             while isinstance(source, (Watermark, ScanFilter)):
                 source = source.child
             empty = source.empty_batch(df.sparkSession) if isinstance(source, StreamingRelation) else None
             join = _hidden_join(hole)
-            if join is not None and spark_internals.CARRIED_METADATA in df.columns:
+            if reads_hidden and join is not None and spark_internals.CARRIED_METADATA in df.columns:
                 # (a join whose sides carry their sources' _metadata, or a watermark or a
                 # deduplication over one: a join of stand-ins)
                 empties.append(_joined_placeholder(join, df, df.sparkSession, self._qualifiers(index, df))[0])
                 continue
-            if df.columns[-1:] == [spark_internals.CARRIED_METADATA]:
+            if reads_hidden and df.columns[-1:] == [spark_internals.CARRIED_METADATA]:
                 # (a hole that carries its source's _metadata, ``hidden_columns_carried``: a
                 # relation of the source's format with the columns before it, which has the
                 # hidden column the binding gives the carried one as)
@@ -165,8 +168,9 @@ def hidden_column_not_carried(error: AnalysisException) -> AnalysisException:
         return error
     return AnalysisException(
         "The file source's hidden column _metadata is read here through a step that microbatch "
-        "does not carry it through (a stream-stream join whose side's columns have no one "
-        "qualifier to name it by; an aggregation's keys or aggregates over such a side): select it "
+        "does not carry it through (a stream-stream join's side whose columns have no one "
+        "qualifier to name it by and that is no join itself; an aggregation's keys or aggregates "
+        "over such a side): select it "
         "right after the source, e.g. readStream...load().select('*', '_metadata'), and use that "
         f"column afterwards. ({error})")
 
@@ -311,34 +315,86 @@ def _hidden_placeholder(hole: PlanNode, schema: StructType, spark) -> DataFrame 
 
 
 def _joined_placeholder(hole: PlanNode, built: DataFrame, spark, qualifiers: tuple | None = None
-                        ) -> tuple[DataFrame, list[DataFrame | None], list[str | None]]:
+                        ) -> tuple[DataFrame, list[DataFrame | None], list[str | None], list[tuple[int, ...]]]:
     """A stand-in for the output ``built`` of ``hole``, a join whose sides' hidden columns a
     step above may read: per side a relation of its source's format with the side's columns
     (``_hidden_placeholder``; an empty DataFrame for a side without one), named by the
     side's qualifier where all its columns have the same (``a`` of ``a._metadata``), the
     two cross-joined: the join's columns in its order, and each side's hidden columns as
-    Spark's Join gives them. A side's column ``CARRIED_METADATA`` after its own (a batch's)
-    is its carried ``_metadata``, which the stand-in has hidden. Also each side's relation
-    (None: none) and the name it has (None: none). ``qualifiers``: ``built``'s columns'
-    (None: its own)."""
+    Spark's Join gives them. A side with no one name that is itself a join (under the outer
+    join's null filters: a cascaded join's left side) stands as its own sides, cross-joined
+    alike. A side's column ``CARRIED_METADATA`` after its own (a batch's) is its carried
+    ``_metadata``, which the stand-in has hidden. Also, per side that stands as one relation
+    (in the stand-in's order), that relation (None: none), the name it has (None: none) and
+    its path from ``hole`` (the child indexes down to it: ``(0, 1)``, the right side of the
+    left side's join). ``qualifiers``: ``built``'s columns' (None: its own)."""
     fields = built.schema.fields
     qualifiers = qualifiers or spark_internals.output_qualifiers(built)
-    start, frames, relations, names = 0, [], [], []
-    for child, width in _hidden_sides(hole):
-        end = len(fields) if width is None else start + width
-        schema = StructType(fields[start:end])
-        relation = _hidden_placeholder(hole.children[child], schema, spark)
-        frame = relation if relation is not None else spark_internals.empty_dataframe(spark, schema)
-        named = set(qualifiers[start:end])
+    joined, sides, _ = _stand_in(hole, fields, qualifiers, 0, spark)
+    return joined, [r for _, r, _ in sides], [n for _, _, n in sides], [p for p, _, _ in sides]
+
+
+def _stand_in(join: PlanNode, fields: list, qualifiers: tuple, start: int, spark
+              ) -> tuple[DataFrame, list[tuple[tuple[int, ...], DataFrame | None, str | None]], int]:
+    """``_joined_placeholder``'s stand-in for ``join``'s output at ``fields[start:]``, its
+    sides (path, relation, name), and where its columns end in ``fields``."""
+    frames, sides = [], []
+    for child, width in _hidden_sides(join):
+        end = len(fields) if width is None else _side_end(fields, start, width)
+        own = [i for i in range(start, end) if fields[i].name != spark_internals.CARRIED_METADATA]
+        named = {qualifiers[i] for i in own}
+        if named == {()}:   # (lost by a binding: a cascaded join's left side's, under its null filters)
+            named = set(join.child_column_qualifiers(child)) or named
         name = next(iter(named))[-1] if len(named) == 1 and next(iter(named)) else None
-        frames.append(frame if name is None else frame.alias(name))
-        relations.append(relation)
-        names.append(name)
-        start = end + (1 if end < len(fields) and fields[end].name == spark_internals.CARRIED_METADATA else 0)
+        inner = _join_of_side(join.children[child]) if name is None else None
+        if inner is not None:
+            frame, inner_sides, end = _stand_in(inner, fields, qualifiers, start, spark)
+            sides.extend(((child, *path), relation, side_name) for path, relation, side_name in inner_sides)
+        else:
+            schema = StructType([fields[i] for i in own])
+            relation = _hidden_placeholder(join.children[child], schema, spark)
+            frame = relation if relation is not None else spark_internals.empty_dataframe(spark, schema)
+            frame = frame if name is None else frame.alias(name)
+            sides.append(((child,), relation, name))
+            end += 1 if end < len(fields) and fields[end].name == spark_internals.CARRIED_METADATA else 0
+        frames.append(frame)
+        start = end
     joined = frames[0]
     for frame in frames[1:]:
         joined = joined.crossJoin(frame)
-    return joined, relations, names
+    return joined, sides, start
+
+
+def _side_end(fields: list, start: int, width: int) -> int:
+    """Where a join side's ``width`` columns from ``fields[start]`` end, past the carried
+    hidden columns among them (a cascaded join's inner sides')."""
+    end, seen = start, 0
+    while seen < width:
+        seen += fields[end].name != spark_internals.CARRIED_METADATA
+        end += 1
+    return end
+
+
+def _join_of_side(side: PlanNode) -> PlanNode | None:
+    """The join whose output a join's side is, under the outer join's own null filters
+    (``NullFilter``; a prepared segment of only those: a cascaded join's left side), whose
+    sides may stand for it; or None."""
+    if isinstance(side, PreparedSegment) and len(side.holes) == 1:
+        inner = side.template
+        while isinstance(inner, NullFilter):
+            inner = inner.child
+        side = inner
+    while isinstance(side, NullFilter):
+        side = side.child
+    return _hidden_join(side)
+
+
+def _passes_columns(run: PlanNode) -> bool:
+    """Whether the run of stateless steps rooted at ``run`` is only a join's null filters
+    over one hole, which pass the hole's columns as they are (carried hidden ones too)."""
+    while isinstance(run, NullFilter):
+        run = run.child
+    return not isinstance(run, SEGMENT_STEPS)
 
 
 def _run_holes(node: PlanNode) -> list[PlanNode]:
@@ -369,7 +425,7 @@ def _hidden_columns_exposed_for(node: PlanNode, empty_inputs, spark) -> tuple | 
     if join is None or not _may_carry(child):
         return None
     try:
-        stand_in, relations, names = _joined_placeholder(join, child.build(empty_inputs), spark)
+        stand_in, relations, names, _ = _joined_placeholder(join, child.build(empty_inputs), spark)
         if all(r is None for r in relations):
             return None
         analyzed = spark_internals.analyzed_plan(children_replaced(node, [Placeholder(stand_in)]).build({}))
@@ -401,16 +457,21 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
     aggregation whose own keys or aggregates read a join's sides' hidden columns gets a
     projection below it that selects them by the sides' names, carried up to it alike."""
 
-    def carried(node: PlanNode, needed: bool | tuple[int, ...]) -> PlanNode:
+    def carried(node: PlanNode, needed: bool | tuple[tuple[int, ...], ...]) -> PlanNode:
         """``node`` carrying its hidden columns up where ``needed`` (for a node of several
-        children that pass theirs, a join's: those whose columns are read)."""
+        children that pass theirs, a join's: the paths down to the sides whose columns are
+        read, ``_joined_placeholder``'s)."""
         sides = _hidden_sides(node)
         if needed and not isinstance(node, SEGMENT_STEPS) and not _direct(node, carriers) and sides:
             if isinstance(needed, tuple) and len(sides) == 1:    # (over a join: its sides)
                 return children_replaced(node, [carried(c, needed if i == sides[0][0] else False)
                                                 for i, c in enumerate(node.children)])
-            read = {i for i, _ in sides[:1]} if needed is True else set(needed)
-            return children_replaced(node, [carried(c, i in read) for i, c in enumerate(node.children)])
+            if needed is True:
+                return children_replaced(node, [carried(c, i == sides[0][0]) for i, c in enumerate(node.children)])
+            return children_replaced(node, [carried(c, _below(needed, i)) for i, c in enumerate(node.children)])
+        if isinstance(needed, tuple) and isinstance(node, SEGMENT_STEPS) and _passes_columns(node):
+            # (a cascaded join's side: its null filters over the inner join, whose sides carry)
+            return _run_over(node, [carried(hole, needed) for hole in _run_holes(node)])
         if needed and node in carriers:    # (its batches carry the column themselves from now on)
             carriers[node].carry_hidden_columns()
             return node
@@ -425,7 +486,13 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
         reads = _holes_read_for_hidden(node, holes)
         return _run_over(node, [carried(hole, read) for hole, read in zip(holes, reads)])
 
-    def _holes_read_for_hidden(run: PlanNode, holes: list[PlanNode]) -> list[bool | tuple[int, ...]]:
+    def _below(needed: tuple[tuple[int, ...], ...], child: int) -> bool | tuple[tuple[int, ...], ...]:
+        """What of ``needed`` (paths from a join) its child ``child`` carries: all of its
+        hidden columns (True), its own sides' (the paths on from it), or none."""
+        rest = tuple(path[1:] for path in needed if path[0] == child)
+        return True if () in rest else rest or False
+
+    def _holes_read_for_hidden(run: PlanNode, holes: list[PlanNode]) -> list[bool | tuple[tuple[int, ...], ...]]:
         """Per hole of the run, whether the run's steps read its hidden columns (for a join:
         the sides whose columns they read, or False)."""
         asked = [not _direct(h, carriers) and _may_carry(h) for h in holes]
@@ -437,22 +504,22 @@ def hidden_columns_carried(plan: PlanNode, empty_inputs, spark,
                 built = hole.build(empty_inputs)
                 join = _hidden_join(hole) if ask else None
                 if join is not None:
-                    stand_in, sides, _ = _joined_placeholder(join, built, spark)
+                    stand_in, sides, _, paths = _joined_placeholder(join, built, spark)
                 else:
                     stand_in = _hidden_placeholder(hole, built.schema, spark) if ask else None
-                    sides = [stand_in]
+                    sides, paths = [stand_in], []
                 placeholders.append(stand_in if stand_in is not None else built)
-                relations.append(sides)
+                relations.append((sides, paths))
             analyzed = spark_internals.analyzed_plan(_run_over(run, [Placeholder(p) for p in placeholders]).build({}))
         except AnalysisException:    # (read through a step that does not carry it: the segment says so)
             return [False] * len(holes)
         read = iter(spark_internals.hidden_columns_read(
-            analyzed, [spark_internals.analyzed_plan(r) for sides in relations for r in sides if r is not None]))
-        answers: list[bool | tuple[int, ...]] = []
-        for hole, ask, sides in zip(holes, asked, relations):
+            analyzed, [spark_internals.analyzed_plan(r) for sides, _ in relations for r in sides if r is not None]))
+        answers: list[bool | tuple[tuple[int, ...], ...]] = []
+        for ask, (sides, paths) in zip(asked, relations):
             got = [r is not None and next(read) for r in sides]
-            if len(sides) > 1:
-                picked = tuple(i for (i, _), g in zip(_hidden_sides(_hidden_join(hole)), got) if g)
+            if paths:
+                picked = tuple(path for path, g in zip(paths, got) if g)
                 answers.append(picked if ask and picked else False)
             else:
                 answers.append(ask and got[0])

@@ -108,6 +108,9 @@ class StreamJoin(StatefulNode):
             return ((0, None),)
         return ((0, len(self.side_columns[0])), (1, len(self.side_columns[1])))
 
+    def child_column_qualifiers(self, child: int) -> tuple[tuple[str, ...], ...]:
+        return self.side_qualifiers[child]
+
     def make_step(self, operator_id: int, state_root: str, shuffle_partitions: int) -> JoinStep:
         return JoinStep(self, operator_id, state_root, shuffle_partitions)
 

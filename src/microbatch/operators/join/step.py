@@ -783,14 +783,17 @@ class JoinStep(StatefulStep):
         partitions = self.num_partitions
 
         def build(inputs: list[DataFrame], task: JoinTask):
-            both = inputs[0].select(*shape["tagged"][0]).union(inputs[1].select(*shape["tagged"][1]))
+            both = _carried_apart(inputs[0]).select(*shape["tagged"][0]).union(
+                _carried_apart(inputs[1]).select(*shape["tagged"][1]))
             mapped = both.repartition(partitions, *shape["partition"]).mapInArrow(task, shape["out"])
             return mapped.select(*shape["result"]), spark_internals.map_in_arrow_function(mapped, shape["out"])
 
         return self.bind([left, right], task, build)
 
     def state_schema(self, input_schemas: list[StructType]) -> tuple[StructType, StructType]:
-        left, right = input_schemas
+        left, right = (StructType([StructField(n, f.dataType, f.nullable, f.metadata)
+                                   for n, f in zip(_names_apart(schema.fieldNames()), schema.fields)])
+                       for schema in input_schemas)
         by_name = {f.name.lower(): f for f in left.fields}
         key = StructType([by_name[k.lower()] for k in self.node.keys])
         self._unpruned = (left, right)
@@ -825,6 +828,20 @@ class JoinStep(StatefulStep):
         return []
 
 
+def _carried_apart(side: DataFrame) -> DataFrame:
+    """A join side's batch whose carried hidden columns (``CARRIED_METADATA``: a cascaded
+    join's left side has its inner sides', each after that side's columns) each have a name
+    of its own, so the join reads each by name."""
+    names = _names_apart(side.columns)
+    return side if names == side.columns else side.toDF(*names)
+
+
+def _names_apart(names: list[str]) -> list[str]:
+    if names.count(spark_internals.CARRIED_METADATA) < 2:
+        return names
+    return [f"{n}_{k}" if n == spark_internals.CARRIED_METADATA else n for k, n in enumerate(names)]
+
+
 def _join_shape(node: Any, left: DataFrame, right: DataFrame,
                 pruned: tuple[frozenset, frozenset] = (frozenset(), frozenset())) -> dict:
     """What a stream-stream join's batches share: each side's tagging columns (``__side``,
@@ -832,6 +849,8 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
     not in ``pruned``), the task's schemas, the partitioning columns and the output
     columns (Spark's USING or condition output; a pruned column null: nothing reads it)."""
     from pyspark.sql.types import StructField
+    names_written = (left.schema.fieldNames(), right.schema.fieldNames())
+    left, right = _carried_apart(left), _carried_apart(right)
     whole = (left.schema, right.schema)
     kept = [[j for j, f in enumerate(schema.fields) if f.name.lower() not in gone]
             for schema, gone in zip(whole, pruned)]
@@ -866,7 +885,12 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
         names = [n.lower() for n in schema.fieldNames()]
         return names.index(column.lower()) if column and column.lower() in names else None
 
-    left_names, right_names = whole[0].fieldNames(), whole[1].fieldNames()
+    left_names, right_names = names_written
+    #: per side, each column's index among the side's columns as the query wrote them (its
+    #: qualifier's), None for a carried hidden column (a cascaded join's inner side's, within)
+    written = [[None if n == spark_internals.CARRIED_METADATA else k - sum(m == spark_internals.CARRIED_METADATA
+                                                                          for m in names[:k])
+                for k, n in enumerate(names)] for names in names_written]
 
     def column(side: int, index: int):
         """A side's column ``index`` (of the side's whole row) from the task's output."""
@@ -877,8 +901,8 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
     def named(column, name: str, side: int, index: int):
         """A side's column under its name, with its qualifier and its metadata (a time
         window's mark, which ``window_time`` above reads; the event time's watermark)."""
-        qualifiers = node.side_qualifiers[side]
-        qualifier = qualifiers[index] if index < len(qualifiers) else ()
+        qualifiers, at_written = node.side_qualifiers[side], written[side][index]
+        qualifier = qualifiers[at_written] if at_written is not None and at_written < len(qualifiers) else ()
         metadata = whole[side].fields[index].metadata or None
         if qualifier:
             return spark_internals.qualified_alias(column, name, qualifier, metadata)
