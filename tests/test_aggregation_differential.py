@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from stream_events import comparable, watermarks, write_event_files
-from helpers import ci_share, collect_batches, json_stream, plain_rows
+from helpers import ci_share, collect_batches, confs, json_stream, plain_rows
 from microbatch import spark_internals
 
 # (key, event time, value) per file; the watermark delay is 5 seconds.
@@ -111,14 +111,44 @@ def sessions(frame):
             .agg(F.count("*").alias("n"), F.sum("v"), F.collect_list("v"), F.max("ts")))
 
 
-@pytest.mark.parametrize("mode", ["append", "complete"])
-def test_session_window_matches_spark_batch_by_batch(spark, ss, events, tmp_path, mode):
-    theirs, their_progress = run(spark, events, tmp_path / "spark", sessions, mode)
-    ours, our_progress = run(ss, events, tmp_path / "microbatch", sessions, mode)
+def folded_sessions(frame):
+    """Sessions whose every aggregate folds in Arrow (sums, min and max): the session
+    task's Arrow path (``SessionAggregateTask._in_tables``); ``sessions``' collect_list
+    takes its row path."""
+    return (frame.withWatermark("ts", "5 seconds").groupBy(F.session_window("ts", "6 seconds"), "k")
+            .agg(F.count("*").alias("n"), F.sum("v"), F.min("v"), F.max("k")))
+
+
+@pytest.mark.parametrize("mode, aggregated", [("append", sessions), ("complete", sessions),
+                                              ("append", folded_sessions), ("complete", folded_sessions)],
+                         ids=["append", "complete", "append, folded in Arrow", "complete, folded in Arrow"])
+def test_session_window_matches_spark_batch_by_batch(spark, ss, events, tmp_path, mode, aggregated):
+    theirs, their_progress = run(spark, events, tmp_path / "spark", aggregated, mode)
+    ours, our_progress = run(ss, events, tmp_path / "microbatch", aggregated, mode)
     assert ours == theirs
     assert comparable(our_progress) == comparable(their_progress)
     assert watermarks(tmp_path / "microbatch") == watermarks(tmp_path / "spark")
     assert any(op["numRowsDroppedByWatermark"] for p in our_progress for op in p["stateOperators"])
+
+
+def test_the_row_path_of_the_rocksdb_store_gives_what_the_arrow_path_gives_for_sessions(ss, events, tmp_path):
+    """The session task has two paths: Arrow tables where the store keeps its memory as
+    tables and every aggregate folds there (the default provider), a key at a time
+    otherwise (the RocksDB provider). Each is compared with Spark's engine where it runs
+    by default; here the row path against the Arrow path: rows and state counts, batch by
+    batch, and the change feed each logs."""
+    arrow = run(ss, events, tmp_path / "arrow", folded_sessions, "append")
+    with confs(ss, {"spark.sql.streaming.stateStore.providerClass":
+                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}):
+        rows = run(ss, events, tmp_path / "rows", folded_sessions, "append")
+    assert rows[0] == arrow[0] and any(r for _, r in arrow[0])
+    assert comparable(rows[1]) == comparable(arrow[1])
+
+    def feed(ckpt):
+        changes = ss.read.format("statestore").option("readChangeFeed", True).option("changeStartBatchId", 0) \
+            .load(str(ckpt)).collect()
+        return sorted(map(repr, changes))
+    assert feed(tmp_path / "rows") == feed(tmp_path / "arrow") and feed(tmp_path / "arrow")
 
 
 def _schema(df):

@@ -125,6 +125,14 @@ class StateTask:
             store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
             StateFiles(store_id, key_schema, value_schema, self.conf).write_changes(self.version + 1, changes)
 
+    def log_change_table(self, partition: int, key_schema: pa.Schema, value_schema: pa.Schema,
+                         kinds: pa.Array, keys: pa.Table, values: pa.Table, name: str = "default") -> None:
+        """``log_changes`` from Arrow: a row a change, its kind, key columns and value columns."""
+        if len(kinds):
+            store_id = StateStoreId(self.state_root, self.operator_id, partition, name)
+            StateFiles(store_id, key_schema, value_schema, self.conf).write_change_table(
+                self.version + 1, kinds, keys, values)
+
     def finish(self, partition: int, store_metrics: StateStoreMetrics, **counts) -> None:
         """The task's metrics to the operator's accumulator (Spark's progress fields, the
         provider's custom metrics, the partition that committed), then the worker's heap."""

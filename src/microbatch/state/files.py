@@ -264,6 +264,20 @@ class StateFiles:
             writer.write_batch(batch)
         self.conf.fs.write_bytes(self.path(version, "changes"), sink.getvalue())
 
+    def write_change_table(self, version: int, kinds: pa.Array, keys: pa.Table, values: pa.Table) -> None:
+        """``write_changes`` from Arrow: each change's kind (``update`` or ``delete``), and
+        its key's and value's columns in the store's schemas' order, a row a change."""
+        def struct(table: pa.Table, schema: pa.Schema) -> pa.Array:
+            return pa.StructArray.from_arrays([table.column(i).combine_chunks().cast(f.type)
+                                               for i, f in enumerate(schema)], fields=list(schema))
+        schema = pa.schema([pa.field("change_type", pa.string()), *self.schema])
+        batch = pa.RecordBatch.from_arrays([kinds, struct(keys, self.key_schema), struct(values, self.value_schema)],
+                                           schema=schema)
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, schema, options=ipc.IpcWriteOptions(compression=self.conf.compression)) as writer:
+            writer.write_batch(batch)
+        self.conf.fs.write_bytes(self.path(version, "changes"), sink.getvalue())
+
     def read_changes(self, version: int) -> list[tuple[str, tuple, tuple]]:
         """Version ``version``'s changes (``write_changes``); none when it has no file.
         The version's delta must be there: else it was removed with old state, or never

@@ -38,14 +38,16 @@ from itertools import compress
 from operator import itemgetter
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from microbatch.operators.aggregate import histogram, quantiles
 from microbatch.operators.aggregate.hll import estimate as hll_estimate
 from microbatch.state.files import from_state_values, hashable, state_values, storage_type
-from microbatch.state.table_form import (OVERFLOW, anti_join, flat_keys, foldable, group_rows, semi_join,
-                                         table_key)
+from microbatch.state.table_form import (OVERFLOW, anti_join, flat_keys, foldable, group_rows, key_groups,
+                                         semi_join, table_key)
 from microbatch.operators.base import StateTask, task_partition
 from microbatch.operators.event_time_stats import EventTimeStats
 
@@ -442,16 +444,7 @@ class AggregateTask(StateTask):
                     numRowsDroppedByWatermark=late, numRowsReadDuringEviction=read)
 
     def _arrow_folds(self, value_storage: list[pa.DataType]) -> list[str] | None:
-        """Each buffer's fold in ``group_rows``, when every merge is one it does exactly
-        as ``merge_buffers`` does (sums of numbers; min and max of numbers, strings, dates
-        and structs of them). Otherwise None."""
-        folds = []
-        for kind, start, count, _ in self.merges:
-            for j in range(start, start + count):
-                if not foldable(kind, value_storage[j]):
-                    return None
-                folds.append(kind)
-        return folds if len(folds) == len(value_storage) else None
+        return arrow_folds(self.merges, value_storage)
 
     def _merged_in_tables(self) -> bool:
         """Whether the state can stay in Arrow tables with the merges in Python: every
@@ -612,6 +605,54 @@ def _matched(key: tuple) -> tuple:
                  for k in key)
 
 
+def _sessions_flat(rows: pa.Table, keys: list[str], schema: pa.Schema) -> pa.Table:
+    """A session store's rows (columns k.., v0: the key's sessions) as a row per session
+    (``schema``: k.., start, end, v..), in the rows' order."""
+    if rows.num_rows == 0:
+        return schema.empty_table()
+    lists = rows.column("v0").combine_chunks()
+    owners = pc.list_parent_indices(lists)
+    sessions = pc.list_flatten(lists)
+    columns = [rows.column(k).take(owners) for k in keys] + sessions.flatten()
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _sessions_listed(sessions: pa.Table, keys: list[str], groups: np.ndarray, session_type: pa.DataType) -> pa.Table:
+    """Sessions (columns k.., start, end, v..; each key's together, ``groups`` their key's
+    number, ascending from 0) as a session store's rows: a row per key, its sessions."""
+    counts = np.bincount(groups)
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int32)
+    fields = [sessions.column(i).combine_chunks() for i in range(len(keys), sessions.num_columns)]
+    struct = pa.StructArray.from_arrays([f.cast(t.type) for f, t in zip(fields, session_type)],
+                                        fields=list(session_type))
+    listed = pa.ListArray.from_arrays(pa.array(offsets), struct, type=pa.list_(session_type))
+    firsts = pa.array(offsets[:-1].astype(np.int64))
+    return pa.Table.from_arrays([sessions.column(k).take(firsts) for k in keys] + [listed], names=keys + ["v0"])
+
+
+def _one_session_lists(sessions: pa.Table, session_type: pa.DataType) -> pa.Array:
+    """Each session (columns k.., start, end, v.. after the keys) as a list of one session,
+    the change feed's value."""
+    width = sessions.num_columns - len(session_type)
+    struct = pa.StructArray.from_arrays([sessions.column(width + i).combine_chunks().cast(f.type)
+                                         for i, f in enumerate(session_type)], fields=list(session_type))
+    return pa.ListArray.from_arrays(pa.array(np.arange(len(struct) + 1, dtype=np.int32)), struct,
+                                    type=pa.list_(session_type))
+
+
+def arrow_folds(merges: tuple, value_storage: list[pa.DataType]) -> list[str] | None:
+    """Each buffer's fold in ``group_rows``, when every merge is one it does exactly as
+    ``merge_buffers`` does (sums of numbers; min and max of numbers, strings, dates and
+    structs of them). Otherwise None."""
+    folds = []
+    for kind, start, count, _ in merges:
+        for j in range(start, start + count):
+            if not foldable(kind, value_storage[j]):
+                return None
+            folds.append(kind)
+    return folds if len(folds) == len(value_storage) else None
+
+
 def _session(value) -> tuple:
     return tuple(value.values()) if isinstance(value, dict) else tuple(value)
 
@@ -635,7 +676,9 @@ class SessionAggregateTask(StateTask):
     they overlap or touch (``next.start <= end``). Every session of a key the batch
     touched counts as updated; a stored session whose start is gone counts as
     removed. Append mode then evicts and emits the sessions that end at or before
-    the watermark; complete mode emits them all.
+    the watermark; complete mode emits them all. Where the store keeps its memory as
+    Arrow tables and every merge folds there, a batch runs in Arrow (``_in_tables``);
+    otherwise a key at a time.
     """
 
     key_fields: tuple = ()                   # all grouping keys, the session among them
@@ -657,6 +700,10 @@ class SessionAggregateTask(StateTask):
         store = self.store(partition, *schemas)
         num_keys = len(self.key_fields)
         s = self.session_index
+        folds = arrow_folds(self.merges, value_storage)
+        if folds is not None and store.in_tables() and all(map(table_key, key_storage)):
+            yield from self._in_tables(batches, store, partition, schemas, key_storage, value_storage, folds)
+            return
         incoming: dict[tuple, list[tuple]] = {}
         started = time.monotonic()
         with decimal.localcontext() as ctx:
@@ -714,6 +761,139 @@ class SessionAggregateTask(StateTask):
                     allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
                     # Spark 4.3 reports no state store instances for this operator in complete mode.
                     numStateStoreInstances=0 if self.mode == "complete" else 1)
+
+    def _in_tables(self, batches, store, partition: int, schemas: tuple[pa.Schema, pa.Schema], key_storage,
+                   value_storage, folds: list[str]):
+        """The same step with the state as Arrow tables (``state.table_form``): the batch's
+        sessions and the held sessions of their keys are sorted by key and start, a session
+        starts a new run where it starts after every earlier session of its key ends, and
+        each run is folded into one session by a group-by; eviction is a filter. The counts,
+        the change feed and the output are the row path's, row for row."""
+        s = self.session_index
+        num_keys = len(self.key_fields)
+        groups = [i for i in range(num_keys) if i != s]
+        keys = [f"k{j}" for j in range(len(groups))]
+        values = [f"v{j}" for j in range(len(value_storage))]
+        bounds = ["start", "end"]
+        session_type = schemas[1].field(0).type.value_type
+        started = time.monotonic()
+        parts = []
+        for batch in batches:
+            window = batch.column(s).cast(key_storage[s])
+            parts.append(pa.Table.from_arrays(
+                [batch.column(i).cast(key_storage[i]) for i in groups]
+                + [pc.struct_field(window, [0]), pc.struct_field(window, [1])]
+                + [batch.column(num_keys + j).cast(t) for j, t in enumerate(value_storage)],
+                names=keys + bounds + values))
+        flat_schema = pa.schema([pa.field(n, t) for n, t in zip(keys, [key_storage[i] for i in groups])]
+                                + [pa.field(n, pa.int64()) for n in bounds]
+                                + [pa.field(n, t) for n, t in zip(values, value_storage)])
+        incoming = pa.concat_tables(parts).cast(flat_schema) if parts else flat_schema.empty_table()
+        updated = removed = 0
+        changes: list[tuple[pa.Array, pa.Table]] = []     # (kinds, rows k.. start end v..)
+        if incoming.num_rows:
+            held = _sessions_flat(store.matching_rows(incoming.select(keys)), keys, flat_schema)
+            merged, gone, groups_of = self._merged_runs(incoming, held, keys, values, folds)
+            updated, removed = merged.num_rows, gone.num_rows
+            # (as the row path: per key with input, in the batch's order, its sessions
+            # merged away deleted, then each of its sessions put)
+            kinds = pa.array(["delete"] * gone.num_rows + ["update"] * merged.num_rows, pa.string())
+            both = pa.concat_tables([gone, merged])
+            order = np.lexsort((np.r_[np.zeros(gone.num_rows, np.int64), np.ones(merged.num_rows, np.int64)],
+                                np.r_[groups_of[0], groups_of[1]]))
+            changes.append((kinds.take(pa.array(order)), both.take(pa.array(order))))
+            store.put_rows(_sessions_listed(merged, keys, groups_of[1], session_type))
+        updates_ms = (time.monotonic() - started) * 1000
+        started = time.monotonic()
+        emitted = flat_schema.empty_table()
+        if self.mode == "append" and self.evict_us is not None:
+            bound = self.evict_us
+
+            def due(table: pa.Table) -> pa.Array:
+                lists = table.column("v0").combine_chunks()
+                ended = pc.fill_null(pc.less_equal(pc.struct_field(pc.list_flatten(lists), [1]), bound), False)
+                owners = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+                return pa.array(np.bincount(owners[ended.to_numpy(zero_copy_only=False)],
+                                            minlength=len(table)) > 0)
+            taken = _sessions_flat(store.take_rows_where(due), keys, flat_schema)
+            if taken.num_rows:
+                ended = pc.fill_null(pc.less_equal(taken.column("end"), bound), False)
+                emitted = taken.filter(ended)
+                kept = taken.filter(pc.invert(ended))
+                removed += emitted.num_rows
+                changes.append((pa.array(["delete"] * emitted.num_rows, pa.string()), emitted))
+                if kept.num_rows:
+                    store.put_rows(_sessions_listed(kept, keys, key_groups(kept, keys), session_type))
+        held_now = store.rows().column("v0")
+        total = pc.sum(pc.list_value_length(held_now)).as_py() or 0 if len(held_now) else 0
+        if self.mode == "complete":
+            emitted = _sessions_flat(store.rows(), keys, flat_schema)
+        removals_ms = (time.monotonic() - started) * 1000
+        if changes:
+            kinds = pa.concat_arrays([k for k, _ in changes])
+            rows = pa.concat_tables([t for _, t in changes])
+            self.log_change_table(partition, *schemas, kinds, rows.select(keys),
+                                  pa.table({"sessions": _one_session_lists(rows, session_type)}))
+        store.commit()
+        m = store.metrics()
+        if emitted.num_rows:
+            yield from self._output_table(emitted, keys, key_storage).to_batches()
+        self.finish(partition, m, numRowsTotal=total, numRowsUpdated=updated, numRowsRemoved=removed,
+                    allUpdatesTimeMs=int(updates_ms), allRemovalsTimeMs=int(removals_ms),
+                    numStateStoreInstances=0 if self.mode == "complete" else 1)
+
+    def _merged_runs(self, incoming: pa.Table, held: pa.Table, keys: list[str], values: list[str],
+                     folds: list[str]) -> tuple[pa.Table, pa.Table, tuple[np.ndarray, np.ndarray]]:
+        """The batch's sessions merged with the held ones of their keys (columns k.., start,
+        end, v..): the merged sessions, sorted by key (in the batch's order of keys) and
+        start; the held sessions merged away (whose start no merged session of their key
+        has); and each one's key number."""
+        both = pa.concat_tables([incoming, held]) if held.num_rows else incoming
+        n = both.num_rows
+        group = key_groups(both, keys)                       # (numbered in the batch's order)
+        is_held = np.r_[np.zeros(incoming.num_rows, np.int64), np.ones(held.num_rows, np.int64)]
+        start = both.column("start").to_numpy(zero_copy_only=False)
+        end = both.column("end").to_numpy(zero_copy_only=False)
+        # by key, start, the held session before the batch's (the row path's stable sort of
+        # held + new), the batch's in its order
+        order = np.lexsort((np.arange(n), 1 - is_held, start, group))
+        g, st, en = group[order], start[order], end[order]
+        first_of_key = np.r_[True, g[1:] != g[:-1]]
+        reach = pd.Series(en).groupby(g, sort=False).cummax().to_numpy()
+        new_run = first_of_key | np.r_[True, st[1:] > reach[:-1]]
+        run = np.cumsum(new_run) - 1
+        ordered = both.take(pa.array(order)).append_column("__run", pa.array(run))
+        merged = group_rows(ordered, ["__run"], [("start", "min"), ("end", "max")] + list(zip(values, folds)))
+        firsts = np.flatnonzero(new_run)
+        merged = merged.sort_by("__run")
+        merged_rows = ordered.select(keys).take(pa.array(firsts))
+        merged = pa.Table.from_arrays([*merged_rows.columns, merged.column("start"), merged.column("end"),
+                                       *[merged.column(v) for v in values]], schema=incoming.schema)
+        was_held = is_held[order] == 1
+        run_start = st[firsts][run]
+        lost = np.flatnonzero(was_held & (st != run_start))
+        gone = ordered.select(incoming.schema.names).take(pa.array(lost))
+        return merged, gone, (g[lost], g[firsts])
+
+    def _output_table(self, sessions: pa.Table, keys: list[str], key_storage) -> pa.Table:
+        """The output rows of sessions (columns k.., start, end, v..): the grouping keys with
+        the session among them, then the buffers, in the output's types."""
+        out = self.output_schema
+        s = self.session_index
+        window = pa.StructArray.from_arrays([sessions.column("start").combine_chunks(),
+                                             sessions.column("end").combine_chunks()],
+                                            fields=list(key_storage[s]))
+        columns, g = [], 0
+        for i in range(len(key_storage)):
+            if i == s:
+                columns.append(window.cast(out.field(i).type))
+            else:
+                columns.append(sessions.column(keys[g]).cast(out.field(i).type))
+                g += 1
+        width = len(keys) + 2
+        columns += [sessions.column(width + j).cast(field.type)
+                    for j, field in enumerate(list(out)[len(key_storage):])]
+        return pa.Table.from_arrays(columns, schema=out).combine_chunks()
 
     def _normal(self, buffers: list) -> list:
         for kind, start, count, options in self.merges:
