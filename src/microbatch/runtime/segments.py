@@ -369,7 +369,7 @@ def _side_end(fields: list, start: int, width: int) -> int:
     """Where a join side's ``width`` columns from ``fields[start]`` end, past the carried
     hidden columns among them (a cascaded join's inner sides')."""
     end, seen = start, 0
-    while seen < width:
+    while seen < width and end < len(fields):
         seen += fields[end].name != spark_internals.CARRIED_METADATA
         end += 1
     return end

@@ -701,7 +701,7 @@ class SessionAggregateTask(StateTask):
         num_keys = len(self.key_fields)
         s = self.session_index
         folds = arrow_folds(self.merges, value_storage)
-        if folds is not None and store.in_tables() and all(map(table_key, key_storage)):
+        if folds is not None and num_keys > 1 and store.in_tables() and all(map(table_key, key_storage)):
             yield from self._in_tables(batches, store, partition, schemas, key_storage, value_storage, folds)
             return
         incoming: dict[tuple, list[tuple]] = {}
