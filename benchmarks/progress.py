@@ -29,6 +29,19 @@ def by_tenth(batches: list[dict], key: str) -> list[float]:
     return [statistics.median(b[key] for b in batches[i:i + tenth]) for i in range(0, len(batches), tenth)]
 
 
+def print_engines(title: str, results: dict, medians: dict, bounded: bool = False) -> None:
+    """``title``, then per engine its median ``triggerExecution`` and its state rows per
+    tenth of the run (``bounded``: with the last tenth over the peak, about 1 once the
+    watermark evicts), then microbatch's median over Spark's."""
+    print(title)
+    for name, batches in results.items():
+        tenths = by_tenth(batches, "stateRows")
+        bound = f" (last tenth / peak {tenths[-1] / max(max(tenths), 1):.2f})" if bounded else ""
+        print(f"  {name:10} median triggerExecution {medians[name]:6.0f} ms; state rows per tenth "
+              f"{[round(t) for t in tenths]}{bound}")
+    print(f"  microbatch / Spark: {medians['microbatch'] / medians['spark']:.2f}")
+
+
 def batch_times(progress) -> dict:
     """A batch's id, ``triggerExecution`` and engine overhead (everything outside
     ``addBatch``, the sink's Spark job), in ms."""

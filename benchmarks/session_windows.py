@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from benchmarks.progress import batch_times, both_engines, by_tenth, engines_cell, first_batches, write_results
+from benchmarks.progress import (batch_times, both_engines, engines_cell, first_batches, print_engines,
+                                 write_results)
 
 
 def session_query(session, keys: int, gap: str):
@@ -58,12 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     results, medians, _ = measure(args.keys, args.batches, args.gap, args.driver_memory)
-    print(f"session-window count, {args.keys} keys a batch, gap {args.gap}, {args.batches} batches")
-    for name, batches in results.items():
-        tenths = by_tenth(batches, "stateRows")
-        print(f"  {name:10} median triggerExecution {medians[name]:6.0f} ms; state rows per tenth "
-              f"{[round(t) for t in tenths]}")
-    print(f"  microbatch / Spark: {medians['microbatch'] / medians['spark']:.2f}")
+    print_engines(f"session-window count, {args.keys} keys a batch, gap {args.gap}, {args.batches} batches",
+                  results, medians)
     write_results(f"session_windows_{args.gap.replace(' ', '')}", args, medians, results)
 
 

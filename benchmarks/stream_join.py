@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from benchmarks.progress import batch_times, both_engines, by_tenth, engines_cell, first_batches, write_results
+from benchmarks.progress import (batch_times, both_engines, engines_cell, first_batches, print_engines,
+                                 write_results)
 
 
 def join_query(session, rows: int, on: str):
@@ -68,12 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     results, medians, _ = measure(args.rows, args.batches, args.on, args.driver_memory)
-    print(f"stream-stream inner join on {args.on}, {args.rows} rows a batch on each side, {args.batches} batches")
-    for name, batches in results.items():
-        tenths = by_tenth(batches, "stateRows")
-        print(f"  {name:10} median triggerExecution {medians[name]:6.0f} ms; state rows per tenth "
-              f"{[round(t) for t in tenths]} (last tenth / peak {tenths[-1] / max(max(tenths), 1):.2f})")
-    print(f"  microbatch / Spark: {medians['microbatch'] / medians['spark']:.2f}")
+    print_engines(f"stream-stream inner join on {args.on}, {args.rows} rows a batch on each side, "
+                  f"{args.batches} batches", results, medians, bounded=True)
     write_results(f"stream_join_{args.on}", args, medians, results)
 
 
