@@ -255,14 +255,9 @@ class StateFiles:
     def write_changes(self, version: int, changes: list[tuple[str, tuple, tuple]]) -> None:
         """Write version ``version``'s changes as Spark's store made them: (``update`` or
         ``delete``, key tuple, value tuple) each, in order; whole, as ``write_arrays``."""
-        schema = pa.schema([pa.field("change_type", pa.string()), *self.schema])
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array([c[0] for c in changes], pa.string()), to_struct_array([c[1] for c in changes], self.key_schema),
-             to_struct_array([c[2] for c in changes], self.value_schema)], schema=schema)
-        sink = pa.BufferOutputStream()
-        with ipc.new_stream(sink, schema, options=ipc.IpcWriteOptions(compression=self.conf.compression)) as writer:
-            writer.write_batch(batch)
-        self.conf.fs.write_bytes(self.path(version, "changes"), sink.getvalue())
+        self._write_change_arrays(version, pa.array([c[0] for c in changes], pa.string()),
+                                  to_struct_array([c[1] for c in changes], self.key_schema),
+                                  to_struct_array([c[2] for c in changes], self.value_schema))
 
     def write_change_table(self, version: int, kinds: pa.Array, keys: pa.Table, values: pa.Table) -> None:
         """``write_changes`` from Arrow: each change's kind (``update`` or ``delete``), and
@@ -270,9 +265,12 @@ class StateFiles:
         def struct(table: pa.Table, schema: pa.Schema) -> pa.Array:
             return pa.StructArray.from_arrays([table.column(i).combine_chunks().cast(f.type)
                                                for i, f in enumerate(schema)], fields=list(schema))
+        self._write_change_arrays(version, kinds, struct(keys, self.key_schema), struct(values, self.value_schema))
+
+    def _write_change_arrays(self, version: int, kinds: pa.Array, keys: pa.Array, values: pa.Array) -> None:
+        """The changes file of ``version``: each change's kind, key struct and value struct."""
         schema = pa.schema([pa.field("change_type", pa.string()), *self.schema])
-        batch = pa.RecordBatch.from_arrays([kinds, struct(keys, self.key_schema), struct(values, self.value_schema)],
-                                           schema=schema)
+        batch = pa.RecordBatch.from_arrays([kinds, keys, values], schema=schema)
         sink = pa.BufferOutputStream()
         with ipc.new_stream(sink, schema, options=ipc.IpcWriteOptions(compression=self.conf.compression)) as writer:
             writer.write_batch(batch)

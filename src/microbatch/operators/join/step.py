@@ -783,8 +783,8 @@ class JoinStep(StatefulStep):
         partitions = self.num_partitions
 
         def build(inputs: list[DataFrame], task: JoinTask):
-            both = _carried_apart(inputs[0]).select(*shape["tagged"][0]).union(
-                _carried_apart(inputs[1]).select(*shape["tagged"][1]))
+            sides = [df if names is None else df.toDF(*names) for df, names in zip(inputs, shape["apart"])]
+            both = sides[0].select(*shape["tagged"][0]).union(sides[1].select(*shape["tagged"][1]))
             mapped = both.repartition(partitions, *shape["partition"]).mapInArrow(task, shape["out"])
             return mapped.select(*shape["result"]), spark_internals.map_in_arrow_function(mapped, shape["out"])
 
@@ -828,15 +828,10 @@ class JoinStep(StatefulStep):
         return []
 
 
-def _carried_apart(side: DataFrame) -> DataFrame:
-    """A join side's batch whose carried hidden columns (``CARRIED_METADATA``: a cascaded
-    join's left side has its inner sides', each after that side's columns) each have a name
-    of its own, so the join reads each by name."""
-    names = _names_apart(side.columns)
-    return side if names == side.columns else side.toDF(*names)
-
-
 def _names_apart(names: list[str]) -> list[str]:
+    """A join side's column names with each carried hidden column (``CARRIED_METADATA``: a
+    cascaded join's left side has its inner sides', each after that side's columns) named
+    apart, so the join reads each by name."""
     if names.count(spark_internals.CARRIED_METADATA) < 2:
         return names
     return [f"{n}_{k}" if n == spark_internals.CARRIED_METADATA else n for k, n in enumerate(names)]
@@ -850,7 +845,10 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
     columns (Spark's USING or condition output; a pruned column null: nothing reads it)."""
     from pyspark.sql.types import StructField
     names_written = (left.schema.fieldNames(), right.schema.fieldNames())
-    left, right = _carried_apart(left), _carried_apart(right)
+    #: per side, its columns' names apart where it carries two hidden columns (None: as they are),
+    #: which every batch's side takes before it is tagged
+    apart = tuple(None if _names_apart(names) == names else _names_apart(names) for names in names_written)
+    left, right = (df if names is None else df.toDF(*names) for df, names in zip((left, right), apart))
     whole = (left.schema, right.schema)
     kept = [[j for j, f in enumerate(schema.fields) if f.name.lower() not in gone]
             for schema, gone in zip(whole, pruned)]
@@ -939,6 +937,7 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
                        if n.lower() not in lowered]
     return {
         "tagged": tagged,
+        "apart": apart,
         "stats_columns": tuple(None if (watermark := node.side_watermark(side)) is None
                                else join_statistics_column(watermark, schemas[side]) for side in (0, 1)),
         "key_schema": pa.schema([pa.field(f.name, storage_type(spark_internals.arrow_type(f.dataType)))
