@@ -48,8 +48,9 @@ class JoinTask(StateTask):
     #: per side: rows whose watermarked column is at or before this are evicted (the
     #: state value watermark of the time comparisons), or None
     value_evict_us: tuple = (None, None)
-    #: per side: the row column whose event-time statistics the task reports for the
-    #: side's watermark (instead of an ``Observation`` of it), or None
+    #: per side: the input column whose event-time statistics the task reports for the
+    #: side's watermark (instead of an ``Observation`` of it): a column of its row, or
+    #: ``__e<side>`` where its state rows leave the event time out; or None
     event_time_stats: tuple = (None, None)
     #: whether an outer side's evicted rows count in ``numRowsRemoved`` (Spark 4.3 on;
     #: before, only the other side's cleanup counted, and nothing in a full outer join)
@@ -83,8 +84,7 @@ class JoinTask(StateTask):
         rows_table = table.filter(pc.equal(table.column("__side"), side))
         if self.event_time_stats[side] is not None:
             stats = EventTimeStats()
-            column = f"{'__l' if side == 0 else '__r'}{self.event_time_stats[side]}"
-            for chunk in rows_table.column(column).chunks:
+            for chunk in rows_table.column(self.event_time_stats[side]).chunks:
                 stats.add_micros(chunk.cast(pa.int64()))
             stats.report(self.metrics, partition, JOIN_SIDE_TAGS[side])
         return rows_table
@@ -760,10 +760,10 @@ class JoinStep(StatefulStep):
         reports = []
         for side in (0, 1):
             # the side's rows all reach the task, which reports their event-time statistics
-            index, below = shape["stats_columns"][side], batch.statistics_of.get(side)
-            if below is not None and index is not None:
+            column, below = shape["stats_columns"][side], batch.statistics_of.get(side)
+            if below is not None and column is not None:
                 batch.reported[below] = JOIN_SIDE_TAGS[side]
-                reports.append(index)
+                reports.append(column)
             else:
                 reports.append(None)
         value_watermarks = tuple(None if times[side] is None or node.watermark_key() is not None
@@ -837,13 +837,34 @@ def _names_apart(names: list[str]) -> list[str]:
     return [f"{n}_{k}" if n == spark_internals.CARRIED_METADATA else n for k, n in enumerate(names)]
 
 
+def _statistics_columns(node: Any, whole: tuple[StructType, StructType], kept: tuple[StructType, StructType]
+                        ) -> tuple[list[str | None], list[tuple[int, StructField]]]:
+    """Per side, the input column the task reports the side's watermark's statistics from:
+    its event time among the state row's columns (``kept``), else, pruned from the state
+    rows (nothing above reads it), beside them as ``__e<side>``, which the task reads and
+    stores not; with the columns to add so (side, its field in the side's ``whole`` row)."""
+    columns: list[str | None] = []
+    extra: list[tuple[int, StructField]] = []
+    for side, prefix in ((0, "__l"), (1, "__r")):
+        watermark = node.side_watermark(side)
+        index = None if watermark is None else join_statistics_column(watermark, kept[side])
+        whole_index = None if watermark is None else join_statistics_column(watermark, whole[side])
+        if index is not None:
+            columns.append(f"{prefix}{index}")
+        elif whole_index is not None:
+            columns.append(f"__e{side}")
+            extra.append((side, whole[side].fields[whole_index]))
+        else:
+            columns.append(None)
+    return columns, extra
+
+
 def _join_shape(node: Any, left: DataFrame, right: DataFrame,
                 pruned: tuple[frozenset, frozenset] = (frozenset(), frozenset())) -> dict:
     """What a stream-stream join's batches share: each side's tagging columns (``__side``,
     the keys ``__k..``, the left row ``__l..``, the right row ``__r..``: a side's columns
     not in ``pruned``), the task's schemas, the partitioning columns and the output
     columns (Spark's USING or condition output; a pruned column null: nothing reads it)."""
-    from pyspark.sql.types import StructField
     names_written = (left.schema.fieldNames(), right.schema.fieldNames())
     #: per side, its columns' names apart where it carries two hidden columns (None: as they are),
     #: which every batch's side takes before it is tagged
@@ -863,6 +884,7 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
     schemas = tuple(StructType([whole[side].fields[j] for j in kept[side]]) for side in (0, 1))
     keys = list(node.keys)
     side_keys = (list(node.keys), list(node.right_keys))
+    stats_columns, extra = _statistics_columns(node, whole, schemas)
     tagged = []
     for side in (0, 1):
         columns = [F.lit(side).alias("__side")] + [F.col(quoted(k)).alias(f"__k{i}")
@@ -870,6 +892,8 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
         for s, (prefix, schema) in enumerate((("__l", schemas[0]), ("__r", schemas[1]))):
             columns += [(F.col(quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"{prefix}{j}")
                         for j, f in enumerate(schema.fields)]
+        columns += [(F.col(quoted(f.name)) if s == side else F.lit(None).cast(f.dataType)).alias(f"__e{s}")
+                    for s, f in extra]
         if any(node.side_conditions):   # (the side's pre-join filter, as Spark's join exec checks it)
             parts = node.side_conditions[side]
             columns.append((F.expr(" AND ".join(f"({p})" for p in parts)) if parts else F.lit(True)).alias("__f"))
@@ -938,8 +962,7 @@ def _join_shape(node: Any, left: DataFrame, right: DataFrame,
     return {
         "tagged": tagged,
         "apart": apart,
-        "stats_columns": tuple(None if (watermark := node.side_watermark(side)) is None
-                               else join_statistics_column(watermark, schemas[side]) for side in (0, 1)),
+        "stats_columns": tuple(stats_columns),
         "key_schema": pa.schema([pa.field(f.name, storage_type(spark_internals.arrow_type(f.dataType)))
                                  for f in key_fields]),
         "row_schemas": tuple(pa.schema([pa.field(f.name, storage_type(t)) for f, t in zip(schema.fields, types)])
