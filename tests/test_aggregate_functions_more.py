@@ -141,3 +141,19 @@ def test_functions_microbatch_cannot_reproduce_are_refused_with_the_reason(ss, e
     name = function.split("(")[0]
     with pytest.raises(UnsupportedOperationError, match=f"{name}.*not supported.*by microbatch.*{why}"):
         json_stream(ss, events, SCHEMA).groupBy("k").agg(F.expr(function))
+
+
+def test_percentile_interpolates_to_the_last_bit_as_the_running_spark(spark):
+    """percentile's interpolation between two values, against the running Spark's own batch
+    ``percentile`` over the same values: Spark 4.3 adds the fraction of their difference to
+    the lower one (SPARK-57982), Spark before it weighted the two, and the last bit differs
+    (``percentile(60..69, 0.3)``: 62.7 on 4.3, 62.699999999999996 before). The rows above
+    use percentages where both agree."""
+    from microbatch.operators.aggregate.task import collected_result
+    from microbatch.spark_internals import running_version
+    percentages = (0.3, 0.7, 0.05, 0.45)
+    for first in (0, 60, 1000, 123456):
+        row = spark.range(first, first + 10).select(F.percentile("id", list(percentages))).first()
+        ours = collected_result([(v, 1) for v in range(first, first + 10)],
+                                ("percentile", percentages, True, False, False, running_version().at_least(4, 3)))
+        assert ours == list(row[0]), first

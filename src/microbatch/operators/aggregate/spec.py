@@ -296,7 +296,11 @@ def _collected_call(found: spark_internals.AggregateCall, args: list[str], agg) 
         return AggCall(name, found.sql, (counted,), "counts", "{0}", ("mode", reverse), "value")
     from pyspark.sql.types import ArrayType, DoubleType
     percentages, is_array, reverse, discrete = found.parameters
-    return AggCall(name, found.sql, (counted,), "counts", "{0}", ("percentile", percentages, is_array, reverse, discrete),
+    # (Spark 4.3 interpolates as lower + fraction * (higher - lower), SPARK-57982; before, as
+    # the two ends weighted: the last bit of a result can differ)
+    endpoint_delta = spark_internals.running_version().at_least(4, 3)
+    return AggCall(name, found.sql, (counted,), "counts", "{0}",
+                   ("percentile", percentages, is_array, reverse, discrete, endpoint_delta),
                    ArrayType(DoubleType(), False) if is_array else DoubleType())
 
 

@@ -216,9 +216,12 @@ def _merge_counts(old, new) -> list:
     return _counts(counts.values())
 
 
-def _percentile(pairs: list, percentages, is_array: bool, reverse: bool, discrete: bool):
+def _percentile(pairs: list, percentages, is_array: bool, reverse: bool, discrete: bool,
+                endpoint_delta: bool = True):
     """Spark's Percentile over the counts of each value (sorted): each percentage's position
-    among the values, interpolated between its neighbours (not for percentile_disc)."""
+    among the values, interpolated between its neighbours (not for percentile_disc): as
+    Spark 4.3 does, the lower one plus the fraction of the difference (``endpoint_delta``),
+    or as Spark before it, the two weighted by the fraction (the last bit can differ)."""
     if not pairs:
         return None
     if reverse:
@@ -233,6 +236,8 @@ def _percentile(pairs: list, percentages, is_array: bool, reverse: bool, discret
         higher_key = pairs[bisect_left(accumulated, higher + 1)][0]
         if higher == lower or higher_key == lower_key or discrete:
             results.append(float(lower_key))
+        elif endpoint_delta:
+            results.append(float(lower_key) + (position - lower) * (float(higher_key) - float(lower_key)))
         else:
             results.append((higher - position) * float(lower_key) + (position - lower) * float(higher_key))
     return results if is_array else results[0]
