@@ -617,6 +617,46 @@ def test_moment_aggregate_functions_match_sparks_engine_across_a_restart(css, co
     assert sum(map(bool, batches.values())) >= 3
 
 
+def _two_files_a_run(source: Path):
+    """``add_files`` of a windowed test: two parquet files a run (of two), their windows'
+    times repeating across them."""
+    files = [_rows(0, 15), _rows(15, 15), _rows(40, 20, 1), _rows(60, 20)]
+
+    def add_files(run):
+        for i in range(2):
+            _write_parquet(source, f"f{run}{i}", files[2 * run + i])
+    return add_files
+
+
+def _sketches_and_percentiles(frame):
+    """approx_count_distinct (Spark's default and a wider error), percentile (one and an array
+    of percentages, with a frequency), median, percentile_approx and approx_percentile, and
+    mode(x, true), per 10-second window."""
+    from pyspark.sql import functions as F
+    frame = frame.withColumn("w", (F.col("v") * 7) % 5).withColumn("d", F.col("v").cast("double") / 4)
+    return frame.groupBy(F.window("ts", "10 seconds")).agg(
+        F.approx_count_distinct("v").alias("acd"), F.approx_count_distinct("k", 0.1).alias("acd_k"),
+        F.percentile("v", 0.3).alias("p30"), F.percentile("d", [0.25, 0.75], F.col("w") + 1).alias("pq"),
+        F.median("d").alias("med"), F.percentile_approx("v", 0.5).alias("pa"),
+        F.approx_percentile("d", [0.1, 0.9], 100).alias("pas"), F.mode("w", True).alias("mode"))
+
+
+def test_sketch_and_percentile_aggregate_functions_match_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
+    """The functions whose constant arguments a classic session reads from Spark's analysis
+    (a percentage, an accuracy, a relative standard deviation, mode's flag) and
+    approx_count_distinct's bias tables (a copy of Spark 4.3's here), in a windowed
+    aggregation in update mode, across a restart."""
+    source = tmp_path / "in"
+    add_files = _two_files_a_run(source)
+
+    def build(reader):
+        return _sketches_and_percentiles(reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1)
+                                         .load(str(source)).withWatermark("ts", "10 seconds"))
+
+    batches, _ = _compare(css, connect_spark, build, add_files, tmp_path, "update")
+    assert sum(map(bool, batches.values())) >= 3
+
+
 # -- (b2) one checkpoint, a classic session then Connect then classic again ---------------------
 def _deduplicated_window_counts(reader, source):
     """Two stateful operators: a deduplication and a windowed count above it."""
@@ -627,8 +667,15 @@ def _deduplicated_window_counts(reader, source):
             .agg(F.count(F.lit(1)).alias("count"), F.sum("v").alias("total")))
 
 
+def _windowed_sketches(reader, source):
+    """The sketch and percentile aggregations (their state's buffers, which a classic
+    session plans from Spark's analysis and a Connect client from its own plan)."""
+    return _sketches_and_percentiles(reader.format("parquet").schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1)
+                                     .load(str(source)).withWatermark("ts", "10 seconds"))
+
+
 #: the queries ``connect_classic_run.py`` runs on a classic session, by name
-MOVING_QUERIES = {"deduplicated window counts": _deduplicated_window_counts}
+MOVING_QUERIES = {"deduplicated window counts": _deduplicated_window_counts, "windowed sketches": _windowed_sketches}
 
 
 def _classic_run(query: str, source: Path, checkpoint: Path) -> tuple[dict, dict]:
@@ -648,7 +695,8 @@ def _as_json(batches: dict) -> dict:
     return json.loads(json.dumps({str(k): v for k, v in batches.items()}, default=str))
 
 
-def test_a_checkpoint_moves_from_a_classic_session_to_connect_and_back(css, connect_spark, tmp_path):
+@pytest.mark.parametrize("query", list(MOVING_QUERIES))
+def test_a_checkpoint_moves_from_a_classic_session_to_connect_and_back(css, connect_spark, tmp_path, query):
     """microbatch runs the query on a classic session, then over Connect, then on a classic
     session again, on one checkpoint; Spark's engine runs it uninterrupted on the Connect
     server from its own checkpoint with the same files added between runs: the same rows,
@@ -657,13 +705,13 @@ def test_a_checkpoint_moves_from_a_classic_session_to_connect_and_back(css, conn
     # keys and times repeat within and across files; windows close as the watermark passes
     files = [_rows(0, 15) + _rows(0, 4), _rows(15, 15), _rows(40, 20) + _rows(20, 3), _rows(60, 20),
              _rows(90, 10) + [(T0 + 5, "late", 999)], _rows(100, 10)]
-    build = MOVING_QUERIES["deduplicated window counts"]
+    build = MOVING_QUERIES[query]
     ours, our_progress, theirs, their_progress = {}, {}, {}, {}
     for run, where in enumerate(("classic", "connect", "classic")):
         for i in range(2):
             _write_parquet(source, f"f{run}{i}", files[2 * run + i])
         if where == "classic":
-            batches, progress = _classic_run("deduplicated window counts", source, tmp_path / "mb-checkpoint")
+            batches, progress = _classic_run(query, source, tmp_path / "mb-checkpoint")
         else:
             batches, progress = _run_microbatch(css, lambda r: build(r, source), tmp_path / "mb-checkpoint")
         ours.update(_as_json(batches))

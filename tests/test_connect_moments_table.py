@@ -3,7 +3,7 @@ functions (corr, covariances, skewness, kurtosis, regr_*) come from a table of S
 4.3's (``spark_internals.connect.analysis._MOMENTS``); a classic session reads them from
 Spark's classes. Here the table is checked against those, with
 ``spark.sql.legacy.statisticalAggregate`` off and on: a Spark whose expressions change
-fails here, not in a Connect query's answers."""
+fails here, not in a Connect query's answers. So are the HyperLogLog++ bias tables."""
 from __future__ import annotations
 
 import pytest
@@ -26,3 +26,14 @@ def test_the_connect_table_of_final_expressions_is_sparks(spark, legacy):
             call = outputs[1].calls[0]
             assert (call.function, call.replaced, call.final) == \
                 (function, replaced, with_legacy if legacy == "true" else plain), name
+
+
+@pytest.mark.skipif(not running_version().at_least(4, 3), reason="the tables are Spark 4.3's (Connect runs on 4.3 only)")
+def test_the_connect_copy_of_the_hyperloglog_tables_is_sparks(spark):
+    """approx_count_distinct's estimate over Connect reads Spark's HyperLogLog++ bias tables
+    from a copy (``spark_internals.connect.analysis.hyperloglog_tables``): equal to the JVM's
+    at every precision."""
+    from microbatch.spark_internals.analysis import hyperloglog_tables as from_the_jvm
+    from microbatch.spark_internals.connect.analysis import hyperloglog_tables as from_the_copy
+    for p in range(4, 20):
+        assert from_the_copy(p) == from_the_jvm(p), p

@@ -221,6 +221,15 @@ def parse_schema_ddl(ddl: str):  # the seam's choice by the process: a JVM or no
     return _classic_parse_schema_ddl(ddl) if jvm_started() else _c_analysis.parse_schema_ddl(ddl)
 
 
+_classic_hyperloglog_tables = hyperloglog_tables
+
+
+def hyperloglog_tables(p: int) -> tuple:  # the seam's choice by the process: a JVM or none
+    """Spark's HyperLogLog++ bias tables at precision ``p`` (from the JVM of a classic
+    session, else from the copy of Spark 4.3's a Connect client reads)."""
+    return _classic_hyperloglog_tables(p) if jvm_started() else _c_analysis.hyperloglog_tables(p)
+
+
 # errors
 _classic_spark_error = spark_error
 

@@ -167,6 +167,10 @@ class AggregateStep(StatefulStep):
 
 def _unquoted(sql: str) -> str:
     """An aggregate call's text without back quotes around plain names, as Spark prints
-    them (``sum(v)``): a Spark Connect client's reads ``sum(`v`)``, and a checkpoint
-    moves between the two."""
-    return re.sub(r"`([A-Za-z_][A-Za-z0-9_]*)`", r"\1", sql)
+    them (``sum(v)``), and without casts of a name or a number (``CAST(1 AS BIGINT)``): a
+    Spark Connect client's reads ``sum(`v`)`` and has no types to print the casts Spark's
+    analysis adds (``w + 1`` of a bigint ``w``), and a checkpoint moves between the two;
+    in lower case (the client printed cast types in lower case before)."""
+    plain = re.sub(r"`([A-Za-z_][A-Za-z0-9_]*)`", r"\1", sql).lower()
+    return re.sub(r"CAST\(([A-Za-z_][A-Za-z0-9_]*|-?[0-9.]+[A-Z]?) AS [A-Za-z]+(\([0-9, ]+\))?\)", r"\1", plain,
+                  flags=re.IGNORECASE)

@@ -18,7 +18,10 @@ _CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "
             "first_value": "First", "last_value": "Last", "any_value": "First",
             "count_if": "Count", "bool_and": "Min", "every": "Min", "bool_or": "Max", "some": "Max", "any": "Max",
             "try_sum": "Sum", "try_avg": "Average",
-            "bit_and": "BitAndAgg", "bit_or": "BitOrAgg", "bit_xor": "BitXorAgg"}
+            "bit_and": "BitAndAgg", "bit_or": "BitOrAgg", "bit_xor": "BitXorAgg",
+            "approx_count_distinct": "HyperLogLogPlusPlus", "percentile": "Percentile", "median": "Percentile",
+            "percentile_approx": "ApproximatePercentile", "approx_percentile": "ApproximatePercentile",
+            "mode": "Mode"}
 #: The functions over central moments and co-moments: Spark's class, the class its optimizer
 #: replaces, and Spark 4.3's final expression over the buffers ({0}, {1}...), without and
 #: with ``spark.sql.legacy.statisticalAggregate`` (NaN where a division has no value). A
@@ -66,7 +69,12 @@ _CLASSES.update({"regr_count": "Count", "regr_avgx": "Average", "regr_avgy": "Av
 #: replaces (``AggregateCall.replaced``; the call is planned as ``_CLASSES``' one)
 _REPLACED = {"count_if": "CountIf", "bool_and": "BoolAnd", "every": "BoolAnd", "bool_or": "BoolOr",
              "some": "BoolOr", "any": "BoolOr", "any_value": "AnyValue", "regr_count": "RegrCount",
-             "regr_avgx": "RegrAvgX", "regr_avgy": "RegrAvgY", "regr_sxx": "RegrSXX", "regr_syy": "RegrSYY"}
+             "regr_avgx": "RegrAvgX", "regr_avgy": "RegrAvgY", "regr_sxx": "RegrSXX", "regr_syy": "RegrSYY",
+             "median": "Median"}
+#: approx_count_distinct's relative standard deviation when the call gives none (Spark's)
+_DEFAULT_RELATIVE_SD = 0.05
+#: percentile_approx's accuracy when the call gives none (Spark's ``DEFAULT_PERCENTILE_ACCURACY``)
+_DEFAULT_ACCURACY = 10000
 #: the functions whose last argument is a literal flag, not a column: first/last(x, ignoreNulls)
 _FLAGGED = frozenset({"first", "last", "first_value", "last_value", "any_value"})
 #: functions printed infix, as Spark prints them
@@ -106,6 +114,8 @@ def sql_of(expression: Any) -> str:
         if isinstance(value, str):
             return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
         refuse(f"A literal {value!r} in an aggregation")
+    if isinstance(expression, E.UnresolvedFunction) and expression._name in _PRINTED_WITH_CONSTANTS:
+        return _printed_with_constants(expression)
     if isinstance(expression, E.UnresolvedFunction):
         args = [sql_of(a) for a in expression._args]
         if expression._name in _INFIX and len(args) == 2:
@@ -114,11 +124,56 @@ def sql_of(expression: Any) -> str:
         return f"{expression._name}({'DISTINCT ' if expression._is_distinct else ''}{', '.join(args)})"
     if isinstance(expression, E.CastExpression):
         data_type = expression._data_type
-        text = data_type.simpleString() if hasattr(data_type, "simpleString") else str(data_type)
+        text = data_type.simpleString().upper() if hasattr(data_type, "simpleString") else str(data_type)
         return f"CAST({sql_of(expression._expr)} AS {text})"
     if isinstance(expression, E.SQLExpression):
         return f"({expression._expr})"
     refuse(f"The expression {expression} in an aggregation")
+
+
+#: the aggregate functions with constant arguments, printed as Spark's analysed plan prints
+#: them (a checkpoint's schema file records the calls' text, and moves between the two)
+_PRINTED_WITH_CONSTANTS = frozenset({"approx_count_distinct", "percentile", "median", "percentile_approx",
+                                     "approx_percentile", "mode"})
+
+
+def _printed_with_constants(call: Any) -> str:
+    """``call`` as Spark prints it: a double literal with ``D`` (Java's digits), an array of
+    them as ``array(..)``, approx_count_distinct without its relative standard deviation,
+    ``mode(x, true)`` as ``mode() WITHIN GROUP (ORDER BY x DESC)``."""
+    name, args = call._name, list(call._args)
+    first = sql_of(args[0])
+
+    def constant(expression: Any) -> str:
+        value = _literal_value(expression, f"{name}'s percentage")
+        if isinstance(value, list):
+            return f"array({', '.join(_java_double(float(v)) + 'D' for v in value)})"
+        return _java_double(float(value)) + "D" if isinstance(value, float) else sql_of(expression)
+
+    if name in ("approx_count_distinct", "median"):
+        return f"{name}({first})"
+    if name == "percentile":
+        return f"percentile({first}, {constant(args[1])}, {sql_of(args[2]) if len(args) > 2 else '1L'})"
+    if name in ("percentile_approx", "approx_percentile"):
+        accuracy = sql_of(args[2]) if len(args) > 2 else str(_DEFAULT_ACCURACY)
+        return f"{name}({first}, {constant(args[1])}, {accuracy})"
+    if len(args) > 1 and _literal_value(args[1], "mode's deterministic flag") is True:
+        return f"mode() WITHIN GROUP (ORDER BY {first} DESC)"
+    return f"mode({first})"
+
+
+def _java_double(value: float) -> str:
+    """``value`` as Java's ``Double.toString`` writes it (``0.5``, ``1.0E-4``, ``1.0E7``)."""
+    import decimal
+    if value != value or value in (float("inf"), float("-inf")):
+        return {True: "NaN"}.get(value != value, "Infinity" if value > 0 else "-Infinity")
+    if value == 0 or 1e-3 <= abs(value) < 1e7:
+        return repr(value) if "e" not in repr(value) else format(decimal.Decimal(repr(value)), "f")
+    sign, digits, exponent = decimal.Decimal(repr(value)).normalize().as_tuple()
+    text = "".join(map(str, digits))
+    power = exponent + len(text) - 1
+    mantissa = text[0] + "." + (text[1:] or "0")
+    return ("-" if sign else "") + f"{mantissa}E{power}"
 
 
 def _plain_sql_call(expression: Any) -> Any:
@@ -188,6 +243,7 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
                 if not isinstance(flag, E.LiteralExpression) or not isinstance(flag._value, bool):
                     refuse(f"{call._name} with a second argument that is not true or false")
                 ignore_nulls = flag._value
+            args, relative_sd, parameters = _constant_parameters(call._name, args)
             arguments = tuple(sql_of(a) for a in args)
             arguments, final = _as_planned(call._name, arguments, legacy)
             types = () if kind == "Count" else tuple(   # (one schema request: what the state's buffers hold)
@@ -197,11 +253,50 @@ def aggregation_parts(grouped: Any) -> tuple[str, int, list]:
             if kind in ("Sum", "Average"):
                 eval_mode = "TRY" if call._name.startswith("try_") else "ANSI" if ansi else "LEGACY"
             calls.append(AggregateCall(kind, call._name, sql_of(call), False, arguments, None, decimal,
-                                       ignore_nulls, None, eval_mode, argument_types=types,
-                                       replaced=_REPLACED.get(call._name), final=final))
+                                       ignore_nulls, relative_sd, eval_mode, argument_types=types,
+                                       replaced=_REPLACED.get(call._name), final=final, parameters=parameters))
         outputs.append(AggregateOutput(sql_of(expression), tuple(calls)))
     assert AGGREGATES >= set(_CLASSES)
     return "Aggregate", len(node._grouping_cols), outputs
+
+
+def _literal_value(expression: Any, what: str) -> Any:
+    """A constant argument's value: a literal, or ``array`` of literals (``lit([0.25, 0.75])``)
+    as a list; refused, naming ``what``, otherwise (Spark requires it foldable)."""
+    E = _expressions()
+    if isinstance(expression, E.LiteralExpression):
+        return expression._value
+    if isinstance(expression, E.UnresolvedFunction) and expression._name == "array" \
+            and all(isinstance(a, E.LiteralExpression) for a in expression._args):
+        return [a._value for a in expression._args]
+    if isinstance(expression, E.CastExpression):
+        return _literal_value(expression._expr, what)
+    refuse(f"{what} that is not a literal ({expression})")
+
+
+def _constant_parameters(name: str, args: list) -> tuple[list, float | None, tuple]:
+    """A call's arguments without its constant parameters, its relative standard deviation
+    (approx_count_distinct's) and its ``AggregateCall.parameters``, as Spark's analysis
+    gives them classically (``analysis._call_parameters``)."""
+    if name == "approx_count_distinct":
+        rsd = float(_literal_value(args[1], "approx_count_distinct's relative standard deviation")) \
+            if len(args) > 1 else _DEFAULT_RELATIVE_SD
+        return args[:1], rsd, ()
+    if name in ("percentile", "median"):
+        if name == "median":   # (Spark's replacement: percentile(x, 0.5) with a frequency of 1L)
+            return [args[0], _expressions().SQLExpression("1L")], None, ((0.5,), False, False, False)
+        found = _literal_value(args[1], "percentile's percentage")
+        percentages = tuple(float(p) for p in found) if isinstance(found, list) else (float(found),)
+        return args[:1] + args[2:], None, (percentages, isinstance(found, list), False, False)
+    if name in ("percentile_approx", "approx_percentile"):
+        found = _literal_value(args[1], f"{name}'s percentage")
+        percentages = tuple(float(p) for p in found) if isinstance(found, list) else (float(found),)
+        accuracy = int(_literal_value(args[2], f"{name}'s accuracy")) if len(args) > 2 else _DEFAULT_ACCURACY
+        return args[:1], None, (percentages, isinstance(found, list), accuracy)
+    if name == "mode":   # mode(x, deterministic): the smallest of the most frequent (reverse), or any
+        deterministic = bool(_literal_value(args[1], "mode's deterministic flag")) if len(args) > 1 else False
+        return args[:1], None, (True if deterministic else None,)
+    return args, None, ()
 
 
 def _as_planned(name: str, arguments: tuple, legacy: bool) -> tuple[tuple, str | None]:
@@ -276,3 +371,15 @@ def grouping_column_names(grouped: Any) -> list[str]:
 def grouped_dataframe(grouped: Any) -> Any:
     """The DataFrame a Connect ``GroupedData`` groups."""
     return grouped._df
+
+
+def hyperloglog_tables(p: int) -> tuple:
+    """Spark's HyperLogLog++ bias tables at precision ``p`` (as the classic
+    ``hyperloglog_tables`` reads them from the JVM), from the copy of Spark 4.3's beside this
+    module: (threshold, raw estimates, biases); empty from 19 on, where Spark uses none."""
+    import json
+    from pathlib import Path
+    if p >= 19:
+        return 0.0, (), ()
+    tables = json.loads(Path(__file__).with_name("hyperloglog_tables.json").read_text())["tables"][str(p)]
+    return float(tables["threshold"]), tuple(tables["raw_estimates"]), tuple(tables["biases"])

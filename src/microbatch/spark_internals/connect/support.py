@@ -12,7 +12,8 @@ WHAT_RUNS = (
     "groupBy(window(...) or session_window(...) and columns) with count, sum, min, max, avg, max_by, "
     "min_by, first, last (first_value, last_value, any_value), collect_list, collect_set, stddev and variance "
     "(and their _samp/_pop forms), count_if, bool_and/every, bool_or/some/any, try_sum, try_avg, bit_and, "
-    "bit_or, bit_xor, corr, covar_pop, covar_samp, skewness, kurtosis and every regr_* in append or update mode, "
+    "bit_or, bit_xor, corr, covar_pop, covar_samp, skewness, kurtosis, every regr_*, approx_count_distinct, "
+    "percentile, median, percentile_approx/approx_percentile and mode(x, true) in append or update mode, "
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
@@ -33,7 +34,8 @@ AGGREGATES = frozenset({"count", "sum", "min", "max", "avg", "mean", "max_by", "
                         "count_if", "bool_and", "every", "bool_or", "some", "any", "try_sum", "try_avg",
                         "bit_and", "bit_or", "bit_xor", "corr", "covar_pop", "covar_samp", "skewness",
                         "kurtosis", "regr_sxy", "regr_r2", "regr_slope", "regr_intercept", "regr_sxx",
-                        "regr_syy", "regr_count", "regr_avgx", "regr_avgy"})
+                        "regr_syy", "regr_count", "regr_avgx", "regr_avgy", "approx_count_distinct",
+                        "percentile", "median", "percentile_approx", "approx_percentile", "mode"})
 
 
 def refusal(feature: str):
