@@ -165,8 +165,10 @@ def _printed_with_constants(call: Any) -> str:
 def _java_double(value: float) -> str:
     """``value`` as Java's ``Double.toString`` writes it (``0.5``, ``1.0E-4``, ``1.0E7``)."""
     import decimal
-    if value != value or value in (float("inf"), float("-inf")):
-        return {True: "NaN"}.get(value != value, "Infinity" if value > 0 else "-Infinity")
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "Infinity" if value > 0 else "-Infinity"
     if value == 0 or 1e-3 <= abs(value) < 1e7:
         return repr(value) if "e" not in repr(value) else format(decimal.Decimal(repr(value)), "f")
     sign, digits, exponent = decimal.Decimal(repr(value)).normalize().as_tuple()
