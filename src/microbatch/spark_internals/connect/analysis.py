@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from microbatch.spark_internals.connect.support import AGGREGATES, refuse
+from microbatch.spark_internals.java_text import java_double_text
 
 #: Spark's class of each aggregate function the translation knows
 _CLASSES = {"count": "Count", "sum": "Sum", "min": "Min", "max": "Max", "avg": "Average", "mean": "Average",
@@ -147,8 +148,8 @@ def _printed_with_constants(call: Any) -> str:
     def constant(expression: Any) -> str:
         value = _literal_value(expression, f"{name}'s percentage")
         if isinstance(value, list):
-            return f"array({', '.join(_java_double(float(v)) + 'D' for v in value)})"
-        return _java_double(float(value)) + "D" if isinstance(value, float) else sql_of(expression)
+            return f"array({', '.join(java_double_text(float(v)) + 'D' for v in value)})"
+        return java_double_text(float(value)) + "D" if isinstance(value, float) else sql_of(expression)
 
     if name in ("approx_count_distinct", "median"):
         return f"{name}({first})"
@@ -160,22 +161,6 @@ def _printed_with_constants(call: Any) -> str:
     if len(args) > 1 and _literal_value(args[1], "mode's deterministic flag") is True:
         return f"mode() WITHIN GROUP (ORDER BY {first} DESC)"
     return f"mode({first})"
-
-
-def _java_double(value: float) -> str:
-    """``value`` as Java's ``Double.toString`` writes it (``0.5``, ``1.0E-4``, ``1.0E7``)."""
-    import decimal
-    if value != value:
-        return "NaN"
-    if value in (float("inf"), float("-inf")):
-        return "Infinity" if value > 0 else "-Infinity"
-    if value == 0 or 1e-3 <= abs(value) < 1e7:
-        return repr(value) if "e" not in repr(value) else format(decimal.Decimal(repr(value)), "f")
-    sign, digits, exponent = decimal.Decimal(repr(value)).normalize().as_tuple()
-    text = "".join(map(str, digits))
-    power = exponent + len(text) - 1
-    mantissa = text[0] + "." + (text[1:] or "0")
-    return ("-" if sign else "") + f"{mantissa}E{power}"
 
 
 def _plain_sql_call(expression: Any) -> Any:
