@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pyspark import SparkContext
+from microbatch.spark_internals.jvm import SparkContext   # (None in PySpark's Connect-only client)
 from pyspark.sql import SparkSession
 
 from microbatch.spark_internals.analysis import analyzed_plan

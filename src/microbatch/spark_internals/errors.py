@@ -7,7 +7,7 @@ import logging
 import traceback
 from typing import Any, Iterator
 
-from pyspark import SparkContext
+from microbatch.spark_internals.jvm import SparkContext   # (None in PySpark's Connect-only client)
 from pyspark.errors import PySparkException
 from pyspark.errors.exceptions.captured import CapturedException, convert_exception
 

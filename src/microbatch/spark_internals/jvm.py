@@ -4,11 +4,14 @@ from __future__ import annotations
 import weakref
 from typing import Any, Mapping
 
-from pyspark import SparkContext
+try:
+    from pyspark import SparkContext
+except ImportError:   # PySpark's client for Spark Connect alone (pyspark-client): no JVM classes
+    SparkContext = None
 
 
 def _jvm():
-    jvm = SparkContext._jvm
+    jvm = None if SparkContext is None else SparkContext._jvm
     if jvm is None:
         from pyspark.sql.utils import is_remote
         if is_remote():   # a Spark Connect client: what needs the JVM does not run over Connect
@@ -49,4 +52,4 @@ def scala_map(values: Mapping[str, str]) -> Any:
 
 def jvm_started() -> bool:
     """Whether a SparkContext's JVM runs in this process."""
-    return SparkContext._jvm is not None
+    return SparkContext is not None and SparkContext._jvm is not None

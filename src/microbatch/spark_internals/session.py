@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pyspark import SparkContext
+from microbatch.spark_internals.jvm import SparkContext   # (None in PySpark's Connect-only client)
 from pyspark.sql import SparkSession
 
 
