@@ -70,11 +70,22 @@ class StreamingQueryManager:
 
     def addListener(self, listener: StreamingQueryListener) -> None:
         """Register a ``pyspark.sql.streaming.StreamingQueryListener`` for the events of
-        this session's queries (see ``runtime.events`` for the delivery rules)."""
+        this session's queries (see ``runtime.events`` for the delivery rules). Over
+        Spark Connect the listener's ``spark`` is the session, as PySpark's Connect
+        manager sets it (``self.spark`` inside a callback)."""
+        if spark_internals.is_connect(self._spark):
+            listener._set_spark_session(self._spark)
         self._bus.add(listener)
 
     def removeListener(self, listener: StreamingQueryListener) -> None:
         self._bus.remove(listener)
+
+    @property
+    def _sqlb(self) -> ListenerBus:
+        """The listener bus of PySpark's Connect query manager (``_sqlb``), whose
+        ``_listener_bus`` lists the listeners added: PySpark's own Connect tests read it to
+        remove each one, so a Connect session's manager answers it alike."""
+        return self._bus
 
     def _wait_for_listeners(self, timeout: float = 10.0) -> bool:
         """Block until every event posted so far has reached the listeners."""

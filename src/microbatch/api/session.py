@@ -106,6 +106,29 @@ class StreamingSession:
             raise AttributeError(name)
         return getattr(self.spark, name)
 
+    def __reduce__(self):
+        """Over Spark Connect this session pickles as PySpark's Connect session does (into
+        the unpickling process's active session of the same id), so a ``foreachBatch``
+        function that reads it pickles as on Spark's engine, whose server runs it; a
+        classic session does not pickle."""
+        if spark_internals.is_connect(self.spark):
+            return self.spark.__reduce__()
+        raise TypeError(f"cannot pickle a {type(self).__name__} of a classic session")
+
+    def interruptAll(self) -> list[str]:
+        """PySpark's ``interruptAll``: every operation of the session interrupted. Over
+        Spark Connect the server stops the session's streaming queries too, so this stops
+        microbatch's queries started here (their runs' operations are tagged, and their
+        stream threads stop) and returns their ids with the operations' (as the server
+        does); on a classic session it is the session's own."""
+        if not spark_internals.is_connect(self.spark):
+            return self.spark.interruptAll()
+        stopped = []
+        for query in self.streams.active:
+            query.stop()
+            stopped.append(query.id)
+        return list(self.spark.interruptAll()) + stopped
+
     @property
     def dataSource(self):
         """PySpark's ``spark.dataSource``: ``register(cls)`` makes a Python data source's

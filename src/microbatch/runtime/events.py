@@ -72,6 +72,13 @@ class ListenerBus:
             self._thread = threading.Thread(target=self._run, name="microbatch-listener-bus", daemon=True)
             self._thread.start()
 
+    @property
+    def _listener_bus(self) -> list[StreamingQueryListener]:
+        """The listeners added, as PySpark's Connect ``StreamingQueryListenerBus`` names
+        them (a copy: removing each while iterating removes them all)."""
+        with self._lock:
+            return list(self._listeners)
+
     def remove(self, listener: StreamingQueryListener) -> None:
         with self._lock:
             for i, registered in enumerate(self._listeners):
