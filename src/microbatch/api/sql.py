@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 import uuid
 from typing import Any
 
@@ -119,7 +120,8 @@ def _may_read_stream(session: Any, query: str) -> bool:
     parsed plan costs calls into Spark per node and expression)."""
     text = query.lower()
     names = list(session._stream_views) + [n.rsplit(".", 1)[-1] for n in session._global_stream_views()]
-    return "stream" in text or any(name in text for name in names)
+    # (whole words: a table named test_streaming_x neither says STREAM nor names a view x)
+    return any(re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", text) for name in ["stream", *names])
 
 
 def _name(relation) -> str:

@@ -144,7 +144,10 @@ class BatchMetrics:
         reads_through = self.sink.reads_batch_through
         if self._observed_in_executions() and observation._name in self._observed:
             return self._observed[observation._name]
-        if reads_through != READS_RDD and not self._observed_in_executions():
+        # (over Spark Connect every sink runs the batch by a DataFrame action, the noop
+        # sink's and foreach's too, which fills the batch's observations)
+        by_action = reads_through != READS_RDD or spark_internals.is_connect(self.batch_df)
+        if by_action and not self._observed_in_executions():
             row = spark_internals.observation_row(observation, wait_s=0.5)
             if row is not None:
                 return row

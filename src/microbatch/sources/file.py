@@ -535,9 +535,14 @@ def no_files(spark: SparkSession, fmt: str, schema: StructType, options: Mapping
     """A relation of the format over no files: it has Spark's hidden ``_metadata`` column
     (``file_path``, ``file_name``, ``file_size``, ``file_block_start``, ``file_block_length``,
     ``file_modification_time``), as the files' batches have. Its columns are data columns,
-    but for the text format, whose data is ``value`` only: the others are the directory's
+    but for the text format, whose data is one string column (``value``, or a user
+    schema's own name for it, its first: ``data STRING``): the others are the directory's
     partition columns."""
-    partitions = tuple(f.name for f in schema.fields if f.name != "value") if fmt == "text" else ()
+    partitions = ()
+    if fmt == "text" and schema.fields:
+        names = [f.name for f in schema.fields]
+        data = "value" if "value" in names else names[0]
+        partitions = tuple(n for n in names if n != data)
     return spark_internals.FileBatches(spark, fmt, schema, options, partitions).dataframe([])
 
 

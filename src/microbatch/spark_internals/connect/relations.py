@@ -9,12 +9,14 @@ from pyspark.sql.types import StructType
 def empty_batch(spark: Any, schema: StructType) -> Any:
     """An empty DataFrame of ``schema`` the optimizer keeps (a range of no rows over the
     server's parallelism, not a local relation, which PropagateEmptyRelation drops), so
-    a stateful task above a batch without rows still runs. Columns become nullable."""
+    a stateful task above a batch without rows still runs. Columns become nullable; each
+    keeps its metadata (a watermark's mark on an operator's output event time)."""
     from pyspark.sql import functions as F
 
     from microbatch.spark_internals.connect.session import default_parallelism
     return spark.range(0, 0, 1, default_parallelism(spark)).select(
-        *[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+        *[F.lit(None).cast(f.dataType).alias(f.name, metadata=f.metadata) if f.metadata
+          else F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
 
 
 def empty_dataframe(spark: Any, schema: StructType) -> Any:
