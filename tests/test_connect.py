@@ -92,6 +92,22 @@ def test_the_client_has_no_jvm(connect_spark):
     assert connect_spark.version.startswith("4.3.")
 
 
+def test_microbatch_imports_with_pysparks_connect_only_client():
+    """PySpark's Connect-only client (``pyspark-client``; PySpark's own switch for testing
+    it, ``SPARK_SKIP_CONNECT_COMPAT_TESTS``) exports no ``SparkContext``: every module of
+    microbatch imports there all the same."""
+    script = ("import importlib, pkgutil, microbatch\n"
+              "import pyspark\n"
+              "assert not hasattr(pyspark, 'SparkContext')\n"
+              "for m in pkgutil.walk_packages(microbatch.__path__, 'microbatch.'):\n"
+              "    importlib.import_module(m.name)\n"
+              "from microbatch import StreamingSession\n"
+              "print('IMPORTED')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, SPARK_SKIP_CONNECT_COMPAT_TESTS="1"))
+    assert done.returncode == 0 and "IMPORTED" in done.stdout, done.stderr[-3000:]
+
+
 # -- inputs --------------------------------------------------------------------------------
 def _rows(first: int, count: int, step: int = 1) -> list[tuple[int, str, int]]:
     return [(T0 + (first + i) * step, f"k{i % 3}", first + i) for i in range(count)]
@@ -406,7 +422,7 @@ def test_the_current_time_is_the_batchs_over_connect(css, connect_spark, tmp_pat
 
 
 # -- (b) the windowed aggregation -----------------------------------------------------------
-@pytest.mark.parametrize("mode", ["append", "update", "session"])
+@pytest.mark.parametrize("mode", ["append", "update", "complete", "session"])
 def test_windowed_aggregation_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path, mode):
     from pyspark.sql import functions as F
     source = tmp_path / "in"

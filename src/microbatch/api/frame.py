@@ -1005,8 +1005,7 @@ class GroupedStream:
                                            "'none', 'processingTime', 'eventTime'.")
         initial_df, initial_keys = None, ()
         if initial_state is not None:
-            from pyspark.sql import GroupedData
-            if not isinstance(initial_state, GroupedData):
+            if not spark_internals.is_grouped_data(initial_state):
                 raise pyspark_error(PySparkTypeError, "NOT_EXPECTED_TYPE", {
                     "arg_name": "initialState", "expected_type": "GroupedData",
                     "arg_type": type(initial_state).__name__})

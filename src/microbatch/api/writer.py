@@ -111,9 +111,11 @@ class DataStreamWriter:
     def foreachBatch(self, func: Callable) -> "DataStreamWriter":
         """``func(df, batch_id)`` per batch. As in PySpark, ``func`` is not checked here: a
         function that cannot be called fails the first batch with Spark's
-        ``FOREACH_BATCH_USER_FUNCTION_ERROR``."""
+        ``FOREACH_BATCH_USER_FUNCTION_ERROR``. Over Spark Connect it must pickle, and
+        unpickle at ``start()``, as PySpark's Connect writer and Spark's server need."""
         self._format = "foreachBatch"
         self._extra["foreach_batch"] = func
+        self._extra["foreach_batch_command"] = spark_internals.foreach_batch_command(self._session.spark, func)
         return self
 
     # -- engine knobs for tests (not in PySpark) ------------------------------
@@ -175,6 +177,8 @@ class DataStreamWriter:
         check_output_mode(self._plan, self._output_mode,
                           spark.conf.get(CHECK_CORRECTNESS_CONF, "true").lower() == "true")
         check_joins_kept(self._plan, self._frame._template)
+        if self._extra.get("foreach_batch_command") is not None and self._format == "foreachBatch":
+            spark_internals.check_foreach_batch_command(self._extra["foreach_batch_command"])
         if spark_internals.is_connect(spark):
             check_runs_over_connect(self._plan, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
                                     self._output_mode, self._sink is not None)

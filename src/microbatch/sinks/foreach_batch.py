@@ -9,7 +9,7 @@ function in foreach batch sink. Reason: ...`` with the function's traceback.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from pyspark.sql import DataFrame
 
@@ -18,11 +18,19 @@ from microbatch.errors import UserFunctionError
 from microbatch.sinks.base import Sink, SinkContext, SinkProvider
 
 
+#: Spark 4.3's conf: over Spark Connect the batch's DataFrame is the query's cloned
+#: session's (true, the default), or the user's own session's (false, as before 4.3)
+USE_CLONED_SESSION = "spark.sql.connect.streaming.foreachBatch.useClonedSession"
+
+
 class ForeachBatchSink(Sink):
-    def __init__(self, fn: Callable[[DataFrame, int], None]):
+    def __init__(self, fn: Callable[[DataFrame, int], None], root_session: Any = None):
         self.fn = fn
+        self._root_session = root_session   # (over Connect, USE_CLONED_SESSION false: the user's)
 
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
+        if self._root_session is not None:
+            df = spark_internals.in_session(df, self._root_session)
         try:
             self.fn(df, batch_id)
         except Exception as e:
@@ -38,4 +46,7 @@ class ForeachBatchSinkProvider(SinkProvider):
     allows_temporary_checkpoint = True
 
     def create(self, context: SinkContext) -> Sink:
-        return ForeachBatchSink(context.extra["foreach_batch"])
+        spark = context.spark
+        root = spark if spark_internals.is_connect(spark) and \
+            (spark.conf.get(USE_CLONED_SESSION, "true") or "true").lower() == "false" else None
+        return ForeachBatchSink(context.extra["foreach_batch"], root)

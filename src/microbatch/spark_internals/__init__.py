@@ -209,9 +209,18 @@ grouping_columns = _by_kind(grouping_columns, _c_analysis.grouping_columns)
 grouping_column_names = _by_kind(grouping_column_names, _c_analysis.grouping_column_names)
 ambiguous_on_a_stream = _by_kind(ambiguous_on_a_stream, lambda df, step: None)   # (Connect: none)
 grouped_dataframe = _by_kind(grouped_dataframe, _c_analysis.grouped_dataframe)
+
+
+def is_grouped_data(obj) -> bool:
+    """Whether ``obj`` is PySpark's GroupedData, a classic session's or a Connect client's."""
+    from pyspark.sql import GroupedData
+    return isinstance(obj, GroupedData) or (is_connect(obj) and type(obj).__name__ == "GroupedData")
+
+
 window_function_error = _by_kind(window_function_error, _refused("A window function (OVER)"))
 with_batch_timestamp = _by_kind(with_batch_timestamp, _c_batch_time.with_batch_timestamp)
 analyzed_plan = _by_kind(analyzed_plan, _refused("A prepared plan"))
+parse_sql = _by_kind(parse_sql, _refused("SQL that reads a stream (a temporary view of a stream, or STREAM t)"))
 nullable_output = _by_kind(nullable_output, lambda df: df)   # (over Connect the task's output is nullable)
 _classic_parse_schema_ddl = parse_schema_ddl
 
@@ -245,6 +254,10 @@ def spark_error(kind: str, error_class: str, **parameters):  # chosen by the pro
 foreach_batch_user_error = _by_kind(foreach_batch_user_error,
                                     lambda df, error: _c_errors.foreach_batch_user_error(error))
 query_failure = _c_errors.query_failure
+# (over Connect a foreachBatch function is pickled and read back as PySpark's Connect writer
+# and Spark's server do, for their errors; classic: nothing to check)
+foreach_batch_command = _by_kind(lambda spark, func: None, _c_errors.foreach_batch_command)
+check_foreach_batch_command = _c_errors.check_foreach_batch_command
 
 # Spark's engine's plan of a batch (classic only: over Connect no scan counts the input rows)
 streaming_file_stand_in = _by_kind(streaming_file_stand_in, lambda df, aliased: None)
@@ -282,5 +295,5 @@ __all__ += [
     "CONNECT_RUNS", "app_name", "query_failure", "binds_plans", "cancel_run", "connect_refusal", "default_parallelism",
     "describe_batch", "enter_query_thread", "is_connect", "map_state_task", "operator_accumulator",
     "static_conf", "empty_stream_stand_in", "engine_file_scans", "engine_join_event_times", "streaming_file_stand_in",
-    "outer_joins_eliminated", "outer_joins_narrowed", "in_session", "data_source_registration",
+    "outer_joins_eliminated", "outer_joins_narrowed", "in_session", "is_grouped_data", "data_source_registration",
 ]

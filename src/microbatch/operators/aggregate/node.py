@@ -93,8 +93,6 @@ class Aggregate(StatefulNode):
     def connect_refusal(self, output_mode: str) -> str | None:
         if self.grouping is not None and self.grouping.has_sets:   # (its expansion is read from Spark's plan)
             return f"An aggregation by {self.grouping.kind}"
-        if output_mode not in ("append", "update"):
-            return f"An aggregation in {output_mode} mode"
         return None
 
     def spark_state_refusal(self, recorded_conf, provider: str) -> str | None:

@@ -25,7 +25,9 @@ def with_initial_state(node: Any, df: DataFrame, partitions: int) -> DataFrame:
     partitioned by the grouping key as every batch is (``__k<i>``, of the batch's key
     types, so a key meets its initial state in its own state partition): the batch's
     columns as ``__in<j>``, the initial state's as ``__st<j>``."""
-    initial = node.initial_state
+    # (the user's DataFrame in the batch's session: over Spark Connect a plan joins only
+    # DataFrames of one session, and the batch session is a clone of the user's)
+    initial = spark_internals.in_session(node.initial_state, df.sparkSession)
     by_name = {f.name.lower(): f for f in df.schema.fields}
     key_types = [by_name[k.lower()].dataType for k in node.keys]
     inputs, states = df.schema.fields, initial.schema.fields

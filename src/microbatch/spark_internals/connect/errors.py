@@ -127,3 +127,37 @@ def query_failure(error: BaseException, debug_string: str, query_id: str, run_id
                                              messageParameters=params, sql_state=sql_state)
     reported = connect.StreamingQueryException(f"{message}\n{debug_string}", reason="STREAM_FAILED")
     return QueryFailure(message, error_class, raised, reported)
+
+
+def foreach_batch_command(spark: Any, func: Any) -> bytes:
+    """A ``foreachBatch`` function pickled as PySpark's Connect writer pickles it in
+    ``foreachBatch`` (for the server's Python process): an unpicklable one is its
+    ``PySparkPicklingError`` (``STREAMING_CONNECT_SERIALIZATION_ERROR``) there.
+    microbatch calls the function in the client, but a job must run on either engine."""
+    import pickle
+
+    from pyspark.errors import PySparkPicklingError
+    from pyspark.serializers import CloudPickleSerializer
+    try:
+        return CloudPickleSerializer().dumps(func)
+    except pickle.PicklingError:
+        raise PySparkPicklingError(errorClass="STREAMING_CONNECT_SERIALIZATION_ERROR",
+                                   messageParameters={"name": "foreachBatch"}) from None
+
+
+def check_foreach_batch_command(command: bytes) -> None:
+    """At ``start()``, the pickled function read back, as the server's Python runner reads
+    it before the query starts: one that does not unpickle is Spark's
+    ``StreamingPythonRunnerInitializationException``
+    (``STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE``, the runner's -2 and traceback)."""
+    from pyspark.errors.exceptions import connect
+    from pyspark.serializers import CloudPickleSerializer
+    try:
+        CloudPickleSerializer().loads(command)
+    except Exception as e:  # noqa: BLE001 - whatever unpickling raised is the runner's cause
+        params = {"resFromPython": "-2",
+                  "msg": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
+        message, sql_state = catalogued_message("STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE", params)
+        raise connect.StreamingPythonRunnerInitializationException(
+            message, errorClass="STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE", messageParameters=params,
+            sql_state=sql_state) from None

@@ -48,7 +48,11 @@ def job_tags(spark: Any) -> set[str]:
 
 def enter_query_thread(spark: Any, run_id: str, query_id: str, tags: set[str], description: str) -> None:
     """Tag the stream thread's operations with the run (for ``cancel_run``) and the
-    starting thread's tags (Connect has no job groups or local properties)."""
+    starting thread's tags (Connect has no job groups or local properties); the query's
+    session is the thread's active one, as Spark's Python runner of ``foreachBatch`` makes
+    the batch's cloned session active (``SparkSession.active()`` inside the function is
+    ``batch_df.sparkSession``), for this thread only."""
+    type(spark)._active_session.session = spark
     spark.addTag(_RUN_TAG.format(run_id))
     for tag in tags:
         spark.addTag(tag)

@@ -13,7 +13,7 @@ WHAT_RUNS = (
     "min_by, first, last (first_value, last_value, any_value), collect_list, collect_set, stddev and variance "
     "(and their _samp/_pop forms), count_if, bool_and/every, bool_or/some/any, try_sum, try_avg, bit_and, "
     "bit_or, bit_xor, corr, covar_pop, covar_samp, skewness, kurtosis, every regr_*, approx_count_distinct, "
-    "percentile, median, percentile_approx/approx_percentile and mode(x, true) in append or update mode, "
+    "percentile, median, percentile_approx/approx_percentile and mode(x, true) in append, update or complete mode, "
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
