@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope
 PYTEST_BY_TEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load
 PYTEST_BY_CLASS := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-porting test-faults test-versions test-upgrade test-extended test-install-keeps-pyspark chaos fuzz
+.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-pyspark-connect test-porting test-faults test-versions test-upgrade test-extended test-install-keeps-pyspark chaos fuzz
 
 # uv installs (downloads in parallel, no byte-compiling): about a quarter of pip's time
 # for PySpark and the test extras from a cold cache, which CI pays six times (issue 58).
@@ -110,6 +110,12 @@ test-porting: test-setup
 test-pyspark: test-setup
 	$(WITH_CLASSES) $(PYTEST_BY_CLASS) pyspark_suites
 
+# PySpark 4.3's own Spark Connect streaming tests (from the installed wheel), unmodified, on
+# microbatch: clients with no JVM against one Connect server in its own process
+# (pyspark_connect_suites/; MICROBATCH_PYSPARK_ENGINE=spark runs them on Spark's engine)
+test-pyspark-connect: test-setup
+	$(WITH_CLASSES) $(PYTEST_BY_CLASS) -p no:cacheprovider pyspark_connect_suites
+
 # The differential subset on each older PySpark line against that version's own engine,
 # each in its own virtual environment (.venvs/pyspark-<version>): make test-versions
 # (SPARK_VERSIONS="4.0" for one), in make test-extended. The full suite runs on 4.3 (make test);
@@ -165,6 +171,7 @@ test-upgrade: setup
 test-extended: test-setup
 	$(WITH_CLASSES) $(PYTEST) -m extended
 	$(MAKE) test-nexmark
+	$(MAKE) test-pyspark-connect
 	$(MAKE) test-versions
 
 # A cluster's own PySpark is kept: pyspark 3.5 installed first, then microbatch; the

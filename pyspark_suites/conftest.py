@@ -9,20 +9,9 @@ reference: which tests pass there); the default runs them on microbatch.
 """
 from __future__ import annotations
 
-import os
-import sys
+from engine import tests_from_the_wheel
 
-import pyspark
-import pyspark.sql
-
-ZIP = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
-if not os.path.exists(ZIP):   # pragma: no cover - every pyspark wheel has it
-    raise RuntimeError(f"{ZIP} is missing: PySpark's own tests come from the installed wheel")
-pyspark.sql.__path__.append(ZIP + "/pyspark/sql")
-
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+tests_from_the_wheel()
 
 
 #: PySpark's tests that wait on the wall clock with a deadline fitted to Spark's own CI

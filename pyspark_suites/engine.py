@@ -15,6 +15,25 @@ import os
 ENGINE = os.environ.get("MICROBATCH_PYSPARK_ENGINE", "microbatch")
 
 
+def tests_from_the_wheel() -> None:
+    """Make ``pyspark.sql.tests`` importable from the installed wheel, unmodified: the wheel
+    ships its tests in ``pyspark/python/lib/pyspark.zip`` (Spark puts that zip on its Python
+    workers' path, so the tests' processors and functions unpickle there); and make
+    PySpark's workers use this interpreter."""
+    import sys
+
+    import pyspark
+    import pyspark.sql
+    zipped = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
+    if not os.path.exists(zipped):   # pragma: no cover - every pyspark wheel has it
+        raise RuntimeError(f"{zipped} is missing: PySpark's own tests come from the installed wheel")
+    if zipped + "/pyspark/sql" not in pyspark.sql.__path__:
+        pyspark.sql.__path__.append(zipped + "/pyspark/sql")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
 class _Starts:
     """The queries an engine's query manager starts (a listener of either engine), by id."""
 

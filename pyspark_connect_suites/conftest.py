@@ -1,0 +1,141 @@
+"""PySpark 4.3's own Spark Connect streaming tests, from the installed wheel, unmodified,
+run on microbatch against a Connect server in a process of its own: the test processes are
+clients with no JVM (``SPARK_SKIP_CONNECT_COMPAT_TESTS``: PySpark's own switch for testing
+its Connect-only client, under which its test classes keep no classic SparkContext).
+
+One server serves every test process: the controller starts it (``tests/connect_server.py``)
+and points PySpark's test classes at it (``SPARK_CONNECT_TESTING_REMOTE``, which
+``ReusedConnectTestCase`` reads) before the workers start; it stops at the end.
+
+``MICROBATCH_PYSPARK_ENGINE=spark`` runs the same tests on Spark's own engine on that
+server (the reference: which tests pass there); the default runs them on microbatch.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "pyspark_suites"))   # engine.py: the session wrapped, the engine checked
+
+# (before PySpark is imported: its package exports the classic classes or not by this)
+os.environ["SPARK_SKIP_CONNECT_COMPAT_TESTS"] = "1"
+
+from engine import tests_from_the_wheel  # noqa: E402
+
+tests_from_the_wheel()
+
+_SERVER: dict = {}
+
+#: PySpark's tests read their inputs from ``python/test_support/sql/streaming`` under the
+#: working directory of Spark's source tree, which the wheel does not ship: the lines its
+#: tests assert (``["hello", "this"]``; ten ``time;id`` rows for the watermark's tests),
+#: written here into a working directory the test processes and the server share
+_INPUTS = {
+    "python/test_support/sql/streaming/text-test.txt": "hello\nthis",
+    "python/test_support/sql/streaming/time/text-with-time-test.txt": "\n".join(
+        f"2024-05-24 15:03:{second:02d};{key}" for second, key in
+        ((20, 1), (21, 2), (24, 3), (25, 3), (31, 4), (31, 1), (32, 3), (45, 2), (46, 5), (50, 6))),
+}
+
+
+#: PySpark's Connect tests that pass on Spark's engine here and not yet on microbatch, each
+#: with what is missing: a strict xfail, so that each one fixed fails the run until it leaves
+#: this list (every other test must pass on both engines; ``MICROBATCH_PYSPARK_ENGINE=spark``
+#: runs them all, these included, on Spark's engine, where all pass)
+_SPARKS_STATE_READER = ("Spark's own state readers on the batch's session (batch_df.sparkSession.read"
+                        ".format('{fmt}')) over microbatch's checkpoint: Spark's reader refuses its "
+                        "operator metadata (StreamingSession.read is microbatch's reader; over Connect the "
+                        "batch's session is the plain Connect session, whose reader is Spark's)")
+NOT_YET_ON_MICROBATCH: dict[str, str] = {
+    "ForeachBatchParity::test_batch_dataframe_in_root_session_sql_is_unsupported":
+        "the batch's DataFrame is a plan of the cloned session, not a relation the server cached in it, "
+        "so the user's session reads it too (no DATAFRAME_NOT_FOUND)",
+    "StreamingParity::test_streaming_with_temporary_view":
+        "SQL over a stream's temporary view over Spark Connect (the client has no SQL parser)",
+    "PythonStreamingDataSourceParity::test_stream_writer":
+        "Python data source sinks over Spark Connect",
+    "PythonStreamingDataSourceParity::test_stream_arrow_writer":
+        "Python data source sinks over Spark Connect",
+    "TransformWithStateStateVariableParity::test_transform_with_list_state_metadata": _SPARKS_STATE_READER.format(fmt="state-metadata"),
+    "TransformWithStateStateVariableParity::test_transform_with_value_state_metadata": _SPARKS_STATE_READER.format(fmt="state-metadata"),
+    "TransformWithStateStateVariableParity::test_transform_with_state_restart_with_multiple_rows_init_state": _SPARKS_STATE_READER.format(fmt="statestore"),
+    "TransformWithStateStateVariableParity::test_transform_with_state_with_timers_single_partition": _SPARKS_STATE_READER.format(fmt="statestore"),
+    "TransformWithStateInPandasStateVariableParity::test_transform_with_list_state_metadata": _SPARKS_STATE_READER.format(fmt="state-metadata"),
+    "TransformWithStateInPandasStateVariableParity::test_transform_with_value_state_metadata": _SPARKS_STATE_READER.format(fmt="state-metadata"),
+    "TransformWithStateInPandasStateVariableParity::test_transform_with_state_restart_with_multiple_rows_init_state": _SPARKS_STATE_READER.format(fmt="statestore"),
+    "TransformWithStateInPandasStateVariableParity::test_transform_with_state_with_timers_single_partition": _SPARKS_STATE_READER.format(fmt="statestore"),
+}
+
+
+def pytest_collection_modifyitems(items):
+    from engine import ENGINE
+    if ENGINE != "microbatch":
+        return
+    for item in items:
+        reason = NOT_YET_ON_MICROBATCH.get(item.nodeid.split("::", 1)[-1])
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pytest_configure(config):
+    """The controller (or a run without workers) starts the one server."""
+    if hasattr(config, "workerinput") or "SPARK_CONNECT_TESTING_REMOTE" in os.environ:
+        return
+    import microbatch
+    workdir = Path(tempfile.mkdtemp(prefix="microbatch-connect-suites-"))
+    for name, text in _INPUTS.items():
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).write_text(text)
+    port, stop_file, log_path = _free_port(), workdir / "stop", workdir / "server.log"
+    env = dict(os.environ,
+               # the server's Python workers import microbatch (state tasks) and engine.py
+               PYTHONPATH=os.pathsep.join([str(Path(microbatch.__file__).parents[1]), str(ROOT / "pyspark_suites"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("SPARK_SKIP_CONNECT_COMPAT_TESTS", None)
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "connect_server.py"), str(port),
+                                   str(stop_file), "7200"], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  cwd=workdir)
+    deadline = time.monotonic() + 180
+    while "SERVER READY" not in log_path.read_text():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the Connect server did not start; its log:\n" + log_path.read_text()[-3000:])
+        time.sleep(0.5)
+    os.environ["SPARK_CONNECT_TESTING_REMOTE"] = f"sc://localhost:{port}"
+    os.environ["MICROBATCH_CONNECT_SUITES_WORKDIR"] = str(workdir)
+    _SERVER.update(process=server, stop=stop_file, log=log_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _in_the_servers_working_directory():
+    """The tests' relative paths name the inputs above, for the client and the server alike."""
+    os.chdir(os.environ["MICROBATCH_CONNECT_SUITES_WORKDIR"])
+
+
+def pytest_unconfigure(config):
+    if not _SERVER:
+        return
+    _SERVER["stop"].touch()
+    try:
+        _SERVER["process"].wait(60)
+    except subprocess.TimeoutExpired:
+        _SERVER["process"].kill()
+        _SERVER["process"].wait(10)
+    shutil.rmtree(_SERVER["stop"].parent, ignore_errors=True)
+
