@@ -28,7 +28,7 @@ def _tool(name: str) -> str:
 
 def test_ruff_finds_nothing():
     run = subprocess.run([_tool("ruff"), "check", "--output-format", "concise", "src", "tests",
-                          "benchmarks", "pyspark_suites"], cwd=ROOT, capture_output=True, text=True)
+                          "benchmarks", "pyspark_suites", "pyspark_connect_suites"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
