@@ -178,7 +178,7 @@ class DataStreamWriter:
                           spark.conf.get(CHECK_CORRECTNESS_CONF, "true").lower() == "true")
         check_joins_kept(self._plan, self._frame._template)
         if self._extra.get("foreach_batch_command") is not None and self._format == "foreachBatch":
-            spark_internals.check_foreach_batch_command(self._extra["foreach_batch_command"])
+            spark_internals.check_foreach_batch_command(spark, self._extra["foreach_batch_command"])
         if spark_internals.is_connect(spark):
             check_runs_over_connect(self._plan, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
                                     self._output_mode, self._sink is not None)

@@ -145,13 +145,17 @@ def foreach_batch_command(spark: Any, func: Any) -> bytes:
                                    messageParameters={"name": "foreachBatch"}) from None
 
 
-def check_foreach_batch_command(command: bytes) -> None:
+def check_foreach_batch_command(spark: Any, command: bytes) -> None:
     """At ``start()``, the pickled function read back, as the server's Python runner reads
-    it before the query starts: one that does not unpickle is Spark's
+    it before the query starts, with the user's session ``spark`` active (a session the
+    function reads unpickles as that one): one that does not unpickle is Spark's
     ``StreamingPythonRunnerInitializationException``
     (``STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE``, the runner's -2 and traceback)."""
     from pyspark.errors.exceptions import connect
     from pyspark.serializers import CloudPickleSerializer
+    active = type(spark)._active_session
+    before = getattr(active, "session", None)
+    active.session = spark
     try:
         CloudPickleSerializer().loads(command)
     except Exception as e:  # noqa: BLE001 - whatever unpickling raised is the runner's cause
@@ -161,3 +165,5 @@ def check_foreach_batch_command(command: bytes) -> None:
         raise connect.StreamingPythonRunnerInitializationException(
             message, errorClass="STREAMING_PYTHON_RUNNER_INITIALIZATION_FAILURE", messageParameters=params,
             sql_state=sql_state) from None
+    finally:
+        active.session = before
