@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -26,10 +23,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "pyspark_suites"))   # engine.py: the session wrapped, the engine checked
+sys.path.insert(0, str(ROOT / "tests"))            # connect_server.py: the server started and stopped
 
 # (before PySpark is imported: its package exports the classic classes or not by this)
 os.environ["SPARK_SKIP_CONNECT_COMPAT_TESTS"] = "1"
 
+import connect_server  # noqa: E402
 from engine import tests_from_the_wheel  # noqa: E402
 
 tests_from_the_wheel()
@@ -87,39 +86,20 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pytest_configure(config):
     """The controller (or a run without workers) starts the one server."""
     if hasattr(config, "workerinput") or "SPARK_CONNECT_TESTING_REMOTE" in os.environ:
         return
-    import microbatch
     workdir = Path(tempfile.mkdtemp(prefix="microbatch-connect-suites-"))
     for name, text in _INPUTS.items():
         (workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / name).write_text(text)
-    port, stop_file, log_path = _free_port(), workdir / "stop", workdir / "server.log"
-    env = dict(os.environ,
-               # the server's Python workers import microbatch (state tasks) and engine.py
-               PYTHONPATH=os.pathsep.join([str(Path(microbatch.__file__).parents[1]), str(ROOT / "pyspark_suites"),
-                                           os.environ.get("PYTHONPATH", "")]))
-    env.pop("SPARK_SKIP_CONNECT_COMPAT_TESTS", None)
-    with open(log_path, "w") as log:
-        server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "connect_server.py"), str(port),
-                                   str(stop_file), "7200"], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  cwd=workdir)
-    deadline = time.monotonic() + 180
-    while "SERVER READY" not in log_path.read_text():
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the Connect server did not start; its log:\n" + log_path.read_text()[-3000:])
-        time.sleep(0.5)
+    # (the server's Python workers import engine.py too; the server is a classic session)
+    server, port = connect_server.launch(workdir, 7200, (str(ROOT / "pyspark_suites"),), workdir,
+                                         ("SPARK_SKIP_CONNECT_COMPAT_TESTS",))
     os.environ["SPARK_CONNECT_TESTING_REMOTE"] = f"sc://localhost:{port}"
     os.environ["MICROBATCH_CONNECT_SUITES_WORKDIR"] = str(workdir)
-    _SERVER.update(process=server, stop=stop_file, log=log_path)
+    _SERVER.update(process=server, workdir=workdir)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -131,11 +111,5 @@ def _in_the_servers_working_directory():
 def pytest_unconfigure(config):
     if not _SERVER:
         return
-    _SERVER["stop"].touch()
-    try:
-        _SERVER["process"].wait(60)
-    except subprocess.TimeoutExpired:
-        _SERVER["process"].kill()
-        _SERVER["process"].wait(10)
-    shutil.rmtree(_SERVER["stop"].parent, ignore_errors=True)
-
+    connect_server.shut_down(_SERVER["process"], _SERVER["workdir"])
+    shutil.rmtree(_SERVER["workdir"], ignore_errors=True)

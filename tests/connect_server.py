@@ -2,15 +2,57 @@
 session with Spark's Connect plugin on the port given, until the stop file appears.
 
 usage: python connect_server.py PORT STOP_FILE MAX_SECONDS
+
+``launch`` and ``shut_down`` start and stop it from a test process (tests/test_connect.py,
+pyspark_connect_suites/conftest.py).
 """
 import os
+import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 
-from pyspark.sql import SparkSession
+
+def launch(base: Path, max_seconds: int, python_path: tuple[str, ...] = (), cwd: Path | None = None,
+           env_removed: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
+    """This server in a process of its own on a free port, its stop file and log in
+    ``base``, its Python workers importing this microbatch and ``python_path``; returns
+    once it serves (the process and the port), or raises with its log's tail."""
+    import microbatch
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1",
+               PYTHONPATH=os.pathsep.join([str(Path(microbatch.__file__).parents[1]), *python_path,
+                                           os.environ.get("PYTHONPATH", "")]))
+    for name in env_removed:
+        env.pop(name, None)
+    log_path = base / "server.log"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(port), str(base / "stop"),
+                                   str(max_seconds)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    deadline = time.monotonic() + 180
+    while "SERVER READY" not in log_path.read_text():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the Connect server did not start; its log:\n" + log_path.read_text()[-3000:])
+        time.sleep(0.5)
+    return server, port
+
+
+def shut_down(server: subprocess.Popen, base: Path) -> None:
+    """Stop a server ``launch`` started (its stop file; killed after a minute)."""
+    (base / "stop").touch()
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(10)
 
 
 def main() -> None:
+    from pyspark.sql import SparkSession
     port, stop_file, max_seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     spark = (SparkSession.builder.master("local[2]").appName("microbatch-connect-tests")
              .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")

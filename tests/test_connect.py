@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,8 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor
 
-from helpers import ci_share, wait_for
+import connect_server
+from helpers import ci_share
 
 # the processor below runs in the server's Python workers, which cannot import this module
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -33,34 +33,12 @@ SCHEMA_DDL = "ts TIMESTAMP, k STRING, v BIGINT"
 T0 = 1_700_000_000          # event times: seconds from here
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def connect_spark(tmp_path_factory):
     """A Connect client of a server started in its own process (stopped at the end)."""
-    import microbatch
     base = tmp_path_factory.mktemp("connect-server")
-    port, stop_file, log_path = _free_port(), base / "stop", base / "server.log"
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               SPARK_LOCAL_IP="127.0.0.1",
-               # the server's Python workers (state tasks) import this microbatch
-               PYTHONPATH=os.pathsep.join([str(Path(microbatch.__file__).parents[1]),
-                                           os.environ.get("PYTHONPATH", "")]))
-    with open(log_path, "w") as log:
-        server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("connect_server.py")),
-                                   str(port), str(stop_file), "900"], stdout=log, stderr=subprocess.STDOUT,
-                                  env=env)
+    server, port = connect_server.launch(base, 900)
     try:
-        def ready() -> bool:
-            if "SERVER READY" in log_path.read_text():
-                return True
-            assert server.poll() is None, log_path.read_text()[-3000:]
-            return False
-        wait_for(ready, 180, lambda: "the Connect server; its log:\n" + log_path.read_text()[-3000:], every=0.5)
         from pyspark.sql import SparkSession
         spark = SparkSession.builder.remote(f"sc://localhost:{port}").getOrCreate()
         spark.conf.set("spark.sql.shuffle.partitions", "2")
@@ -68,12 +46,7 @@ def connect_spark(tmp_path_factory):
         yield spark
         spark.stop()
     finally:
-        stop_file.touch()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        connect_server.shut_down(server, base)
 
 
 @pytest.fixture
