@@ -59,12 +59,6 @@ NOT_YET_ON_MICROBATCH: dict[str, str] = {
     "ForeachBatchParity::test_batch_dataframe_in_root_session_sql_is_unsupported":
         "the batch's DataFrame is a plan of the cloned session, not a relation the server cached in it, "
         "so the user's session reads it too (no DATAFRAME_NOT_FOUND)",
-    "StreamingParity::test_streaming_with_temporary_view":
-        "SQL over a stream's temporary view over Spark Connect (the client has no SQL parser)",
-    "PythonStreamingDataSourceParity::test_stream_writer":
-        "Python data source sinks over Spark Connect",
-    "PythonStreamingDataSourceParity::test_stream_arrow_writer":
-        "Python data source sinks over Spark Connect",
     "TransformWithStateStateVariableParity::test_transform_with_list_state_metadata": _SPARKS_STATE_READER.format(fmt="state-metadata"),
     "TransformWithStateStateVariableParity::test_transform_with_value_state_metadata": _SPARKS_STATE_READER.format(fmt="state-metadata"),
     "TransformWithStateStateVariableParity::test_transform_with_state_restart_with_multiple_rows_init_state": _SPARKS_STATE_READER.format(fmt="statestore"),

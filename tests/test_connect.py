@@ -452,6 +452,60 @@ def test_union_static_join_and_map_in_pandas_match_sparks_engine_across_a_restar
     assert {r[3] for rows_ in batches.values() for r in rows_} == {"zero", "one", None}
 
 
+# -- (a3) SQL over a stream's temporary view, run on each batch ------------------------------
+_SQL_OVER_VIEWS = {
+    "projections, a generator, a filter": (
+        "SELECT k, v * 10 AS v10, explode(array(1, 2)) AS n FROM `events` WHERE v % 2 = 0 AND k <> '{{}}'", None),
+    "its own WITH, then a windowed count in the DataFrame API": (
+        "/* evens */ WITH evens AS (SELECT * FROM events WHERE v % 2 = 0) "
+        "SELECT events.ts, events.k FROM evens AS events WHERE events.v % 4 <> 1", "window"),
+}
+
+
+@pytest.mark.parametrize("case", list(_SQL_OVER_VIEWS))
+def test_sql_over_a_stream_view_matches_sparks_engine_across_a_restart(css, connect_spark, tmp_path, case):
+    """``createOrReplaceTempView`` of a stream and ``sql`` over it on a Connect session (the
+    client has no parser: the SQL runs on each batch), against Spark's engine's SQL over its
+    own stream's view on the same server."""
+    from pyspark.sql import functions as F
+    query, then = _SQL_OVER_VIEWS[case]
+    source = tmp_path / "in"
+
+    def add_files(run):
+        for i in range(2):
+            _write_json(source, f"f{run}{i}", _rows(10 * (2 * run + i), 5, step=4))
+
+    def build(reader):
+        session = css if type(reader).__module__.startswith("microbatch") else connect_spark
+        reader.schema(SCHEMA_DDL).option("maxFilesPerTrigger", 1).json(str(source)).createOrReplaceTempView("events")
+        frame = session.sql(query)
+        if then == "window":
+            frame = frame.withWatermark("ts", "10 seconds").groupBy(F.window("ts", "20 seconds"), "k").count()
+        return frame
+
+    batches, rows = _compare(css, connect_spark, build, add_files, tmp_path)
+    assert len(batches) == (6 if then else 4) and any(batches.values())   # (a window: two batches for the watermark)
+    assert sum(r[0] for r in rows.values()) == 20    # (the input rows counted through the SQL: 4 files of 5)
+
+
+def test_sql_over_a_stream_view_that_keeps_state_is_refused_over_connect(css, tmp_path):
+    from microbatch.errors import UnsupportedOperationError
+    source = tmp_path / "in"
+    _write_json(source, "f0", _rows(0, 3))
+    css.readStream.schema(SCHEMA_DDL).json(str(source)).createOrReplaceTempView("events")
+    assert css.sql("SELECT 'events' AS word").isStreaming is False    # (the name only in a string)
+    for query, named in (("SELECT k, count(*) FROM events GROUP BY k", "(Aggregate)"),
+                         ("SELECT DISTINCT k FROM events", "(Distinct)"),
+                         ("SELECT * FROM events WHERE v IN (SELECT v FROM events)", "a subquery"),
+                         ("SELECT * FROM events UNION ALL SELECT * FROM events", "(Union)")):
+        with pytest.raises(UnsupportedOperationError) as raised:
+            css.sql(query)
+        assert named in str(raised.value) and "over Spark Connect" in str(raised.value), str(raised.value)
+    from pyspark.errors import AnalysisException
+    with pytest.raises(AnalysisException, match="UNRESOLVED_COLUMN"):    # (Spark's analysis, where the SQL is defined)
+        css.sql("SELECT no_such_column FROM events")
+
+
 def _window_counts(source: Path):
     """Three parquet files in ``source``, and the query over them: a count and a sum per
     10-second window, 5 seconds of watermark."""

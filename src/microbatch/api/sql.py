@@ -23,6 +23,7 @@ from pyspark.sql.sql_formatter import SQLStringFormatter
 
 from microbatch import spark_internals
 from microbatch.api.frame import StreamFrame
+from microbatch.plan.logical import Apply
 from microbatch.errors import UnsupportedOperationError
 
 
@@ -42,6 +43,8 @@ def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> 
             query = formatter.format(query, **kwargs)
         if not _may_read_stream(session, query):    # (no parse: most SQL on a session reads no stream)
             return spark.sql(query, args)
+        if spark_internals.is_connect(spark):     # (the client has no parser)
+            return _per_batch_sql(session, query, args)
         tree = spark_internals.parse_sql(spark, query)
         if not any(_reads_stream(session, r) for r in tree.relations()):
             return spark.sql(query, args)
@@ -52,6 +55,59 @@ def streaming_sql(session: Any, query: str, args: Any = None, **kwargs: Any) -> 
         return result
     finally:
         formatter.clear()
+
+
+def _per_batch_sql(session: Any, query: str, args: Any) -> Any:
+    """SQL over a stream's temporary view on a Spark Connect client, which has no SQL parser
+    to translate it with: the stream's steps, then the SQL run by Spark on each batch, the
+    view's name bound to the batch (a common table expression over the batch's DataFrame,
+    which shadows tables and views of that name as the view does). Where the server's
+    analysis of the SQL over the stream's template shows a step that keeps state across
+    batches (an aggregation, DISTINCT, a join, a union, a limit, a sort, a subquery) or
+    reads anything but the stream, it is refused, named: per batch it would give other
+    rows than Spark's engine. A query whose text names the view only where it reads no relation (in
+    a string) is Spark's own ``spark.sql``."""
+    spark = session.spark
+    names = _stream_views_named(session, query)
+    if not names:      # (STREAM t: refused, named)
+        spark_internals.parse_sql(spark, query)
+    if len(names) > 1:
+        raise spark_internals.connect_refusal(
+            f"SQL over more than one stream ({', '.join(sorted(names))}: a join or union of streams)")
+    name = names[0]
+    frame = session._stream_view(name)
+    batch = f"_microbatch_batch_{uuid.uuid4().hex}"
+    text = _with_view(query, name, batch)
+    refusal = spark_internals.per_batch_sql_refusal(frame._template, text, args, batch)
+    if refusal == "reads no stream":
+        return spark.sql(query, args)
+    if refusal is not None:
+        raise spark_internals.connect_refusal(
+            f"SQL over a stream with {refusal} (over Spark Connect microbatch runs SQL over a stream's view as "
+            "stateless steps on each batch: SELECT with projections, WHERE and generators over the stream; "
+            "write the rest with the DataFrame API)")
+
+    def on_the_batch(df: DataFrame) -> DataFrame:
+        return spark_internals.sql_over(df, text, args, batch)
+    return StreamFrame(session, Apply(frame._plan, on_the_batch, f"SQL over the batch: {query}"),
+                       spark_internals.sql_over(frame._template, text, args, batch))
+
+
+def _stream_views_named(session: Any, query: str) -> list[str]:
+    """The stream views (local: a Connect session's) whose names the text says as whole words."""
+    text = query.lower()
+    return [name for name in session._stream_views
+            if re.search(rf"(?<![\w$.`]){re.escape(name)}(?![\w$`])", text) or f"`{name}`" in text]
+
+
+def _with_view(query: str, name: str, batch: str) -> str:
+    """``query`` with a common table expression ``name`` over the relation ``batch``, first
+    in the query's own WITH clause where it has one."""
+    definition = f"`{name.replace('`', '``')}` AS (SELECT * FROM {batch})"
+    lead = re.match(r"(\s|--[^\n]*\n|/\*.*?\*/)*with\s", query, re.IGNORECASE | re.DOTALL)
+    if lead is not None:
+        return f"{query[:lead.end()]}{definition}, {query[lead.end():]}"
+    return f"WITH {definition} {query}"
 
 
 def _one_grouping_sets(grouping: list) -> tuple:

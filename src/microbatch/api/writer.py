@@ -180,8 +180,9 @@ class DataStreamWriter:
         if self._extra.get("foreach_batch_command") is not None and self._format == "foreachBatch":
             spark_internals.check_foreach_batch_command(spark, self._extra["foreach_batch_command"])
         if spark_internals.is_connect(spark):
-            check_runs_over_connect(self._plan, self._format or spark.conf.get("spark.sql.sources.default", "parquet"),
-                                    self._output_mode, self._sink is not None)
+            sink_format = self._format or spark.conf.get("spark.sql.sources.default", "parquet")
+            check_runs_over_connect(self._plan, sink_format, self._output_mode, self._sink is not None,
+                                    lambda: _sink_runs_over_connect(sink_format, spark))
         opts = CaseInsensitiveOptions(self._options)
         if isinstance(self._trigger, RealTime):
             check_real_time_query(spark, self._trigger, self._plan,
@@ -251,6 +252,16 @@ class DataStreamWriter:
             return location, True
         raise spark_internals.spark_error("AnalysisException", "_LEGACY_ERROR_TEMP_1298",
                                           config="spark.sql.streaming.checkpointLocation")
+
+
+def _sink_runs_over_connect(name: str, spark: Any) -> bool:
+    """Whether the sink ``name`` looks up to a provider that runs over Spark Connect (a
+    Python data source registered with the session); one it does not find is refused
+    as not running there, as before it was looked up."""
+    try:
+        return lookup_sink(name, spark).runs_over_connect
+    except Exception:  # noqa: BLE001 - not found: the refusal names it
+        return False
 
 
 #: Spark's sinks that write only through its DataSource V2 API, by format: their provider

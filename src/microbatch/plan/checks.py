@@ -5,7 +5,7 @@ Messages follow Spark's wording where Spark has one.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from microbatch import spark_internals
 from microbatch.errors import AnalysisException, UnsupportedOperationError
@@ -146,9 +146,10 @@ def check_source_names(plan: PlanNode) -> None:
 
 
 def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode: str,
-                            custom_sink: bool = False) -> None:
+                            custom_sink: bool = False, sink_runs: Callable[[], bool] = lambda: False) -> None:
     """Over a Spark Connect session, at ``start()``: refuse a query with a part that does
-    not run over Connect yet, naming it (the message lists what runs)."""
+    not run over Connect yet, naming it (the message lists what runs); ``sink_runs``: whether
+    the sink's provider runs over Connect whatever its format's name (a Python data source)."""
     from microbatch.plan.logical import Apply, Observe, StaticJoin, StreamingRelation, Transform, Union, Watermark
     from microbatch.spark_internals.connect.support import SINKS as _CONNECT_SINKS
     from microbatch.spark_internals.connect.support import SOURCES as _CONNECT_SOURCES
@@ -168,6 +169,6 @@ def check_runs_over_connect(plan: PlanNode, sink_format: str | None, output_mode
                 raise support(refusal)
         elif not isinstance(node, (Watermark, Observe, Union, StaticJoin, Apply)):
             raise support(f"The step {type(node).__name__}")
-    if custom_sink or (sink_format or "").lower() not in _CONNECT_SINKS:
+    if custom_sink or ((sink_format or "").lower() not in _CONNECT_SINKS and not sink_runs()):
         raise support(f"The sink {sink_format or 'given by .sink(...)'!r}")
 

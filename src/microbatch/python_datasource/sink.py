@@ -6,7 +6,8 @@ in complete mode) on the driver; per batch, ``write`` in each Spark task over th
 task's rows (PySpark ``Row`` objects, or Arrow record batches for a
 ``DataSourceStreamArrowWriter``) returning a ``WriterCommitMessage``; then, on the
 driver, ``commit(messages, batchId)`` — or ``abort(messages, batchId)`` if a task
-failed, and the batch fails. A batch run again after a crash calls ``write`` and
+failed, and the batch fails. Over Spark Connect (no RDD) a row writer's rows are made
+from the tasks' Arrow batches, as Spark's own write worker makes them. A batch run again after a crash calls ``write`` and
 ``commit`` again with the same batch id: the writer makes that idempotent, as for
 Spark's engine.
 """
@@ -18,10 +19,14 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from microbatch import spark_internals
 from microbatch.sinks.base import READS_ANY, Sink, SinkContext, SinkProvider
 from microbatch.python_datasource.source import instantiate
 
 log = logging.getLogger(__name__)
+
+#: Spark's conf: whether a Python row gets a binary column's values as ``bytes`` (else ``bytearray``)
+_BINARY_AS_BYTES = "spark.sql.execution.pyspark.binaryAsBytes"
 
 
 def _counted(items, count: list, size=lambda item: 1):
@@ -49,6 +54,31 @@ def _row_write_task(writer):
     return run
 
 
+def _arrow_rows_write_task(writer, schema, binary_as_bytes: bool):
+    """A row writer's task where the batch has no RDD (over Spark Connect): the task's Arrow
+    record batches made ``Row`` objects as Spark's own write worker makes them
+    (``pyspark.sql.worker.write_into_data_source``)."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark.serializers import CloudPickleSerializer
+        from pyspark.sql.conversion import ArrowTableToRowsConversion
+        from pyspark.sql.types import _create_row
+        converters = [ArrowTableToRowsConversion._create_converter(f.dataType, binary_as_bytes=binary_as_bytes)
+                      for f in schema.fields]
+        names = schema.fieldNames()
+
+        def rows():
+            for batch in batches:
+                columns = [ArrowTableToRowsConversion._to_pylist(c) for c in batch.columns]
+                for i in range(batch.num_rows):
+                    yield _create_row(names, [convert(column[i]) for convert, column in zip(converters, columns)])
+        count = [0]
+        message = writer.write(_counted(rows(), count))
+        yield pa.RecordBatch.from_pydict(
+            {"message": pa.array([CloudPickleSerializer().dumps(message)], pa.binary()),
+             "rows": pa.array([count[0]], pa.int64())})
+    return run
+
+
 class PythonDataSourceSink(Sink):
     reads_batch_through = READS_ANY
 
@@ -61,9 +91,11 @@ class PythonDataSourceSink(Sink):
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         writer = self.writer
         try:
-            if self._arrow:
+            if self._arrow or spark_internals.is_connect(df):   # (a Connect DataFrame has no RDD)
                 from pyspark.serializers import CloudPickleSerializer
-                results = df.mapInArrow(_arrow_write_task(writer), "message BINARY, rows LONG").collect()
+                task = _arrow_write_task(writer) if self._arrow else _arrow_rows_write_task(
+                    writer, df.schema, df.sparkSession.conf.get(_BINARY_AS_BYTES, "true").lower() == "true")
+                results = df.mapInArrow(task, "message BINARY, rows LONG").collect()
                 messages = [CloudPickleSerializer().loads(r["message"]) for r in results]
                 self.last_num_output_rows = sum(r["rows"] for r in results)
             else:
@@ -81,6 +113,8 @@ class PythonDataSourceSink(Sink):
 
 
 class PythonDataSourceSinkProvider(SinkProvider):
+    runs_over_connect = True   # (its writer runs in the client, its tasks in mapInArrow)
+
     def __init__(self, name: str, data_source_class: type):
         self.short_name = name
         self.data_source_class = data_source_class

@@ -95,6 +95,8 @@ class SinkProvider(ABC):
     short_name: str = ""
     #: a query without a checkpoint location may use a temporary one (console, memory, ...)
     allows_temporary_checkpoint: bool = False
+    #: runs over Spark Connect whatever its name (``plan.checks.check_runs_over_connect``)
+    runs_over_connect: bool = False
 
     @abstractmethod
     def create(self, context: SinkContext) -> Sink: ...

@@ -76,7 +76,7 @@ __all__ = [
     "CHECKPOINTED_CONF_SINCE", "FEATURES", "OLDEST_SUPPORTED", "arrow_schema", "arrow_type", "check_supported", "dataframe_of_arrow", "SparkVersion", "has_arrow_udf", "max_offset_log_version",
     "observation_has_row", "observed_rows", "progress_operator_name", "progress_shuffle_partitions", "user_progress", "with_observed_rows", "na_functions", "query_started_event",
     "records_conf", "require", "running_version",
-    "SqlNode", "grouping_position", "parse_sql", "sql_column", "sql_int", "sql_parameters",
+    "SqlNode", "grouping_position", "parse_sql", "per_batch_sql_refusal", "sql_over", "sql_column", "sql_int", "sql_parameters",
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",
@@ -221,6 +221,14 @@ window_function_error = _by_kind(window_function_error, _refused("A window funct
 with_batch_timestamp = _by_kind(with_batch_timestamp, _c_batch_time.with_batch_timestamp)
 analyzed_plan = _by_kind(analyzed_plan, _refused("A prepared plan"))
 parse_sql = _by_kind(parse_sql, _refused("SQL that reads a stream (a temporary view of a stream, or STREAM t)"))
+
+
+def _no_sql_per_batch(*args, **kwargs):
+    raise TypeError("a classic session translates SQL over streams (api/sql.py); it runs no SQL per batch")
+
+
+per_batch_sql_refusal = _by_kind(_no_sql_per_batch, _c_analysis.per_batch_sql_refusal)
+sql_over = _by_kind(_no_sql_per_batch, _c_relations.sql_over)
 nullable_output = _by_kind(nullable_output, lambda df: df)   # (over Connect the task's output is nullable)
 _classic_parse_schema_ddl = parse_schema_ddl
 

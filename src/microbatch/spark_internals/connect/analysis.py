@@ -370,3 +370,50 @@ def hyperloglog_tables(p: int) -> tuple:
         return 0.0, (), ()
     tables = json.loads(Path(__file__).with_name("hyperloglog_tables.json").read_text())["tables"][str(p)]
     return float(tables["threshold"]), tuple(tables["raw_estimates"]), tuple(tables["biases"])
+
+
+#: the steps of a query Spark runs on each batch as it runs them on the stream (no state
+#: across batches), as its analysed plan names them; the common table expressions and
+#: their references stand for the stream's view
+_PER_BATCH_STEPS = frozenset({"WithCTE", "CTERelationDef", "CTERelationRef", "SubqueryAlias", "Project",
+                              "Filter", "Generate"})
+_NODE = re.compile(r"^([\s:|+-]*)(\w+)")
+_SUBQUERY = re.compile(r"\b(list|scalar-subquery|exists|lateral-subquery)#\d+")
+_REFERENCE = re.compile(r"CTERelationRef (\d+),")
+
+
+def per_batch_sql_refusal(template: Any, query: str, args: Any, name: str) -> str | None:
+    """Why the SQL ``query`` (a common table expression over ``template`` named ``name``
+    in it, then the user's query) does not give Spark's rows when run on each batch of a
+    stream alone, read from the server's analysed plan (``EXPLAIN EXTENDED``, which runs
+    nothing): the first step that is no projection, filter or generator, or a subquery;
+    "reads no stream" where nothing reads the expression; None
+    where it runs per batch. SQL Spark's analysis refuses raises Spark's error."""
+    from microbatch.spark_internals.connect.relations import sql_over
+    text = sql_over(template, f"EXPLAIN EXTENDED {query}", args, name).collect()[0][0]
+    lines = text.split("== Analyzed Logical Plan ==", 1)[-1].split("== Optimized Logical Plan ==", 1)[0]
+    if "Exception" in lines.strip().split("\n", 1)[0]:    # (EXPLAIN prints the analysis's error)
+        _ = sql_over(template, query, args, name).schema   # (which raises it)
+    lines = [line for line in lines.splitlines()[2:] if line.strip()]   # (after the schema line)
+    ours, skip_deeper, refusal = None, None, None
+    references: list[str] = []
+    for line in lines:
+        found = _NODE.match(line)
+        if found is None:
+            continue
+        depth, node = len(found.group(1)), found.group(2)
+        if skip_deeper is not None:
+            if depth > skip_deeper:
+                continue
+            skip_deeper = None
+        if node == "CTERelationDef" and ours is None:    # (the first: the stream's, over its batch)
+            ours = line.split("CTERelationDef", 1)[1].split(",", 1)[0].strip()
+            skip_deeper = depth
+            continue
+        if refusal is None and node not in _PER_BATCH_STEPS:
+            refusal = f"a step that is no projection or filter of each row ({node})"
+        if refusal is None and _SUBQUERY.search(line):
+            refusal = "a subquery"
+        references.extend(_REFERENCE.findall(line))
+    # (a second read of the stream needs a union or a join: refused above)
+    return refusal if ours in references else "reads no stream"

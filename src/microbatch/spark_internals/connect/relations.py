@@ -55,3 +55,23 @@ def in_session(df: Any, spark: Any) -> Any:
         return df
     from pyspark.sql.connect.dataframe import DataFrame
     return DataFrame(df._plan, spark)
+
+
+def sql_over(df: Any, query: str, args: Any, name: str) -> Any:
+    """Spark's SQL ``query`` (parameters ``args``, as ``spark.sql``'s) over ``df`` named
+    ``name`` in it: PySpark's Connect relation of ``spark.sql(query, **kwargs)`` with a
+    DataFrame argument (the server resolves ``name`` to ``df``'s plan), built lazily (not
+    run as a command), and keeping ``df``'s observations, which PySpark's SQL relation
+    drops (so a batch's input rows are counted through it)."""
+    from pyspark.sql.connect import functions as F
+    from pyspark.sql.connect.dataframe import DataFrame
+    from pyspark.sql.connect.plan import SQL, SubqueryAlias
+
+    class _SQLOver(SQL):
+        @property
+        def observations(self) -> dict:
+            return df._plan.observations
+
+    positional = [F.lit(v) for v in args] if isinstance(args, (list, tuple)) else None
+    named = {k: F.lit(v) for k, v in args.items()} if isinstance(args, dict) else None
+    return DataFrame(_SQLOver(query, positional, named, [SubqueryAlias(df._plan, name)]), df.sparkSession)
