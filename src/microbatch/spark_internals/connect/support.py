@@ -17,7 +17,9 @@ WHAT_RUNS = (
     "dropDuplicates/dropDuplicatesWithinWatermark, limit, applyInPandasWithState and "
     "transformWithStateInPandas (current_timestamp() and the other current-time "
     "functions are the batch's time); "
-    "the sinks foreachBatch, the parquet file sink (json, csv, orc and text too), kafka, delta (by path), iceberg, memory, console, noop and foreach; "
+    "SQL over a stream's temporary view with projections, filters and generators (run on each batch); "
+    "the sinks foreachBatch, the parquet file sink (json, csv, orc and text too), kafka, delta (by path), iceberg, memory, console, noop, "
+    "foreach and Python data sources; "
     "readStream.table and toTable of the session catalog's file tables")
 
 #: source formats that run over Connect
