@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope
 PYTEST_BY_TEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load
 PYTEST_BY_CLASS := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-pyspark-connect test-porting test-faults test-versions test-upgrade test-extended test-install-keeps-pyspark chaos fuzz
+.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-pyspark-extended test-pyspark-connect test-porting test-faults test-versions test-upgrade test-extended test-install-keeps-pyspark chaos fuzz
 
 # uv installs (downloads in parallel, no byte-compiling): about a quarter of pip's time
 # for PySpark and the test extras from a cold cache, which CI pays six times (issue 58).
@@ -108,7 +108,11 @@ test-porting: test-setup
 
 # PySpark's own streaming tests (from the installed wheel) on microbatch: pyspark_suites/
 test-pyspark: test-setup
-	$(WITH_CLASSES) $(PYTEST_BY_CLASS) pyspark_suites
+	$(WITH_CLASSES) $(PYTEST_BY_CLASS) -m "not extended" pyspark_suites
+
+# PySpark's own tests of transformWithState's state variables (about 2 minutes: not in CI)
+test-pyspark-extended: test-setup
+	$(WITH_CLASSES) $(PYTEST_BY_CLASS) -m extended pyspark_suites
 
 # PySpark 4.3's own Spark Connect streaming tests (from the installed wheel), unmodified, on
 # microbatch: clients with no JVM against one Connect server in its own process
@@ -171,6 +175,7 @@ test-upgrade: setup
 test-extended: test-setup
 	$(WITH_CLASSES) $(PYTEST) -m extended
 	$(MAKE) test-nexmark
+	$(MAKE) test-pyspark-extended
 	$(MAKE) test-pyspark-connect
 	$(MAKE) test-versions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from pyspark.errors import PySparkValueError
 from pyspark.sql import SparkSession
@@ -30,8 +30,9 @@ METRICS_ENABLED = "spark.sql.streaming.metricsEnabled"
 
 
 class StreamingQueryManager:
-    def __init__(self, spark: SparkSession):
+    def __init__(self, spark: SparkSession, read_formats: Mapping[str, Callable[[Any], Any]] | None = None):
         self._spark = spark
+        self._read_formats = dict(read_formats or {})   # (each query's batch session answers them)
         self._lock = threading.Condition()
         self._active: dict[str, StreamingQuery] = {}          # by query id
         self._executions: dict[str, MicroBatchExecution] = {}  # the active queries' runs, by query id
@@ -128,7 +129,7 @@ class StreamingQueryManager:
         execution_type = RealTimeExecution if isinstance(kwargs.get("trigger"), RealTime) else MicroBatchExecution
         execution = execution_type(
             spark=self._spark, name=name, checkpoint_root=checkpoint_root,
-            listener_bus=self._bus, on_terminated=self._on_terminated, **kwargs)
+            listener_bus=self._bus, on_terminated=self._on_terminated, read_formats=self._read_formats, **kwargs)
         if execution.id in self._active and not conf_bool(self._spark, STOP_ACTIVE_RUN_ON_RESTART, True):
             raise java_exception(
                 "java.lang.IllegalStateException",

@@ -13,6 +13,7 @@ from microbatch import spark_internals
 
 from microbatch.api.frame import static_joins_take_streams
 from microbatch.api.manager import StreamingQueryManager
+from microbatch.api.state_reader import READ_FORMATS, SessionReader
 from microbatch.api.reader import DataStreamReader
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class StreamingSession:
             log.info("This session's Python workers talk to the JVM over TCP, which costs each "
                      "Python task (every state task) about 40 ms; start the session with %s=true "
                      "for faster stateful batches (docs/deploying.md)", UNIX_SOCKETS_CONF)
-        self.streams = StreamingQueryManager(self.spark)
+        self.streams = StreamingQueryManager(self.spark, READ_FORMATS)
         self._stream_views: dict[str, Any] = {}   # temp views over streams, by lower-case name
         self._dashboard = None
         if ui_port is not None:
@@ -139,7 +140,6 @@ class StreamingSession:
     @property
     def read(self):
         """Spark's batch reader, plus ``format("statestore")`` to read a query's state."""
-        from microbatch.api.state_reader import SessionReader
         return SessionReader(self.spark)
 
     @property

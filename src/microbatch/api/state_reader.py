@@ -46,6 +46,21 @@ from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, State
                                     provider_class)
 from microbatch.util import option_value
 
+def _state_store_reader(spark):
+    spark_internals.require("the state data source (format 'statestore')")
+    return StateStoreReader(spark)
+
+
+def _state_metadata_reader(spark):
+    spark_internals.require("the state data source (format 'statestore')")
+    return StateMetadataReader(spark)
+
+
+#: microbatch's own read formats, by lower-case name: the state data sources over its checkpoints
+#: (``ss.read``, and a query's batch session's ``read``: ``runtime.micro_batch``)
+READ_FORMATS = {"statestore": _state_store_reader, "state-metadata": _state_metadata_reader}
+
+
 class SessionReader:
     """``ss.read``: Spark's DataFrameReader, plus the ``statestore`` and ``state-metadata``
     formats."""
@@ -54,13 +69,8 @@ class SessionReader:
         self._spark = spark
 
     def format(self, source: str) -> Any:
-        if source.lower() == "statestore":
-            spark_internals.require("the state data source (format 'statestore')")
-            return StateStoreReader(self._spark)
-        if source.lower() == "state-metadata":
-            spark_internals.require("the state data source (format 'statestore')")
-            return StateMetadataReader(self._spark)
-        return self._spark.read.format(source)
+        made = READ_FORMATS.get(source.lower())
+        return made(self._spark) if made is not None else self._spark.read.format(source)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._spark.read, name)
@@ -445,7 +455,7 @@ class StateMetadataReader(StateStoreReader):
         if operators and all(not fs.exists(docs[op]) and (fs.exists(f"{state}/{op}/_metadata/metadata")
                                                           or fs.exists(f"{state}/{op}/_metadata/v2"))
                              for op in operators):
-            reader = self._spark.read.format("state-metadata")
+            reader = spark_internals.sparks_own_reader(self._spark).format("state-metadata")
             for key, value in self._options.items():
                 reader = reader.option(key, value)
             return reader.load(path)

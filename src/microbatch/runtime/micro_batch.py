@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -89,8 +89,11 @@ class AvailableNowPin:
 
 class MicroBatchExecution(StreamExecution):
     def __init__(self, *, plan: PlanNode, sink: Sink, trigger: Trigger, output_mode: str,
-                 **kwargs: Any):
+                 read_formats: Mapping[str, Callable[[Any], Any]] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
+        #: the read formats of microbatch's own a batch's session answers (its state readers:
+        #: ``batch_df.sparkSession.read.format("statestore")`` inside ``foreachBatch``)
+        self.read_formats = dict(read_formats or {})
         self.plan = plan
         self.sink = sink
         self.trigger = trigger
@@ -144,7 +147,8 @@ class MicroBatchExecution(StreamExecution):
         # It is made when the query starts, as Spark's StreamExecution clones the session in
         # its constructor: a conf the user changes after start() returns is not the query's.
         spark = self.spark
-        self._batch_session = spark_internals.cloned_session(spark)
+        self._batch_session = spark_internals.with_read_formats(spark_internals.cloned_session(spark),
+                                                                self.read_formats)
         # Spark 4.1+ keeps adaptive query execution for a stateless query, under
         # spark.sql.adaptive.enabled and spark.sql.adaptive.streaming.stateless.enabled (an
         # internal conf, true by default); a stateful query's batches run without it

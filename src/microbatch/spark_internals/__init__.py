@@ -60,7 +60,7 @@ from microbatch.spark_internals.eliminated_joins import outer_joins_eliminated, 
 from microbatch.spark_internals.join_conditions import ConditionPart, join_condition_parts
 from microbatch.spark_internals.inferred_filters import join_inferred_filters, optimized_plan, stream_without_data
 from microbatch.spark_internals.session import (
-    arrow_batches_by_rows, cloned_session, job_tags, session_settings,
+    arrow_batches_by_rows, cloned_session, job_tags, session_settings, sparks_own_reader, with_read_formats,
 )
 from microbatch.spark_internals.versions import (
     CHECKPOINTED_CONF_SINCE, FEATURES, OLDEST_SUPPORTED, SparkVersion, arrow_schema, arrow_type, check_supported, dataframe_of_arrow, has_arrow_udf,
@@ -76,7 +76,7 @@ __all__ = [
     "CHECKPOINTED_CONF_SINCE", "FEATURES", "OLDEST_SUPPORTED", "arrow_schema", "arrow_type", "check_supported", "dataframe_of_arrow", "SparkVersion", "has_arrow_udf", "max_offset_log_version",
     "observation_has_row", "observed_rows", "progress_operator_name", "progress_shuffle_partitions", "user_progress", "with_observed_rows", "na_functions", "query_started_event",
     "records_conf", "require", "running_version",
-    "SqlNode", "grouping_position", "parse_sql", "per_batch_sql_refusal", "sql_over", "sql_column", "sql_int", "sql_parameters",
+    "SqlNode", "grouping_position", "parse_sql", "per_batch_sql_refusal", "sql_over", "sparks_own_reader", "with_read_formats", "sql_column", "sql_int", "sql_parameters",
     "AggregateCall", "AggregateOutput", "BatchInput", "BindablePlan", "CatalogTableInfo",
     "ColumnsKeys", "FileBatches", "PythonFunctionRef", "RangeBatches", "ScanRowCounter", "TimeTerm",
     "aggregation_parts", "analyzed_plan", "captured", "catalog_table", "cause_string",

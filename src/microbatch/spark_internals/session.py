@@ -1,8 +1,9 @@
 """The sessions and threads queries run in: job tags, settings."""
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from microbatch.spark_internals.jvm import SparkContext   # (None in PySpark's Connect-only client)
 from pyspark.sql import SparkSession
@@ -150,3 +151,43 @@ def row_accumulator(spark: SparkSession) -> Any:
     """An accumulator of rows that tasks add to (a kept batch plan's source counts its
     rows with one, since an ``Observation`` is filled once)."""
     return spark.sparkContext.accumulator(0)
+
+
+def with_read_formats(spark: Any, formats: Mapping[str, Callable[[Any], Any]]) -> Any:
+    """``spark`` (a query's batch session, classic or Connect) whose ``read.format(name)``
+    gives ``formats[name.lower()](spark)`` for each of ``formats``: readers of microbatch's
+    own (its state data sources), as ``batch_df.sparkSession.read`` inside ``foreachBatch``
+    is the engine's. The session stays PySpark's class (a subclass made here, of the same
+    name), and so does its reader; every other format is Spark's."""
+    spark.__class__ = _reading_session_class(type(spark))
+    spark._microbatch_read_formats = dict(formats)
+    return spark
+
+
+def sparks_own_reader(spark: Any) -> Any:
+    """Spark's ``DataFrameReader`` of ``spark``, past the formats ``with_read_formats`` gave it."""
+    if getattr(spark, "_microbatch_read_formats", None) is None:
+        return spark.read
+    return super(type(spark), spark).read
+
+
+@functools.lru_cache(maxsize=None)
+def _reading_session_class(base: type) -> type:
+    def read(self):
+        reader = base.read.fget(self)
+        reader.__class__ = _format_reader_class(type(reader))
+        reader._microbatch_formats, reader._microbatch_session = self._microbatch_read_formats, self
+        return reader
+    read.__doc__ = base.read.__doc__
+    return type(base.__name__, (base,), {"read": property(read), "__module__": base.__module__,
+                                         "__qualname__": base.__qualname__})
+
+
+@functools.lru_cache(maxsize=None)
+def _format_reader_class(base: type) -> type:
+    def format(self, source: str):
+        made = self._microbatch_formats.get(source.lower()) if isinstance(source, str) else None
+        return base.format(self, source) if made is None else made(self._microbatch_session)
+    format.__doc__ = base.format.__doc__
+    return type(base.__name__, (base,), {"format": format, "__module__": base.__module__,
+                                         "__qualname__": base.__qualname__})
