@@ -3,7 +3,8 @@ functions (corr, covariances, skewness, kurtosis, regr_*) come from a table of S
 4.3's (``spark_internals.connect.analysis._MOMENTS``); a classic session reads them from
 Spark's classes. Here the table is checked against those, with
 ``spark.sql.legacy.statisticalAggregate`` off and on: a Spark whose expressions change
-fails here, not in a Connect query's answers. So are the HyperLogLog++ bias tables."""
+fails here, not in a Connect query's answers. So are the HyperLogLog++ bias tables, and
+the state reader's errors, which a Connect client builds from a table of Spark's factories."""
 from __future__ import annotations
 
 import pytest
@@ -37,3 +38,32 @@ def test_the_connect_copy_of_the_hyperloglog_tables_is_sparks(spark):
     from microbatch.spark_internals.connect.analysis import hyperloglog_tables as from_the_copy
     for p in range(4, 20):
         assert from_the_copy(p) == from_the_jvm(p), p
+
+
+#: each of Spark's state data source error factories microbatch's state reader raises
+#: through, with arguments of the kinds it passes
+_STATE_ERRORS = [("source", "requiredOptionUnspecified", "path"),
+                 ("source", "invalidOptionValue", "joinSide", "Valid values are left,right,none"),
+                 ("source", "invalidOptionValueIsNegative", "operatorId"),
+                 ("source", "invalidOptionValueIsEmpty", "storeName"),
+                 ("source", "conflictOptions", ["joinSide", "storeName"]),
+                 ("source", "committedBatchUnavailable", "file:/tmp/checkpoint"),
+                 ("source", "offsetLogUnavailable", 3, "file:/tmp/checkpoint"),
+                 ("store", "stateStoreSnapshotPartitionNotFound", 4, 0, "file:/tmp/checkpoint/state"),
+                 ("store", "stateStoreSnapshotFileNotFound", "file:/tmp/checkpoint/state/0/1/1.snapshot",
+                  "HDFSStateStoreProvider[id = (op=0,part=1),dir = file:/tmp/checkpoint/state/0/1]")]
+
+
+@pytest.mark.skipif(not running_version().at_least(4, 3), reason="the table is Spark 4.3's (Connect runs on 4.3 only)")
+@pytest.mark.parametrize("case", _STATE_ERRORS, ids=[c[1] for c in _STATE_ERRORS])
+def test_the_connect_state_reader_errors_are_sparks(spark, case):
+    """Over Connect the state reader's errors are built in the client (``connect.errors
+    ._STATE_ERRORS``); on a classic session by Spark's own factories: the same condition,
+    parameters, SQL state and message."""
+    from microbatch.spark_internals.connect.errors import state_reader_error as built_by_the_client
+    from microbatch.spark_internals.errors import state_reader_error as built_by_the_jvm
+    ours, sparks = built_by_the_client(*case), built_by_the_jvm(*case)
+    assert type(ours).__name__ == type(sparks).__name__ == "SparkRuntimeException"
+    assert (ours.getCondition(), ours.getMessageParameters(), ours.getSqlState()) == \
+        (sparks.getCondition(), sparks.getMessageParameters(), sparks.getSqlState())
+    assert ours.getMessage() == sparks.getMessage()

@@ -259,6 +259,17 @@ def spark_error(kind: str, error_class: str, **parameters):  # chosen by the pro
     return _classic_spark_error(kind, error_class, **parameters)
 
 
+_classic_state_reader_error = state_reader_error
+
+
+def state_reader_error(kind: str, method: str, *args):  # chosen by the process
+    """Spark's state data source's exception (``errors.state_reader_error``): built by
+    Spark's factory in the JVM of a classic session, else as a Connect client raises it."""
+    if not jvm_started() and _c_session.is_remote_client():
+        return _c_errors.state_reader_error(kind, method, *args)
+    return _classic_state_reader_error(kind, method, *args)
+
+
 foreach_batch_user_error = _by_kind(foreach_batch_user_error,
                                     lambda df, error: _c_errors.foreach_batch_user_error(error))
 query_failure = _c_errors.query_failure

@@ -167,3 +167,32 @@ def check_foreach_batch_command(spark: Any, command: bytes) -> None:
             sql_state=sql_state) from None
     finally:
         active.session = before
+
+
+#: Spark's state data source's error factories (``StateDataSourceErrors``,
+#: ``StateStoreErrors``) that microbatch's state reader raises through: each method's error
+#: class and its parameters' names, in the method's order (all SparkRuntimeException;
+#: ``tests/test_connect_moments_table.py`` checks them against the JVM's)
+_STATE_ERRORS = {
+    "requiredOptionUnspecified": ("STDS_REQUIRED_OPTION_UNSPECIFIED", ("optionName",)),
+    "invalidOptionValue": ("STDS_INVALID_OPTION_VALUE.WITH_MESSAGE", ("optionName", "message")),
+    "invalidOptionValueIsNegative": ("STDS_INVALID_OPTION_VALUE.IS_NEGATIVE", ("optionName",)),
+    "invalidOptionValueIsEmpty": ("STDS_INVALID_OPTION_VALUE.IS_EMPTY", ("optionName",)),
+    "conflictOptions": ("STDS_CONFLICT_OPTIONS", ("options",)),
+    "committedBatchUnavailable": ("STDS_COMMITTED_BATCH_UNAVAILABLE", ("checkpointLocation",)),
+    "offsetLogUnavailable": ("STDS_OFFSET_LOG_UNAVAILABLE", ("batchId", "checkpointLocation")),
+    "stateStoreSnapshotPartitionNotFound": ("CANNOT_LOAD_STATE_STORE.SNAPSHOT_PARTITION_ID_NOT_FOUND",
+                                            ("snapshotPartitionId", "operatorId", "checkpointLocation")),
+    "stateStoreSnapshotFileNotFound": ("CANNOT_LOAD_STATE_STORE.CANNOT_READ_MISSING_SNAPSHOT_FILE",
+                                       ("fileToRead", "clazz")),
+}
+
+
+def state_reader_error(kind: str, method: str, *args: Any) -> PySparkException:
+    """The exception Spark's state data source raises, as a Connect client raises it (the
+    classic side builds it with Spark's own factory ``method``): a list argument is printed
+    as Spark prints a ``Seq`` of option names, ``['a', 'b']``."""
+    error_class, names = _STATE_ERRORS[method]
+    values = ["[" + ", ".join(f"'{a}'" for a in arg) + "]" if isinstance(arg, (list, tuple)) else arg
+              for arg in args]
+    return spark_error("SparkRuntimeException", error_class, **dict(zip(names, values)))
