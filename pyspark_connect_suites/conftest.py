@@ -51,12 +51,7 @@ _INPUTS = {
 #: with what is missing: a strict xfail, so that each one fixed fails the run until it leaves
 #: this list (every other test must pass on both engines; ``MICROBATCH_PYSPARK_ENGINE=spark``
 #: runs them all, these included, on Spark's engine, where all pass)
-_FIRST_SNAPSHOT = ("snapshotStartBatchId 0 (the store's snapshot after batch 0): Spark's RocksDB store snapshots the "
-                   "version in which a transformWithState creates its column families, its first; microbatch's RocksDB "
-                   "provider snapshots after minDeltasForSnapshot deltas")
 NOT_YET_ON_MICROBATCH: dict[str, str] = {
-    "TransformWithStateStateVariableParity::test_transform_with_value_state_metadata": _FIRST_SNAPSHOT,
-    "TransformWithStateInPandasStateVariableParity::test_transform_with_value_state_metadata": _FIRST_SNAPSHOT,
     "ForeachBatchParity::test_batch_dataframe_in_root_session_sql_is_unsupported":
         "the batch's DataFrame is a plan of the cloned session, not a relation the server cached in it, "
         "so the user's session reads it too (no DATAFRAME_NOT_FOUND)",

@@ -26,25 +26,11 @@ WALL_CLOCK_BOUND = {
 }
 
 
-#: PySpark's tests that pass on Spark's engine here and not yet on microbatch, each with what
-#: is missing: a strict xfail (one fixed fails the run until it leaves this list)
-NOT_YET_ON_MICROBATCH = {
-    f"{cls}::test_transform_with_value_state_metadata":
-        "snapshotStartBatchId 0 (the store's snapshot after batch 0): Spark's RocksDB store snapshots the version "
-        "in which a transformWithState creates its column families, its first; microbatch's RocksDB provider "
-        "snapshots after minDeltasForSnapshot deltas"
-    for cls in ("TransformWithStateInPandasStateVariables", "TransformWithStateStateVariables")}
-
-
 def pytest_collection_modifyitems(items):
     import pytest
-    from engine import ENGINE
     for item in items:
-        name = item.nodeid.split("::", 1)[-1]
-        if name in WALL_CLOCK_BOUND:
+        if item.nodeid.split("::", 1)[-1] in WALL_CLOCK_BOUND:
             item.add_marker(pytest.mark.flaky(reruns=1))
-        if ENGINE == "microbatch" and name in NOT_YET_ON_MICROBATCH:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=NOT_YET_ON_MICROBATCH[name]))
 
 
 def pytest_terminal_summary(terminalreporter):

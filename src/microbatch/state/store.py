@@ -108,6 +108,11 @@ class StateStoreConf:
     #: whose schema may evolve across restarts): "name" (Avro's rules, fields matched by
     #: name), "position" (Spark's unsafe-row encoding, fields by position), or "" (not at all).
     value_evolution: str = ""
+    #: Whether the RocksDB provider snapshots a store's first version at its commit, as
+    #: Spark's RocksDB store snapshots the version in which a column family is created
+    #: (``shouldForceSnapshot``): a transformWithState's state variables, each a store here,
+    #: so ``snapshotStartBatchId`` of that batch reads as on Spark's engine
+    snapshot_first_version: bool = False
 
     @property
     def fs(self):

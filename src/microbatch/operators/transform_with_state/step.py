@@ -86,7 +86,7 @@ class TransformWithStateStep(StatefulStep):
         evolution = "name" if shape["encoding"] == "avro" else "position"
         task = TransformWithStateTask(
             self.state_root, self.operator_id, batch.batch_id,
-            dataclasses.replace(batch.store_conf, value_evolution=evolution), batch.metrics,
+            dataclasses.replace(batch.store_conf, value_evolution=evolution, snapshot_first_version=True), batch.metrics,
             processor=node.processor, variables=node.variables, rows_api=node.rows_api,
             time_mode=node.time_mode, key_indexes=shape["key_indexes"], key_types=shape["key_types"],
             key_schema=shape["key_schema"], store_schemas=state_store_schemas(node.variables),

@@ -118,8 +118,8 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             if self.db is None:
                 self._in_use = False
                 return
-            if self._snapshot_due():
-                self.do_maintenance(background=True)
+            if self._snapshot_due():     # (a store's first version, where due: at its commit)
+                self.do_maintenance(background=not self._first_version_due())
             if self.path != self.shared_path:    # a private copy serves one task
                 self.db.close()
                 self.db = None
@@ -311,8 +311,14 @@ class RocksDBStateStoreProvider(StateStoreProvider):
         in them as the snapshot held: a snapshot costs the whole state, so they come at
         geometrically growing intervals while the state grows, and the work per batch stays
         flat; a reload reads at most about twice the state."""
-        return self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot and \
-            self._delta_rows >= self._snapshot_rows
+        return (self._deltas_since_snapshot > self.conf.min_deltas_for_snapshot
+                and self._delta_rows >= self._snapshot_rows) or self._first_version_due()
+
+    def _first_version_due(self) -> bool:
+        """The store's first version, where its conf asks for its snapshot
+        (``StateStoreConf.snapshot_first_version``): one delta and no snapshot."""
+        return self.conf.snapshot_first_version and self._deltas_since_snapshot == 1 and \
+            self.loaded_version > 0 and self.files.newest_snapshot(self.loaded_version) == 0
 
     def do_maintenance(self, background: bool = False) -> None:
         """Snapshot the open database's version, in a background thread when asked, and
