@@ -65,12 +65,12 @@ def _per_batch_sql(session: Any, query: str, args: Any) -> Any:
     analysis of the SQL over the stream's template shows a step that keeps state across
     batches (an aggregation, DISTINCT, a join, a union, a limit, a sort, a subquery) or
     reads anything but the stream, it is refused, named: per batch it would give other
-    rows than Spark's engine. A query whose text names the view only where it reads no relation (in
-    a string) is Spark's own ``spark.sql``."""
+    rows than Spark's engine. A query whose text names the view only where it reads no
+    relation (in a string) is Spark's own ``spark.sql``."""
     spark = session.spark
     names = _stream_views_named(session, query)
-    if not names:      # (STREAM t: refused, named)
-        spark_internals.parse_sql(spark, query)
+    if not names:      # (the word STREAM: STREAM t, which parse_sql refuses over Connect, named)
+        return spark_internals.parse_sql(spark, query)
     if len(names) > 1:
         raise spark_internals.connect_refusal(
             f"SQL over more than one stream ({', '.join(sorted(names))}: a join or union of streams)")

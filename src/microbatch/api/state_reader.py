@@ -46,6 +46,7 @@ from microbatch.state.store import (DEFAULT_PROVIDER, PROVIDER_CLASS_CONF, State
                                     provider_class)
 from microbatch.util import option_value
 
+
 def _state_store_reader(spark):
     spark_internals.require("the state data source (format 'statestore')")
     return StateStoreReader(spark)

@@ -7,9 +7,9 @@ task's rows (PySpark ``Row`` objects, or Arrow record batches for a
 ``DataSourceStreamArrowWriter``) returning a ``WriterCommitMessage``; then, on the
 driver, ``commit(messages, batchId)`` — or ``abort(messages, batchId)`` if a task
 failed, and the batch fails. Over Spark Connect (no RDD) a row writer's rows are made
-from the tasks' Arrow batches, as Spark's own write worker makes them. A batch run again after a crash calls ``write`` and
-``commit`` again with the same batch id: the writer makes that idempotent, as for
-Spark's engine.
+from the tasks' Arrow batches, as Spark's own write worker makes them. A batch run
+again after a crash calls ``write`` and ``commit`` again with the same batch id: the
+writer makes that idempotent, as for Spark's engine.
 """
 from __future__ import annotations
 

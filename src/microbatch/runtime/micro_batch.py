@@ -91,8 +91,8 @@ class MicroBatchExecution(StreamExecution):
     def __init__(self, *, plan: PlanNode, sink: Sink, trigger: Trigger, output_mode: str,
                  read_formats: Mapping[str, Callable[[Any], Any]] | None = None, **kwargs: Any):
         super().__init__(**kwargs)
-        #: the read formats of microbatch's own a batch's session answers (its state readers:
-        #: ``batch_df.sparkSession.read.format("statestore")`` inside ``foreachBatch``)
+        #: microbatch's own read formats, which each batch's session answers (its state
+        #: readers: ``batch_df.sparkSession.read.format("statestore")`` in ``foreachBatch``)
         self.read_formats = dict(read_formats or {})
         self.plan = plan
         self.sink = sink

@@ -263,7 +263,7 @@ _classic_state_reader_error = state_reader_error
 
 
 def state_reader_error(kind: str, method: str, *args):  # chosen by the process
-    """Spark's state data source's exception (``errors.state_reader_error``): built by
+    """Spark's state data source's exception (``spark_internals.errors``' ``state_reader_error``): built by
     Spark's factory in the JVM of a classic session, else as a Connect client raises it."""
     if not jvm_started() and _c_session.is_remote_client():
         return _c_errors.state_reader_error(kind, method, *args)

@@ -387,8 +387,8 @@ def per_batch_sql_refusal(template: Any, query: str, args: Any, name: str) -> st
     in it, then the user's query) does not give Spark's rows when run on each batch of a
     stream alone, read from the server's analysed plan (``EXPLAIN EXTENDED``, which runs
     nothing): the first step that is no projection, filter or generator, or a subquery;
-    "reads no stream" where nothing reads the expression; None
-    where it runs per batch. SQL Spark's analysis refuses raises Spark's error."""
+    "reads no stream" where nothing reads the expression; None where it runs per batch.
+    SQL that Spark's analysis refuses raises Spark's error."""
     from microbatch.spark_internals.connect.relations import sql_over
     text = sql_over(template, f"EXPLAIN EXTENDED {query}", args, name).collect()[0][0]
     lines = text.split("== Analyzed Logical Plan ==", 1)[-1].split("== Optimized Logical Plan ==", 1)[0]

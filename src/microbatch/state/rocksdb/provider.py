@@ -118,7 +118,7 @@ class RocksDBStateStoreProvider(StateStoreProvider):
             if self.db is None:
                 self._in_use = False
                 return
-            if self._snapshot_due():     # (a store's first version, where due: at its commit)
+            if self._snapshot_due():     # (a store's first version, where its conf asks: at once)
                 self.do_maintenance(background=not self._first_version_due())
             if self.path != self.shared_path:    # a private copy serves one task
                 self.db.close()
