@@ -43,6 +43,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, IntegerType, StringType
 
+from microbatch.checkpoint.stream_metadata import StreamMetadata
 from microbatch.errors import IllegalArgumentException
 from microbatch.sinks.base import READS_SQL, Sink, SinkContext, SinkProvider
 from microbatch.kafka.client import HEADERS_TYPE, check_client_settings, client_params
@@ -328,10 +329,6 @@ class KafkaSink(Sink):
         self.checkpoint_root = context.checkpoint_root
         self.flush_timeout_s = max(1.0, float(self.params.get("delivery.timeout.ms", 120_000)) / 1000)
         if self.exactly_once:
-            if spark_internals.is_connect(context.spark):
-                # (its record names the query by the batch's local property, which a Connect
-                # client has not)
-                raise spark_internals.connect_refusal(f"The Kafka sink's {EXACTLY_ONCE_OPTION}")
             if self.topic is None:
                 raise IllegalArgumentException(
                     f"The Kafka sink's '{EXACTLY_ONCE_OPTION}' needs the 'topic' option: the "
@@ -341,6 +338,7 @@ class KafkaSink(Sink):
             self.params.setdefault("acks", "all")
         self._names = [f.name for f in context.schema.fields]
         self._kept: tuple[DataFrame, DataFrame] | None = None   # (batch DataFrame, its writing)
+        self._id: str | None = None
 
     def _columns(self, df: DataFrame) -> DataFrame:
         cols = []
@@ -379,13 +377,19 @@ class KafkaSink(Sink):
         recorded = json.loads(self.fs.read_text(path))
         return {"topic": recorded["topic"], "start": recorded["startOffsets"], "rerun": rerun}
 
+    def _query_id(self) -> str:
+        """The query's id, which its records name: the checkpoint's (``metadata``), the id
+        Spark's engine gives its tasks as ``sql.streaming.queryId``; read from the checkpoint,
+        so a classic session and a Spark Connect client (no SparkContext) name it alike."""
+        if self._id is None:
+            self._id = StreamMetadata.read_or_create(self.fs, self.checkpoint_root).id
+        return self._id
+
     def add_batch(self, batch_id: int, df: DataFrame) -> None:
         exactly_once = None
         if self.exactly_once:
             exactly_once = self._batch_record(batch_id)
-            exactly_once.update(batch=batch_id,
-                                query=df.sparkSession.sparkContext.getLocalProperty(
-                                    "sql.streaming.queryId") or "query")
+            exactly_once.update(batch=batch_id, query=self._query_id())
             if exactly_once["rerun"]:
                 log.info("Batch %d of the Kafka sink runs again: records already in %s since "
                          "offsets %s are skipped", batch_id, self.topic, exactly_once["start"])
