@@ -3,7 +3,7 @@ run on microbatch against a Connect server in a process of its own: the test pro
 clients with no JVM (``SPARK_SKIP_CONNECT_COMPAT_TESTS``: PySpark's own switch for testing
 its Connect-only client, under which its test classes keep no classic SparkContext).
 
-One server serves every test process: the controller starts it (``tests/connect_server.py``)
+One server serves every test process: the controller starts it (``microbatch.testing.connect_server``)
 and points PySpark's test classes at it (``SPARK_CONNECT_TESTING_REMOTE``, which
 ``ReusedConnectTestCase`` reads) before the workers start; it stops at the end.
 
@@ -23,12 +23,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "pyspark_suites"))   # engine.py: the session wrapped, the engine checked
-sys.path.insert(0, str(ROOT / "tests"))            # connect_server.py: the server started and stopped
 
 # (before PySpark is imported: its package exports the classic classes or not by this)
 os.environ["SPARK_SKIP_CONNECT_COMPAT_TESTS"] = "1"
 
-import connect_server  # noqa: E402
+from microbatch.testing import connect_server  # noqa: E402
 from engine import tests_from_the_wheel  # noqa: E402
 
 tests_from_the_wheel()

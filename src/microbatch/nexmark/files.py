@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from microbatch import spark_internals
 from microbatch.sources.nexmark.generator import NexmarkConfig
 from microbatch.sources.nexmark.source import generated
 
@@ -30,7 +31,7 @@ def write_event_files(spark: SparkSession, directory: str | Path, config: Nexmar
     mtime = int(time.time()) - (num_events // events_per_file) - 10
     for index, first in enumerate(range(0, num_events, events_per_file)):
         end = min(first + events_per_file, num_events)
-        (generated(spark, config, first, end, view, spark.sparkContext.defaultParallelism).coalesce(1)
+        (generated(spark, config, first, end, view, spark_internals.default_parallelism(spark)).coalesce(1)
          .write.mode("overwrite").parquet(str(staging)))
         [part] = glob.glob(str(staging / "part-*.parquet"))
         target = directory / f"{view}-{index:06d}.parquet"

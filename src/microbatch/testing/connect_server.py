@@ -1,11 +1,13 @@
-"""A Spark Connect server in its own process, for tests/test_connect.py: a classic local
-session with Spark's Connect plugin on the port given, until the stop file appears.
+"""A Spark Connect server in its own process, for the Connect tests and benchmarks: a
+classic local session with Spark's Connect plugin on the port given, until the stop file
+appears.
 
-usage: python connect_server.py PORT STOP_FILE MAX_SECONDS
+usage: python -m microbatch.testing.connect_server PORT STOP_FILE MAX_SECONDS [CONF_JSON]
 
-``launch`` and ``shut_down`` start and stop it from a test process (tests/test_connect.py,
-pyspark_connect_suites/conftest.py).
+``launch`` and ``shut_down`` start and stop it from a test or benchmark process
+(tests/test_connect.py, pyspark_connect_suites/conftest.py, ``benchmarks nexmark --connect``).
 """
+import json
 import os
 import socket
 import subprocess
@@ -15,10 +17,11 @@ from pathlib import Path
 
 
 def launch(base: Path, max_seconds: int, python_path: tuple[str, ...] = (), cwd: Path | None = None,
-           env_removed: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
+           env_removed: tuple[str, ...] = (), conf: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     """This server in a process of its own on a free port, its stop file and log in
-    ``base``, its Python workers importing this microbatch and ``python_path``; returns
-    once it serves (the process and the port), or raises with its log's tail."""
+    ``base``, its Python workers importing this microbatch and ``python_path``, with the
+    Spark confs ``conf`` besides its own; returns once it serves (the process and the
+    port), or raises with its log's tail."""
     import microbatch
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -31,8 +34,8 @@ def launch(base: Path, max_seconds: int, python_path: tuple[str, ...] = (), cwd:
         env.pop(name, None)
     log_path = base / "server.log"
     with open(log_path, "w") as log:
-        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(port), str(base / "stop"),
-                                   str(max_seconds)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        server = subprocess.Popen([sys.executable, "-m", "microbatch.testing.connect_server", str(port),
+                                   str(base / "stop"), str(max_seconds), json.dumps(conf or {})], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     deadline = time.monotonic() + 180
     while "SERVER READY" not in log_path.read_text():
         if server.poll() is not None or time.monotonic() > deadline:
@@ -54,7 +57,11 @@ def shut_down(server: subprocess.Popen, base: Path) -> None:
 def main() -> None:
     from pyspark.sql import SparkSession
     port, stop_file, max_seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    spark = (SparkSession.builder.master("local[2]").appName("microbatch-connect-tests")
+    conf = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = (builder.master("local[2]").appName("microbatch-connect-tests")
              .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
              .config("spark.connect.grpc.binding.port", port)
              .config("spark.ui.enabled", "false")
