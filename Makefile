@@ -19,7 +19,7 @@ PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope
 PYTEST_BY_TEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist load
 PYTEST_BY_CLASS := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: setup test-setup demo test test-connect test-nexmark test-pyspark test-pyspark-extended test-pyspark-connect test-porting test-faults test-versions test-upgrade test-extended test-install-keeps-pyspark chaos fuzz
+.PHONY: setup test-setup older-venvs demo test test-connect test-nexmark test-pyspark test-pyspark-extended test-pyspark-connect test-porting test-faults test-versions test-upgrade test-extended test-install-keeps-pyspark chaos fuzz
 
 # uv installs (downloads in parallel, no byte-compiling): about a quarter of pip's time
 # for PySpark and the test extras from a cold cache, which CI pays six times (issue 58).
@@ -149,6 +149,11 @@ OLDER_VENV = venv=.venvs/pyspark-$$v; \
 	    $(UV) pip install --quiet --python $$venv/bin/python "pyspark==$$v.*" -e '.[test]'; \
 	    touch $$venv/.installed; \
 	  fi
+# The virtual environments of test-upgrade's older lines alone (.ci/run makes them in the
+# background while make test runs: their install waits on downloads and the disk, not the CPU)
+older-venvs: setup
+	set -e; for v in $(UPGRADE_FROM); do $(OLDER_VENV); done
+
 test-versions: setup
 	set -e; for v in $(SPARK_VERSIONS); do \
 	  $(OLDER_VENV); \

@@ -27,6 +27,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
+from helpers import ci_share
 from microbatch import spark_internals
 from microbatch.testing import fuzz
 
@@ -107,7 +108,7 @@ SEED_1828 = fuzz.Case(1828, fuzz.Query([
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("case", [SEED_1609, SEED_1951, SEED_1828], ids=lambda c: f"seed {c.seed}")
+@pytest.mark.parametrize("case", ci_share([SEED_1609, SEED_1951, SEED_1828]), ids=lambda c: f"seed {c.seed}")   # (helpers.ci_share)
 def test_join_state_as_sparks_engine_keeps_it(spark, case):
     result = fuzz.run_case(spark, case)
     assert result.status == "ok", result.report()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from helpers import collect_batches, confs, json_stream
+from helpers import ci_share, collect_batches, confs, json_stream
 from microbatch.testing.fuzz import FuzzTimers, fuzz_until_quiet   # (importable by Spark's Python workers)
 from stream_events import comparable, watermarks, write_event_files
 
@@ -68,7 +68,7 @@ LATE_ROWS_BY_ANOTHER_COLUMN = {
 }
 
 
-@pytest.mark.parametrize("shape", list(LATE_ROWS_BY_ANOTHER_COLUMN))
+@pytest.mark.parametrize("shape", ci_share(list(LATE_ROWS_BY_ANOTHER_COLUMN)))   # (helpers.ci_share)
 def test_late_rows_are_dropped_by_the_input_column_spark_finds_marked(spark, ss, events, tmp_path, shape):
     query = LATE_ROWS_BY_ANOTHER_COLUMN[shape]
     with confs(spark, {"spark.sql.streaming.stateStore.providerClass": ROCKSDB}):   # (Spark's TWS needs it)

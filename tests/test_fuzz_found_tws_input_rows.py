@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import collect_batches, confs, json_stream
+from helpers import ci_share, collect_batches, confs, json_stream
 from microbatch.testing.fuzz import FuzzRunningCount, fuzz_running_count   # (importable by Spark's Python workers)
 from stream_events import comparable, watermarks, write_event_files
 
@@ -70,7 +70,7 @@ FILTERED_BELOW = {
 }
 
 
-@pytest.mark.parametrize("shape", list(FILTERED_BELOW))
+@pytest.mark.parametrize("shape", ci_share(list(FILTERED_BELOW)))   # (helpers.ci_share)
 def test_a_filter_below_a_keyed_state_function_reaches_the_scan(spark, ss, events, tmp_path, shape):
     query, reads = FILTERED_BELOW[shape]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import collect_batches, confs, json_stream
+from helpers import ci_share, collect_batches, confs, json_stream
 from microbatch.testing.fuzz import FuzzRunningCount   # (importable by Spark's Python workers)
 from stream_events import comparable, watermarks, write_event_files
 
@@ -79,7 +79,7 @@ SHAPES = {"q5 branched aggregations joined": q5_hot_items, "q7 aggregation joine
           "q3 aliased event times joined": q3_renamed_times, "q8 renamed windows joined": q8_renamed_windows}
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", ci_share(list(SHAPES)))   # half in CI's run (helpers.ci_share)
 def test_shape_matches_spark_batch_by_batch(spark, ss, events, tmp_path, shape):
     query = SHAPES[shape]
     theirs, their_progress = collect_batches(query(json_stream(spark, events, SCHEMA)), tmp_path / "spark", "append")
