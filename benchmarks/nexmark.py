@@ -28,6 +28,7 @@ generator's floor are not measured there (that source does not run over Connect)
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import statistics
@@ -88,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     names = [q for q in args.queries.split(",") if q] or sorted(QUERIES, key=lambda q: int(q[1:]))
     # (Spark's engine keeps q3's and q20's join state, all the bids, in its JVM: 1g is not enough)
     conf = {"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "4g"}
-    server = None
     if args.connect:
         from pathlib import Path
 
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         from microbatch.testing import connect_server
         server_dir = Path(tempfile.mkdtemp(prefix="nexmark-connect-server-"))
         server, port = connect_server.launch(server_dir, 24 * 3600, conf=conf)
+        atexit.register(connect_server.shut_down, server, server_dir)   # (a failed run stops it too)
         spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
     else:
         spark = embedded_spark(conf=conf)
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         floors["file scan (batch job)"] = args.events / statistics.median(times)
 
         print(f"{'query':6} {'Spark ev/s':>12} {'microbatch ev/s':>16} {'ratio':>6} {'mb from source ev/s':>20}")
-        refused = {}
+        refused, failed = {}, {}
         for name in names:
             query = QUERIES[name]
             spark_s, ours_s = [], []
@@ -149,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             except UnsupportedOperationError as e:   # (over Connect: not run there yet, refused at start)
                 refused[name] = str(e).split(" does not run over Spark Connect")[0]
                 print(f"{name:6} microbatch refuses it over Connect: {refused[name]}", flush=True)
+                continue
+            except Exception as e:   # noqa: BLE001 - a failed run is a result of the table, and a bug
+                failed[name] = str(e).splitlines()[0][:300]
+                print(f"{name:6} microbatch's run FAILED: {failed[name]}", flush=True)
                 continue
             run_query(query.build, views(spark), os.path.join(root, f"{name}-warm-spark"), query.output_mode)
             for rep in range(args.reps):
@@ -176,11 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump({"events": args.events, "batches": args.batches, "reps": args.reps, "floors": floors,
-                   "connect": args.connect, "results": results, "refused": refused}, f, indent=1)
+                   "connect": args.connect, "results": results, "refused": refused, "failed": failed},
+                  f, indent=1)
     _chart(results, floors, out.replace(".json", ".png"))
     spark.stop()
-    if server is not None:
-        connect_server.shut_down(server, server_dir)
     return 0
 
 

@@ -417,3 +417,67 @@ def per_batch_sql_refusal(template: Any, query: str, args: Any, name: str) -> st
         references.extend(_REFERENCE.findall(line))
     # (a second read of the stream needs a union or a join: refused above)
     return refusal if ours in references else "reads no stream"
+
+
+def join_condition(joined: Any, others: list | None = None) -> tuple[list[tuple[int, int]], list]:
+    """The equality keys (left index, right index) of ``left.join(right, condition)``, read
+    from the Connect plan of ``joined`` (see the classic ``join_condition``): a condition of
+    equalities between a column of each side, each column named alone (``F.col("k")``) or
+    through its side's DataFrame (``df["k"]``). ValueError names anything else (a join on
+    column names, an expression of a column, a time comparison, a name both sides have), as
+    the classic's does for a part it does not read; the caller then infers nothing from
+    the condition. A stream-stream join's planning (``others`` given) needs more of the
+    plan: refused over Connect, as before."""
+    from pyspark.sql.connect import plan as P
+    from pyspark.sql.connect.column import Column
+    from pyspark.sql.connect.dataframe import DataFrame
+    E = _expressions()
+    if others is not None:   # (a stream-stream join's planning reads its other parts too)
+        refuse("A join")
+    node = joined._plan
+    if not isinstance(node, P.Join) or not isinstance(node.on, Column):
+        raise ValueError("the join has no condition over columns")
+    session = joined._session
+    sides = [{c.lower(): i for i, c in enumerate(DataFrame(child, session).columns)} for child in (node.left, node.right)]
+    plan_ids = [_plan_ids(node.left), _plan_ids(node.right)]
+
+    def side_and_index(expression: Any) -> tuple[int, int]:
+        if not isinstance(expression, E.ColumnReference) or not re.match(r"^[A-Za-z_]\w*$",
+                                                                          expression._unparsed_identifier):
+            raise ValueError(f"the condition reads {expression}, not a column")
+        name = expression._unparsed_identifier.lower()
+        plan_id = getattr(expression, "_plan_id", None)
+        found = [side for side in (0, 1) if name in sides[side]
+                 and (plan_id is None or plan_id in plan_ids[side])]
+        if len(found) != 1:
+            raise ValueError(f"the column {expression} is not one side's alone")
+        return found[0], sides[found[0]][name]
+
+    pairs = []
+    pending = [node.on._expr]
+    while pending:
+        expression = pending.pop(0)
+        if isinstance(expression, E.UnresolvedFunction) and expression._name == "and" and len(expression._args) == 2:
+            pending[:0] = list(expression._args)
+            continue
+        if not (isinstance(expression, E.UnresolvedFunction) and expression._name == "=="
+                and len(expression._args) == 2):
+            raise ValueError(f"the condition part {expression} is not an equality")
+        (side_a, a), (side_b, b) = (side_and_index(e) for e in expression._args)
+        if side_a == side_b:
+            raise ValueError(f"the condition part {expression} compares one side's columns")
+        pairs.append((a, b) if side_a == 0 else (b, a))
+    return pairs, []
+
+
+def _plan_ids(plan: Any) -> set:
+    """The plan ids of ``plan`` and every plan below it (a column ``df["k"]`` names its
+    DataFrame's plan id)."""
+    from pyspark.sql.connect import plan as P
+    found, pending = set(), [plan]
+    while pending:
+        node = pending.pop()
+        found.add(getattr(node, "_plan_id", None))
+        pending.extend(v for v in vars(node).values() if isinstance(v, P.LogicalPlan))
+    found.discard(None)
+    return found
