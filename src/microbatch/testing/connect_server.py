@@ -1,6 +1,6 @@
 """A Spark Connect server in its own process, for the Connect tests and benchmarks: a
 classic local session with Spark's Connect plugin on the port given, until the stop file
-appears.
+appears or the process that launched it ends.
 
 usage: python -m microbatch.testing.connect_server PORT STOP_FILE MAX_SECONDS [CONF_JSON]
 
@@ -35,7 +35,8 @@ def launch(base: Path, max_seconds: int, python_path: tuple[str, ...] = (), cwd:
     log_path = base / "server.log"
     with open(log_path, "w") as log:
         server = subprocess.Popen([sys.executable, "-m", "microbatch.testing.connect_server", str(port),
-                                   str(base / "stop"), str(max_seconds), json.dumps(conf or {})], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+                                   str(base / "stop"), str(max_seconds), json.dumps(conf or {})],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     deadline = time.monotonic() + 180
     while "SERVER READY" not in log_path.read_text():
         if server.poll() is not None or time.monotonic() > deadline:
@@ -74,7 +75,10 @@ def main() -> None:
     spark.sparkContext.setLogLevel("WARN")
     print("SERVER READY", flush=True)
     deadline = time.monotonic() + max_seconds
-    while time.monotonic() < deadline and not os.path.exists(stop_file):
+    launcher = os.getppid()
+    # (until the stop file, the deadline, or the end of the process that launched it, whose
+    # Connect sessions close their channels at its exit while the server still answers)
+    while time.monotonic() < deadline and not os.path.exists(stop_file) and os.getppid() == launcher:
         time.sleep(0.2)
     spark.stop()
     print("SERVER STOPPED", flush=True)
