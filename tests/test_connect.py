@@ -633,8 +633,8 @@ def test_foreach_sink_matches_sparks_engine(css, connect_spark, tmp_path):
 def test_more_aggregate_functions_match_sparks_engine_across_a_restart(css, connect_spark, tmp_path):
     """max_by, min_by, first, last (with and without ignoring nulls), collect_list,
     collect_set, stddev and variance and their forms, first_value, last_value, any_value,
-    count_if, bool_and/every, bool_or/some/any, try_sum, try_avg and bit_and/or/xor, in a
-    windowed aggregation in update mode (each batch's updated windows, their state kept
+    count_if, bool_and/every, bool_or/some/any, try_sum, try_avg, bit_and/or/xor and a
+    count and a sum of CASE WHEN (with and without ELSE), in a windowed aggregation in update mode (each batch's updated windows, their state kept
     across a restart)."""
     from pyspark.sql import functions as F
     source = tmp_path / "in"
@@ -659,7 +659,9 @@ def test_more_aggregate_functions_match_sparks_engine_across_a_restart(css, conn
             F.bool_and(F.col("v") % 2 == 0).alias("ba"), F.every(F.col("v") < 50).alias("ev"),
             F.bool_or(F.col("v") % 7 == 0).alias("bo"), F.some(F.col("v") > 60).alias("so"),
             F.expr("any(big)").alias("an"), F.try_sum("v").alias("ts_"), F.try_avg("v").alias("ta"),
-            F.bit_and("v").alias("band"), F.bit_or("v").alias("bor"), F.bit_xor("v").alias("bxor"))
+            F.bit_and("v").alias("band"), F.bit_or("v").alias("bor"), F.bit_xor("v").alias("bxor"),
+            F.count(F.when(F.col("v") < 30, 1)).alias("cw"),     # (Nexmark q17's form)
+            F.sum(F.when(F.col("k") == "k1", F.col("v")).otherwise(0)).alias("sw"))
 
     batches, rows = _compare(css, connect_spark, build, add_files, tmp_path, "update")
     assert sum(map(bool, batches.values())) >= 3 and any(r[3] is None for rows_ in batches.values() for r in rows_)
@@ -1010,7 +1012,6 @@ def test_kafka_source_and_sink_over_connect_across_a_restart(css, broker, tmp_pa
     run("kafka", tmp_path / "to-kafka")
     written = sorted(m.value().decode() for m in broker.read_all("connect-out"))
     assert written == sorted([f"V{i}" for i in range(12)] + [f"W{i}" for i in range(4)])
-
 
 
 def test_the_exactly_once_kafka_sink_over_connect_skips_what_a_batch_run_again_wrote(css, broker, tmp_path):

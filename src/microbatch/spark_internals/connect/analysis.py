@@ -129,6 +129,10 @@ def sql_of(expression: Any) -> str:
         return f"CAST({sql_of(expression._expr)} AS {text})"
     if isinstance(expression, E.SQLExpression):
         return f"({expression._expr})"
+    if isinstance(expression, E.CaseWhen):   # (as Spark's CaseWhen.sql prints it)
+        branches = "".join(f" WHEN {sql_of(c)} THEN {sql_of(v)}" for c, v in expression._branches)
+        otherwise = f" ELSE {sql_of(expression._else_value)}" if expression._else_value is not None else ""
+        return f"CASE{branches}{otherwise} END"
     refuse(f"The expression {expression} in an aggregation")
 
 
