@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from microbatch.testing import connect_server
         server_dir = Path(tempfile.mkdtemp(prefix="nexmark-connect-server-"))
-        # (the server stops when this process ends, failed or not, after its sessions closed)
+        # (the server stops when this process ends, failed or not: connect_server watches it)
         _, port = connect_server.launch(server_dir, 24 * 3600, conf=conf)
         spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
     else:
